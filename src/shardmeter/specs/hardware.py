@@ -1,0 +1,108 @@
+"""Accelerators, links and clusters: peak rates, capacities and calibrated efficiencies.
+
+Units: FLOP/s in TFLOP/s (1e12), memory in GB (1e9 bytes), bandwidths in GB/s (1e9 bytes/s)
+per GPU and per direction, latencies in microseconds.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
+
+
+class Efficiency(BaseModel):
+    """Calibrated, physically meaningful efficiencies of one accelerator (fitted, not per row).
+
+    Matmul efficiency rises with op size: eta(F) = matmul_max · F / (F + matmul_half_gflop),
+    a saturating curve in the spirit of Calculon's size-keyed tables (Isaev et al. SC'23).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    matmul_max: float = Field(default=0.8, gt=0, le=1)  # asymptotic fraction of dense peak
+    matmul_half_gflop: float = Field(default=1.0, ge=0)  # op size (GFLOP) at half of matmul_max
+    memory: float = Field(default=0.8, gt=0, le=1)  # achieved fraction of HBM bandwidth
+    attention: float = Field(default=0.6, gt=0, le=1)  # flash-attention fraction of peak
+    fp8_speedup: float = Field(default=1.5, ge=1)  # achieved end-to-end GEMM gain of fp8 over bf16
+    source: str = ""
+
+
+class Accelerator(BaseModel):
+    """One GPU/TPU chip: dense peak per dtype, HBM size and bandwidth, and its efficiencies."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    peak_tflops: dict[Dtype, float]  # dense (no sparsity) TFLOP/s per dtype
+    hbm_gb: float = Field(gt=0)
+    hbm_gbps: float = Field(gt=0)
+    tdp_w: float | None = Field(default=None, gt=0)
+    efficiency: Efficiency = Efficiency()
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _check(self) -> Accelerator:
+        if "bf16" not in self.peak_tflops and "fp16" not in self.peak_tflops:
+            raise ValueError("peak_tflops must give bf16 or fp16")
+        for dtype, value in self.peak_tflops.items():
+            if value <= 0:
+                raise ValueError(f"peak_tflops.{dtype} must be > 0, got {value}")
+        return self
+
+    def peak(self, dtype: Dtype) -> float:
+        """Dense peak TFLOP/s for `dtype`, falling back fp16<->bf16 and fp8->bf16."""
+        table = self.peak_tflops
+        for candidate in (dtype, "bf16" if dtype != "bf16" else "fp16", "fp16"):
+            if candidate in table:
+                return table[candidate]
+        raise KeyError(dtype)
+
+
+class Link(BaseModel):
+    """A network link as one GPU sees it: bandwidth per direction, latency, achieved fraction."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = "link"
+    bandwidth_gbps: float = Field(gt=0)  # GB/s per GPU per direction (nominal)
+    latency_us: float = Field(default=5.0, ge=0)
+    efficiency: float = Field(default=0.8, gt=0, le=1)  # achieved bus bandwidth / nominal
+
+    @property
+    def effective_bytes_per_s(self) -> float:
+        return self.bandwidth_gbps * 1e9 * self.efficiency
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency_us * 1e-6
+
+
+class Cluster(BaseModel):
+    """A homogeneous cluster (one island): nodes of identical GPUs, NVLink inside, NICs across."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = "cluster"
+    accelerator: Accelerator
+    gpus_per_node: int = Field(gt=0)
+    nvlink_domain: int = Field(gt=0)  # GPUs that share the fast fabric (8 for DGX, 72 for NVL72)
+    intra: Link  # NVLink/xGMI/ICI per GPU
+    inter: Link  # NIC per GPU (rail-optimised fabric)
+    n_nodes: int | None = Field(default=None, gt=0)  # None = as many as the plan needs
+    price_per_gpu_hour: float = Field(default=0.0, ge=0)  # USD
+    overlap_slowdown: float = Field(default=0.1, ge=0, lt=1)  # compute lost while comms overlap
+    memory_overhead_gb: float = Field(default=5.0, ge=0)  # CUDA context, NCCL buffers, allocator
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _check(self) -> Cluster:
+        if self.nvlink_domain < self.gpus_per_node and self.gpus_per_node % self.nvlink_domain:
+            raise ValueError("nvlink_domain must divide gpus_per_node or be a multiple of it")
+        return self
+
+    @property
+    def n_gpus(self) -> int | None:
+        return None if self.n_nodes is None else self.n_nodes * self.gpus_per_node

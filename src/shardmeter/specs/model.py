@@ -1,0 +1,181 @@
+"""TransformerSpec: the architecture being trained, its parameter counts and FLOPs per token."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class MoESpec(BaseModel):
+    """Mixture-of-experts MLP: `experts` routed experts, `top_k` active per token, plus shared ones."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    experts: int = Field(gt=1)
+    top_k: int = Field(ge=1)
+    shared_experts: int = Field(default=0, ge=0)
+    expert_ffn: int | None = Field(default=None, gt=0)  # per-expert FFN width; None = model ffn
+    dense_layers: int = Field(default=0, ge=0)  # leading layers with a dense MLP (DeepSeek-V3: 3)
+    dense_ffn: int | None = Field(default=None, gt=0)  # their FFN width; None = model ffn
+
+    @model_validator(mode="after")
+    def _check(self) -> MoESpec:
+        if self.top_k > self.experts:
+            raise ValueError(f"top_k {self.top_k} must not exceed experts {self.experts}")
+        return self
+
+
+class TransformerSpec(BaseModel):
+    """A decoder-only transformer. Sizes are counts (layers, heads) or widths (elements)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = "custom"
+    n_layers: int = Field(gt=0)
+    hidden: int = Field(gt=0)
+    n_heads: int = Field(gt=0)
+    n_kv_heads: int | None = Field(default=None, gt=0)  # None = n_heads (MHA); 1 = MQA
+    head_dim: int | None = Field(default=None, gt=0)  # None = hidden / n_heads
+    ffn: int = Field(gt=0)  # per-branch MLP width
+    mlp: Literal["gelu", "swiglu"] = "gelu"
+    vocab: int = Field(gt=0)
+    seq_len: int = Field(gt=0)
+    tied_embeddings: bool = False
+    moe: MoESpec | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> TransformerSpec:
+        if self.head_dim is None and self.hidden % self.n_heads:
+            raise ValueError(
+                f"hidden {self.hidden} must be divisible by n_heads {self.n_heads} (or give head_dim)"
+            )
+        if self.n_heads % self.kv_heads:
+            raise ValueError(f"n_kv_heads {self.kv_heads} must divide n_heads {self.n_heads}")
+        if self.moe is not None and self.moe.dense_layers > self.n_layers:
+            raise ValueError(f"moe.dense_layers {self.moe.dense_layers} exceeds n_layers")
+        return self
+
+    # --- shapes ---------------------------------------------------------------------------
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
+
+    @property
+    def dim_head(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.hidden // self.n_heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the query projection (= hidden for standard models)."""
+        return self.n_heads * self.dim_head
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of each of the K and V projections (GQA/MQA shrink it)."""
+        return self.kv_heads * self.dim_head
+
+    @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices per MLP: 2 for GELU (up, down), 3 for SwiGLU (gate, up, down)."""
+        return 3 if self.mlp == "swiglu" else 2
+
+    # --- parameter counts (weights only; biases and norms are < 0.1% and ignored) ----------
+    @property
+    def attn_params_per_layer(self) -> int:
+        """Q, K, V and output projections: h·q + 2·h·kv + q·h."""
+        return 2 * self.hidden * self.q_dim + 2 * self.hidden * self.kv_dim
+
+    def _mlp_params(self, width: int) -> int:
+        return self.mlp_matrices * self.hidden * width
+
+    @property
+    def n_moe_layers(self) -> int:
+        return 0 if self.moe is None else self.n_layers - self.moe.dense_layers
+
+    @property
+    def n_dense_layers(self) -> int:
+        return self.n_layers - self.n_moe_layers
+
+    @property
+    def dense_ffn(self) -> int:
+        if self.moe is not None and self.moe.dense_ffn is not None:
+            return self.moe.dense_ffn
+        return self.ffn
+
+    @property
+    def expert_ffn(self) -> int:
+        if self.moe is not None and self.moe.expert_ffn is not None:
+            return self.moe.expert_ffn
+        return self.ffn
+
+    @property
+    def expert_params(self) -> int:
+        """Parameters of one routed expert MLP."""
+        return self._mlp_params(self.expert_ffn)
+
+    @property
+    def mlp_params_total(self) -> int:
+        """All MLP weights: dense layers, and for MoE layers every expert, shared ones and router."""
+        dense = self.n_dense_layers * self._mlp_params(self.dense_ffn)
+        if self.moe is None:
+            return dense
+        per_layer = (
+            self.moe.experts + self.moe.shared_experts
+        ) * self.expert_params + self.hidden * self.moe.experts
+        return dense + self.n_moe_layers * per_layer
+
+    @property
+    def mlp_params_active(self) -> int:
+        """MLP weights one token touches: top-k plus shared experts, and the router."""
+        dense = self.n_dense_layers * self._mlp_params(self.dense_ffn)
+        if self.moe is None:
+            return dense
+        per_layer = (
+            self.moe.top_k + self.moe.shared_experts
+        ) * self.expert_params + self.hidden * self.moe.experts
+        return dense + self.n_moe_layers * per_layer
+
+    @property
+    def embedding_params(self) -> int:
+        """Input embedding plus the untied output head (V·h each)."""
+        return self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+
+    @property
+    def params_non_embedding(self) -> int:
+        return self.n_layers * self.attn_params_per_layer + self.mlp_params_total
+
+    @property
+    def params_total(self) -> int:
+        return self.params_non_embedding + self.embedding_params
+
+    @property
+    def params_active(self) -> int:
+        """Parameters used per token (= params_total for dense models)."""
+        return (
+            self.n_layers * self.attn_params_per_layer
+            + self.mlp_params_active
+            + self.embedding_params
+        )
+
+    # --- FLOPs per token --------------------------------------------------------------------
+    def matmul_flops_per_token(self) -> int:
+        """Forward FLOPs per token of all weight matmuls incl. the logits: 2 per active weight.
+
+        Kaplan et al. 2020, Table 1 (C_forward ≈ 2N); the input embedding is a lookup, not a matmul.
+        """
+        logits = self.vocab * self.hidden
+        return 2 * (self.params_active - self.embedding_params + logits)
+
+    def attention_flops_per_token(self, causal: bool = True) -> float:
+        """Forward FLOPs per token of the score and value matmuls (QKᵀ and AV).
+
+        Kaplan et al. 2020, Table 1: 2·n_layer·n_ctx·d_attn per matmul pair; with a causal mask
+        flash-attention kernels skip about half (factor 1/2).
+        """
+        full = 4.0 * self.n_layers * self.seq_len * self.q_dim
+        return full / 2 if causal else full
+
+    def training_flops_per_token(self, causal: bool = True) -> float:
+        """Model FLOPs per trained token: 3 × forward (backward ≈ 2 × forward), Kaplan et al. 2020."""
+        return 3.0 * (self.matmul_flops_per_token() + self.attention_flops_per_token(causal))
