@@ -1,0 +1,3 @@
+from shardmeter.cli import main
+
+raise SystemExit(main())
