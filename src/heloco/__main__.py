@@ -1,0 +1,3 @@
+from heloco.cli import main
+
+raise SystemExit(main())
