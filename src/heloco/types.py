@@ -1,0 +1,39 @@
+"""Types shared by every HeLoCo module: parameter maps and the result of one worker round."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+Params = dict[str, torch.Tensor]
+"""Ordered map from parameter name (as in ``model.named_parameters()``) to an fp32 tensor."""
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """What a worker returns after one round of inner steps.
+
+    ``delta`` is the pseudo-gradient start - end (fp32, CPU). ``round_id`` is the per-worker
+    dispatch number handed out by ``Server.dispatch``; together with ``worker`` it identifies
+    the submission, so a server can reject a replayed one. ``None`` means "the round of the
+    worker's outstanding dispatch" (the simulator and tests may omit it).
+    """
+
+    worker: int
+    delta: Params
+    steps: int
+    tokens: int
+    mean_loss: float
+    base_revision: int
+    round_id: int | None = None
+
+
+def clone_params(params: Params) -> Params:
+    """A detached fp32 copy of ``params`` (same names, same order)."""
+    return {name: t.detach().to(torch.float32).clone() for name, t in params.items()}
+
+
+def zeros_like_params(params: Params) -> Params:
+    """fp32 zeros with the names and shapes of ``params``."""
+    return {name: torch.zeros_like(t, dtype=torch.float32) for name, t in params.items()}
