@@ -1,0 +1,137 @@
+"""From a data config to per-worker token streams and the shared validation set."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from heloco.data.corpus import Corpus, LanguageSplit, load_corpus, split_language
+from heloco.data.partition import Assignment, partition
+from heloco.data.seeding import derive_seed
+from heloco.data.stream import TokenStream
+from heloco.data.synthetic import synthetic_corpus
+from heloco.data.tokenizer import ByteTokenizer, Tokenizer, cached_bpe
+from heloco.data.validation import ValidationSet
+from shardmeter.errors import UserInputError, from_pydantic
+
+MAX_WORKERS = 1024
+PARTITION_KEY = 0  # derive_seed key of the Dirichlet partition
+STREAM_KEY = 1  # derive_seed key of the per-worker streams
+
+
+class DataConfig(BaseModel):
+    """Where the text comes from, how it is tokenised and how it is split across workers."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    data_dir: Path | None = None  # None: the built-in synthetic multilingual corpus
+    tokenizer: Literal["byte", "bpe"] = "byte"
+    bpe_vocab_size: int = Field(default=4096, ge=257, le=1 << 20)
+    cache_dir: Path | None = None  # where trained BPE tokenizers are kept (None: ~/.cache/heloco)
+    assignment: Assignment = "language"
+    dirichlet_alpha: float = Field(default=0.5, gt=0, allow_inf_nan=False)
+    val_chars_per_language: int = Field(default=40_000, ge=1)  # spec §3: 40,000 chars each
+    train_fraction: float = Field(default=1.0, gt=0, le=1)
+    seq_len: int = Field(default=128, ge=1)
+    synthetic_chars_per_language: int = Field(default=400_000, ge=1000, le=100_000_000)
+
+
+def parse_data_config(values: dict[str, Any]) -> DataConfig:
+    """Validate user values into a DataConfig; bad input raises a one-line UserInputError."""
+    try:
+        return DataConfig.model_validate(values)
+    except ValidationError as exc:
+        raise from_pydantic(exc, "data") from None
+
+
+@dataclass(frozen=True, eq=False)
+class WorkerData:
+    """Everything the workers and the evaluator need; streams share one token tensor."""
+
+    streams: list[TokenStream]
+    validation: ValidationSet
+    vocab_size: int
+    languages: list[str]
+    worker_languages: list[dict[str, float]]
+    tokenizer: Tokenizer
+
+
+def make_tokenizer(cfg: DataConfig, splits: list[LanguageSplit]) -> Tokenizer:
+    """The byte tokenizer, or a BPE trained on the training text only (cached)."""
+    if cfg.tokenizer == "byte":
+        return ByteTokenizer()
+    return cached_bpe([s.train for s in splits], cfg.bpe_vocab_size, cfg.cache_dir)
+
+
+def encode_checked(
+    tokenizer: Tokenizer, text: str, language: str, part: str, seq_len: int
+) -> torch.Tensor:
+    """Tokens of one text as int32, which must hold at least one ``seq_len + 1`` window."""
+    ids = tokenizer.encode(text)
+    if ids.size < seq_len + 1:
+        raise UserInputError(
+            f"language {language!r} ({part})",
+            f"{ids.size} tokens",
+            f"at least seq_len + 1 = {seq_len + 1} tokens (more text, or a smaller seq_len)",
+        )
+    return torch.from_numpy(ids.astype(np.int32, copy=False))
+
+
+def build_data(cfg: DataConfig, n_workers: int, seed: int) -> WorkerData:
+    """Load, split, tokenise and partition the corpus for ``n_workers`` workers."""
+    if not 1 <= n_workers <= MAX_WORKERS:
+        raise UserInputError("n_workers", n_workers, f"an integer in [1, {MAX_WORKERS}]")
+    corpus: Corpus = (
+        synthetic_corpus(cfg.synthetic_chars_per_language)
+        if cfg.data_dir is None
+        else load_corpus(cfg.data_dir)
+    )
+    splits = [
+        split_language(lang, text, cfg.val_chars_per_language, cfg.train_fraction)
+        for lang, text in zip(corpus.languages, corpus.texts, strict=True)
+    ]
+    tokenizer = make_tokenizer(cfg, splits)
+    train = [
+        encode_checked(tokenizer, s.train, s.language, "training", cfg.seq_len) for s in splits
+    ]
+    val = tuple(
+        encode_checked(tokenizer, s.validation, s.language, "validation", cfg.seq_len)
+        for s in splits
+    )
+
+    lengths = torch.tensor([t.numel() for t in train], dtype=torch.int64)
+    starts = torch.cumsum(lengths, 0) - lengths
+    tokens = torch.cat(train)
+    languages = list(corpus.languages)
+    mixtures = partition(
+        cfg.assignment,
+        n_workers,
+        len(languages),
+        cfg.dirichlet_alpha,
+        derive_seed(seed, PARTITION_KEY),
+    )
+    streams = [
+        TokenStream(
+            tokens=tokens,
+            starts=starts,
+            lengths=lengths,
+            weights=torch.from_numpy(row.copy()),
+            languages=tuple(languages),
+            seq_len=cfg.seq_len,
+            seed=derive_seed(seed, STREAM_KEY, i),
+        )
+        for i, row in enumerate(mixtures)
+    ]
+    return WorkerData(
+        streams=streams,
+        validation=ValidationSet(tuple(languages), val, cfg.seq_len),
+        vocab_size=tokenizer.vocab_size,
+        languages=languages,
+        worker_languages=[s.mixture for s in streams],
+        tokenizer=tokenizer,
+    )

@@ -1,0 +1,134 @@
+"""Tokenizers: raw UTF-8 bytes (no files, no downloads) or a byte-level BPE trained locally.
+
+The BPE tokenizer is trained with the Hugging Face ``tokenizers`` package on the training text
+only, and cached as JSON under a key of (corpus hash, vocab size) so a run trains it once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from shardmeter.errors import UserInputError
+
+BYTE_VOCAB = 256
+BPE_MIN_VOCAB = BYTE_VOCAB + 1
+BPE_MAX_VOCAB = 1 << 20
+BPE_FORMAT = "bytelevel-bpe-v1"  # bump when the training recipe changes (invalidates caches)
+ENCODE_CHUNK_LINES = 2048
+
+
+class Tokenizer(Protocol):
+    """Text <-> token ids. ``encode`` returns a 1-D int32 numpy array."""
+
+    name: str
+    vocab_size: int
+
+    def encode(self, text: str) -> np.ndarray: ...
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str: ...
+
+
+class ByteTokenizer:
+    """One token per UTF-8 byte: vocab 256, no special tokens, lossless."""
+
+    name = "byte"
+    vocab_size = BYTE_VOCAB
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        return np.asarray(ids).astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+
+
+class BpeTokenizer:
+    """A trained byte-level BPE (GPT-2 style pre-tokenisation, no special tokens), lossless."""
+
+    name = "bpe"
+
+    def __init__(self, tokenizer: HFTokenizer) -> None:
+        self._tok = tokenizer
+        self.vocab_size = tokenizer.get_vocab_size()
+
+    def encode(self, text: str) -> np.ndarray:
+        lines = text.splitlines(keepends=True)
+        chunks = [
+            "".join(lines[i : i + ENCODE_CHUNK_LINES])
+            for i in range(0, len(lines), ENCODE_CHUNK_LINES)
+        ]
+        ids = [np.asarray(e.ids, dtype=np.int32) for e in self._tok.encode_batch(chunks)]
+        return np.concatenate(ids) if ids else np.zeros(0, dtype=np.int32)
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        return self._tok.decode(np.asarray(ids, dtype=np.int64).tolist())
+
+    def to_json(self) -> str:
+        return self._tok.to_str()
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int) -> BpeTokenizer:
+    """Train a byte-level BPE of ``vocab_size`` tokens (256 byte symbols + merges) on ``texts``."""
+    if not BPE_MIN_VOCAB <= vocab_size <= BPE_MAX_VOCAB:
+        raise UserInputError(
+            "bpe_vocab_size", vocab_size, f"an integer in [{BPE_MIN_VOCAB}, {BPE_MAX_VOCAB}]"
+        )
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
+        show_progress=False,
+    )
+    lines = (line for text in texts for line in text.splitlines(keepends=True))
+    tok.train_from_iterator(lines, trainer=trainer)
+    return BpeTokenizer(tok)
+
+
+def corpus_hash(texts: Sequence[str]) -> str:
+    """SHA-256 of the texts (length-prefixed, so boundaries count), hex."""
+    h = hashlib.sha256(BPE_FORMAT.encode())
+    for text in texts:
+        data = text.encode("utf-8")
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()
+
+
+def default_cache_dir() -> Path:
+    """``$HELOCO_CACHE`` if set, else ``$XDG_CACHE_HOME/heloco`` (``~/.cache/heloco``)."""
+    env = os.environ.get("HELOCO_CACHE")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "heloco"
+
+
+def cached_bpe(texts: Sequence[str], vocab_size: int, cache_dir: Path | None) -> BpeTokenizer:
+    """Load the BPE trained on ``texts`` from the cache, or train it and cache it atomically."""
+    folder = (cache_dir or default_cache_dir()) / "tokenizers"
+    path = folder / f"bpe-{corpus_hash(texts)[:24]}-{vocab_size}.json"
+    if path.is_file():
+        return BpeTokenizer(HFTokenizer.from_file(str(path)))
+    bpe = train_bpe(texts, vocab_size)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(bpe.to_json())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return bpe
