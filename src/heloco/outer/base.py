@@ -1,0 +1,189 @@
+"""The outer-optimizer protocol and the small helpers every update rule shares.
+
+An outer optimizer turns pseudo-gradients into a new global model. It mutates the server's
+parameters in place (fp32), keeps its own fp32 state, and says which point to dispatch to the
+next worker. One ``step`` call is one outer update (one server revision).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import torch
+
+from heloco.types import Params, clone_params
+from shardmeter.errors import UserInputError
+
+RhoMode = Literal["sqrt_k", "delay", "none"]
+Rho = RhoMode | float
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One pseudo-gradient as the optimizer sees it.
+
+    ``weight`` multiplies the arrival on top of ρ (arrival balancing sets it; 1 otherwise).
+    """
+
+    delta: Params
+    worker: int
+    staleness: int
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """Diagnostics of one outer step (means over the step's arrivals).
+
+    ``cos_delta_momentum`` is the whole-model cosine between the weighted update and the
+    momentum *before* the step (nan while the momentum is zero). Fractions count parameter
+    tensors (blocks); ``mean_lambda`` / ``mean_beta`` average over all blocks, 0 where the case
+    did not apply. ``correction_size`` is ||Δ̂ − Δ|| / ||Δ|| over the whole model.
+    """
+
+    rho: float
+    delta_norm: float
+    cos_delta_momentum: float
+    frac_kept: float = 1.0
+    frac_shrunk: float = 0.0
+    frac_rotated: float = 0.0
+    correction_size: float = 0.0
+    mean_lambda: float = 0.0
+    mean_beta: float = 0.0
+
+
+@dataclass
+class OptimizerState:
+    """A checkpointable state: fp32 tensors by name plus a JSON-able remainder."""
+
+    tensors: Params = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class OuterOptimizer(Protocol):
+    """What the server calls. Implementations: nesterov, delayed, lookahead, heloco, balanced."""
+
+    name: str
+
+    def step(self, params: Params, arrivals: Sequence[Arrival]) -> StepStats:
+        """Apply one outer update to ``params`` in place from one or more arrivals."""
+        ...
+
+    def dispatch_params(self, params: Params) -> Params:
+        """Fresh tensors of the point the next worker should start from."""
+        ...
+
+    def state_dict(self) -> OptimizerState: ...
+
+    def load_state_dict(self, state: OptimizerState) -> None: ...
+
+
+def rho_weight(rho: Rho, n_workers: int, staleness: int) -> float:
+    """Arrival weight ρ_t (spec 1.5): 1/√K, or delay-aware (1/√K)/√(1+τ), 1, or a constant."""
+    if isinstance(rho, bool):
+        raise UserInputError("rho", rho, "allowed: 'sqrt_k', 'delay', 'none' or a positive number")
+    if isinstance(rho, int | float):
+        if not rho > 0:
+            raise UserInputError("rho", rho, "a numeric rho must be > 0")
+        return float(rho)
+    if rho == "sqrt_k":
+        return 1.0 / math.sqrt(n_workers)
+    if rho == "delay":
+        return 1.0 / math.sqrt(n_workers) / math.sqrt(1.0 + max(staleness, 0))
+    if rho == "none":
+        return 1.0
+    raise UserInputError("rho", rho, "allowed: 'sqrt_k', 'delay', 'none' or a positive number")
+
+
+def block_norms(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per-tensor L2 norms as one float64 vector (one foreach call)."""
+    return torch.stack(torch._foreach_norm(list(tensors))).to(torch.float64)
+
+
+def block_dots(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per-tensor inner products <a_b, b_b> as one float64 vector."""
+    return torch.stack(
+        [torch.dot(x.reshape(-1), y.reshape(-1)) for x, y in zip(a, b, strict=True)]
+    ).to(torch.float64)
+
+
+def whole_cosine(dots: torch.Tensor, norms_a: torch.Tensor, norms_b: torch.Tensor) -> float:
+    """Whole-model cosine from per-block dots and norms; nan if either vector is zero."""
+    na = float(norms_a.square().sum().sqrt())
+    nb = float(norms_b.square().sum().sqrt())
+    if na == 0.0 or nb == 0.0:
+        return math.nan
+    return float(dots.sum()) / (na * nb)
+
+
+def check_names(params: Params, delta: Params) -> None:
+    """Raise if a pseudo-gradient does not carry exactly the model's tensors."""
+    if delta.keys() != params.keys():
+        missing = sorted(set(params) - set(delta))[:3]
+        extra = sorted(set(delta) - set(params))[:3]
+        raise UserInputError(
+            "delta", f"missing={missing} extra={extra}", "the model's parameter names"
+        )
+
+
+def zero_momentum(params: Params) -> Params:
+    """fp32 zero buffers shaped like ``params``."""
+    return {k: torch.zeros_like(v, dtype=torch.float32) for k, v in params.items()}
+
+
+def copy_into(dst: Params, src: Params) -> None:
+    """Copy ``src`` tensors into the same-named ``dst`` buffers (load_state_dict helper)."""
+    for k, v in dst.items():
+        v.copy_(src[k])
+
+
+def prefixed(prefix: str, tensors: Params) -> Params:
+    """Name tensors ``prefix/name`` for a flat checkpoint."""
+    return {f"{prefix}/{k}": v.detach().clone() for k, v in tensors.items()}
+
+
+def unprefixed(prefix: str, tensors: Params) -> Params:
+    """Inverse of :func:`prefixed` for one prefix."""
+    head = prefix + "/"
+    return {k[len(head) :]: v for k, v in tensors.items() if k.startswith(head)}
+
+
+def plain_dispatch(params: Params) -> Params:
+    """Dispatch θ itself (every method except HeLoCo's look-ahead)."""
+    return clone_params(params)
+
+
+def weighted_stats(
+    names: list[str],
+    arrivals: Sequence[Arrival],
+    coefs: list[float],
+    momentum: Params,
+    seeded: bool,
+) -> StepStats:
+    """Norm of G = Σ c_i Δ_i and its cosine with the momentum before the step."""
+    if len(arrivals) == 1:
+        blocks = [arrivals[0].delta[k] for k in names]
+        scale = coefs[0]
+    else:
+        blocks = [_combine([a.delta[k] for a in arrivals], coefs) for k in names]
+        scale = 1.0
+    moms = [momentum[k] for k in names]
+    nd = block_norms(blocks) * abs(scale)
+    cos = math.nan
+    if seeded:
+        cos = whole_cosine(block_dots(blocks, moms) * scale, nd, block_norms(moms))
+    return StepStats(
+        rho=sum(coefs), delta_norm=float(nd.square().sum().sqrt()), cos_delta_momentum=cos
+    )
+
+
+def _combine(tensors: list[torch.Tensor], coefs: list[float]) -> torch.Tensor:
+    """Σ c_i t_i as a new tensor."""
+    out = tensors[0] * coefs[0]
+    for t, c in zip(tensors[1:], coefs[1:], strict=True):
+        out.add_(t, alpha=c)
+    return out

@@ -1,0 +1,105 @@
+"""Delayed Nesterov (DN), Liu et al. 2024 ("Asynchronous Local-SGD"), Algorithm 3; spec 2.3.
+
+Per push g_t (after ρ and arrival weight), period N, momentum β, lr ε, c ∈ [0, 1/N]:
+    Δ_buf += g_t
+    every N-th push:  m ← β m + Δ_buf / N ;  θ ← θ − ε((1 − cN + c) β m + g_t / N) ;  Δ_buf ← 0
+    otherwise:        θ ← θ − ε(c β m + g_t / N)
+With c = 0, N pushes together equal one Nesterov step of lr ε on their mean, so DN uses the
+sync outer lr (0.7) rather than the async one; the /N plays the role of ρ (default ρ = 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from heloco.outer.base import (
+    Arrival,
+    OptimizerState,
+    Rho,
+    StepStats,
+    check_names,
+    copy_into,
+    plain_dispatch,
+    prefixed,
+    rho_weight,
+    unprefixed,
+    weighted_stats,
+    zero_momentum,
+)
+from heloco.types import Params
+from shardmeter.errors import UserInputError
+
+
+class DelayedNesterov:
+    """DN: momentum refreshed every ``period`` pushes; plain −ε g/N in between."""
+
+    name = "dn"
+
+    def __init__(
+        self,
+        params: Params,
+        *,
+        lr: float,
+        momentum: float,
+        rho: Rho,
+        n_workers: int,
+        period: int,
+        c: float = 0.0,
+    ) -> None:
+        if period < 1:
+            raise UserInputError("dn_period", period, "an integer >= 1")
+        if not 0.0 <= c <= 1.0 / period:
+            raise UserInputError("dn_c", c, f"a number in [0, 1/N] = [0, {1.0 / period:.4g}]")
+        self.lr = lr
+        self.momentum = momentum
+        self.rho = rho
+        self.n_workers = n_workers
+        self.period = period
+        self.c = c
+        self.m = zero_momentum(params)
+        self.buf = zero_momentum(params)
+        self.pushes = 0
+
+    @torch.no_grad()
+    def step(self, params: Params, arrivals: Sequence[Arrival]) -> StepStats:
+        """Apply the arrivals one push at a time (a step normally carries exactly one)."""
+        stats: StepStats | None = None
+        for a in arrivals:
+            stats = self._push(params, a)
+        if stats is None:
+            raise ValueError("DelayedNesterov.step needs at least one arrival")
+        return stats
+
+    def _push(self, params: Params, arrival: Arrival) -> StepStats:
+        check_names(params, arrival.delta)
+        w = rho_weight(self.rho, self.n_workers, arrival.staleness) * arrival.weight
+        names = list(params)
+        stats = weighted_stats(names, [arrival], [w], self.m, self.pushes > 0)
+        n, beta, eps, c = self.period, self.momentum, self.lr, self.c
+        milestone = (self.pushes + 1) % n == 0
+        for k in names:
+            g, theta, m, buf = arrival.delta[k], params[k], self.m[k], self.buf[k]
+            buf.add_(g, alpha=w)
+            if milestone:
+                m.mul_(beta).add_(buf, alpha=1.0 / n)
+                theta.add_(m, alpha=-eps * (1.0 - c * n + c) * beta)
+                buf.zero_()
+            elif c != 0.0:
+                theta.add_(m, alpha=-eps * c * beta)
+            theta.add_(g, alpha=-eps * w / n)
+        self.pushes += 1
+        return stats
+
+    def dispatch_params(self, params: Params) -> Params:
+        return plain_dispatch(params)
+
+    def state_dict(self) -> OptimizerState:
+        tensors = {**prefixed("momentum", self.m), **prefixed("buffer", self.buf)}
+        return OptimizerState(tensors, {"pushes": self.pushes})
+
+    def load_state_dict(self, state: OptimizerState) -> None:
+        copy_into(self.m, unprefixed("momentum", state.tensors))
+        copy_into(self.buf, unprefixed("buffer", state.tensors))
+        self.pushes = int(state.meta["pushes"])

@@ -1,0 +1,177 @@
+"""Momentum look-ahead (MLA) outer rule, the base of HeLoCo (spec 1.6 and 2.6).
+
+EMA momentum and a Nesterov-style look-ahead step (HeLoCo paper Eqs. 18-19):
+    m ← μ m + (1 − μ) G ;  θ ← θ − η (G + μ m)
+with G = ρ·Δ for one arrival. The update is written per tensor block as G_b = A_b Δ_b + B_b m_b
+(plain MLA: A_b = ρ, B_b = 0), so a correction only has to produce the two coefficient vectors
+and the step is four fused passes with no temporaries:
+    θ ← θ − η(1 + μ(1−μ)) A Δ − η(B + μ² + μ(1−μ)B) m_old ;  m ← (μ + (1−μ)B) m + (1−μ) A Δ
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from heloco.outer.base import (
+    Arrival,
+    OptimizerState,
+    Rho,
+    StepStats,
+    block_dots,
+    block_norms,
+    check_names,
+    copy_into,
+    plain_dispatch,
+    prefixed,
+    rho_weight,
+    unprefixed,
+    whole_cosine,
+    zero_momentum,
+)
+from heloco.types import Params
+
+
+@dataclass(frozen=True)
+class BlockGeometry:
+    """Per-block scalars of one arrival (float64 vectors of length n_blocks).
+
+    ``dots`` and ``momentum_norms`` are None while the momentum is still zero.
+    """
+
+    delta_norms: torch.Tensor
+    dots: torch.Tensor | None
+    momentum_norms: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class BlockUpdate:
+    """G_b = a_b Δ_b + b_b m_b per block, plus the correction's case counts and strengths."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    kept: torch.Tensor
+    shrunk: torch.Tensor
+    rotated: torch.Tensor
+    lam: torch.Tensor
+    beta: torch.Tensor
+
+
+def uncorrected(weight: float, n_blocks: int) -> BlockUpdate:
+    """G = weight·Δ in every block (MLA, and HeLoCo without correction)."""
+    zeros = torch.zeros(n_blocks, dtype=torch.float64)
+    return BlockUpdate(
+        a=torch.full((n_blocks,), weight, dtype=torch.float64),
+        b=zeros,
+        kept=torch.ones(n_blocks, dtype=torch.bool),
+        shrunk=torch.zeros(n_blocks, dtype=torch.bool),
+        rotated=torch.zeros(n_blocks, dtype=torch.bool),
+        lam=zeros,
+        beta=zeros,
+    )
+
+
+class MomentumLookAhead:
+    """MLA (Ajanthan et al., ICLR 2025 MCDC workshop, as run by the HeLoCo authors).
+
+    ``lookahead_dispatch`` sends θ − ημm to workers (HeLoCo Eq. 5); MLA itself sends θ.
+    """
+
+    name = "mla"
+
+    def __init__(
+        self,
+        params: Params,
+        *,
+        lr: float,
+        momentum: float,
+        rho: Rho,
+        n_workers: int,
+        lookahead_dispatch: bool = False,
+    ) -> None:
+        self.lr = lr
+        self.momentum = momentum
+        self.rho = rho
+        self.n_workers = n_workers
+        self.lookahead_dispatch = lookahead_dispatch
+        self.m = zero_momentum(params)
+        self.seeded = False
+
+    def block_update(self, geometry: BlockGeometry, weight: float) -> BlockUpdate:
+        """Coefficients of G per block; overridden by HeLoCo's correction."""
+        return uncorrected(weight, geometry.delta_norms.numel())
+
+    @torch.no_grad()
+    def step(self, params: Params, arrivals: Sequence[Arrival]) -> StepStats:
+        if len(arrivals) != 1:
+            raise ValueError(
+                f"{type(self).__name__} applies one arrival per step, got {len(arrivals)}"
+            )
+        arrival = arrivals[0]
+        check_names(params, arrival.delta)
+        names = list(params)
+        deltas = [arrival.delta[k] for k in names]
+        moms = [self.m[k] for k in names]
+        geometry = BlockGeometry(
+            delta_norms=block_norms(deltas),
+            dots=block_dots(deltas, moms) if self.seeded else None,
+            momentum_norms=block_norms(moms) if self.seeded else None,
+        )
+        weight = rho_weight(self.rho, self.n_workers, arrival.staleness) * arrival.weight
+        upd = self.block_update(geometry, weight)
+        self._apply(params, deltas, names, upd)
+        self.seeded = True
+        return _stats(geometry, upd, weight)
+
+    def _apply(
+        self, params: Params, deltas: list[torch.Tensor], names: list[str], upd: BlockUpdate
+    ) -> None:
+        mu, lr = self.momentum, self.lr
+        a_list, b_list = upd.a.tolist(), upd.b.tolist()
+        for k, d, a, b in zip(names, deltas, a_list, b_list, strict=True):
+            theta, m = params[k], self.m[k]
+            theta.add_(d, alpha=-lr * (1.0 + mu * (1.0 - mu)) * a)
+            theta.add_(m, alpha=-lr * (b + mu * mu + mu * (1.0 - mu) * b))
+            m.mul_(mu + (1.0 - mu) * b).add_(d, alpha=(1.0 - mu) * a)
+
+    @torch.no_grad()
+    def dispatch_params(self, params: Params) -> Params:
+        """θ̄ = θ − η μ m with look-ahead dispatch (HeLoCo Eq. 5), else θ."""
+        if not (self.lookahead_dispatch and self.seeded):
+            return plain_dispatch(params)
+        step = -self.lr * self.momentum
+        return {k: torch.add(v, self.m[k], alpha=step) for k, v in params.items()}
+
+    def state_dict(self) -> OptimizerState:
+        return OptimizerState(prefixed("momentum", self.m), {"seeded": self.seeded})
+
+    def load_state_dict(self, state: OptimizerState) -> None:
+        copy_into(self.m, unprefixed("momentum", state.tensors))
+        self.seeded = bool(state.meta["seeded"])
+
+
+def _stats(geometry: BlockGeometry, upd: BlockUpdate, weight: float) -> StepStats:
+    """Whole-model diagnostics from per-block scalars (no extra passes over the tensors)."""
+    nd = geometry.delta_norms
+    delta_norm = float(nd.square().sum().sqrt()) * weight
+    if geometry.dots is None or geometry.momentum_norms is None:
+        return StepStats(rho=weight, delta_norm=delta_norm, cos_delta_momentum=math.nan)
+    dots, nm = geometry.dots, geometry.momentum_norms
+    da = upd.a - weight
+    diff_sq = da.square() * nd.square() + upd.b.square() * nm.square() + 2.0 * da * upd.b * dots
+    size = math.sqrt(max(float(diff_sq.sum()), 0.0)) / delta_norm if delta_norm > 0 else 0.0
+    n = float(nd.numel())
+    return StepStats(
+        rho=weight,
+        delta_norm=delta_norm,
+        cos_delta_momentum=whole_cosine(dots, nd, nm),
+        frac_kept=float(upd.kept.sum()) / n,
+        frac_shrunk=float(upd.shrunk.sum()) / n,
+        frac_rotated=float(upd.rotated.sum()) / n,
+        correction_size=size,
+        mean_lambda=float(upd.lam.mean()),
+        mean_beta=float(upd.beta.mean()),
+    )
