@@ -1,0 +1,132 @@
+"""Unit tests of the wire format, codecs, authentication and checkpoints (single process)."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from heloco.net import auth, checkpoint, compress, wire
+from heloco.net.wire import WireError
+from shardmeter.errors import UserInputError
+
+SECRET = b"0123456789abcdef-test-secret"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shape=st.lists(st.integers(0, 9), min_size=0, max_size=4),
+    block=st.integers(1, 64),
+    scale=st.floats(1e-6, 1e6),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_int8_roundtrip_within_documented_bound(shape: list[int], block: int, scale: float, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tuple(shape), generator=g) * scale
+    enc = compress.encode(x, "int8", block)
+    y = compress.decode(enc)
+    assert y.shape == x.shape and y.dtype == torch.float32
+    bound = compress.int8_error_bound(x, block).view_as(x)
+    err = (y - x).abs()
+    # max abs error <= max|x_b| / 254 per block, plus fp32 rounding of the product q * s.
+    assert bool((err <= bound * (1 + 1e-5) + 1e-30).all()), float((err - bound).max())
+    assert len(enc.scales) == 4 * compress.n_blocks(x.numel(), block)
+
+
+def test_int8_bound_is_tight_and_zero_block_exact() -> None:
+    x = torch.tensor([1.0, 0.5 / 127 * 0.999, 0.0, 0.0, 0.0, 0.0])
+    enc = compress.encode(x, "int8", block=2)
+    y = compress.decode(enc)
+    assert torch.equal(y[2:], torch.zeros(4))
+    assert float((y - x).abs().max()) <= 1.0 / 254
+    assert float((y - x).abs().max()) > 0.9 / 254
+
+
+@pytest.mark.parametrize("codec", ["fp32", "bf16", "int8"])
+def test_codecs_any_shape(codec: compress.Codec) -> None:
+    for shape in [(), (0,), (7,), (3, 5), (2, 3, 4, 5)]:
+        x = torch.randn(shape)
+        y = compress.decode(compress.encode(x, codec, block=8))
+        assert y.shape == x.shape
+        if codec == "fp32":
+            assert torch.equal(x, y)
+        elif codec == "bf16":
+            assert torch.allclose(x, y, rtol=2**-8, atol=0)
+
+
+def test_encoded_sizes() -> None:
+    x = torch.randn(1000)
+    assert compress.encode(x, "fp32").nbytes == 4000
+    assert compress.encode(x, "bf16").nbytes == 2000
+    assert compress.encode(x, "int8", block=100).nbytes == 1000 + 4 * 10
+    with pytest.raises(UserInputError):
+        compress.check_codec("fp8")
+
+
+def test_message_roundtrip_and_tamper() -> None:
+    params = {"a.weight": torch.randn(4, 3), "b": torch.randn(5)}
+    msg = wire.make("push", {"worker": 1, "round_id": 3}, params, codec="int8", block=4)
+    frames = wire.encode(msg, SECRET)
+    out = wire.decode(frames, SECRET)
+    assert out.type == "push" and out.body == {"worker": 1, "round_id": 3}
+    assert out.id == msg.id and math.isclose(out.ts, msg.ts)
+    got = out.params()
+    assert list(got) == ["a.weight", "b"]
+    assert torch.allclose(got["b"], params["b"], atol=float(params["b"].abs().max()) / 254 + 1e-7)
+    with pytest.raises(WireError, match="bad_mac"):
+        wire.decode(frames, b"another-secret-of-16+bytes")
+    tampered = list(frames)
+    tampered[1] = bytes(len(frames[1]))
+    with pytest.raises(WireError, match="bad_mac"):
+        wire.decode(tampered, SECRET)
+    with pytest.raises(WireError, match="too_large"):
+        wire.decode(frames, SECRET, max_bytes=wire.wire_bytes(frames) - 1)
+
+
+def test_declared_shape_must_match_bytes() -> None:
+    msg = wire.make("push", {}, {"w": torch.randn(6)})
+    bad = wire.Message(msg.type, msg.body, {"w": compress.Encoded("fp32", (7,), 0, msg.tensors["w"].data)},
+                       msg.id, "", msg.ts)
+    with pytest.raises(WireError, match="bad_tensor"):
+        wire.decode(wire.encode(bad, SECRET), SECRET)
+
+
+def test_replay_guard() -> None:
+    guard = auth.ReplayGuard(window_s=10.0)
+    now = time.time()
+    assert guard.check("a", now, now) is None
+    assert guard.check("a", now, now + 1) == "replay"
+    assert guard.check("b", now - 11, now) == "stale"
+    assert guard.check("a", now + 20, now + 20) is None  # forgotten after the window
+
+
+def test_load_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(auth.SECRET_ENV, raising=False)
+    monkeypatch.delenv(auth.SECRET_FILE_ENV, raising=False)
+    with pytest.raises(UserInputError):
+        auth.load_secret()
+    monkeypatch.setenv(auth.SECRET_ENV, "short")
+    with pytest.raises(UserInputError):
+        auth.load_secret()
+    monkeypatch.setenv(auth.SECRET_ENV, "x" * 20)
+    assert auth.load_secret() == b"x" * 20
+    f = tmp_path / "s"
+    f.write_text("y" * 32 + "\n")
+    assert auth.load_secret(f) == b"y" * 32
+
+
+def test_checkpoint_atomic_roundtrip(tmp_path: Path) -> None:
+    assert checkpoint.latest(tmp_path) is None
+    for rev in (3, 5, 9):
+        checkpoint.save(tmp_path, rev, {"w": torch.full((2,), float(rev))}, {"revision": rev}, keep=2)
+    (tmp_path / ".tmp-ckpt-000000010-1").mkdir()  # a crashed half-written one is ignored
+    path = checkpoint.latest(tmp_path)
+    assert path is not None and path.name == "ckpt-000000009"
+    ck = checkpoint.load(path)
+    assert ck.state == {"revision": 9} and torch.equal(ck.tensors["w"], torch.full((2,), 9.0))
+    assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == ["ckpt-000000005", "ckpt-000000009"]
