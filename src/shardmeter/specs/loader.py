@@ -355,3 +355,12 @@ def list_presets(kind: str) -> list[PresetInfo]:
     """Every shipped preset of one kind ('models', 'accelerators', 'clusters', 'topologies')."""
     kind = normalize_kind(kind)
     return [preset_info(kind, name) for name in preset_names(kind)]
+
+
+def clusters_for_accelerator(accelerator: str) -> list[str]:
+    """Names of the cluster presets built from a given accelerator preset (e.g. 'h100-sxm')."""
+    return [
+        name
+        for name in preset_names("clusters")
+        if _cluster_preset(name).accelerator.name == accelerator
+    ]
