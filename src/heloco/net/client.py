@@ -1,0 +1,129 @@
+"""The worker's side of the wire: authenticated request/reply with retries over a DEALER socket.
+
+A request waits ``timeout_s`` for its reply (matched by ``re`` = request id; late replies to
+abandoned requests are dropped). On a timeout the socket is closed and reopened and the request
+is re-sent as a fresh message (new id and timestamp, same body), with exponential backoff, until
+``deadline_s`` passes without any reply ("lazy pirate" pattern, ZeroMQ guide ch. 4). So a
+worker rides out a server restart; exactly-once is the server's job (its revision log).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from heloco.net import compress, wire
+from heloco.net.compress import Codec
+from heloco.net.wire import Message, WireError
+from heloco.types import Params
+
+
+class ServerUnreachable(RuntimeError):
+    """No valid reply within the deadline."""
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Where the server is and how patiently to talk to it (seconds)."""
+
+    address: str
+    timeout_s: float = 30.0
+    deadline_s: float = 300.0
+    backoff_s: float = 0.1
+    backoff_max_s: float = 5.0
+    max_bytes: int = wire.DEFAULT_MAX_BYTES
+
+
+@dataclass
+class Traffic:
+    """Bytes and seconds spent on the wire by one client (for the benchmark and metrics)."""
+
+    sent_bytes: int = 0
+    recv_bytes: int = 0
+    requests: int = 0
+    retries: int = 0
+    seconds: float = 0.0
+
+
+class Client:
+    """One DEALER connection to the server (not thread-safe: one per thread)."""
+
+    def __init__(self, cfg: ClientConfig, secret: bytes, ctx: zmq.Context[Any] | None = None) -> None:
+        self.cfg = cfg
+        self.secret = secret
+        self.ctx = ctx or zmq.Context.instance()
+        self.traffic = Traffic()
+        self._sock: zmq.Socket[bytes] | None = None
+
+    def _socket(self) -> zmq.Socket[bytes]:
+        if self._sock is None:
+            sock = self.ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.MAXMSGSIZE, self.cfg.max_bytes)
+            sock.connect(self.cfg.address)
+            self._sock = sock
+        return self._sock
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+
+    def send(self, msg: Message) -> None:
+        """Send without waiting (tests use it to inject duplicates and replays)."""
+        frames = wire.encode(msg, self.secret)
+        self.traffic.sent_bytes += wire.wire_bytes(frames)
+        self._socket().send_multipart(frames, copy=False)
+
+    def send_frames(self, frames: list[bytes]) -> None:
+        """Send raw frames as they are (tests: replay a captured message byte for byte)."""
+        self._socket().send_multipart(frames, copy=False)
+
+    def receive(self, want: str, timeout_s: float) -> Message | None:
+        """The reply to request ``want`` within ``timeout_s``, or None."""
+        sock = self._socket()
+        end = time.monotonic() + timeout_s
+        while (left := end - time.monotonic()) > 0:
+            if not sock.poll(int(left * 1000) + 1, zmq.POLLIN):
+                return None
+            frames = sock.recv_multipart()
+            self.traffic.recv_bytes += wire.wire_bytes(frames)
+            try:
+                reply = wire.decode(frames, self.secret, self.cfg.max_bytes)
+            except WireError:
+                continue
+            if reply.re == want:
+                return reply
+        return None
+
+    def call(self, msg: Message) -> Message:
+        """Send ``msg`` and wait for its reply, retrying as a fresh message until the deadline."""
+        start = time.monotonic()
+        backoff = self.cfg.backoff_s
+        attempt = msg
+        self.traffic.requests += 1
+        while True:
+            self.send(attempt)
+            reply = self.receive(attempt.id, self.cfg.timeout_s)
+            if reply is not None:
+                self.traffic.seconds += time.monotonic() - start
+                return reply
+            self.close()
+            if time.monotonic() - start + backoff > self.cfg.deadline_s:
+                self.traffic.seconds += time.monotonic() - start
+                raise ServerUnreachable(
+                    f"no reply to {msg.type!r} from {self.cfg.address} within {self.cfg.deadline_s:g} s"
+                )
+            time.sleep(backoff)
+            backoff = min(backoff * 2, self.cfg.backoff_max_s)
+            self.traffic.retries += 1
+            attempt = dataclasses.replace(msg, id=wire.new_id(), ts=time.time())
+
+    def request(self, type_: str, body: dict[str, Any] | None = None, params: Params | None = None,
+                codec: Codec = "fp32", block: int = compress.DEFAULT_BLOCK) -> Message:
+        """Build, send and await one request."""
+        return self.call(wire.make(type_, body, params, codec, block))

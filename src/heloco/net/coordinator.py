@@ -1,0 +1,363 @@
+"""The server's message logic: a :class:`heloco.server.Server` behind authenticated messages.
+
+Transport-free: :meth:`Coordinator.handle` maps one decoded request to one reply, so the ZeroMQ
+loop (:mod:`heloco.net.endpoint`) stays a thin shell and the logic is testable in process.
+Requests (worker → server) and replies:
+
+``hello``     → ``welcome`` {run, heartbeat_s, revision}   (run: the run config the worker builds)
+``pull``      → ``dispatch`` {revision, steps, round_id} + fp32 params | ``wait`` | ``done``
+``push``      → ``ack`` {revision, applied, duplicate, staleness} | ``rejected`` {reason}
+``heartbeat`` → ``pong`` {revision, done}
+``status``    → ``status`` (see :meth:`Coordinator.status`)
+``bye``       → ``pong``
+Malformed or invalid requests get ``error`` {reason, detail}; nothing invalid is applied.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from heloco.net import wire
+from heloco.net.wire import Message, WireError
+from heloco.server import Server, SubmissionRejected, UpdateRecord
+from heloco.types import Params, RoundResult
+
+
+@dataclass
+class Counters:
+    """What the server dropped, rejected and accepted since it started (status + summary)."""
+
+    bad_mac: int = 0
+    replay: int = 0
+    stale: int = 0
+    too_large: int = 0
+    malformed: int = 0
+    bad_update: int = 0
+    rejected: int = 0
+    duplicate: int = 0
+    accepted: int = 0
+    evictions: int = 0
+    rejoins: int = 0
+
+
+@dataclass
+class WorkerInfo:
+    """The server's view of one worker slot."""
+
+    worker: int
+    incarnation: str = ""
+    active: bool = False
+    last_seen: float = 0.0
+    pulls: int = 0
+    accepted: int = 0
+    staleness_sum: int = 0
+    steps: int = 0
+    tokens: int = 0
+    last_loss: float = math.nan
+
+
+@dataclass(frozen=True)
+class Budget:
+    """When a networked run stops: training tokens of accepted rounds, wall seconds, updates.
+
+    Like the simulator, the run ends at the first budget reached; ``None`` means unlimited.
+    """
+
+    tokens: int | None = None
+    seconds: float | None = None
+    revisions: int | None = None
+
+
+@dataclass(frozen=True)
+class UpdateEvent:
+    """One applied outer update with the wall time it happened and the tokens so far."""
+
+    record: UpdateRecord
+    time: float
+    tokens: int
+
+
+@dataclass
+class Coordinator:
+    """Drives ``server`` from requests; stops dispatching once the budget is reached.
+
+    In sync mode a barrier that is partly filled when the budget is reached is completed first
+    (the simulator checks its budget between rounds); buffered grace-window arrivals are
+    flushed at the budget (as in the simulator).
+
+    ``on_update`` is called after each applied update (metrics, evaluation, durable
+    checkpoints); ``on_round`` after each accepted round with (worker, round_id, steps, tokens,
+    loss, start, end) in wall seconds since ``t0``.
+    """
+
+    server: Server
+    budget: Budget
+    run: dict[str, Any] = field(default_factory=dict)
+    heartbeat_s: float = 2.0
+    evict_after_s: float = 10.0
+    on_update: Callable[[UpdateEvent], None] | None = None
+    on_round: Callable[[int, int, int, int, float, float, float], None] | None = None
+    on_event: Callable[[dict[str, Any]], None] | None = None
+    clock: Callable[[], float] = time.time
+    t0: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        n = self.server.cfg.n_workers
+        self.workers = [WorkerInfo(w) for w in range(n)]
+        self.counters = Counters()
+        self.tokens = 0
+        self.grace_started: float | None = None
+        self._shapes = {k: tuple(v.shape) for k, v in self.server.params.items()}
+        self._dispatch_time: dict[tuple[int, int], float] = {}
+
+    # -- state ------------------------------------------------------------------------------
+    def budget_reached(self) -> bool:
+        b = self.budget
+        return (
+            (b.tokens is not None and self.tokens >= b.tokens)
+            or (b.seconds is not None and self.elapsed() >= b.seconds)
+            or (b.revisions is not None and self.server.revision >= b.revisions)
+        )
+
+    @property
+    def done(self) -> bool:
+        """Budget reached and no accepted round still waiting for a barrier."""
+        return self.budget_reached() and not self.server.pending_workers
+
+    def elapsed(self) -> float:
+        return self.clock() - self.t0
+
+    def _emit(self, payload: dict[str, Any]) -> None:
+        if self.on_event is not None:
+            self.on_event(payload)
+
+    # -- liveness ---------------------------------------------------------------------------
+    def _seen(self, worker: int, incarnation: str) -> WorkerInfo:
+        info = self.workers[worker]
+        if info.incarnation and incarnation and incarnation != info.incarnation:
+            self.counters.rejoins += 1
+            self._emit({"type": "worker", "event": "replaced", "worker": worker, "time": self.elapsed()})
+        elif not info.active and info.incarnation:
+            self.counters.rejoins += 1
+            self._emit({"type": "worker", "event": "rejoined", "worker": worker, "time": self.elapsed()})
+        elif not info.incarnation:
+            self._emit({"type": "worker", "event": "joined", "worker": worker, "time": self.elapsed()})
+        info.incarnation = incarnation or info.incarnation
+        info.active = True
+        info.last_seen = self.clock()
+        return info
+
+    def evict_silent(self) -> list[int]:
+        """Mark workers silent for longer than ``evict_after_s`` as gone; returns their ids.
+
+        Their outstanding round stays valid in the server: a worker that comes back may still
+        push it, and a replacement's first pull supersedes it.
+        """
+        now = self.clock()
+        gone = []
+        for info in self.workers:
+            if info.active and now - info.last_seen > self.evict_after_s:
+                info.active = False
+                self.counters.evictions += 1
+                gone.append(info.worker)
+                self._emit({"type": "worker", "event": "evicted", "worker": info.worker,
+                            "time": self.elapsed(), "silent_s": now - info.last_seen})
+        return gone
+
+    def active_workers(self) -> list[int]:
+        return [w.worker for w in self.workers if w.active]
+
+    # -- grace windows ----------------------------------------------------------------------
+    def flush_due(self) -> list[UpdateEvent]:
+        """Apply buffered async arrivals whose grace window has closed."""
+        window = self.server.cfg.grace_window
+        if window <= 0 or self.server.cfg.synchronous or self.grace_started is None:
+            return []
+        if self.clock() - self.grace_started < window and not self.budget_reached():
+            return []
+        self.grace_started = None
+        return [self._applied(r) for r in self.server.flush()]
+
+    # -- requests ---------------------------------------------------------------------------
+    def handle(self, msg: Message) -> Message:
+        """One reply for one authenticated request."""
+        handler = {
+            "hello": self._hello,
+            "pull": self._pull,
+            "push": self._push,
+            "heartbeat": self._heartbeat,
+            "bye": self._bye,
+            "status": lambda m: wire.make("status", self.status(), re=m.id),
+        }.get(msg.type)
+        if handler is None:
+            self.counters.malformed += 1
+            return error(msg, "unknown_type", f"unknown message type {msg.type!r}")
+        try:
+            return handler(msg)
+        except WireError as exc:
+            if exc.reason == "bad_update":
+                self.counters.bad_update += 1
+            else:
+                self.counters.malformed += 1
+            return error(msg, exc.reason, str(exc))
+
+    def _worker_of(self, msg: Message) -> tuple[int, str]:
+        w = msg.body.get("worker")
+        if not isinstance(w, int) or isinstance(w, bool) or not 0 <= w < len(self.workers):
+            raise WireError("bad_worker", f"worker {w!r} not in [0, {len(self.workers)})")
+        inc = msg.body.get("incarnation", "")
+        return w, inc if isinstance(inc, str) else ""
+
+    def _hello(self, msg: Message) -> Message:
+        w, inc = self._worker_of(msg)
+        info = self._seen(w, inc)
+        body = {"run": self.run, "heartbeat_s": self.heartbeat_s, "revision": self.server.revision,
+                "n_workers": len(self.workers), "worker_steps": info.steps}
+        return wire.make("welcome", body, re=msg.id)
+
+    def _heartbeat(self, msg: Message) -> Message:
+        w, inc = self._worker_of(msg)
+        self._seen(w, inc)
+        return wire.make("pong", {"revision": self.server.revision, "done": self.done}, re=msg.id)
+
+    def _bye(self, msg: Message) -> Message:
+        w, _ = self._worker_of(msg)
+        self.workers[w].active = False
+        self._emit({"type": "worker", "event": "left", "worker": w, "time": self.elapsed()})
+        return wire.make("pong", {"revision": self.server.revision, "done": self.done}, re=msg.id)
+
+    def _pull(self, msg: Message) -> Message:
+        w, inc = self._worker_of(msg)
+        info = self._seen(w, inc)
+        if self.done:
+            return wire.make("done", {"revision": self.server.revision}, re=msg.id)
+        if w in self.server.pending_workers:
+            # Sync barrier or grace window still open: the next model does not exist yet.
+            return wire.make("wait", {"retry_s": 0.05, "revision": self.server.revision}, re=msg.id)
+        d = self.server.dispatch(w)
+        info.pulls += 1
+        self._dispatch_time[(w, d.round_id)] = self.elapsed()
+        body = {"revision": d.revision, "steps": d.steps, "round_id": d.round_id}
+        return wire.make("dispatch", body, d.params, codec="fp32", re=msg.id)
+
+    def _result(self, msg: Message) -> RoundResult:
+        b = msg.body
+        w, _ = self._worker_of(msg)
+        ints = {k: b.get(k) for k in ("round_id", "base_revision", "steps", "tokens")}
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints.values()):
+            raise WireError("malformed", f"push needs non-negative integers {sorted(ints)}")
+        loss = b.get("mean_loss")
+        delta = self._checked_delta(msg)
+        return RoundResult(
+            worker=w,
+            delta=delta,
+            steps=int(ints["steps"]),  # type: ignore[arg-type]
+            tokens=int(ints["tokens"]),  # type: ignore[arg-type]
+            mean_loss=float(loss) if isinstance(loss, int | float) else math.nan,
+            base_revision=int(ints["base_revision"]),  # type: ignore[arg-type]
+            round_id=int(ints["round_id"]),  # type: ignore[arg-type]
+        )
+
+    def _checked_delta(self, msg: Message) -> Params:
+        """Decode the pseudo-gradient; wrong names, wrong shapes or non-finite values raise."""
+        if set(msg.tensors) != set(self._shapes):
+            missing = sorted(set(self._shapes) - set(msg.tensors))[:3]
+            extra = sorted(set(msg.tensors) - set(self._shapes))[:3]
+            raise WireError("bad_update", f"parameter names differ: missing {missing}, extra {extra}")
+        for name, enc in msg.tensors.items():
+            if enc.shape != self._shapes[name]:
+                raise WireError("bad_update", f"{name}: shape {enc.shape} != {self._shapes[name]}")
+        delta = msg.params()
+        for name, t in delta.items():
+            if not bool(torch.isfinite(t).all()):
+                raise WireError("bad_update", f"{name}: non-finite values")
+        return {name: delta[name] for name in self._shapes}
+
+    def _push(self, msg: Message) -> Message:
+        w, inc = self._worker_of(msg)
+        info = self._seen(w, inc)
+        result = self._result(msg)
+        if self.budget_reached() and not (self.server.cfg.synchronous and self.server.pending_workers):
+            self.counters.rejected += 1
+            return wire.make("rejected", {"reason": "done", "revision": self.server.revision},
+                             re=msg.id)
+        try:
+            record = self.server.submit(result)
+        except SubmissionRejected as exc:
+            if exc.reason == "duplicate":
+                # A retried push whose first copy was applied (its ack was lost): answer again.
+                self.counters.duplicate += 1
+                return wire.make("ack", {"revision": self.server.revision, "applied": True,
+                                         "duplicate": True, "staleness": None}, re=msg.id)
+            self.counters.rejected += 1
+            return wire.make("rejected", {"reason": exc.reason, "revision": self.server.revision},
+                             re=msg.id)
+        self.counters.accepted += 1
+        info.accepted += 1
+        info.tokens += result.tokens
+        info.steps += result.steps
+        info.last_loss = result.mean_loss
+        self.tokens += result.tokens
+        compute_s = msg.body.get("compute_s")
+        if isinstance(compute_s, int | float) and compute_s > 0 and result.steps > 0:
+            self.server.observe_speed(w, result.steps / float(compute_s))
+        staleness = self.server.revision - result.base_revision
+        info.staleness_sum += staleness
+        start = self._dispatch_time.pop((w, result.round_id or 0), 0.0)
+        if self.on_round is not None:
+            self.on_round(w, result.round_id or 0, result.steps, result.tokens, result.mean_loss,
+                          start, self.elapsed())
+        if record is None and self.grace_started is None and not self.server.cfg.synchronous:
+            self.grace_started = self.clock()
+        if record is not None:
+            self._applied(record)
+        return wire.make("ack", {"revision": self.server.revision, "applied": record is not None,
+                                 "duplicate": False, "staleness": staleness}, re=msg.id)
+
+    def _applied(self, record: UpdateRecord) -> UpdateEvent:
+        event = UpdateEvent(record, self.elapsed(), self.tokens)
+        if self.on_update is not None:
+            self.on_update(event)
+        return event
+
+    # -- status -----------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        """Revision, workers (alive, accepted rounds, mean staleness), throughput, counters."""
+        elapsed = max(self.elapsed(), 1e-9)
+        now = self.clock()
+        workers = [
+            {
+                "worker": i.worker,
+                "active": i.active,
+                "silent_s": round(now - i.last_seen, 3) if i.last_seen else None,
+                "accepted": i.accepted,
+                "mean_staleness": i.staleness_sum / i.accepted if i.accepted else None,
+                "last_loss": i.last_loss if math.isfinite(i.last_loss) else None,
+                "speed": self.server.speeds[i.worker],
+            }
+            for i in self.workers
+        ]
+        return {
+            "revision": self.server.revision,
+            "budget": asdict(self.budget),
+            "done": self.done,
+            "log_length": len(self.server.log),
+            "pending": self.server.pending_workers,
+            "elapsed_s": elapsed,
+            "updates_per_s": self.server.revision / elapsed,
+            "tokens": self.tokens,
+            "tokens_per_s": self.tokens / elapsed,
+            "workers": workers,
+            "counters": asdict(self.counters),
+        }
+
+
+def error(msg: Message, reason: str, detail: str) -> Message:
+    """An ``error`` reply to ``msg``."""
+    return wire.make("error", {"reason": reason, "detail": detail[:500]}, re=msg.id)

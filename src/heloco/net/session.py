@@ -1,0 +1,167 @@
+"""One networked training run on the server side: endpoint + evaluation + metrics + summary.
+
+Writes the same files as a simulated run (``config.json``, ``events.jsonl`` with ``round``,
+``update`` and ``eval`` lines, ``summary.json``) with wall seconds as ``time``, plus ``worker``
+lines (joined / evicted / rejoined / replaced / left) and a ``restart`` line when the server
+resumes from a checkpoint. After a crash, events with a revision above the ``restart`` line's
+revision that precede it describe updates that were lost with the crash.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from heloco.metrics import (
+    EvalPoint,
+    MetricsWriter,
+    RunStats,
+    RunSummary,
+    atomic_write_json,
+    cycle_average,
+    eval_event,
+    round_event,
+    update_event,
+)
+from heloco.net.build import ServerSide, build_server
+from heloco.net.coordinator import Budget, Coordinator, UpdateEvent
+from heloco.net.endpoint import Endpoint, EndpointConfig
+from heloco.sim import CONFIG_FILE, SimConfig, Trajectory, summarize
+
+ADDRESS_FILE = "address.txt"
+STATUS_FILE = "status.json"
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """Heartbeat period the workers are told to use, and silence before eviction (seconds)."""
+
+    heartbeat_s: float = 2.0
+    evict_after_s: float = 10.0
+
+
+class Session:
+    """Serves ``cfg`` until its token/time budget; resumes from ``endpoint.checkpoint_dir``."""
+
+    def __init__(self, cfg: SimConfig, secret: bytes, endpoint: EndpointConfig,
+                 liveness: Liveness = Liveness(), out_dir: Path | None = None) -> None:
+        self.cfg = cfg
+        self.out_dir = out_dir if out_dir is not None else cfg.out_dir
+        self.side: ServerSide = build_server(cfg)
+        run = cfg.model_dump(mode="json") | {"out_dir": None}
+        self.coord = Coordinator(
+            self.side.server,
+            Budget(tokens=cfg.token_budget, seconds=cfg.time_budget),
+            run=run,
+            heartbeat_s=liveness.heartbeat_s,
+            evict_after_s=liveness.evict_after_s,
+        )
+        self.endpoint = Endpoint(self.coord, secret, endpoint)
+        self.writer = MetricsWriter(self.out_dir)
+        self.stats = RunStats(cfg.workers, self.side.data.worker_languages)
+        self.traj = Trajectory()
+        self.next_eval = cfg.eval_every
+        self.cycle = max(cfg.inner_steps * p for p in self.side.paces)
+        self.coord.on_update = self._on_update
+        self.coord.on_round = self._on_round
+        self.coord.on_event = self.writer.event
+        self.wall0 = time.perf_counter()
+        self.resumed = False
+
+    # -- persistence of the session's own state (evals) ------------------------------------
+    def _resume(self) -> None:
+        if not self.endpoint.restore():
+            return
+        self.resumed = True
+        for record in self.side.server.log:
+            self.stats.add(record)
+        self.traj.tokens = self.coord.tokens
+        self.traj.steps = sum(a.steps for r in self.side.server.log for a in r.arrivals)
+        ck_evals = self.endpoint.restored_extra.get("evals", [])
+        self.traj.evals = [EvalPoint(**e) for e in ck_evals]
+        self.next_eval = int(self.endpoint.restored_extra.get("next_eval", self.cfg.eval_every))
+        self.writer.event({"type": "restart", "revision": self.side.server.revision,
+                           "tokens": self.coord.tokens, "time": self.coord.elapsed()})
+
+    def _extra(self) -> dict[str, Any]:
+        return {"evals": [asdict(e) for e in self.traj.evals], "next_eval": self.next_eval}
+
+    # -- hooks ------------------------------------------------------------------------------
+    def _on_round(self, worker: int, round_id: int, steps: int, tokens: int, loss: float,
+                  start: float, end: float) -> None:
+        self.traj.tokens += tokens
+        self.traj.steps += steps
+        self.writer.event(round_event(worker, round_id, steps, tokens, loss, start, end))
+
+    def _on_update(self, event: UpdateEvent) -> None:
+        self.endpoint.after_update(event)  # durable checkpoint before anything is acknowledged
+        self.stats.add(event.record)
+        self.traj.time = event.time
+        self.writer.event(update_event(event.record, event.time, event.tokens))
+        self._maybe_eval()
+
+    def _maybe_eval(self) -> None:
+        every = self.cfg.eval_every
+        if every <= 0 or self.traj.tokens < self.next_eval:
+            return
+        while self.next_eval <= self.traj.tokens:
+            self.next_eval += every
+        self.eval_now()
+
+    def eval_now(self) -> EvalPoint:
+        t0 = time.perf_counter()
+        val = self.side.evaluate(self.side.server.params)
+        self.traj.eval_seconds += time.perf_counter() - t0
+        now = self.coord.elapsed()
+        point = EvalPoint(
+            tokens=self.traj.tokens,
+            steps=self.traj.steps,
+            time=now,
+            revision=self.side.server.revision,
+            loss=val.overall,
+            per_language=dict(val.per_language),
+            cycle_loss=cycle_average(self.traj.evals, now, self.cycle, val.overall),
+        )
+        self.traj.evals.append(point)
+        self.writer.event(eval_event(point, self.stats))
+        return point
+
+    # -- run --------------------------------------------------------------------------------
+    def open(self) -> str:
+        """Restore the last checkpoint (if any) and bind; returns the server address."""
+        self._resume()
+        self.endpoint.extra_meta = self._extra
+        address = self.endpoint.open()
+        if self.out_dir is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(self.out_dir / CONFIG_FILE, self.cfg.model_dump(mode="json"))
+            (self.out_dir / ADDRESS_FILE).write_text(address + "\n")
+        return address
+
+    def serve(self, on_ready: Callable[[str], None] | None = None) -> RunSummary:
+        """Open, serve until the budget (or SIGTERM), evaluate, write the summary."""
+        address = self.open()
+        if on_ready is not None:
+            on_ready(address)
+        if not self.traj.evals:
+            self.eval_now()
+        try:
+            self.endpoint.serve()
+        finally:
+            self.writer.event({"type": "net", "counters": asdict(self.coord.counters),
+                               "time": self.coord.elapsed()})
+        last = self.traj.evals[-1] if self.traj.evals else None
+        if last is None or (last.revision, last.tokens) != (self.side.server.revision, self.traj.tokens):
+            self.eval_now()
+            self.endpoint.save_checkpoint()
+        self.traj.time = self.coord.elapsed()
+        summary = summarize(self.cfg, self.traj, self.stats, self.side.paces,
+                            time.perf_counter() - self.wall0)
+        self.writer.write_summary(summary)
+        if self.out_dir is not None:
+            atomic_write_json(self.out_dir / STATUS_FILE, self.coord.status())
+        self.writer.close()
+        return summary
