@@ -107,7 +107,7 @@ class OuterSpec(BaseModel):
 class RunSpec(OuterSpec):
     """Global run settings: the model, the token budget, the default per-island batch."""
 
-    model: str | dict[str, Any] = "llama3-8b"
+    model: str | dict[str, Any] = "llama-3-8b"
     tokens: float = Field(default=1e12, gt=0)  # token budget
     global_batch: int | None = Field(default=None, gt=0)  # sequences per island per inner step
 

@@ -1,0 +1,149 @@
+"""Topology files: shipped examples load, WAN paths resolve, bad input names its field."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shardmeter.errors import UserInputError
+from shardmeter.estimate.islands import predict_topology
+from shardmeter.specs.topology import (
+    TOPOLOGY_DIR,
+    load_topology,
+    topology_from_dict,
+    wan_paths,
+)
+
+SHIPPED = sorted(p.stem for p in TOPOLOGY_DIR.glob("*.toml"))
+
+BASE: dict[str, Any] = {
+    "name": "t",
+    "run": {"model": "llama-3-8b", "global_batch": 64, "mode": "diloco"},
+    "islands": [
+        {"name": "us-east", "cluster": "dgx-h100", "n_nodes": 1},
+        {"name": "eu-west", "cluster": "dgx-h100", "n_nodes": 1},
+    ],
+    "wan": {
+        "links": [
+            {"from": "us-east", "to": "eu-west", "bandwidth_gbit": 10, "latency_ms": 80},
+        ]
+    },
+}
+
+
+def with_change(path: str, value: Any) -> dict[str, Any]:
+    data = copy.deepcopy(BASE)
+    node: Any = data
+    keys = path.split("/")
+    for key in keys[:-1]:
+        node = node[int(key)] if key.isdigit() else node[key]
+    last = keys[-1]
+    node[int(last) if last.isdigit() else last] = value
+    return data
+
+
+def test_shipped_examples_cover_the_issue() -> None:
+    assert {"two-clouds", "four-regions", "eight-heterogeneous", "intellect1"} <= set(SHIPPED)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_examples_load_and_predict(name: str) -> None:
+    topo = load_topology(name)
+    est = predict_topology(topo)
+    assert est.tokens_per_s > 0 and 0 < est.utilization <= 1
+    assert len(est.islands) == len(topo.islands)
+
+
+def test_heterogeneous_example_mixes_accelerators() -> None:
+    est = predict_topology(load_topology("eight-heterogeneous"))
+    kinds = {isl.accelerator for isl in est.islands}
+    assert {"a100-80gb", "h100-sxm", "h200", "mi300x"} <= kinds
+    assert len({isl.n_gpus for isl in est.islands}) >= 3
+
+
+def test_star_routes_through_hub() -> None:
+    topo = load_topology("eight-heterogeneous")
+    wan = wan_paths(topo)
+    names = list(wan.names)
+    hub, ap, eu = (
+        names.index("us-central"),
+        names.index("ap-south-h200"),
+        names.index("eu-west-h100"),
+    )
+    assert wan.center == hub
+    assert wan.bandwidth_Bps[ap, hub] == pytest.approx(5e9 / 8)
+    assert wan.bandwidth_Bps[ap, eu] == pytest.approx(5e9 / 8)  # the slower spoke
+    assert wan.rtt_s[ap, eu] == pytest.approx(0.240 + 0.110)
+    assert np.allclose(wan.bandwidth_Bps, wan.bandwidth_Bps.T)
+
+
+def test_mesh_default_fills_missing_pairs() -> None:
+    data = with_change("wan/default", {"bandwidth_gbit": 1.0, "latency_ms": 10})
+    data["islands"].append({"name": "ap", "cluster": "dgx-h100"})
+    wan = wan_paths(topology_from_dict(data))
+    assert wan.bandwidth_Bps[0, 2] == pytest.approx(1e9 / 8)
+    assert wan.bandwidth_Bps[0, 1] == pytest.approx(10e9 / 8)
+
+
+BAD: list[tuple[str, Any, str]] = [
+    ("wan/links/0/to", "mars", "wan.links[0].to: got 'mars'; known islands: us-east, eu-west"),
+    ("wan/links/0/bandwidth_gbit", -5, "wan.links[0].bandwidth_gbit: got -5"),
+    ("islands/1/n_nodes", 0, "islands[1].n_nodes: got 0"),
+    ("islands/0/gpus_per_node", 0, "islands[0].gpus_per_node: got 0"),
+    ("islands/1/name", "us-east", "islands[1].name: got 'us-east'; island names must be unique"),
+    ("run/mode", "telepathy", "run.mode: got 'telepathy'"),
+    ("run/bits", 3, "run.bits: got 3"),
+    ("wan/hub", "us-east", "wan.hub: got 'us-east'; only a star WAN has a hub"),
+    ("run/server", "moon", "run.server: got 'moon'; known islands"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "message"), BAD)
+def test_bad_topology_is_one_line_naming_the_field(path: str, value: Any, message: str) -> None:
+    with pytest.raises(UserInputError) as info:
+        topology_from_dict(with_change(path, value))
+    text = str(info.value)
+    assert text.startswith(message), text
+    assert "\n" not in text
+
+
+def test_missing_link_is_reported() -> None:
+    data = copy.deepcopy(BASE)
+    data["islands"].append({"name": "ap", "cluster": "dgx-h100"})
+    with pytest.raises(UserInputError, match=r"^wan\.links: got 'us-east-ap'"):
+        wan_paths(topology_from_dict(data))
+
+
+def test_plan_that_does_not_match_gpu_count() -> None:
+    data = with_change("islands/0/plan", {"dp": 4, "global_batch": 64, "sharding": "zero3"})
+    with pytest.raises(
+        UserInputError, match=r"^islands\[0\]\.plan: got .*must equal the GPU count 8"
+    ):
+        predict_topology(topology_from_dict(data))
+
+
+def test_plan_that_does_not_fit_memory() -> None:
+    data = with_change("islands/1/plan", {"dp": 8, "global_batch": 64, "micro_batch": 8})
+    with pytest.raises(UserInputError, match=r"^islands\[1\]\.plan: got 'out of memory'"):
+        predict_topology(topology_from_dict(data))
+
+
+def test_auto_plan_that_cannot_fit() -> None:
+    data = with_change("run/model", "llama-3-70b")
+    with pytest.raises(UserInputError, match=r"^islands\[0\]\.plan: got 'auto'; no FSDP/HSDP"):
+        predict_topology(topology_from_dict(data))
+
+
+def test_streaming_needs_fragments_dividing_h() -> None:
+    data = with_change("run/mode", "streaming")
+    data["run"].update(inner_steps=10, fragments=3)
+    with pytest.raises(UserInputError, match=r"^run\.fragments: got 3"):
+        topology_from_dict(data)
+
+
+def test_unknown_topology_lists_examples() -> None:
+    with pytest.raises(UserInputError, match=r"shipped examples: .*two-clouds"):
+        load_topology("atlantis")
