@@ -11,10 +11,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
-from shardmeter.errors import UserInputError, from_pydantic
+from shardmeter.errors import UserInputError
 from shardmeter.specs.model import MoESpec, TransformerSpec
+from shardmeter.specs.validation import validate_spec
 
 # architectures[0] -> model_type, for configs that only name the class
 ARCHITECTURES: dict[str, str] = {
@@ -294,7 +293,4 @@ def model_from_hf_config(
     fields["name"] = name or _default_name(data, path, model_type)
     if seq_len is not None:
         fields["seq_len"] = seq_len
-    try:
-        return TransformerSpec.model_validate(fields)
-    except ValidationError as exc:
-        raise from_pydantic(exc, where) from None
+    return validate_spec(TransformerSpec, fields, where)

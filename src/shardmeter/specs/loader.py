@@ -16,15 +16,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from pathlib import Path
-from typing import Any, TypeVar, get_args
+from typing import Any
 
-from pydantic import BaseModel, ValidationError
-
-from shardmeter.errors import UserInputError, from_pydantic
+from shardmeter.errors import UserInputError
 from shardmeter.specs.hardware import Accelerator, Cluster
 from shardmeter.specs.hf import model_from_hf_config
 from shardmeter.specs.model import TransformerSpec
 from shardmeter.specs.plan import Plan
+from shardmeter.specs.validation import validate_spec
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -35,8 +34,6 @@ DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 KINDS: tuple[str, ...] = ("models", "accelerators", "clusters", "topologies")
 META_KEY = "preset"  # table holding metadata, stripped before validation
 FILE_SUFFIXES = (".toml", ".json")
-
-SpecT = TypeVar("SpecT", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -88,7 +85,7 @@ def read_spec_file(path: Path, field: str) -> dict[str, Any]:
     """Parse a .toml or .json file into a dict; any problem is a one-line UserInputError."""
     suffix = path.suffix.lower()
     if suffix not in FILE_SUFFIXES:
-        raise UserInputError(field, str(path), "expected a .toml or .json file or a preset name")
+        raise UserInputError(field, str(path), "expected a .toml or .json file")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -163,49 +160,6 @@ def apply_overrides(data: dict[str, Any], overrides: Mapping[str, Any]) -> dict[
         else:
             node[leaf] = copy.deepcopy(value)
     return out
-
-
-def _model_fields_at(cls: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:
-    """Field names of the (nested) pydantic model that owns the last element of `loc`."""
-    model = cls
-    for part in loc[:-1]:
-        field = model.model_fields.get(str(part))
-        if field is None:
-            return None
-        candidates = [field.annotation, *get_args(field.annotation)]
-        nested = next(
-            (c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None
-        )
-        if nested is None:
-            return None
-        model = nested
-    return sorted(model.model_fields)
-
-
-def user_error(exc: ValidationError, cls: type[BaseModel], prefix: str) -> UserInputError:
-    """One-line error for a ValidationError; unknown fields list the allowed field names."""
-    first = exc.errors()[0]
-    loc = tuple(first.get("loc", ()))
-    if first.get("type") == "extra_forbidden":
-        allowed = _model_fields_at(cls, loc)
-        field = ".".join([prefix, *map(str, loc)]) if prefix else ".".join(map(str, loc))
-        known = f"; allowed fields: {', '.join(allowed)}" if allowed else ""
-        return UserInputError(field, first.get("input"), f"unknown field{known}")
-    if first.get("type") == "missing":
-        field = ".".join([prefix, *map(str, loc)]) if prefix else ".".join(map(str, loc))
-        return UserInputError(field, None, "required field is missing")
-    return from_pydantic(exc, prefix)
-
-
-def validate_spec(cls: type[SpecT], data: Any, prefix: str) -> SpecT:
-    """`cls.model_validate(data)`, with ValidationError turned into a one-line UserInputError."""
-    try:
-        return cls.model_validate(data)
-    except ValidationError as exc:
-        raise user_error(exc, cls, prefix) from None
-    except (TypeError, ValueError, ArithmeticError) as exc:
-        # A validator that trips over an odd but type-valid value (e.g. a huge int).
-        raise UserInputError(prefix, None, f"invalid {cls.__name__}: {exc}") from None
 
 
 def _prefix(ref: object, kind: str) -> str:

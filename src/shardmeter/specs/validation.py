@@ -1,0 +1,59 @@
+"""Pydantic validation with one-line UserInputErrors that name the field path and what is allowed."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar, get_args
+
+from pydantic import BaseModel, ValidationError
+
+from shardmeter.errors import UserInputError, from_pydantic
+
+SpecT = TypeVar("SpecT", bound=BaseModel)
+
+
+def _model_fields_at(cls: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:
+    """Field names of the (nested) pydantic model that owns the last element of `loc`."""
+    model = cls
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        candidates = [field.annotation, *get_args(field.annotation)]
+        nested = next(
+            (c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None
+        )
+        if nested is None:
+            return None
+        model = nested
+    return sorted(model.model_fields)
+
+
+def user_error(exc: ValidationError, cls: type[BaseModel], prefix: str) -> UserInputError:
+    """One-line error for a ValidationError; unknown fields list the allowed field names."""
+    first = exc.errors()[0]
+    loc = tuple(first.get("loc", ()))
+    if first.get("type") == "extra_forbidden":
+        allowed = _model_fields_at(cls, loc)
+        field = ".".join([prefix, *map(str, loc)]) if prefix else ".".join(map(str, loc))
+        known = f"; allowed fields: {', '.join(allowed)}" if allowed else ""
+        return UserInputError(field, first.get("input"), f"unknown field{known}")
+    if first.get("type") == "missing":
+        field = ".".join([prefix, *map(str, loc)]) if prefix else ".".join(map(str, loc))
+        return UserInputError(field, None, "required field is missing")
+    err = from_pydantic(exc, prefix)
+    if isinstance(err.value, dict):  # a cross-field check: name the spec, not its whole table
+        shown = err.value.get("name") if isinstance(err.value.get("name"), str) else None
+        if shown is not None or len(repr(err.value)) > 120:
+            return UserInputError(err.field, shown or "{...}", err.allowed)
+    return err
+
+
+def validate_spec(cls: type[SpecT], data: Any, prefix: str) -> SpecT:
+    """`cls.model_validate(data)`, with ValidationError turned into a one-line UserInputError."""
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        raise user_error(exc, cls, prefix) from None
+    except (TypeError, ValueError, ArithmeticError) as exc:
+        # A validator that trips over an odd but type-valid value (e.g. a huge int).
+        raise UserInputError(prefix, None, f"invalid {cls.__name__}: {exc}") from None
