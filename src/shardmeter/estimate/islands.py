@@ -173,14 +173,13 @@ def _bottleneck_gbit(wan: WanPaths, outer: OuterSpec) -> tuple[float, str]:
     """The WAN path that limits this mode, as (Gbit/s, 'a↔b')."""
     if wan.n < 2:
         return math.inf, "none (one island)"
-    names = wan.names
     if outer.mode != "async" and outer.reduce == "ring":
         bw, _, (a, b) = wan.ring_bottleneck()
-        return bw / GBIT, f"{names[a]}↔{names[b]}"
+        return bw / GBIT, wan.path_name(a, b)
     c = wan.center
     col = np.where(np.arange(wan.n) == c, np.inf, wan.bandwidth_Bps[:, c])
     i = int(np.argmin(col))
-    return float(col[i]) / GBIT, f"{names[i]}↔{names[c]}"
+    return float(col[i]) / GBIT, wan.path_name(i, c)
 
 
 def _min_inner_steps(util: Callable[[Any], FloatArray], outer: OuterSpec) -> int | None:

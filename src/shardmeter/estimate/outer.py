@@ -45,6 +45,14 @@ class WanPaths:
     center: int
     server_Bps: float = float("inf")  # aggregate parameter-server capacity per direction
     host_copy_Bps: float = float("inf")  # device↔host copy bandwidth (Gloo on CPU); inf = none
+    hub: int | None = None  # star centre that relays island-to-island paths (None: mesh)
+
+    def path_name(self, i: int, j: int) -> str:
+        """'a↔b', or 'a↔hub↔b' for a path relayed by a star's hub."""
+        a, b = self.names[i], self.names[j]
+        if self.hub is None or self.hub in (i, j):
+            return f"{a}↔{b}"
+        return f"{a}↔{self.names[self.hub]}↔{b}"
 
     @property
     def n(self) -> int:
@@ -84,6 +92,7 @@ class WanPaths:
             center=self.center,
             server_Bps=self.server_Bps * factor,
             host_copy_Bps=self.host_copy_Bps,
+            hub=self.hub,
         )
 
     def subset(self, keep: list[int]) -> WanPaths:
@@ -91,6 +100,7 @@ class WanPaths:
         idx = np.asarray(keep)
         bw = self.bandwidth_Bps[np.ix_(idx, idx)]
         center = keep.index(self.center) if self.center in keep else 0
+        hub = keep.index(self.hub) if self.hub is not None and self.hub in keep else None
         return WanPaths(
             names=tuple(self.names[i] for i in keep),
             bandwidth_Bps=bw,
@@ -100,6 +110,7 @@ class WanPaths:
             center=center,
             server_Bps=self.server_Bps,
             host_copy_Bps=self.host_copy_Bps,
+            hub=hub,
         )
 
 

@@ -280,8 +280,9 @@ def wan_paths(topo: Topology) -> WanPaths:
                 bw[i, j] = min(h.bytes_per_s() for h in hops)
                 rtt[i, j] = sum(h.latency_ms for h in hops) * 1e-3
                 price[i, j] = sum(h.egress_usd_per_gb for h in hops) / 1e9
-        center = hub
+        center = star_hub = hub
     else:
+        star_hub = None
         for i in range(n):
             for j in range(i + 1, n):
                 link = _link_between(topo, names[i], names[j])
@@ -308,6 +309,7 @@ def wan_paths(topo: Topology) -> WanPaths:
         center=center,
         server_Bps=float("inf") if server is None else server * 1e9 / 8.0,
         host_copy_Bps=float("inf") if host is None else host * 1e9,
+        hub=star_hub,
     )
 
 

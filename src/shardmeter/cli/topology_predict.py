@@ -1,0 +1,102 @@
+"""`shardmeter predict --topology FILE`: the multi-island path of the predict command.
+
+`cli/predict.py` calls `add_arguments(parser)` when it builds its parser and hands over to
+`run_topology(args)` when `args.topology` is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from shardmeter.estimate.islands import predict_topology
+from shardmeter.report.islands import render_topology, topology_json
+from shardmeter.specs.topology import load_topology
+
+# CLI flag -> RunSpec field overridden by it.
+RUN_FLAGS: dict[str, str] = {
+    "mode": "mode",
+    "inner_steps": "inner_steps",
+    "bits": "bits",
+    "grad_bits": "grad_bits",
+    "fragments": "fragments",
+    "overlap_steps": "overlap_steps",
+    "reduce": "reduce",
+    "server": "server",
+    "tokens": "tokens",
+    "island_batch": "global_batch",
+    "quality_factor": "quality_factor",
+    "threshold": "compute_bound_threshold",
+    "outer_overlap": "outer_overlap",
+}
+
+
+def _existing(parser: argparse.ArgumentParser, flags: tuple[str, ...]) -> argparse.Action | None:
+    for action in parser._actions:
+        if any(flag in action.option_strings for flag in flags):
+            return action
+    return None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Topology flags. A flag the predict parser already has (`--json`, `--model`, ...) is
+    reused rather than added twice."""
+    group = parser.add_argument_group("multi-island (with --topology)")
+    foreign: dict[str, Any] = {}  # dest -> default of a flag the parser already had
+
+    def add(*flags: str, **kwargs: Any) -> None:
+        action = _existing(parser, flags)
+        if action is None:
+            group.add_argument(*flags, **kwargs)
+        else:
+            foreign[action.dest] = action.default
+
+    add("--topology", metavar="FILE", help="topology TOML file or a shipped example name")
+    add("--mode", choices=("sync", "diloco", "streaming", "async"), help="outer mode")
+    add("--inner-steps", "-H", type=int, help="H: inner steps per outer round")
+    add("--bits", type=int, choices=(32, 16, 8, 4), help="pseudo-gradient bits q")
+    add("--grad-bits", type=int, choices=(32, 16, 8), help="sync DP gradient bits")
+    add("--fragments", type=int, help="Streaming DiLoCo fragments P")
+    add("--overlap-steps", type=int, help="Streaming DiLoCo overlap τ (inner steps)")
+    add(
+        "--outer-overlap",
+        action="store_true",
+        default=None,
+        help="DiLoCo eager/delayed outer step: hide the exchange behind the next round",
+    )
+    add("--reduce", choices=("ring", "hub"), help="outer all-reduce pattern")
+    add("--server", help="hub / parameter-server island")
+    add("--tokens", type=float, help="token budget (e.g. 1e12)")
+    add("--island-batch", type=int, help="sequences per island per inner step")
+    add("--quality-factor", type=float, help="tokens needed relative to synchronous training")
+    add("--threshold", type=float, help="utilization that counts as compute-bound")
+    add("--json", action="store_true", help="print JSON instead of tables")
+    add("--model", help="model preset or file (overrides run.model)")
+    parser.set_defaults(topology_foreign_defaults=foreign)
+
+
+def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
+    """RunSpec overrides from parsed flags. Flags not given are left out, and so is a shared
+    flag (one the predict parser defined) still at that parser's default."""
+    foreign: dict[str, Any] = getattr(args, "topology_foreign_defaults", {})
+    out: dict[str, Any] = {}
+    for flag, field in (*RUN_FLAGS.items(), ("model", "model")):
+        value = getattr(args, flag, None)
+        if value is None or (flag in foreign and value == foreign[flag]):
+            continue
+        out[field] = value
+    return out
+
+
+def run_topology(args: argparse.Namespace) -> int:
+    """Predict the topology in `args.topology` and print tables or JSON."""
+    topo = load_topology(args.topology)
+    est = predict_topology(topo, **overrides_from(args))
+    if getattr(args, "json", False):
+        json.dump(topology_json(est), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        render_topology(est)
+    return 0

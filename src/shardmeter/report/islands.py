@@ -1,0 +1,160 @@
+"""Views of a TopologyEstimate: rich terminal tables and a JSON-ready mapping."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from pydantic import BaseModel
+from rich.console import Console
+from rich.table import Table
+
+from shardmeter.estimate.islands import IslandEstimate, TopologyEstimate
+
+
+def jsonable(obj: Any) -> Any:
+    """Dataclasses, pydantic models, tuples and non-finite floats -> plain JSON values."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, BaseModel):
+        return jsonable(obj.model_dump())
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def topology_json(est: TopologyEstimate) -> dict[str, Any]:
+    """The whole estimate as a JSON-ready mapping (inf and nan become null)."""
+    out: dict[str, Any] = jsonable(est)
+    return out
+
+
+def fmt_time(seconds: float) -> str:
+    """Seconds in the largest sensible unit."""
+    if not math.isfinite(seconds):
+        return "∞"
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("min", 60.0), ("s", 1.0)):
+        if seconds >= size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds * 1e3:.3g} ms"
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, size in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.3g} B"
+
+
+def fmt_usd(x: float) -> str:
+    return f"${x:,.0f}" if x >= 100 else f"${x:.3g}"
+
+
+def _mode_line(est: TopologyEstimate) -> str:
+    s = est.settings
+    if est.mode == "sync":
+        return f"sync DP across islands, {s.grad_bits}-bit gradients, {s.reduce} all-reduce"
+    base = f"H = {s.inner_steps}, {s.bits}-bit pseudo-gradients"
+    if est.mode == "diloco":
+        how = "eager (overlapped one round)" if s.outer_overlap else "blocking"
+        return f"DiLoCo, {base}, {s.reduce} all-reduce, {how}"
+    if est.mode == "streaming":
+        return f"Streaming DiLoCo, {base}, P = {s.fragments} fragments, τ = {s.overlap_steps}"
+    return f"asynchronous parameter server, {base}"
+
+
+def summary_table(est: TopologyEstimate) -> Table:
+    """Totals: throughput, utilization, time, cost, regime and thresholds."""
+    t = Table(title=f"{est.name}: {_mode_line(est)}", show_header=False, title_justify="left")
+    t.add_column("what", style="bold")
+    t.add_column("value")
+    t.add_row("islands / GPUs", f"{len(est.islands)} / {est.n_gpus}")
+    t.add_row("model parameters", f"{est.n_params / 1e9:.3g} B")
+    t.add_row(
+        "tokens/s (total, per GPU)", f"{est.tokens_per_s:,.0f}  ({est.tokens_per_s_per_gpu:,.0f})"
+    )
+    shares = ", ".join(f"{k} {v:.1%}" for k, v in est.time_shares.items() if v > 5e-4)
+    t.add_row("compute utilization", f"{est.utilization:.1%}  ({shares})")
+    t.add_row("round (slowest island)", fmt_time(est.round_s))
+    t.add_row(
+        "WAN bytes per round / run",
+        f"{fmt_bytes(est.wan_bytes_per_round)} / {fmt_bytes(est.wan_bytes_total)}",
+    )
+    t.add_row(f"wall-clock to {est.tokens:.3g} tokens", fmt_time(est.wall_s))
+    t.add_row(
+        "cost (GPU + egress)",
+        f"{fmt_usd(est.cost_usd)} = {fmt_usd(est.gpu_cost_usd)} + {fmt_usd(est.egress_cost_usd)}"
+        f"  ({fmt_usd(est.usd_per_mtok)} per M tokens)",
+    )
+    if est.quality_factor != 1.0:
+        t.add_row(
+            f"quality-adjusted (×{est.quality_factor:g} tokens)",
+            f"{fmt_time(est.wall_s_adjusted)}, {fmt_usd(est.cost_usd_adjusted)}",
+        )
+    b = est.bottleneck
+    t.add_row("regime", est.regime)
+    t.add_row("bottleneck", f"island {b.island}; link {b.link}; phase {b.phase}")
+    th = f"utilization ≥ {est.threshold:.0%}"
+    if est.mode != "sync":
+        h = "unreachable" if est.min_inner_steps is None else f"H ≥ {est.min_inner_steps}"
+        t.add_row(f"compute-bound ({th}) at", h)
+    if math.isfinite(est.wan_gbit):
+        need = "unreachable" if est.min_wan_gbit is None else f"{est.min_wan_gbit:.3g} Gbit/s"
+        t.add_row(
+            f"WAN for {th}", f"{need} on {b.link} (now {est.wan_gbit:.3g} Gbit/s, others scaled)"
+        )
+    if est.hide_wan_gbit is not None:
+        t.add_row("WAN to hide the exchange", f"{est.hide_wan_gbit:.3g} Gbit/s peak per path")
+    return t
+
+
+def plan_label(isl: IslandEstimate) -> str:
+    """Short plan text: 'HSDP8 mb2', 'FSDP tp2 mb1 rc:full'."""
+    p = isl.plan
+    if p is None:
+        return "-"
+    shard: str = "FSDP" if p.sharding == "zero3" else p.sharding
+    if p.sharding != "none" and p.shard_degree not in (None, p.dp):
+        shard = f"HSDP{p.shard_degree}"
+    if p.sharding == "none":
+        shard = "DDP"
+    parts = [shard] + [f"{k}{v}" for k, v in (("tp", p.tp), ("pp", p.pp), ("cp", p.cp)) if v > 1]
+    parts.append(f"mb{p.micro_batch}")
+    if p.recompute != "none":
+        parts.append(f"rc:{p.recompute[:3]}")
+    return " ".join(parts)
+
+
+def islands_table(est: TopologyEstimate) -> Table:
+    """One row per island."""
+    t = Table(title="per island", title_justify="left")
+    heads = ("island", "GPUs", "plan", "step", "MFU", "tok/s/GPU", "util", "wait", "WAN", "stale")
+    for col in (*heads, "$"):
+        t.add_column(col, justify="left" if col in ("island", "GPUs", "plan") else "right")
+    for isl in est.islands:
+        t.add_row(
+            isl.name,
+            f"{isl.n_gpus}× {isl.accelerator}",
+            plan_label(isl),
+            fmt_time(isl.step.step_time_s),
+            f"{isl.step.mfu:.0%}",
+            f"{isl.tokens_per_s_per_gpu:,.0f}",
+            f"{isl.utilization:.1%}",
+            fmt_time(isl.straggler_s) if isl.straggler_s > 0 else "-",
+            fmt_time(isl.wan_exposed_s) if isl.wan_exposed_s > 0 else "-",
+            f"{isl.staleness:.2g}",
+            fmt_usd(isl.gpu_cost_usd + isl.egress_cost_usd),
+        )
+    return t
+
+
+def render_topology(est: TopologyEstimate, console: Console | None = None) -> None:
+    """Print the summary and per-island tables."""
+    out = console or Console()
+    out.print(summary_table(est))
+    out.print(islands_table(est))
