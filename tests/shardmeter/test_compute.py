@@ -1,0 +1,103 @@
+"""Per-op FLOPs and times: Megatron's model-FLOP formula, roofline, recompute counts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shardmeter.estimate.compute import (
+    gemm_time,
+    layer_forward,
+    matmul_efficiency,
+    model_flops_per_token,
+    recompute_flops_per_token,
+    stage_compute,
+)
+from shardmeter.estimate.plan_arrays import PlanArrays
+from shardmeter.specs.hardware import Accelerator, Efficiency
+from shardmeter.specs.model import MoESpec, TransformerSpec
+
+GPT3 = TransformerSpec(
+    name="gpt3-175b", n_layers=96, hidden=12288, n_heads=96, ffn=49152, vocab=51200, seq_len=2048
+)
+ACC = Accelerator(
+    name="test-gpu",
+    peak_tflops={"bf16": 1000.0, "fp8": 2000.0},
+    hbm_gb=80,
+    hbm_gbps=3000,
+    efficiency=Efficiency(matmul_max=0.8, matmul_half_gflop=2.0, memory=0.8, attention=0.5),
+)
+
+
+def test_megatron_model_flops_gpt3() -> None:
+    """72·B·s·L·h²·(1 + s/6h + V/12Lh) (Narayanan et al. SC'21) equals 3·forward, non-causal."""
+    batch, s, layers, h, vocab = 1536, 2048, 96, 12288, 51200
+    expected = 72 * batch * s * layers * h**2 * (1 + s / (6 * h) + vocab / (12 * layers * h))
+    got = model_flops_per_token(GPT3, causal=False) * batch * s
+    assert got == pytest.approx(expected, rel=1e-12)
+    # The causal convention halves only the attention-score term.
+    attn = 3 * 4 * layers * s * h
+    assert model_flops_per_token(GPT3, causal=True) == pytest.approx(
+        model_flops_per_token(GPT3, causal=False) - attn / 2
+    )
+
+
+def test_full_recompute_matches_megatron_hardware_flops() -> None:
+    """With full recompute hardware FLOPs = 96·B·s·L·h²·(1 + s/6h + V/16Lh) (non-causal)."""
+    batch, s, layers, h, vocab = 8, 2048, 96, 12288, 51200
+    expected = 96 * batch * s * layers * h**2 * (1 + s / (6 * h) + vocab / (16 * layers * h))
+    causal_attn_fwd = GPT3.attention_flops_per_token(causal=True)
+    full = recompute_flops_per_token(GPT3, 2)
+    # Our recompute uses the causal attention count; add back the skipped half to compare.
+    got = (model_flops_per_token(GPT3, causal=False) + full + causal_attn_fwd) * batch * s
+    assert got == pytest.approx(expected, rel=1e-12)
+    assert recompute_flops_per_token(GPT3, 0) == 0.0
+    assert recompute_flops_per_token(GPT3, 1) == pytest.approx(causal_attn_fwd)
+
+
+def test_matmul_efficiency_saturates() -> None:
+    eff = ACC.efficiency
+    assert matmul_efficiency(2e9, eff) == pytest.approx(0.4)  # F = F_half -> half of max
+    assert matmul_efficiency(1e15, eff) == pytest.approx(0.8, rel=1e-5)
+    assert matmul_efficiency(1e6, eff) < 0.01
+
+
+def test_gemm_roofline_compute_and_memory_bound() -> None:
+    big = float(gemm_time(8192, 8192, 8192, ACC, False))
+    flops = 2 * 8192**3
+    eta = 0.8 * (flops / 1e9) / (flops / 1e9 + 2.0)
+    assert big == pytest.approx(flops / (1e15 * eta))
+    # A matrix-vector product is bound by HBM: (mk + kn + mn)·2 bytes at 0.8 × 3 TB/s.
+    thin = float(gemm_time(1, 8192, 8192, ACC, False))
+    assert thin == pytest.approx((8192 + 8192 * 8192 + 8192) * 2 / (3000e9 * 0.8))
+    assert float(gemm_time(8192, 8192, 8192, ACC, True)) < big
+
+
+def test_layer_flops_count_gqa_swiglu_and_moe() -> None:
+    llama = TransformerSpec(
+        n_layers=32, hidden=4096, n_heads=32, n_kv_heads=8, ffn=14336, mlp="swiglu",
+        vocab=128256, seq_len=8192,
+    )  # fmt: skip
+    plans = PlanArrays.from_columns(tp=np.array([1, 4]), micro_batch=1)
+    cost = layer_forward(llama, plans, ACC, moe=False)
+    tokens = 8192
+    per_token = 2 * (2 * 4096 * 4096 + 2 * 4096 * 1024) + 2 * 3 * 4096 * 14336
+    np.testing.assert_allclose(cost.gemm_flops, [tokens * per_token, tokens * per_token / 4])
+    np.testing.assert_allclose(cost.attention_flops[0], 4 * tokens * 8192 * 4096 / 2)
+
+    moe = llama.model_copy(update={"moe": MoESpec(experts=8, top_k=2)})
+    moe_cost = layer_forward(moe, PlanArrays.from_columns(ep=np.array([1, 8]), dp=8), ACC, moe=True)
+    routed = 2 * 2 * 3 * 4096 * 14336 + 2 * 4096 * 8
+    attn = 2 * (2 * 4096 * 4096 + 2 * 4096 * 1024)
+    np.testing.assert_allclose(moe_cost.gemm_flops, tokens * (attn + routed))
+
+
+def test_stage_compute_splits_layers_and_adds_logits() -> None:
+    one = stage_compute(GPT3, PlanArrays.from_columns(pp=1), ACC)
+    four = stage_compute(GPT3, PlanArrays.from_columns(pp=4), ACC)
+    assert float(four.layers[()]) == 24
+    assert float(four.forward_s[()]) < float(one.forward_s[()]) / 3.5
+    full = stage_compute(GPT3, PlanArrays.from_columns(recompute=2), ACC)
+    layers, layer_fwd = float(full.layers[()]), float(full.layer_forward_s[()])
+    assert float(full.recompute_s[()]) == pytest.approx(layers * layer_fwd)
+    assert float(full.forward_s[()]) > layers * layer_fwd  # plus the logits
