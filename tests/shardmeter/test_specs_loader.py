@@ -204,6 +204,13 @@ def test_file_problems_are_one_line(tmp_path: Path) -> None:
     assert ".toml or .json" in _error(load_model, _write(tmp_path, "m.yaml", "a: 1"))
 
 
+def test_non_finite_numbers_are_rejected(tmp_path: Path) -> None:
+    message = _error(load_accelerator, "h100-sxm", **{"peak_tflops.bf16": float("nan")})
+    assert message == "accelerator.peak_tflops.bf16: got nan; expected a finite number"
+    path = _write(tmp_path, "inf.toml", 'accelerator = "h100-sxm"\nprice_per_gpu_hour = inf\n')
+    assert _error(load_cluster, path).startswith("inf.toml:cluster.price_per_gpu_hour: got inf")
+
+
 def test_cluster_file_with_unknown_accelerator(tmp_path: Path) -> None:
     text = CLUSTER_TOML.format(accelerator='accelerator = "h100-sxm5"')
     message = _error(load_cluster, _write(tmp_path, "x.toml", text))

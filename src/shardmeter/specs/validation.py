@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, TypeVar, get_args
 
 from pydantic import BaseModel, ValidationError
@@ -48,8 +49,22 @@ def user_error(exc: ValidationError, cls: type[BaseModel], prefix: str) -> UserI
     return err
 
 
+def reject_non_finite(data: Any, path: str) -> None:
+    """Raise for NaN or infinite numbers anywhere in a (nested) table: TOML and JSON can spell
+    them (`nan`, `inf`, `Infinity`), and no spec quantity is meaningful at those values."""
+    if isinstance(data, float) and not math.isfinite(data):
+        raise UserInputError(path, data, "expected a finite number")
+    if isinstance(data, dict):
+        for key, value in data.items():
+            reject_non_finite(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(data, (list, tuple)):
+        for index, value in enumerate(data):
+            reject_non_finite(value, f"{path}[{index}]")
+
+
 def validate_spec(cls: type[SpecT], data: Any, prefix: str) -> SpecT:
     """`cls.model_validate(data)`, with ValidationError turned into a one-line UserInputError."""
+    reject_non_finite(data, prefix)
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
