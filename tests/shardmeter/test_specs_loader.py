@@ -146,6 +146,24 @@ def _cluster_dict() -> dict[str, Any]:
     }
 
 
+def test_files_can_start_from_a_preset(tmp_path: Path) -> None:
+    model = load_model(_write(tmp_path, "m.toml", 'preset = "llama-3.1-8b"\nseq_len = 32768\n'))
+    assert model == load_model("llama-3.1-8b", seq_len=32768)
+    accel = load_accelerator(_write(tmp_path, "a.toml", 'preset = "h100-sxm"\ntdp_w = 500.0\n'))
+    assert accel == load_accelerator("h100-sxm", tdp_w=500.0)
+    text = 'preset = "dgx-h100"\nn_nodes = 4\n[inter]\nbandwidth_gbps = 25.0\n[accelerator]\nhbm_gb = 96.0\n'
+    cluster = load_cluster(_write(tmp_path, "c.toml", text))
+    assert (cluster.n_gpus, cluster.inter.bandwidth_gbps, cluster.inter.latency_us) == (
+        32,
+        25.0,
+        5.0,
+    )
+    assert cluster.accelerator.hbm_gb == 96.0 and cluster.accelerator.name == "h100-sxm"
+    swapped = load_cluster({"preset": "dgx-h100", "accelerator": {"preset": "h200"}})
+    assert swapped.accelerator == load_accelerator("h200")
+    assert "dgx-h100" in _error(load_cluster, {"preset": "dgx-h10"})
+
+
 def test_plan_from_file_with_plan_table(tmp_path: Path) -> None:
     text = 'model = "llama-3.1-8b"\ncluster = "dgx-h100"\n\n[plan]\ndp = 8\ntp = 2\nsharding = "zero3"\nglobal_batch = 64\n'
     plan = load_plan(_write(tmp_path, "run.toml", text))

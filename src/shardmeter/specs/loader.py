@@ -140,6 +140,28 @@ def split_meta(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return spec, (meta if isinstance(meta, dict) else {})
 
 
+def _names_a_preset(value: object) -> bool:
+    return isinstance(value, str) or (
+        isinstance(value, Mapping) and isinstance(value.get(META_KEY), str)
+    )
+
+
+def inherit(kind: str, data: Mapping[str, Any], field: str) -> dict[str, Any]:
+    """Spec fields of a table. With ``preset = "name"`` it starts from that shipped preset and
+    its other keys override it (nested tables merge); a ``[preset]`` metadata table is dropped."""
+    named = data.get(META_KEY)
+    rest = {key: copy.deepcopy(value) for key, value in data.items() if key != META_KEY}
+    if not isinstance(named, str):
+        return rest
+    base, _ = split_meta(preset_data(kind, named, f"{field}.preset"))
+    if kind == "clusters" and "accelerator" in base:
+        if _names_a_preset(rest.get("accelerator")):
+            del base["accelerator"]  # a named accelerator replaces the preset's, never merges
+        else:
+            base["accelerator"] = accelerator_data(base["accelerator"], f"{field}.accelerator")
+    return apply_overrides(base, rest)
+
+
 # --- overrides and validation -------------------------------------------------------------------
 def apply_overrides(data: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     """Return `data` with overrides applied; keys may be dotted ('inter.bandwidth_gbps') and
@@ -187,7 +209,7 @@ def load_model(
     elif isinstance(ref, (str, Path)) and _is_hf_config(Path(ref).expanduser()):
         base = model_from_hf_config(Path(ref).expanduser())
     else:
-        base = split_meta(_source(ref, "models", "model"))[0]
+        base = inherit("models", _source(ref, "models", "model"), "model")
     if not overrides:
         return base if isinstance(base, TransformerSpec) else _validate_model(base, ref)
     data = base.model_dump(exclude_unset=False) if isinstance(base, TransformerSpec) else base
@@ -238,14 +260,9 @@ def accelerator_data(ref: object, field: str) -> dict[str, Any]:
     if isinstance(ref, Accelerator):
         return ref.model_dump()
     if isinstance(ref, Mapping):
-        named = ref.get(META_KEY)
-        data = {key: value for key, value in ref.items() if key != META_KEY}
-        if isinstance(named, str):
-            base, _ = split_meta(preset_data("accelerators", named, f"{field}.preset"))
-            return apply_overrides(base, data)
-        return copy.deepcopy(data)
+        return inherit("accelerators", ref, field)
     if isinstance(ref, (str, Path)):
-        return split_meta(_source(ref, "accelerators", field))[0]
+        return inherit("accelerators", _source(ref, "accelerators", field), field)
     raise UserInputError(field, ref, "expected an accelerator preset name, a file or a table")
 
 
@@ -268,7 +285,7 @@ def load_cluster(ref: str | Path | Mapping[str, Any] | Cluster, **overrides: Any
 
 
 def _cluster_from(raw: dict[str, Any], overrides: Mapping[str, Any], prefix: str) -> Cluster:
-    data, _ = split_meta(raw)
+    data = inherit("clusters", raw, prefix)
     field = f"{prefix}.accelerator"
     if "accelerator" in data:
         data["accelerator"] = accelerator_data(data["accelerator"], field)
