@@ -259,7 +259,7 @@ def test_presets_load_fast_and_are_cached() -> None:
         load_model(name)
     for name in CLUSTERS:
         load_cluster(name)
-    assert time.perf_counter() - start < 2.0
+    assert time.perf_counter() - start < 5.0  # ~0.3 s on one idle core
     assert load_model("llama-3.1-8b") is load_model("llama-3.1-8b")
     assert load_cluster("dgx-h100") is load_cluster("dgx-h100")
 
