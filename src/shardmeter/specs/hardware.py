@@ -20,7 +20,7 @@ class Efficiency(BaseModel):
     a saturating curve in the spirit of Calculon's size-keyed tables (Isaev et al. SC'23).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     matmul_max: float = Field(default=0.8, gt=0, le=1)  # asymptotic fraction of dense peak
     matmul_half_gflop: float = Field(default=1.0, ge=0)  # op size (GFLOP) at half of matmul_max
@@ -33,7 +33,7 @@ class Efficiency(BaseModel):
 class Accelerator(BaseModel):
     """One GPU/TPU chip: dense peak per dtype, HBM size and bandwidth, and its efficiencies."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str
     peak_tflops: dict[Dtype, float]  # dense (no sparsity) TFLOP/s per dtype
@@ -64,7 +64,7 @@ class Accelerator(BaseModel):
 class Link(BaseModel):
     """A network link as one GPU sees it: bandwidth per direction, latency, achieved fraction."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str = "link"
     bandwidth_gbps: float = Field(gt=0)  # GB/s per GPU per direction (nominal)
@@ -83,7 +83,7 @@ class Link(BaseModel):
 class Cluster(BaseModel):
     """A homogeneous cluster (one island): nodes of identical GPUs, NVLink inside, NICs across."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str = "cluster"
     accelerator: Accelerator

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 class MoESpec(BaseModel):
     """Mixture-of-experts MLP: `experts` routed experts, `top_k` active per token, plus shared ones."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     experts: int = Field(gt=1)
     top_k: int = Field(ge=1)
@@ -29,7 +29,7 @@ class MoESpec(BaseModel):
 class TransformerSpec(BaseModel):
     """A decoder-only transformer. Sizes are counts (layers, heads) or widths (elements)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str = "custom"
     n_layers: int = Field(gt=0)

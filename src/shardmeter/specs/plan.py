@@ -21,7 +21,7 @@ class Plan(BaseModel):
     (tp·pp·cp·dp = GPUs and ep divides dp), `shard_degree` is the HSDP sharding-group size.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     dp: int = Field(default=1, ge=1)
     tp: int = Field(default=1, ge=1)
