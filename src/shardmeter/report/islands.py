@@ -38,7 +38,13 @@ def fmt_time(seconds: float) -> str:
     """Seconds in the largest sensible unit."""
     if not math.isfinite(seconds):
         return "∞"
-    for unit, size in (("d", 86400.0), ("h", 3600.0), ("min", 60.0), ("s", 1.0)):
+    for unit, size in (
+        ("y", 365.25 * 86400.0),
+        ("d", 86400.0),
+        ("h", 3600.0),
+        ("min", 60.0),
+        ("s", 1.0),
+    ):
         if seconds >= size:
             return f"{seconds / size:.3g} {unit}"
     return f"{seconds * 1e3:.3g} ms"
@@ -134,8 +140,14 @@ def islands_table(est: TopologyEstimate) -> Table:
     """One row per island."""
     t = Table(title="per island", title_justify="left")
     heads = ("island", "GPUs", "plan", "step", "MFU", "tok/s/GPU", "util", "wait", "WAN", "stale")
+    widest = max(len(isl.name) for isl in est.islands)
     for col in (*heads, "$"):
-        t.add_column(col, justify="left" if col in ("island", "GPUs", "plan") else "right")
+        t.add_column(
+            col,
+            justify="left" if col in ("island", "GPUs", "plan") else "right",
+            no_wrap=col == "island",
+            min_width=widest if col == "island" else None,
+        )
     for isl in est.islands:
         t.add_row(
             isl.name,

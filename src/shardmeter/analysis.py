@@ -1,0 +1,321 @@
+"""Sweeps over a topology (island size, H, WAN bandwidth, island count, batch) and their knees.
+
+A sweep re-runs the topology estimate with one knob changed. Two kinds of knee are stated in
+words: the island size where marginal tokens/s per added GPU falls below half of the first
+GPU's (diminishing returns, design doc C.8), and the H or bandwidth where the regime flips from
+communication- to compute-bound (utilization ≥ threshold).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shardmeter.errors import UserInputError
+from shardmeter.estimate.islands import (
+    IslandInput,
+    TopologyEstimate,
+    compose,
+    island_inputs,
+    with_run,
+)
+from shardmeter.specs.topology import Topology, resolve_cluster, resolve_model, wan_paths
+
+SWEEP_PARAMS: dict[str, str] = {
+    "island_size": "GPUs per island",
+    "inner_steps": "inner steps H",
+    "bandwidth": "WAN bandwidth of the bottleneck link (Gbit/s)",
+    "islands": "number of islands",
+    "batch": "sequences per island per inner step",
+}
+KNEE_FRACTION = 0.5  # marginal tokens/s per added GPU below this share of the first GPU's
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One value of the swept knob and what the topology does there."""
+
+    value: float
+    n_gpus: int
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    utilization: float
+    wall_s: float
+    cost_usd: float
+    usd_per_mtok: float
+    compute_bound: bool
+    regime: str
+
+
+@dataclass(frozen=True)
+class Knee:
+    """A transition found in a sweep, with the sentence that states it."""
+
+    kind: str  # "diminishing returns" or "regime flip"
+    value: float | None
+    text: str
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """A one-knob sweep of a topology."""
+
+    topology: str
+    mode: str
+    param: str
+    label: str
+    points: tuple[SweepPoint, ...]
+    knees: tuple[Knee, ...]
+    skipped: tuple[str, ...]  # values that could not run, with the reason
+
+
+def _point(value: float, est: TopologyEstimate) -> SweepPoint:
+    return SweepPoint(
+        value=value,
+        n_gpus=est.n_gpus,
+        tokens_per_s=est.tokens_per_s,
+        tokens_per_s_per_gpu=est.tokens_per_s_per_gpu,
+        utilization=est.utilization,
+        wall_s=est.wall_s,
+        cost_usd=est.cost_usd,
+        usd_per_mtok=est.usd_per_mtok,
+        compute_bound=est.compute_bound,
+        regime=est.regime,
+    )
+
+
+def island_batch(topo: Topology, index: int) -> int | None:
+    island = topo.islands[index]
+    if island.global_batch is not None:
+        return island.global_batch
+    if isinstance(island.plan, dict) and "global_batch" in island.plan:
+        return int(island.plan["global_batch"])
+    return topo.run.global_batch
+
+
+def resize_islands(topo: Topology, gpus: int) -> Topology:
+    """Every island with `gpus` GPUs (whole nodes, or part of one node) and an auto plan,
+    keeping its batch."""
+    islands = []
+    for i, island in enumerate(topo.islands):
+        gpn = resolve_cluster(island, i).gpus_per_node
+        if gpus < gpn:
+            shape: dict[str, Any] = {"n_nodes": 1, "gpus_per_node": gpus, "nvlink_domain": gpus}
+        elif gpus % gpn == 0:
+            shape = {"n_nodes": gpus // gpn}
+        else:
+            raise UserInputError("island_size", gpus, f"must divide or be a multiple of {gpn}")
+        update = {**shape, "plan": "auto", "global_batch": island_batch(topo, i)}
+        islands.append(island.model_copy(update=update))
+    return topo.model_copy(update={"islands": islands})
+
+
+def rebatch_islands(topo: Topology, batch: int) -> Topology:
+    """Every island with `batch` sequences per inner step and an auto plan."""
+    islands = [i.model_copy(update={"plan": "auto", "global_batch": batch}) for i in topo.islands]
+    return topo.model_copy(update={"islands": islands})
+
+
+def default_values(topo: Topology, param: str, base: TopologyEstimate) -> list[float]:
+    """A sensible grid for each knob around the topology's own setting."""
+    if param == "island_size":
+        batches = [island_batch(topo, i) or 1 for i in range(len(topo.islands))]
+        limit = min(batches)
+        return [float(2**k) for k in range(0, 11) if 2**k <= limit]
+    if param == "inner_steps":
+        return [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000]
+    if param == "bandwidth":
+        return [0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
+    if param == "islands":
+        return [float(k) for k in range(1, len(topo.islands) + 1)]
+    if param == "batch":
+        gpus = max(isl.n_gpus for isl in base.islands)
+        return [float(gpus * 2**k) for k in range(0, 7)]
+    raise UserInputError("sweep", param, f"choose from {', '.join(SWEEP_PARAMS)}")
+
+
+def _estimate(
+    topo: Topology, inputs: Sequence[IslandInput], n_params: int, **update: Any
+) -> TopologyEstimate:
+    """Compose with the topology's WAN and run settings, `update` replacing run fields."""
+    run = topo.run.model_copy(update=update) if update else topo.run
+    return compose(list(inputs), wan_paths(topo), n_params, run, run.tokens, name=topo.name)
+
+
+def sweep(
+    topology: Topology,
+    param: str,
+    values: Sequence[float] | None = None,
+    **overrides: Any,
+) -> SweepResult:
+    """Evaluate `topology` at each value of one knob (see SWEEP_PARAMS); run-setting
+    `overrides` (mode, bits, ...) apply to every point."""
+    if param not in SWEEP_PARAMS:
+        raise UserInputError("sweep", param, f"choose from {', '.join(SWEEP_PARAMS)}")
+    topo = with_run(topology, **overrides)
+    model = resolve_model(topo.run)
+    n_params = model.params_total
+    inputs = island_inputs(topo, model)
+    base = _estimate(topo, inputs, n_params)
+    grid = list(values) if values is not None else default_values(topo, param, base)
+    points: list[SweepPoint] = []
+    skipped: list[str] = []
+    wan = wan_paths(topo)
+    for value in grid:
+        try:
+            if param == "inner_steps":
+                run = with_run(topo, inner_steps=int(value)).run
+                est = compose(inputs, wan, n_params, run, run.tokens, name=topo.name)
+            elif param == "bandwidth":
+                scale = value / base.wan_gbit if math.isfinite(base.wan_gbit) else 1.0
+                est = compose(inputs, wan.scaled(scale), n_params, topo.run, topo.run.tokens)
+            elif param == "islands":
+                k = int(value)
+                keep = list(range(k))
+                est = compose(inputs[:k], wan.subset(keep), n_params, topo.run, topo.run.tokens)
+            elif param == "island_size":
+                sized = resize_islands(topo, int(value))
+                est = _estimate(sized, island_inputs(sized, model), n_params)
+            else:
+                batched = rebatch_islands(topo, int(value))
+                est = _estimate(batched, island_inputs(batched, model), n_params)
+        except UserInputError as exc:
+            skipped.append(f"{value:g}: {exc}")
+            continue
+        points.append(_point(float(value), est))
+    knees = find_knees(param, points, base)
+    return SweepResult(
+        topology=topo.name,
+        mode=topo.run.mode,
+        param=param,
+        label=SWEEP_PARAMS[param],
+        points=tuple(points),
+        knees=knees,
+        skipped=tuple(skipped),
+    )
+
+
+def diminishing_returns_knee(points: Sequence[SweepPoint]) -> Knee:
+    """First island size where marginal tokens/s per added GPU < half the first GPU's."""
+    if len(points) < 2:
+        return Knee("diminishing returns", None, "too few island sizes to find a knee")
+    first = points[0]
+    per_first = first.tokens_per_s / first.n_gpus
+    for prev, cur in itertools.pairwise(points):
+        marginal = (cur.tokens_per_s - prev.tokens_per_s) / (cur.n_gpus - prev.n_gpus)
+        if marginal < KNEE_FRACTION * per_first:
+            return Knee(
+                "diminishing returns",
+                cur.value,
+                f"Diminishing returns from {cur.value:g} GPUs per island: going from "
+                f"{prev.value:g} to {cur.value:g} adds {marginal:,.0f} tokens/s per added GPU, "
+                f"below half of the first configuration's {per_first:,.0f} tokens/s per GPU "
+                f"(at {first.value:g} GPUs per island).",
+            )
+    return Knee(
+        "diminishing returns",
+        None,
+        f"No knee up to {points[-1].value:g} GPUs per island: every added GPU still brings at "
+        f"least half of the first configuration's {per_first:,.0f} tokens/s per GPU.",
+    )
+
+
+def regime_flip(param: str, points: Sequence[SweepPoint], base: TopologyEstimate) -> Knee:
+    """Where the sweep turns compute-bound (utilization ≥ threshold), with the exact value
+    from the estimate's threshold search for H and bandwidth."""
+    label = SWEEP_PARAMS[param]
+    theta = f"utilization ≥ {base.threshold:.0%}"
+    flip = next(
+        (
+            (prev, cur)
+            for prev, cur in itertools.pairwise(points)
+            if not prev.compute_bound and cur.compute_bound
+        ),
+        None,
+    )
+    exact = ""
+    if param == "inner_steps" and base.min_inner_steps is not None:
+        exact = f" The exact threshold is H = {base.min_inner_steps}."
+    if param == "bandwidth" and base.min_wan_gbit is not None:
+        exact = f" The exact threshold is {base.min_wan_gbit:.3g} Gbit/s on {base.bottleneck.link}."
+    if flip is not None:
+        prev, cur = flip
+        return Knee(
+            "regime flip",
+            cur.value,
+            f"The run flips from {prev.regime} to compute-bound ({theta}) between {label} "
+            f"{prev.value:g} and {cur.value:g}.{exact}",
+        )
+    if points and all(p.compute_bound for p in points):
+        text = f"Compute-bound ({theta}) over the whole range of {label}.{exact}"
+    elif points:
+        text = (
+            f"Never compute-bound ({theta}) over this range of {label}: {points[-1].regime}.{exact}"
+        )
+    else:
+        text = "No feasible point."
+    return Knee("regime flip", None, text)
+
+
+def find_knees(
+    param: str, points: Sequence[SweepPoint], base: TopologyEstimate
+) -> tuple[Knee, ...]:
+    """The knees this kind of sweep can show."""
+    if param == "island_size":
+        return (diminishing_returns_knee(points), regime_flip(param, points, base))
+    return (regime_flip(param, points, base),)
+
+
+def _atomic_savefig(fig: Any, path: Path, fmt: str, dpi: int) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def plot_sweep(result: SweepResult, out_dir: Path, dpi: int = 72) -> list[Path]:
+    """Four panels (throughput, utilization, time, cost) against the knob, as PNG and SVG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    xs = [p.value for p in result.points]
+    panels = (
+        ("tokens/s (total)", [p.tokens_per_s for p in result.points]),
+        ("compute utilization", [p.utilization for p in result.points]),
+        ("wall-clock to budget (days)", [p.wall_s / 86400 for p in result.points]),
+        ("cost (USD)", [p.cost_usd for p in result.points]),
+    )
+    fig, axes = plt.subplots(2, 2, figsize=(8, 5.5))
+    for ax, (title, ys) in zip(axes.flat, panels, strict=True):
+        ax.plot(xs, ys, marker="o", markersize=3)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel(result.label, fontsize=8)
+        ax.tick_params(labelsize=7)
+        if result.param in ("inner_steps", "bandwidth", "island_size", "batch"):
+            ax.set_xscale("log")
+        ax.grid(alpha=0.3)
+        for knee in result.knees:
+            if knee.value is not None:
+                ax.axvline(knee.value, color="tab:red", linestyle="--", linewidth=0.8)
+    fig.suptitle(f"{result.topology} ({result.mode}): sweep over {result.label}", fontsize=10)
+    fig.tight_layout()
+    stem = f"{result.topology}-{result.param}"
+    paths = [out_dir / f"{stem}.png", out_dir / f"{stem}.svg"]
+    _atomic_savefig(fig, paths[0], "png", dpi)
+    _atomic_savefig(fig, paths[1], "svg", dpi)
+    plt.close(fig)
+    return paths

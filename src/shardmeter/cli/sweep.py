@@ -1,0 +1,101 @@
+"""`shardmeter sweep`: sweep a topology over island size, H, WAN bandwidth, islands, batch."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from shardmeter.analysis import SWEEP_PARAMS, SweepResult, plot_sweep, sweep
+from shardmeter.cli.topology_predict import add_arguments, overrides_from
+from shardmeter.errors import UserInputError
+from shardmeter.report.islands import fmt_time, fmt_usd, jsonable
+from shardmeter.specs.topology import load_topology
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "sweep",
+        help="sweep a topology over island size, H, WAN bandwidth, island count or batch",
+        description="Sweep a multi-island topology over one or more knobs: prints tables, "
+        "states the knees in words and writes PNG and SVG plots.",
+    )
+    p.add_argument(
+        "--over",
+        default=",".join(SWEEP_PARAMS),
+        help=f"comma-separated knobs from {', '.join(SWEEP_PARAMS)} (default: all)",
+    )
+    p.add_argument(
+        "--values", help="comma-separated values for a single --over knob (default: a grid)"
+    )
+    p.add_argument("--out", type=Path, help="folder for PNG and SVG plots (default: no plots)")
+    add_arguments(p)
+
+
+def _values(text: str | None, knobs: list[str]) -> list[float] | None:
+    if text is None:
+        return None
+    if len(knobs) != 1:
+        raise UserInputError("--values", text, "needs exactly one --over knob")
+    try:
+        return [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UserInputError("--values", text, "comma-separated numbers") from None
+
+
+def sweep_table(result: SweepResult) -> Table:
+    t = Table(title=f"{result.topology} ({result.mode}): {result.label}", title_justify="left")
+    for col in ("value", "GPUs", "tokens/s", "tok/s/GPU", "util", "time", "cost", "$/Mtok"):
+        t.add_column(col, justify="right", no_wrap=True)
+    t.add_column("regime", min_width=14)
+    for p in result.points:
+        t.add_row(
+            f"{p.value:g}",
+            str(p.n_gpus),
+            f"{p.tokens_per_s:,.0f}",
+            f"{p.tokens_per_s_per_gpu:,.0f}",
+            f"{p.utilization:.1%}",
+            fmt_time(p.wall_s),
+            fmt_usd(p.cost_usd),
+            f"{p.usd_per_mtok:.3g}",
+            p.regime,
+        )
+    return t
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.topology is None:
+        raise UserInputError("--topology", None, "a topology file or shipped example name")
+    knobs = [k.strip() for k in args.over.split(",") if k.strip()]
+    for knob in knobs:
+        if knob not in SWEEP_PARAMS:
+            raise UserInputError("--over", knob, f"choose from {', '.join(SWEEP_PARAMS)}")
+    values = _values(args.values, knobs)
+    topo = load_topology(args.topology)
+    overrides = overrides_from(args)
+    results = [sweep(topo, knob, values, **overrides) for knob in knobs]
+    plots: list[Path] = []
+    if args.out is not None:
+        for result in results:
+            plots.extend(plot_sweep(result, args.out))
+    if getattr(args, "json", False):
+        doc = {"sweeps": jsonable(results), "plots": [str(p) for p in plots]}
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    console = Console()
+    for result in results:
+        console.print(sweep_table(result))
+        for knee in result.knees:
+            console.print(f"  • {knee.text}")
+        for skip in result.skipped:
+            console.print(f"  (skipped {skip})", style="dim")
+        console.print()
+    for path in plots:
+        console.print(f"wrote {path}")
+    return 0

@@ -1,0 +1,77 @@
+"""The multi-island CLI: `predict --topology` hooks and `shardmeter sweep`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from shardmeter.cli import main
+from shardmeter.cli.topology_predict import add_arguments, overrides_from, run_topology
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_predict_topology_json(capsys: pytest.CaptureFixture[str]) -> None:
+    args = parse(["--topology", "four-regions", "--mode", "streaming", "--fragments", "4"])
+    args.json = True
+    assert run_topology(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["mode"] == "streaming" and doc["settings"]["fragments"] == 4
+    assert len(doc["islands"]) == 4
+    assert doc["cost_usd"] == pytest.approx(doc["gpu_cost_usd"] + doc["egress_cost_usd"])
+
+
+def test_predict_topology_tables(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_topology(parse(["--topology", "eight-heterogeneous"])) == 0
+    out = capsys.readouterr().out
+    assert "asynchronous parameter server" in out and "eu-central-mi300x" in out
+
+
+def test_flags_shared_with_the_predict_parser_are_reused() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="llama-3-8b")
+    parser.add_argument("--json", action="store_true")
+    add_arguments(parser)
+    args = parser.parse_args(["--topology", "two-clouds", "-H", "50"])
+    assert overrides_from(args) == {"inner_steps": 50}  # --model at its default is not forced
+    args = parser.parse_args(["--topology", "two-clouds", "--model", "llama-2-7b"])
+    assert overrides_from(args) == {"model": "llama-2-7b"}
+
+
+def test_sweep_cli_writes_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["sweep", "--topology", "two-clouds", "--over", "inner_steps", "--values", "1,10,100"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "flips from communication-bound" in out
+    assert (tmp_path / "two-clouds-inner_steps.png").exists()
+    assert (tmp_path / "two-clouds-inner_steps.svg").exists()
+
+
+def test_sweep_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["sweep", "--topology", "two-clouds", "--over", "islands", "--json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["sweeps"][0]["param"] == "islands" and len(doc["sweeps"][0]["points"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["sweep", "--topology", "two-clouds", "--over", "colour"], "--over: got 'colour'"),
+        (["sweep", "--topology", "nowhere"], "topology: got 'nowhere'"),
+        (["sweep", "--topology", "two-clouds", "--mode", "sync", "--tokens", "-1"], "run.tokens"),
+    ],
+)
+def test_sweep_cli_bad_input_is_one_line_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
