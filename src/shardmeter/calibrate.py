@@ -18,8 +18,9 @@ import numpy as np
 from shardmeter.errors import UserInputError
 from shardmeter.estimate.result import StepEstimate
 from shardmeter.estimate.step import estimate_step
+from shardmeter.predict import reference_cluster
 from shardmeter.specs.hardware import Cluster
-from shardmeter.specs.loader import list_presets, load_cluster, preset_data
+from shardmeter.specs.loader import load_cluster
 from shardmeter.specs.model import MoESpec, TransformerSpec
 from shardmeter.specs.plan import Plan, validate_plan
 
@@ -39,21 +40,6 @@ REQUIRED_COLUMNS: tuple[str, ...] = (
     "global_batch",
     "tokens_per_sec_per_gpu",
 )
-
-# Reference cluster for each accelerator preset: NVLink domain and NIC links come from it.
-REFERENCE_CLUSTERS: dict[str, str] = {
-    "a100-40gb": "dgx-a100-40gb",
-    "a100-80gb": "dgx-a100",
-    "h100-sxm": "dgx-h100",
-    "h100-sxm-96gb-500w": "grand-teton-h100",
-    "h200": "hgx-h200",
-    "b200": "dgx-b200",
-    "gb200": "gb200-nvl72",
-    "gb300": "gb300-nvl72",
-    "tpu-v4": "tpu-v4-pod",
-    "tpu-v5p": "tpu-v5p-pod",
-    "mi300x": "mi300x-node",
-}
 
 
 @dataclass(frozen=True)
@@ -109,6 +95,7 @@ class RowResult:
     predicted: float | None = None
     ape: float | None = None  # |predicted − measured| / measured
     skipped: str | None = None
+    run: RunSpec | None = field(default=None, compare=False, repr=False)
     estimate: StepEstimate | None = field(default=None, compare=False, repr=False)
 
 
@@ -214,18 +201,6 @@ def model_from_row(row: Mapping[str, str]) -> TransformerSpec:
         if abs(tied.params_total / 1e9 - arch) < abs(untied.params_total / 1e9 - arch):
             return tied
     return untied
-
-
-def reference_cluster(gpu: str) -> str:
-    """The cluster preset whose links describe machines built from `gpu`."""
-    if gpu in REFERENCE_CLUSTERS:
-        return REFERENCE_CLUSTERS[gpu]
-    for info in list_presets("clusters"):
-        data = preset_data("clusters", info.name)
-        if data.get("accelerator") == gpu:
-            return info.name
-    known = sorted(REFERENCE_CLUSTERS)
-    raise UserInputError("gpu", gpu, f"no reference cluster; known: {', '.join(known)}")
 
 
 def cluster_from_row(row: Mapping[str, str]) -> Cluster:
@@ -334,7 +309,9 @@ def evaluate_rows(rows: Iterable[Mapping[str, str]]) -> list[RowResult]:
             continue
         pred = est.tokens_per_s_per_gpu
         results.append(
-            RowResult(run_id, source, run.measured, pred, abs(pred / run.measured - 1.0), None, est)
+            RowResult(
+                run_id, source, run.measured, pred, abs(pred / run.measured - 1.0), None, run, est
+            )
         )
     return results
 

@@ -1,0 +1,131 @@
+"""`shardmeter predict`: one plan on one island (or, with --topology, several islands).
+
+With no arguments it predicts Llama-3.1-8B on one 8×H100 DGX node with FSDP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from shardmeter.errors import UserInputError
+from shardmeter.estimate.step import estimate_step
+from shardmeter.predict import (
+    DEFAULT_CLUSTER,
+    DEFAULT_GPUS,
+    DEFAULT_MODEL,
+    PredictInputs,
+    cluster_for_gpu,
+    default_plan,
+    prepare,
+    resolve_cluster,
+    resolve_model,
+)
+from shardmeter.report.step import console_for, estimate_to_dict, render_step
+from shardmeter.specs.loader import load_plan
+
+try:
+    from shardmeter.cli import topology_predict
+except ImportError:  # the multi-island path is optional
+    topology_predict = None  # type: ignore[assignment]
+
+PLAN_INT_FLAGS: tuple[str, ...] = (
+    "dp",
+    "tp",
+    "pp",
+    "vpp",
+    "cp",
+    "ep",
+    "shard_degree",
+    "micro_batch",
+    "global_batch",
+)
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "predict",
+        help="predict step time, throughput, MFU and memory of one plan",
+        description="Predict one training step. With no arguments: "
+        f"{DEFAULT_MODEL} on {DEFAULT_GPUS} GPUs of {DEFAULT_CLUSTER} with FSDP.",
+    )
+    p.add_argument("--model", help=f"model preset or file (default {DEFAULT_MODEL})")
+    p.add_argument("--cluster", help=f"cluster preset or file (default {DEFAULT_CLUSTER})")
+    p.add_argument("--gpu", help="accelerator preset; alone it picks that GPU's reference cluster")
+    p.add_argument("--gpus", type=int, help=f"GPUs in the job (default {DEFAULT_GPUS})")
+    p.add_argument("--seq-len", type=int, help="override the model's sequence length")
+    p.add_argument("--plan", metavar="FILE", help="plan TOML/JSON; flags below override it")
+    plan = p.add_argument_group("plan")
+    for name in PLAN_INT_FLAGS:
+        plan.add_argument(f"--{name.replace('_', '-')}", type=int, dest=name)
+    plan.add_argument("--sp", action=argparse.BooleanOptionalAction, help="sequence parallelism")
+    plan.add_argument("--sharding", choices=("none", "zero1", "zero2", "zero3"))
+    plan.add_argument(
+        "--recompute",
+        choices=("none", "selective", "full", "auto"),
+        help="activation recompute (auto: lightest that fits; default auto without --plan)",
+    )
+    plan.add_argument("--precision", choices=("bf16", "fp16", "fp8"))
+    plan.add_argument(
+        "--no-overlap-dp", dest="overlap_dp", action="store_false", default=None,
+        help="do not overlap gradient reduction with backward",
+    )  # fmt: skip
+    plan.add_argument(
+        "--no-overlap-param-gather", dest="overlap_param_gather", action="store_false",
+        default=None, help="do not prefetch ZeRO/FSDP parameter all-gathers",
+    )  # fmt: skip
+    plan.add_argument(
+        "--overlap-tp", action=argparse.BooleanOptionalAction, default=None,
+        help="overlap TP collectives with GEMMs",
+    )  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print the JSON document (docs/model.md)")
+    if topology_predict is not None:
+        topology_predict.add_arguments(p)
+
+
+def _plan_fields(args: argparse.Namespace) -> dict[str, Any]:
+    fields: dict[str, Any] = {name: getattr(args, name) for name in PLAN_INT_FLAGS}
+    for name in ("sp", "sharding", "precision", "overlap_dp", "overlap_param_gather"):
+        fields[name] = getattr(args, name)
+    fields["overlap_tp"] = args.overlap_tp
+    if args.recompute not in (None, "auto"):
+        fields["recompute"] = args.recompute
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def inputs_from_args(args: argparse.Namespace) -> PredictInputs:
+    """Resolve CLI flags to model, cluster and plan (UserInputError on bad input)."""
+    model = resolve_model(args.model)
+    if args.seq_len is not None:
+        if args.seq_len < 1:
+            raise UserInputError("--seq-len", args.seq_len, "must be a positive integer")
+        model = model.model_copy(update={"seq_len": args.seq_len})
+    cluster = cluster_for_gpu(args.gpu, args.cluster) if args.gpu else resolve_cluster(args.cluster)
+    fields = _plan_fields(args)
+    if args.plan:
+        plan = load_plan(args.plan, **fields)
+        auto = args.recompute == "auto"
+    else:
+        degrees = [fields.get(k, 1) for k in ("dp", "tp", "pp", "cp")]
+        n = args.gpus or (
+            degrees[0] * degrees[1] * degrees[2] * degrees[3] if "dp" in fields else DEFAULT_GPUS
+        )
+        plan = default_plan(n, **fields)
+        auto = args.recompute in (None, "auto")
+    return prepare(model, cluster, plan, n_gpus=args.gpus, recompute_auto=auto)
+
+
+def run(args: argparse.Namespace) -> int:
+    if getattr(args, "topology", None) and topology_predict is not None:
+        return int(topology_predict.run_topology(args))
+    inputs = inputs_from_args(args)
+    est = estimate_step(inputs.model, inputs.cluster, inputs.plan)
+    if args.json:
+        doc = estimate_to_dict(est, inputs.model, inputs.cluster, inputs.plan)
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    render_step(console_for(sys.stdout.isatty()), est, inputs.model, inputs.cluster, inputs.plan)
+    return 0

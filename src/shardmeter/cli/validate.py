@@ -1,0 +1,127 @@
+"""`shardmeter validate [RUNS.csv] [--json]`: predicted vs measured tokens/s per GPU.
+
+Reads a CSV in the calibration schema (default: the shared calibration runs), prints each
+row's prediction and absolute percentage error, then median, mean and p90 overall and per
+source. `--json` prints {"rows": [...], "summary": {...}, "per_source": {...}, "skipped": [...]};
+APE values there are fractions (0.1 = 10%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from shardmeter.calibrate import (
+    ErrorSummary,
+    RowResult,
+    evaluate_rows,
+    read_rows,
+    summarize_results,
+)
+from shardmeter.errors import UserInputError
+from shardmeter.paths import missing_shared_reason, shared_path
+from shardmeter.report.step import console_for
+
+DEFAULT_RUNS = ("calibration", "runs.csv")
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "validate",
+        help="compare predictions with measured runs (calibration CSV schema)",
+        description="Predict every row of a runs CSV and report the error against the measured "
+        "tokens/s per GPU (default: the shared calibration runs).",
+    )
+    p.add_argument("runs", nargs="?", help="CSV in the calibration schema")
+    p.add_argument("--json", action="store_true", help="print JSON (APE as fractions)")
+    p.add_argument("--source", action="append", help="only rows of this source_id (repeatable)")
+
+
+def _summary_dict(summary: ErrorSummary) -> dict[str, Any]:
+    return {
+        "median_ape": summary.median_ape,
+        "mean_ape": summary.mean_ape,
+        "p90_ape": summary.p90_ape,
+        "n": summary.n,
+    }
+
+
+def results_to_dict(results: list[RowResult]) -> dict[str, Any]:
+    """The `--json` document."""
+    overall, per_source = summarize_results(results)
+    return {
+        "rows": [
+            {
+                "run_id": r.run_id,
+                "predicted_tokens_per_sec_per_gpu": r.predicted,
+                "measured_tokens_per_sec_per_gpu": r.measured,
+                "ape": r.ape,
+            }
+            for r in results
+            if r.ape is not None
+        ],
+        "summary": _summary_dict(overall),
+        "per_source": {k: _summary_dict(v) for k, v in per_source.items()},
+        "skipped": [
+            {"run_id": r.run_id, "source_id": r.source_id, "reason": r.skipped}
+            for r in results
+            if r.skipped is not None
+        ],
+    }
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def render(console: Console, results: list[RowResult]) -> None:
+    rows = Table(title="predicted vs measured tokens/s per GPU", title_justify="left")
+    for name in ("run", "source", "model", "gpu", "GPUs", "predicted", "measured", "error", "APE"):
+        rows.add_column(name, justify="left" if name in ("source", "model", "gpu") else "right")
+    for r in results:
+        if r.ape is None or r.predicted is None or r.measured is None or r.run is None:
+            continue
+        rows.add_row(
+            r.run_id,
+            r.source_id,
+            r.run.model.name,
+            r.run.cluster.accelerator.name,
+            str(r.run.plan.n_gpus),
+            f"{r.predicted:,.0f}",
+            f"{r.measured:,.0f}",
+            f"{100 * (r.predicted / r.measured - 1):+.1f}%",
+            _pct(r.ape),
+        )
+    console.print(rows)
+    overall, per_source = summarize_results(results)
+    summary = Table(title="absolute percentage error", title_justify="left")
+    for name in ("rows", "n", "median", "mean", "p90"):
+        summary.add_column(name, justify="left" if name == "rows" else "right")
+    for label, s in [("all", overall), *per_source.items()]:
+        summary.add_row(label, str(s.n), _pct(s.median_ape), _pct(s.mean_ape), _pct(s.p90_ape))
+    console.print(summary)
+    skipped = [r for r in results if r.skipped is not None]
+    for r in skipped:
+        console.print(f"skipped run {r.run_id} ({r.source_id}): {r.skipped}", markup=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    path: Path | None = Path(args.runs) if args.runs else shared_path(*DEFAULT_RUNS)
+    if path is None:
+        raise UserInputError("runs", None, missing_shared_reason(*DEFAULT_RUNS))
+    rows = read_rows(path)
+    if args.source:
+        rows = [r for r in rows if (r.get("source_id") or "").strip() in set(args.source)]
+    results = evaluate_rows(rows)
+    if args.json:
+        json.dump(results_to_dict(results), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        render(console_for(sys.stdout.isatty()), results)
+    return 0
