@@ -1,0 +1,315 @@
+"""The authoritative server state machine, shared by the simulator and the network runtime.
+
+It owns θ and the outer optimizer, hands out dispatches (with DyLU step counts), accepts each
+round exactly once, measures staleness, applies updates immediately (async), per barrier of K
+(sync) or per grace batch (the clock driver calls :meth:`Server.flush` when the window closes),
+and records the diagnostics of every update. It knows no clock and no transport.
+
+Invariant: ``revision`` equals the number of applied outer updates (len of ``log``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from heloco.outer.base import Arrival, OptimizerState, OuterOptimizer, StepStats
+from heloco.types import Params, RoundResult, clone_params
+
+RejectReason = Literal["duplicate", "superseded", "unknown", "revision_mismatch", "bad_worker"]
+
+
+class ServerConfig(BaseModel):
+    """Policies of the server. ``grace_window`` is in seconds; the clock driver enforces it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    n_workers: int = Field(ge=1)
+    inner_steps: int = Field(20, ge=1, description="H, local steps per round")
+    synchronous: bool = Field(False, description="barrier: collect all K, then one averaged step")
+    dylu: bool = Field(False, description="DyLU: H_w = floor(v_w / v_max * H), at least 1")
+    grace_window: float = Field(0.0, ge=0, description="apply arrivals in a window as a batch")
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """What a worker receives: start point, its revision, steps to take and the round's id."""
+
+    params: Params
+    revision: int
+    steps: int
+    round_id: int
+    worker: int
+
+
+@dataclass(frozen=True)
+class ArrivalRecord:
+    """One accepted round as applied: who, from which revision, how stale, how much."""
+
+    worker: int
+    round_id: int
+    base_revision: int
+    staleness: int
+    steps: int
+    tokens: int
+    train_loss: float
+
+
+@dataclass(frozen=True)
+class UpdateRecord:
+    """One outer update (one revision): its arrivals and the optimizer's diagnostics."""
+
+    revision: int
+    arrivals: tuple[ArrivalRecord, ...]
+    stats: StepStats
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """A checkpoint: tensors (θ, optimizer state, buffered deltas) plus a JSON-able rest."""
+
+    tensors: Params
+    meta: dict[str, Any]
+
+
+class SubmissionRejected(ValueError):
+    """A submission the server will not apply (replayed, superseded or never dispatched)."""
+
+    def __init__(self, reason: RejectReason, worker: int, round_id: int | None) -> None:
+        self.reason = reason
+        self.worker = worker
+        self.round_id = round_id
+        super().__init__(f"round {round_id} of worker {worker} rejected: {reason}")
+
+
+@dataclass(frozen=True)
+class _Outstanding:
+    round_id: int
+    revision: int
+    steps: int
+
+
+def dylu_steps(speeds: list[float | None], worker: int, inner_steps: int) -> int:
+    """DyLU local steps H_w = max(1, floor(v_w / v_ref · H)), v_ref = max known speed.
+
+    Liu et al. 2024 (Asynchronous Local-SGD), dynamic local updates; spec 2.4. A worker whose
+    speed is not yet known gets the full H.
+    """
+    known = [v for v in speeds if v is not None and v > 0]
+    v = speeds[worker]
+    if v is None or v <= 0 or not known:
+        return inner_steps
+    return max(1, math.floor(v / max(known) * inner_steps + 1e-9))
+
+
+class Server:
+    """Revisions, staleness, exactly-once, DyLU, grace batches and sync barriers."""
+
+    def __init__(self, init: Params, optimizer: OuterOptimizer, cfg: ServerConfig) -> None:
+        self.cfg = cfg
+        self.optimizer = optimizer
+        self.params = clone_params(init)
+        self.revision = 0
+        self.log: list[UpdateRecord] = []
+        self.speeds: list[float | None] = [None] * cfg.n_workers
+        self._next_round = [0] * cfg.n_workers
+        self._last_accepted = [-1] * cfg.n_workers
+        self._outstanding: dict[int, _Outstanding] = {}
+        self._pending: list[tuple[RoundResult, int]] = []
+
+    # -- dispatch ---------------------------------------------------------------------------
+    def observe_speed(self, worker: int, steps_per_second: float) -> None:
+        """Record a worker's measured speed (inner steps per second) for DyLU."""
+        self._check_worker(worker)
+        if not steps_per_second > 0:
+            raise ValueError(f"speed must be > 0, got {steps_per_second}")
+        self.speeds[worker] = float(steps_per_second)
+
+    def steps_for(self, worker: int) -> int:
+        """Local steps the worker's next round gets (H, or DyLU's H_w)."""
+        if not self.cfg.dylu:
+            return self.cfg.inner_steps
+        return dylu_steps(self.speeds, worker, self.cfg.inner_steps)
+
+    def dispatch(self, worker: int) -> Dispatch:
+        """Hand ``worker`` its start point; supersedes any earlier outstanding round of it."""
+        self._check_worker(worker)
+        round_id = self._next_round[worker]
+        self._next_round[worker] += 1
+        steps = self.steps_for(worker)
+        self._outstanding[worker] = _Outstanding(round_id, self.revision, steps)
+        params = self.optimizer.dispatch_params(self.params)
+        return Dispatch(params, self.revision, steps, round_id, worker)
+
+    # -- submission -------------------------------------------------------------------------
+    def check(self, result: RoundResult) -> RejectReason | None:
+        """Why ``result`` would be rejected, or None if :meth:`submit` would accept it."""
+        w = result.worker
+        if not 0 <= w < self.cfg.n_workers:
+            return "bad_worker"
+        out = self._outstanding.get(w)
+        rid = result.round_id
+        if rid is not None and rid <= self._last_accepted[w]:
+            return "duplicate"
+        if out is None:
+            return "unknown"
+        if rid is not None and rid != out.round_id:
+            return "superseded" if rid < out.round_id else "unknown"
+        if result.base_revision != out.revision:
+            return "revision_mismatch"
+        return None
+
+    def submit(self, result: RoundResult) -> UpdateRecord | None:
+        """Accept one round. Returns the update it caused, or None while buffered (sync/grace).
+
+        Raises :class:`SubmissionRejected` for a replayed, superseded or unknown round.
+        """
+        reason = self.check(result)
+        if reason is not None:
+            raise SubmissionRejected(reason, result.worker, result.round_id)
+        out = self._outstanding.pop(result.worker)
+        self._last_accepted[result.worker] = out.round_id
+        self._pending.append((result, out.round_id))
+        if self.cfg.synchronous:
+            if len(self._pending) < self.cfg.n_workers:
+                return None
+            return self._apply(self._take_pending())
+        if self.cfg.grace_window > 0:
+            return None
+        return self._apply(self._take_pending())
+
+    def flush(self) -> list[UpdateRecord]:
+        """Close a grace window: apply buffered async arrivals one by one in arrival order.
+
+        Each is corrected against the momentum already updated by the previous one (HeLoCo
+        Algorithm 2 ordering, spec 1.6). A partial sync barrier is left waiting.
+        """
+        if self.cfg.synchronous:
+            return []
+        return [self._apply([item]) for item in self._take_pending()]
+
+    @property
+    def pending_workers(self) -> list[int]:
+        """Workers whose accepted rounds wait for a barrier or a grace window."""
+        return [r.worker for r, _ in self._pending]
+
+    def _take_pending(self) -> list[tuple[RoundResult, int]]:
+        items, self._pending = self._pending, []
+        return items
+
+    @torch.no_grad()
+    def _apply(self, items: list[tuple[RoundResult, int]]) -> UpdateRecord:
+        arrivals = [Arrival(r.delta, r.worker, self.revision - r.base_revision) for r, _ in items]
+        stats = self.optimizer.step(self.params, arrivals)
+        records = tuple(
+            ArrivalRecord(
+                worker=r.worker,
+                round_id=rid,
+                base_revision=r.base_revision,
+                staleness=a.staleness,
+                steps=r.steps,
+                tokens=r.tokens,
+                train_loss=r.mean_loss,
+            )
+            for (r, rid), a in zip(items, arrivals, strict=True)
+        )
+        self.revision += 1
+        record = UpdateRecord(self.revision, records, stats)
+        self.log.append(record)
+        return record
+
+    def _check_worker(self, worker: int) -> None:
+        if not 0 <= worker < self.cfg.n_workers:
+            raise ValueError(f"worker {worker} out of range [0, {self.cfg.n_workers})")
+
+    # -- checkpoint -------------------------------------------------------------------------
+    def state_dict(self) -> ServerState:
+        """θ, optimizer state and buffered deltas as tensors; everything else JSON-able."""
+        opt = self.optimizer.state_dict()
+        tensors: Params = {f"params/{k}": v.clone() for k, v in self.params.items()}
+        tensors.update({f"optimizer/{k}": v.clone() for k, v in opt.tensors.items()})
+        pending = []
+        for i, (r, rid) in enumerate(self._pending):
+            tensors.update({f"pending/{i}/{k}": v.clone() for k, v in r.delta.items()})
+            pending.append(
+                {
+                    "worker": r.worker,
+                    "steps": r.steps,
+                    "tokens": r.tokens,
+                    "mean_loss": _json_float(r.mean_loss),
+                    "base_revision": r.base_revision,
+                    "round_id": rid,
+                }
+            )
+        meta = {
+            "config": self.cfg.model_dump(),
+            "revision": self.revision,
+            "optimizer": opt.meta,
+            "speeds": self.speeds,
+            "next_round": self._next_round,
+            "last_accepted": self._last_accepted,
+            "outstanding": {str(w): asdict(o) for w, o in self._outstanding.items()},
+            "pending": pending,
+            "log": [_record_to_json(r) for r in self.log],
+        }
+        return ServerState(tensors, meta)
+
+    def load_state_dict(self, state: ServerState) -> None:
+        """Restore :meth:`state_dict` output into a server built with the same config."""
+        meta, tensors = state.meta, state.tensors
+        if meta["config"]["n_workers"] != self.cfg.n_workers:
+            raise ValueError("checkpoint was written for a different number of workers")
+        with torch.no_grad():
+            for k, v in self.params.items():
+                v.copy_(tensors[f"params/{k}"])
+        opt_tensors = {
+            k.removeprefix("optimizer/"): v
+            for k, v in tensors.items()
+            if k.startswith("optimizer/")
+        }
+        self.optimizer.load_state_dict(OptimizerState(opt_tensors, meta["optimizer"]))
+        self.revision = int(meta["revision"])
+        self.speeds = [None if s is None else float(s) for s in meta["speeds"]]
+        self._next_round = [int(x) for x in meta["next_round"]]
+        self._last_accepted = [int(x) for x in meta["last_accepted"]]
+        self._outstanding = {int(w): _Outstanding(**o) for w, o in meta["outstanding"].items()}
+        self._pending = []
+        for i, p in enumerate(meta["pending"]):
+            delta = {k: tensors[f"pending/{i}/{k}"].clone() for k in self.params}
+            result = RoundResult(
+                worker=p["worker"],
+                delta=delta,
+                steps=p["steps"],
+                tokens=p["tokens"],
+                mean_loss=_float(p["mean_loss"]),
+                base_revision=p["base_revision"],
+                round_id=p["round_id"],
+            )
+            self._pending.append((result, int(p["round_id"])))
+        self.log = [_record_from_json(r) for r in meta["log"]]
+
+
+def _json_float(x: float) -> float | None:
+    return None if math.isnan(x) else x
+
+
+def _float(x: float | None) -> float:
+    return math.nan if x is None else float(x)
+
+
+def _record_to_json(r: UpdateRecord) -> dict[str, Any]:
+    stats = {k: _json_float(v) for k, v in asdict(r.stats).items()}
+    arrivals = [{**asdict(a), "train_loss": _json_float(a.train_loss)} for a in r.arrivals]
+    return {"revision": r.revision, "arrivals": arrivals, "stats": stats}
+
+
+def _record_from_json(d: dict[str, Any]) -> UpdateRecord:
+    arrivals = tuple(
+        ArrivalRecord(**{**a, "train_loss": _float(a["train_loss"])}) for a in d["arrivals"]
+    )
+    stats = StepStats(**{k: _float(v) for k, v in d["stats"].items()})
+    return UpdateRecord(int(d["revision"]), arrivals, stats)

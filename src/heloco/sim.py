@@ -1,0 +1,501 @@
+"""Simulated clock: workers with paces, rounds processed in order of simulated finish time.
+
+A worker dispatched at time t with H_w steps finishes at t + H_w·pace_w·jitter + comm_w
+(spec 3, "Speed heterogeneity"); arrivals are applied in finish-time order, ties broken by
+worker id. Sync methods wait for the slowest worker every round. Training is real (the
+workers run their inner loops in process); only the clock is simulated, so the same config and
+seed give bit-identical losses. The server and the outer optimizers are the product's own.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from heloco.data import DataConfig, ValLoss, build_data, derive_seed
+from heloco.metrics import (
+    EvalPoint,
+    MetricsWriter,
+    RunStats,
+    RunSummary,
+    atomic_write_json,
+    cycle_average,
+    eval_event,
+    loss_at,
+    round_event,
+    update_event,
+)
+from heloco.model import ModelConfig, TinyGPT, preset_config
+from heloco.outer import OuterConfig, build_optimizer, resolve_method
+from heloco.outer.base import RhoMode
+from heloco.server import Server, ServerConfig, UpdateRecord
+from heloco.types import Params, RoundResult
+from heloco.worker import InnerConfig, Worker
+from shardmeter.errors import UserInputError, from_pydantic
+
+PACE_KEY = 10  # derive_seed keys of the simulator's own random streams
+JITTER_KEY = 11
+MODEL_KEY = 12
+CONFIG_FILE = "config.json"
+
+
+class PaceDistribution(BaseModel):
+    """Worker paces (seconds per inner step) drawn once per run: median·exp(σ·z)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["lognormal"] = "lognormal"
+    median: float = Field(1.0, gt=0, allow_inf_nan=False)
+    sigma: float = Field(0.5, ge=0, allow_inf_nan=False)
+
+
+class SimConfig(BaseModel):
+    """One simulated run. ``outer_lr``/``outer_momentum``/``rho`` override ``outer``'s."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: str = "heloco"
+    workers: int = Field(5, ge=1, le=1024)
+    paces: list[float] | PaceDistribution | None = Field(
+        None, description="seconds per inner step per worker (None: all 1.0)"
+    )
+    pace_jitter: float = Field(0.0, ge=0, description="σ of a mean-1 lognormal per-round factor")
+    comm_delays: list[float] | None = Field(None, description="seconds added to each round")
+    inner_steps: int = Field(20, ge=1, description="H")
+    outer_lr: float | None = Field(None, gt=0, description="None: Table 3 default of the method")
+    outer_momentum: float = Field(0.9, ge=0, lt=1)
+    rho: RhoMode | float | None = Field(None, description="None: the method's default")
+    outer: OuterConfig = OuterConfig()
+    dylu: bool | None = Field(None, description="None: the method's default (dn-dylu: on)")
+    grace_window: float = Field(0.0, ge=0, description="seconds; 0 = fully asynchronous")
+    data: DataConfig = DataConfig()
+    model: str | ModelConfig = "tiny"
+    inner: InnerConfig = InnerConfig()
+    token_budget: int | None = Field(None, ge=1)
+    time_budget: float | None = Field(None, gt=0)
+    eval_every: int = Field(0, ge=0, description="tokens between evaluations (0: start and end)")
+    eval_batch_size: int = Field(64, ge=1)
+    eval_windows: int | None = Field(64, ge=1, description="windows per language (None: all)")
+    seed: int = 42
+    out_dir: Path | None = None
+    device: str = "cpu"
+
+    @model_validator(mode="after")
+    def _check(self) -> SimConfig:
+        resolve_method(self.method)
+        if self.token_budget is None and self.time_budget is None:
+            raise ValueError("set token_budget and/or time_budget")
+        for name in ("paces", "comm_delays"):
+            values = getattr(self, name)
+            if isinstance(values, list):
+                if len(values) != self.workers:
+                    raise ValueError(f"{name} needs {self.workers} values, got {len(values)}")
+                if any(not math.isfinite(v) or v < 0 for v in values):
+                    raise ValueError(f"{name} must be finite and >= 0")
+        if isinstance(self.paces, list) and any(p <= 0 for p in self.paces):
+            raise ValueError("paces must be > 0 seconds per step")
+        return self
+
+    def outer_config(self) -> OuterConfig:
+        """The outer settings with the top-level overrides applied."""
+        return self.outer.model_copy(
+            update={"lr": self.outer_lr, "momentum": self.outer_momentum, "rho": self.rho}
+        )
+
+    def use_dylu(self) -> bool:
+        return self.dylu if self.dylu is not None else resolve_method(self.method).spec.dylu
+
+
+def parse_sim_config(values: dict[str, Any]) -> SimConfig:
+    """Validate user values; bad input raises a one-line UserInputError."""
+    try:
+        return SimConfig.model_validate(values)
+    except ValidationError as exc:
+        raise from_pydantic(exc, "sim") from None
+
+
+class RoundRunner(Protocol):
+    """What the clock needs from a worker (``heloco.worker.Worker`` satisfies it)."""
+
+    def run_round(
+        self, start: Params, steps: int, base_revision: int, round_id: int | None = None
+    ) -> RoundResult: ...
+
+
+Evaluator = Callable[[Params], ValLoss]
+
+
+@dataclass(frozen=True)
+class Clock:
+    """Simulated-time settings of a run (seconds)."""
+
+    paces: list[float]
+    comm_delays: list[float]
+    jitter: float
+    seed: int
+    token_budget: int | None
+    time_budget: float | None
+    eval_every: int
+
+
+@dataclass
+class Trajectory:
+    """What the clock loop produced (evals in order, totals at the stop)."""
+
+    evals: list[EvalPoint] = field(default_factory=list)
+    tokens: int = 0
+    steps: int = 0
+    time: float = 0.0
+    eval_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Result of :func:`run_simulation`: eval curve, summary, final server parameters."""
+
+    config: SimConfig
+    evals: list[EvalPoint]
+    summary: RunSummary
+    params: Params
+    paces: list[float]
+
+    @property
+    def losses(self) -> list[float]:
+        return [e.loss for e in self.evals]
+
+
+def resolve_paces(cfg: SimConfig) -> list[float]:
+    """Per-worker seconds per step: given, drawn (lognormal, seeded), or all 1."""
+    if cfg.paces is None:
+        return [1.0] * cfg.workers
+    if isinstance(cfg.paces, list):
+        return [float(p) for p in cfg.paces]
+    rng = np.random.default_rng(derive_seed(cfg.seed, PACE_KEY))
+    z = rng.standard_normal(cfg.workers)
+    return [float(cfg.paces.median * math.exp(cfg.paces.sigma * zi)) for zi in z]
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch global RNGs (per-worker generators are seeded apart)."""
+    random.seed(seed)
+    np.random.seed(seed % (1 << 32))
+    torch.manual_seed(seed)
+
+
+class _Sim:
+    """The event loop shared by async and sync methods."""
+
+    def __init__(
+        self,
+        server: Server,
+        workers: Sequence[RoundRunner],
+        clock: Clock,
+        evaluate: Evaluator,
+        writer: MetricsWriter,
+        stats: RunStats,
+        progress: Callable[[EvalPoint], None] | None,
+    ) -> None:
+        self.server, self.workers, self.clock = server, workers, clock
+        self.evaluate, self.writer, self.stats, self.progress = evaluate, writer, stats, progress
+        k = len(workers)
+        self.jitter_rngs = [
+            np.random.default_rng(derive_seed(clock.seed, JITTER_KEY, w)) for w in range(k)
+        ]
+        self.traj = Trajectory()
+        self.next_eval = clock.eval_every
+        self.cycle = max(
+            server.steps_for(w) * clock.paces[w] + clock.comm_delays[w] for w in range(k)
+        )
+
+    # -- helpers ----------------------------------------------------------------------------
+    def compute_seconds(self, worker: int, steps: int) -> float:
+        """Simulated compute time of a round: steps · pace · mean-1 lognormal jitter."""
+        sigma = self.clock.jitter
+        factor = 1.0
+        if sigma > 0:
+            z = float(self.jitter_rngs[worker].standard_normal())
+            factor = math.exp(sigma * z - 0.5 * sigma * sigma)
+        return steps * self.clock.paces[worker] * factor
+
+    def budget_reached(self) -> bool:
+        tb = self.clock.token_budget
+        return tb is not None and self.traj.tokens >= tb
+
+    def record_round(self, result: RoundResult, start: float, end: float) -> None:
+        self.traj.tokens += result.tokens
+        self.traj.steps += result.steps
+        rid = -1 if result.round_id is None else result.round_id
+        self.writer.event(
+            round_event(
+                result.worker, rid, result.steps, result.tokens, result.mean_loss, start, end
+            )
+        )
+
+    def record_update(self, record: UpdateRecord) -> None:
+        self.stats.add(record)
+        self.writer.event(update_event(record, self.traj.time, self.traj.tokens))
+
+    def eval_now(self) -> None:
+        t0 = time.perf_counter()
+        val = self.evaluate(self.server.params)
+        self.traj.eval_seconds += time.perf_counter() - t0
+        now = self.traj.time
+        cyc = cycle_average(self.traj.evals, now, self.cycle, val.overall)
+        point = EvalPoint(
+            tokens=self.traj.tokens,
+            steps=self.traj.steps,
+            time=now,
+            revision=self.server.revision,
+            loss=val.overall,
+            per_language=dict(val.per_language),
+            cycle_loss=cyc,
+        )
+        self.traj.evals.append(point)
+        self.writer.event(eval_event(point, self.stats))
+        if self.progress is not None:
+            self.progress(point)
+
+    def maybe_eval(self) -> None:
+        every = self.clock.eval_every
+        if every <= 0 or self.traj.tokens < self.next_eval:
+            return
+        while self.next_eval <= self.traj.tokens:
+            self.next_eval += every
+        self.eval_now()
+
+    def finish(self) -> Trajectory:
+        last = self.traj.evals[-1] if self.traj.evals else None
+        if last is None or (last.revision, last.tokens) != (self.server.revision, self.traj.tokens):
+            self.eval_now()
+        return self.traj
+
+    # -- async ------------------------------------------------------------------------------
+    def run_async(self) -> Trajectory:
+        heap: list[tuple[float, int]] = []
+        inflight: dict[int, tuple[Any, float, float]] = {}
+        grace = self.server.cfg.grace_window
+        tbud = self.clock.time_budget
+
+        def start(w: int, t: float) -> None:
+            d = self.server.dispatch(w)
+            compute = self.compute_seconds(w, d.steps)
+            inflight[w] = (d, t, compute)
+            heapq.heappush(heap, (t + compute + self.clock.comm_delays[w], w))
+
+        for w in range(len(self.workers)):
+            start(w, 0.0)
+        self.eval_now()
+        window_end: float | None = None
+        waiting: list[int] = []
+        while True:
+            if window_end is not None and (not heap or heap[0][0] > window_end):
+                if tbud is not None and window_end > tbud:
+                    break
+                self.traj.time = window_end
+                for rec in self.server.flush():
+                    self.record_update(rec)
+                for w in waiting:
+                    start(w, window_end)
+                window_end, waiting = None, []
+                self.maybe_eval()
+                continue
+            if not heap or (tbud is not None and heap[0][0] > tbud):
+                break
+            t, w = heapq.heappop(heap)
+            self.traj.time = t
+            d, t0, compute = inflight.pop(w)
+            result = self.workers[w].run_round(d.params, d.steps, d.revision, d.round_id)
+            if d.steps > 0 and compute > 0:
+                self.server.observe_speed(w, d.steps / compute)
+            self.record_round(result, t0, t)
+            applied = self.server.submit(result)
+            if applied is not None:
+                self.record_update(applied)
+                start(w, t)
+            else:
+                window_end = t + grace if window_end is None else window_end
+                waiting.append(w)
+            self.maybe_eval()
+            if self.budget_reached():
+                for rec in self.server.flush():
+                    self.record_update(rec)
+                break
+        return self.finish()
+
+    # -- sync -------------------------------------------------------------------------------
+    def run_sync(self) -> Trajectory:
+        k = len(self.workers)
+        tbud = self.clock.time_budget
+        self.eval_now()
+        while not self.budget_reached():
+            now = self.traj.time
+            dispatches = [self.server.dispatch(w) for w in range(k)]
+            computes = [self.compute_seconds(w, d.steps) for w, d in enumerate(dispatches)]
+            ends = [now + c + self.clock.comm_delays[w] for w, c in enumerate(computes)]
+            round_end = max(ends)
+            if tbud is not None and round_end > tbud:
+                break
+            record = None
+            for w in sorted(range(k), key=lambda i: (ends[i], i)):
+                d = dispatches[w]
+                result = self.workers[w].run_round(d.params, d.steps, d.revision, d.round_id)
+                if d.steps > 0 and computes[w] > 0:
+                    self.server.observe_speed(w, d.steps / computes[w])
+                self.record_round(result, now, ends[w])
+                record = self.server.submit(result) or record
+            self.traj.time = round_end
+            if record is None:
+                raise RuntimeError("sync round ended without an update")
+            self.record_update(record)
+            self.maybe_eval()
+        return self.finish()
+
+
+def simulate(
+    server: Server,
+    workers: Sequence[RoundRunner],
+    clock: Clock,
+    evaluate: Evaluator,
+    writer: MetricsWriter | None = None,
+    stats: RunStats | None = None,
+    progress: Callable[[EvalPoint], None] | None = None,
+) -> Trajectory:
+    """Drive ``server`` and ``workers`` on the simulated clock until a budget is reached.
+
+    The server is told each worker's configured speed (1/pace) before the first dispatch, so
+    DyLU applies from the first round; afterwards it sees the measured (jittered) speed.
+    """
+    k = len(workers)
+    if len(clock.paces) != k or len(clock.comm_delays) != k:
+        raise ValueError("clock needs one pace and one comm delay per worker")
+    for w, pace in enumerate(clock.paces):
+        server.observe_speed(w, 1.0 / pace)
+    sim = _Sim(
+        server,
+        workers,
+        clock,
+        evaluate,
+        writer or MetricsWriter(None),
+        stats or RunStats(k),
+        progress,
+    )
+    return sim.run_sync() if server.cfg.synchronous else sim.run_async()
+
+
+def model_config_for(cfg: SimConfig, vocab_size: int) -> ModelConfig:
+    """The model shape: a preset sized to the data's vocabulary and window, or as given."""
+    seq = max(cfg.inner.seq_len, cfg.data.seq_len)
+    if isinstance(cfg.model, str):
+        return preset_config(cfg.model, vocab_size=vocab_size, seq_len=seq)
+    if cfg.model.vocab_size < vocab_size:
+        raise UserInputError("model.vocab_size", cfg.model.vocab_size, f">= {vocab_size}")
+    if cfg.model.seq_len < seq:
+        raise UserInputError("model.seq_len", cfg.model.seq_len, f">= {seq}")
+    return cfg.model
+
+
+def run_simulation(
+    cfg: SimConfig, progress: Callable[[EvalPoint], None] | None = None
+) -> RunResult:
+    """Build data, model, workers and server from ``cfg``; run; write metrics; summarise."""
+    wall0 = time.perf_counter()
+    seed_everything(cfg.seed)
+    device = torch.device(cfg.device)
+    data = build_data(cfg.data, cfg.workers, cfg.seed)
+    model = TinyGPT(model_config_for(cfg, data.vocab_size), seed=derive_seed(cfg.seed, MODEL_KEY))
+    model.to(device)
+    init = {k: v.detach().to("cpu", torch.float32).clone() for k, v in model.named_parameters()}
+    # One model object serves every worker and the evaluator: each round loads its start first.
+    workers = [Worker(w, model, data.streams[w], cfg.inner, cfg.seed) for w in range(cfg.workers)]
+    paces = resolve_paces(cfg)
+    comm = [float(c) for c in cfg.comm_delays] if cfg.comm_delays else [0.0] * cfg.workers
+    method = resolve_method(cfg.method)
+    dylu = cfg.use_dylu()
+    rates = [
+        1.0 / (_dylu_steps_static(paces, w, cfg.inner_steps, dylu) * paces[w] + comm[w])
+        for w in range(cfg.workers)
+    ]
+    optimizer = build_optimizer(cfg.method, init, cfg.outer_config(), cfg.workers, rates)
+    server_cfg = ServerConfig(
+        n_workers=cfg.workers,
+        inner_steps=cfg.inner_steps,
+        synchronous=method.spec.synchronous,
+        dylu=dylu,
+        grace_window=cfg.grace_window,
+    )
+    server = Server(init, optimizer, server_cfg)
+    clock = Clock(
+        paces=paces,
+        comm_delays=comm,
+        jitter=cfg.pace_jitter,
+        seed=cfg.seed,
+        token_budget=cfg.token_budget,
+        time_budget=cfg.time_budget,
+        eval_every=cfg.eval_every,
+    )
+
+    @torch.no_grad()
+    def evaluate(params: Params) -> ValLoss:
+        workers[0].load(params)
+        return data.validation.evaluate(model, cfg.eval_batch_size, cfg.eval_windows)
+
+    stats = RunStats(cfg.workers, data.worker_languages)
+    if cfg.out_dir is not None:
+        cfg.out_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(cfg.out_dir / CONFIG_FILE, cfg.model_dump(mode="json"))
+    with MetricsWriter(cfg.out_dir) as writer:
+        traj = simulate(server, workers, clock, evaluate, writer, stats, progress)
+        wall = time.perf_counter() - wall0
+        summary = summarize(cfg, traj, stats, paces, wall)
+        writer.write_summary(summary)
+    return RunResult(cfg, traj.evals, summary, server.params, paces)
+
+
+def _dylu_steps_static(paces: list[float], w: int, h: int, dylu: bool) -> int:
+    """DyLU steps from configured paces (for expected arrival rates)."""
+    if not dylu:
+        return h
+    return max(1, math.floor(min(paces) / paces[w] * h + 1e-9))
+
+
+def summarize(
+    cfg: SimConfig, traj: Trajectory, stats: RunStats, paces: list[float], wall: float
+) -> RunSummary:
+    """The summary.json of a finished run."""
+    last = traj.evals[-1] if traj.evals else None
+    train_wall = max(wall - traj.eval_seconds, 1e-9)
+    return RunSummary(
+        method=cfg.method,
+        n_workers=cfg.workers,
+        final_loss=None if last is None else last.loss,
+        final_per_language={} if last is None else dict(last.per_language),
+        loss_at_token_budget=(
+            None if cfg.token_budget is None else loss_at(traj.evals, cfg.token_budget, "tokens")
+        ),
+        loss_at_time_budget=(
+            None if cfg.time_budget is None else loss_at(traj.evals, cfg.time_budget, "time")
+        ),
+        cycle_loss=None if last is None else last.cycle_loss,
+        tokens=traj.tokens,
+        steps=traj.steps,
+        time=traj.time,
+        updates=stats.updates,
+        wall_seconds=wall,
+        train_tokens_per_second=traj.tokens / train_wall,
+        worker_shares=stats.worker_shares(),
+        language_shares=stats.language_shares(),
+        staleness_mean=stats.staleness_mean(),
+        staleness_max=list(stats.staleness_max),
+        correction=stats.correction(),
+        paces=paces,
+    )
