@@ -348,6 +348,7 @@ class Coordinator:
             "budget": asdict(self.budget),
             "done": self.done,
             "log_length": len(self.server.log),
+            "logged_rounds": sum(len(r.arrivals) for r in self.server.log),
             "pending": self.server.pending_workers,
             "elapsed_s": elapsed,
             "updates_per_s": self.server.revision / elapsed,

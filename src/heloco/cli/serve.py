@@ -1,0 +1,110 @@
+"""`heloco serve`: the HeLoCo server behind ZeroMQ (or `--status ADDR` to query one)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from heloco.net import auth
+from heloco.net.client import Client, ClientConfig, ServerUnreachable
+from heloco.net.endpoint import EndpointConfig
+from heloco.net.runconfig import load_run_config
+from heloco.net.session import Liveness, Session
+from shardmeter.errors import UserInputError
+
+MB = 1 << 20
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("serve", help="serve a run to networked workers (ZeroMQ, HMAC-authenticated)",
+                       description="Serve a run to workers that connect out to this address. "
+                       "The shared secret comes from $HELOCO_SECRET, $HELOCO_SECRET_FILE or "
+                       "--secret-file, never from the command line.")
+    p.add_argument("--config", type=Path, help="run config (.toml/.json, the simulator's fields)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field (repeatable), e.g. --set workers=4")
+    p.add_argument("--bind", default="tcp://127.0.0.1:5555",
+                   help="listen address; use tcp://0.0.0.0:PORT for other hosts, port 0 = any free")
+    p.add_argument("--out", type=Path, help="results folder (events.jsonl, summary.json)")
+    p.add_argument("--checkpoint-dir", type=Path, help="default: OUT/checkpoints")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="UPDATES")
+    p.add_argument("--checkpoint-every-s", type=float, default=60.0, metavar="SECONDS")
+    p.add_argument("--durable", action="store_true",
+                   help="checkpoint after every update before acknowledging it")
+    p.add_argument("--heartbeat-s", type=float, default=2.0)
+    p.add_argument("--evict-after-s", type=float, default=10.0)
+    p.add_argument("--max-mb", type=float, default=1024.0, help="largest accepted message (MiB)")
+    p.add_argument("--secret-file", type=Path)
+    p.add_argument("--status", metavar="ADDR", help="print the status of the server at ADDR and exit")
+    p.add_argument("--timeout-s", type=float, default=10.0, help="with --status: how long to wait")
+
+
+def status(address: str, secret: bytes, timeout_s: float) -> dict[str, Any]:
+    """Ask a running server for its status (revision, workers, throughput, counters)."""
+    client = Client(ClientConfig(address, timeout_s=timeout_s, deadline_s=timeout_s), secret)
+    try:
+        reply = client.request("status")
+    finally:
+        client.close()
+    return reply.body
+
+
+def _check(args: argparse.Namespace) -> None:
+    for name in ("heartbeat_s", "evict_after_s", "max_mb"):
+        if not getattr(args, name) > 0:
+            raise UserInputError(f"--{name.replace('_', '-')}", getattr(args, name), "a number > 0")
+    if args.evict_after_s <= args.heartbeat_s:
+        raise UserInputError("--evict-after-s", args.evict_after_s, f"more than --heartbeat-s ({args.heartbeat_s})")
+    if args.checkpoint_every < 0 or args.checkpoint_every_s < 0:
+        raise UserInputError("--checkpoint-every", args.checkpoint_every, "values >= 0")
+    if not args.bind.startswith("tcp://"):
+        raise UserInputError("--bind", args.bind, "a tcp://HOST:PORT address")
+
+
+def run(args: argparse.Namespace) -> int:
+    secret = auth.load_secret(args.secret_file)
+    if args.status:
+        try:
+            print(json.dumps(status(args.status, secret, args.timeout_s), indent=1))
+        except ServerUnreachable as exc:
+            print(f"heloco: error: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    _check(args)
+    cfg = load_run_config(args.config, args.set)
+    out = args.out if args.out is not None else cfg.out_dir
+    ckpt = args.checkpoint_dir or (out / "checkpoints" if out is not None else None)
+    endpoint = EndpointConfig(
+        bind=args.bind,
+        max_bytes=int(args.max_mb * MB),
+        checkpoint_dir=ckpt,
+        checkpoint_every=args.checkpoint_every,
+        checkpoint_every_s=args.checkpoint_every_s,
+        durable=args.durable,
+    )
+    session = Session(cfg, secret, endpoint, Liveness(args.heartbeat_s, args.evict_after_s), out)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        session.endpoint.stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    def ready(address: str) -> None:
+        resumed = f" (resumed at revision {session.side.server.revision})" if session.resumed else ""
+        print(f"heloco serve: listening on {address}{resumed}", file=sys.stderr, flush=True)
+
+    summary = session.serve(ready)
+    counters = session.coord.counters
+    print(
+        f"heloco serve: {summary.updates} updates, {summary.tokens} tokens, final loss "
+        f"{summary.final_loss}; accepted {counters.accepted}, rejected {counters.rejected}, "
+        f"dropped {counters.bad_mac + counters.replay + counters.stale} (auth/replay)",
+        file=sys.stderr,
+    )
+    return 0

@@ -1,0 +1,75 @@
+"""`heloco work`: a worker (or, under torchrun, an island) that trains for a `heloco serve`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from heloco.net import auth, compress
+from heloco.net.client import ClientConfig, ServerUnreachable
+from heloco.net.worker_loop import NetWorker, WorkerOptions
+from shardmeter.errors import UserInputError
+
+MB = 1 << 20
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("work", help="train for a server: pull, H inner steps, push",
+                       description="Connect out to a `heloco serve` address and train until the "
+                       "run's budget is reached. Run under torchrun for a data-parallel island "
+                       "(only rank 0 talks to the server).")
+    p.add_argument("--connect", required=True, metavar="ADDR", help="server address, tcp://HOST:PORT")
+    p.add_argument("--worker", type=int, required=True, help="worker slot (its data shard)")
+    p.add_argument("--codec", default="fp32", choices=compress.CODECS, help="pseudo-gradient encoding")
+    p.add_argument("--block", type=int, default=compress.DEFAULT_BLOCK, help="int8 block size")
+    p.add_argument("--pace", type=float, default=1.0, help="slowdown factor >= 1 (sleeps)")
+    p.add_argument("--seconds-per-step", type=float, help="fixed emulated speed instead of --pace")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--island-mode", default="grads", choices=("grads", "deltas"))
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--timeout-s", type=float, default=60.0, help="wait per request before retrying")
+    p.add_argument("--deadline-s", type=float, default=600.0, help="give up after this long unanswered")
+    p.add_argument("--max-mb", type=float, default=1024.0)
+    p.add_argument("--report", type=Path, help="write a JSON report of this worker here")
+    p.add_argument("--secret-file", type=Path)
+
+
+def run(args: argparse.Namespace) -> int:
+    secret = auth.load_secret(args.secret_file)
+    if not args.connect.startswith("tcp://"):
+        raise UserInputError("--connect", args.connect, "a tcp://HOST:PORT address")
+    if not (args.timeout_s > 0 and args.deadline_s >= args.timeout_s):
+        raise UserInputError("--deadline-s", args.deadline_s, "a number >= --timeout-s > 0")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise UserInputError("--threads", args.threads, "an integer >= 1")
+        torch.set_num_threads(args.threads)
+    opts = WorkerOptions(
+        worker=args.worker,
+        codec=args.codec,
+        block=args.block,
+        pace=args.pace,
+        seconds_per_step=args.seconds_per_step,
+        device=args.device,
+        island_mode=args.island_mode,
+        report=args.report,
+    )
+    client = ClientConfig(args.connect, timeout_s=args.timeout_s, deadline_s=args.deadline_s,
+                          max_bytes=int(args.max_mb * MB))
+    try:
+        report = NetWorker(client, secret, opts).run()
+    except ServerUnreachable as exc:
+        print(f"heloco work: {exc}", file=sys.stderr)
+        return 1
+    if report.rank == 0:
+        print(
+            f"heloco work: worker {report.worker}: {report.rounds} rounds, {len(report.acked)} "
+            f"acknowledged, rejected {report.rejected or 0}, comm {report.comm_s:.2f} s of "
+            f"{report.wall_s:.2f} s",
+            file=sys.stderr,
+        )
+    return 0

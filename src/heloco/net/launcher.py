@@ -1,0 +1,173 @@
+"""Local launches: a server and N workers as subprocesses on loopback, for demos and tests.
+
+The server binds ``tcp://127.0.0.1`` on a free port and writes the address it got to
+``<out>/address.txt``; workers get the address and the shared secret (through the environment,
+never the command line). :class:`LocalCluster` keeps handles to every process so tests can kill
+and restart them; :func:`launch` runs one to completion.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from heloco.net import auth
+from heloco.net.session import ADDRESS_FILE
+from shardmeter.errors import UserInputError
+
+LOOPBACK = "tcp://127.0.0.1:0"
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """What to start. ``paces`` are slowdown factors (≥ 1), ``seconds_per_step`` fixed speeds;
+    give at most one (one value per worker). Extra CLI flags go to ``serve_args``/``work_args``.
+    """
+
+    config: Path
+    out_dir: Path
+    workers: int
+    paces: list[float] | None = None
+    seconds_per_step: list[float] | None = None
+    serve_args: list[str] = field(default_factory=list)
+    work_args: list[str] = field(default_factory=list)
+    threads: int | None = None
+    startup_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise UserInputError("workers", self.workers, "an integer >= 1")
+        if self.paces is not None and self.seconds_per_step is not None:
+            raise UserInputError("paces", self.paces, "give paces or seconds_per_step, not both")
+        for name in ("paces", "seconds_per_step"):
+            values = getattr(self, name)
+            if values is not None and len(values) != self.workers:
+                raise UserInputError(name, values, f"{self.workers} values, one per worker")
+        if self.paces is not None and any(not p >= 1 for p in self.paces):
+            raise UserInputError("paces", self.paces, "slowdown factors >= 1")
+        if self.seconds_per_step is not None and any(not s > 0 for s in self.seconds_per_step):
+            raise UserInputError("seconds_per_step", self.seconds_per_step, "numbers > 0")
+
+
+class LocalCluster:
+    """Handles to a local server process and its worker processes."""
+
+    def __init__(self, cfg: LaunchConfig, secret: bytes | None = None) -> None:
+        self.cfg = cfg
+        self.secret = secret or auth.new_secret()
+        self.server: subprocess.Popen[bytes] | None = None
+        self.workers: dict[int, subprocess.Popen[bytes]] = {}
+        self.address = ""
+        self.logs = cfg.out_dir / "logs"
+        self._generation: dict[str, int] = {}
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env[auth.SECRET_ENV] = self.secret.decode()
+        env.pop(auth.SECRET_FILE_ENV, None)
+        if self.cfg.threads is not None:
+            env["OMP_NUM_THREADS"] = str(self.cfg.threads)
+        return env
+
+    def _log(self, name: str) -> Path:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        n = self._generation.get(name, 0)
+        self._generation[name] = n + 1
+        return self.logs / (f"{name}.log" if n == 0 else f"{name}.{n}.log")
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        with self._log(name).open("wb") as log:
+            return subprocess.Popen([sys.executable, "-m", "heloco", *args], env=self.env(),
+                                    stdout=log, stderr=subprocess.STDOUT)
+
+    def start_server(self, bind: str | None = None) -> str:
+        """Start (or restart, on the same address) the server; returns its address."""
+        out = self.cfg.out_dir
+        address_file = out / ADDRESS_FILE
+        address_file.unlink(missing_ok=True)
+        bind = bind or self.address or LOOPBACK
+        args = ["serve", "--config", str(self.cfg.config), "--out", str(out), "--bind", bind,
+                *self.cfg.serve_args]
+        self.server = self._spawn("server", args)
+        deadline = time.monotonic() + self.cfg.startup_timeout_s
+        while not address_file.is_file() or not address_file.read_text().strip():
+            if self.server.poll() is not None:
+                raise RuntimeError(f"server exited with {self.server.returncode}; see {self.logs}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"server did not start within {self.cfg.startup_timeout_s} s")
+            time.sleep(0.05)
+        self.address = address_file.read_text().strip()
+        return self.address
+
+    def worker_args(self, w: int) -> list[str]:
+        args = ["work", "--connect", self.address, "--worker", str(w),
+                "--report", str(self.cfg.out_dir / "workers" / f"worker{w}.json")]
+        if self.cfg.paces is not None:
+            args += ["--pace", repr(self.cfg.paces[w])]
+        if self.cfg.seconds_per_step is not None:
+            args += ["--seconds-per-step", repr(self.cfg.seconds_per_step[w])]
+        if self.cfg.threads is not None:
+            args += ["--threads", str(self.cfg.threads)]
+        return args + self.cfg.work_args
+
+    def start_worker(self, w: int) -> subprocess.Popen[bytes]:
+        """Start (or replace) worker ``w``."""
+        self.workers[w] = self._spawn(f"worker{w}", self.worker_args(w))
+        return self.workers[w]
+
+    def start(self) -> None:
+        self.start_server()
+        for w in range(self.cfg.workers):
+            self.start_worker(w)
+
+    def kill_server(self, sig: int = signal.SIGKILL) -> int:
+        assert self.server is not None
+        self.server.send_signal(sig)
+        return self.server.wait(timeout=30)
+
+    def kill_worker(self, w: int, sig: int = signal.SIGKILL) -> int:
+        proc = self.workers[w]
+        proc.send_signal(sig)
+        return proc.wait(timeout=30)
+
+    def wait(self, timeout_s: float) -> int:
+        """Wait for the server to finish, then for the workers; returns the server's code."""
+        assert self.server is not None
+        deadline = time.monotonic() + timeout_s
+        try:
+            code = self.server.wait(timeout=max(0.1, deadline - time.monotonic()))
+            for proc in self.workers.values():
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise
+        return code
+
+    def stop(self) -> None:
+        """SIGTERM everything still running (the server writes a final checkpoint), then SIGKILL."""
+        procs = [p for p in [self.server, *self.workers.values()] if p is not None]
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+
+
+def launch(cfg: LaunchConfig, timeout_s: float) -> int:
+    """Start everything, wait for the run to finish; returns the server's exit code."""
+    cluster = LocalCluster(cfg)
+    try:
+        cluster.start()
+        return cluster.wait(timeout_s)
+    finally:
+        cluster.stop()

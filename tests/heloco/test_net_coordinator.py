@@ -1,0 +1,151 @@
+"""In-process tests of the server's message logic and the endpoint's auth/replay/size checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from heloco.net import wire
+from heloco.net.coordinator import Budget, Coordinator
+from heloco.net.endpoint import Endpoint, EndpointConfig
+from heloco.outer import OuterConfig, build_optimizer
+from heloco.server import Server, ServerConfig
+
+SECRET = b"coordinator-test-secret-0123456789"
+
+
+def make_coord(method: str = "async-nesterov", workers: int = 2, budget: Budget | None = None) -> Coordinator:
+    init = {"w": torch.zeros(3, 4), "b": torch.zeros(5)}
+    opt = build_optimizer(method, init, OuterConfig(), workers)
+    server = Server(init, opt, ServerConfig(n_workers=workers, inner_steps=3, synchronous=method == "sync"))
+    return Coordinator(server, budget or Budget(revisions=100))
+
+
+def pull(coord: Coordinator, w: int) -> wire.Message:
+    return coord.handle(wire.make("pull", {"worker": w, "incarnation": "a"}))
+
+
+def push(coord: Coordinator, w: int, d: wire.Message, delta: dict[str, torch.Tensor] | None = None,
+         codec: str = "fp32") -> wire.Message:
+    body = {"worker": w, "incarnation": "a", "round_id": d.body["round_id"], "steps": 3, "tokens": 30,
+            "base_revision": d.body["revision"], "mean_loss": 1.0, "compute_s": 0.1}
+    delta = delta if delta is not None else {"w": torch.full((3, 4), 0.1), "b": torch.full((5,), 0.1)}
+    msg = wire.make("push", body, delta, codec=codec)  # type: ignore[arg-type]
+    # Through the wire format, as the endpoint would see it.
+    return coord.handle(wire.decode(wire.encode(msg, SECRET), SECRET))
+
+
+def consistent(coord: Coordinator) -> None:
+    """Revision = updates in the log; accepted rounds = rounds in the log + rounds buffered."""
+    s = coord.status()
+    assert s["revision"] == s["log_length"] == len(coord.server.log)
+    assert coord.counters.accepted == s["logged_rounds"] + len(s["pending"])
+    rounds = [(a.worker, a.round_id) for r in coord.server.log for a in r.arrivals]
+    assert len(rounds) == len(set(rounds))
+
+
+def test_pull_push_exactly_once_and_duplicates_acknowledged() -> None:
+    coord = make_coord()
+    d = pull(coord, 0)
+    assert d.type == "dispatch" and d.body["revision"] == 0 and set(d.tensors) == {"w", "b"}
+    first = push(coord, 0, d)
+    assert first.type == "ack" and first.body["revision"] == 1 and not first.body["duplicate"]
+    again = push(coord, 0, d)  # a retry after a lost ack: acknowledged, not applied
+    assert again.type == "ack" and again.body["duplicate"] and coord.server.revision == 1
+    assert coord.counters.duplicate == 1
+    consistent(coord)
+
+
+def test_nonfinite_and_wrong_shape_rejected_never_applied() -> None:
+    coord = make_coord()
+    d = pull(coord, 0)
+    nan = {"w": torch.full((3, 4), float("nan")), "b": torch.zeros(5)}
+    for codec in ("fp32", "bf16", "int8"):
+        reply = push(coord, 0, d, nan, codec)
+        assert reply.type == "error" and reply.body["reason"] == "bad_update"
+    inf = {"w": torch.zeros(3, 4), "b": torch.tensor([0, 0, float("inf"), 0, 0])}
+    assert push(coord, 0, d, inf).body["reason"] == "bad_update"
+    wrong = {"w": torch.zeros(4, 3), "b": torch.zeros(5)}
+    assert push(coord, 0, d, wrong).body["reason"] == "bad_update"
+    missing = {"w": torch.zeros(3, 4)}
+    assert push(coord, 0, d, missing).body["reason"] == "bad_update"
+    assert coord.server.revision == 0 and coord.counters.bad_update == 6
+    assert push(coord, 0, d).type == "ack"  # the round itself is still good
+    consistent(coord)
+
+
+def test_superseded_round_rejected() -> None:
+    coord = make_coord()
+    old = pull(coord, 1)
+    new = pull(coord, 1)  # a replacement worker pulled again
+    assert push(coord, 1, old).body["reason"] == "superseded"
+    assert push(coord, 1, new).type == "ack"
+    consistent(coord)
+
+
+def test_sync_barrier_waits_then_applies_once() -> None:
+    coord = make_coord("sync", workers=2)
+    d0, d1 = pull(coord, 0), pull(coord, 1)
+    a0 = push(coord, 0, d0)
+    assert a0.type == "ack" and not a0.body["applied"] and coord.server.revision == 0
+    assert pull(coord, 0).type == "wait"
+    assert push(coord, 1, d1).body["applied"] and coord.server.revision == 1
+    assert pull(coord, 0).type == "dispatch"
+    consistent(coord)
+
+
+def test_budget_stops_dispatch_and_rejects_late_pushes() -> None:
+    coord = make_coord(budget=Budget(tokens=30))
+    d0, d1 = pull(coord, 0), pull(coord, 1)
+    assert push(coord, 0, d0).type == "ack"
+    assert coord.done and pull(coord, 0).type == "done"
+    late = push(coord, 1, d1)
+    assert late.type == "rejected" and late.body["reason"] == "done"
+    consistent(coord)
+
+
+def test_eviction_and_rejoin() -> None:
+    now = [100.0]
+    coord = make_coord()
+    coord.clock = lambda: now[0]
+    coord.evict_after_s = 5.0
+    coord.handle(wire.make("hello", {"worker": 0, "incarnation": "x"}))
+    now[0] += 6
+    assert coord.evict_silent() == [0] and coord.active_workers() == []
+    coord.handle(wire.make("hello", {"worker": 0, "incarnation": "y"}))
+    assert coord.active_workers() == [0] and coord.counters.rejoins == 1
+
+
+def test_endpoint_drops_bad_mac_and_replays(tmp_path: Path) -> None:
+    coord = make_coord()
+    ep = Endpoint(coord, SECRET, EndpointConfig(checkpoint_dir=tmp_path, max_bytes=10_000))
+    msg = wire.make("status")
+    frames = wire.encode(msg, SECRET)
+    assert ep.handle_frames(list(frames)) is not None
+    assert ep.handle_frames(list(frames)) is None and coord.counters.replay == 1
+    assert ep.handle_frames(wire.encode(wire.make("status"), b"wrong-secret-0123456789")) is None
+    assert coord.counters.bad_mac == 1
+    big = wire.make("push", {"worker": 0}, {"w": torch.zeros(3000)})
+    reply = ep.handle_frames(wire.encode(big, SECRET))
+    assert reply is not None and reply.body["reason"] == "too_large" and reply.re == big.id
+    old = wire.Message("status", id=wire.new_id(), ts=msg.ts - 10_000)
+    assert ep.handle_frames(wire.encode(old, SECRET)) is None and coord.counters.stale == 1
+
+
+def test_endpoint_checkpoint_restore_roundtrip(tmp_path: Path) -> None:
+    coord = make_coord()
+    ep = Endpoint(coord, SECRET, EndpointConfig(checkpoint_dir=tmp_path))
+    for _ in range(3):
+        d = pull(coord, 0)
+        push(coord, 0, d)
+    ep.save_checkpoint()
+    fresh = make_coord()
+    ep2 = Endpoint(fresh, SECRET, EndpointConfig(checkpoint_dir=tmp_path))
+    assert ep2.restore()
+    assert fresh.server.revision == 3 and fresh.counters.accepted == 3 and fresh.tokens == 90
+    assert torch.equal(fresh.server.params["w"], coord.server.params["w"])
+    # The restored revision log still recognises the last accepted round as a duplicate.
+    assert push(fresh, 0, d).body["duplicate"]
+    consistent(fresh)
