@@ -284,8 +284,11 @@ def _atomic_savefig(fig: Any, path: Path, fmt: str, dpi: int) -> None:
             os.remove(tmp)
 
 
-def plot_sweep(result: SweepResult, out_dir: Path, dpi: int = 72) -> list[Path]:
-    """Four panels (throughput, utilization, time, cost) against the knob, as PNG and SVG."""
+def plot_sweep(
+    result: SweepResult, out_dir: Path, dpi: int = 72, formats: Sequence[str] = ("png", "svg")
+) -> list[Path]:
+    """Four panels (throughput, utilization, time, cost) against the knob, written as
+    `<topology>-<mode>-<knob>.<format>` for each format (PNG and SVG by default)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -313,9 +316,9 @@ def plot_sweep(result: SweepResult, out_dir: Path, dpi: int = 72) -> list[Path]:
                 ax.axvline(knee.value, color="tab:red", linestyle="--", linewidth=0.8)
     fig.suptitle(f"{result.topology} ({result.mode}): sweep over {result.label}", fontsize=10)
     fig.tight_layout()
-    stem = f"{result.topology}-{result.param}"
-    paths = [out_dir / f"{stem}.png", out_dir / f"{stem}.svg"]
-    _atomic_savefig(fig, paths[0], "png", dpi)
-    _atomic_savefig(fig, paths[1], "svg", dpi)
+    stem = f"{result.topology}-{result.mode}-{result.param}"
+    paths = [out_dir / f"{stem}.{fmt}" for fmt in formats]
+    for path, fmt in zip(paths, formats, strict=True):
+        _atomic_savefig(fig, path, fmt, dpi)
     plt.close(fig)
     return paths

@@ -50,8 +50,8 @@ def test_sweep_cli_writes_plots(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert main([*argv, "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "flips from communication-bound" in out
-    assert (tmp_path / "two-clouds-inner_steps.png").exists()
-    assert (tmp_path / "two-clouds-inner_steps.svg").exists()
+    assert (tmp_path / "two-clouds-diloco-inner_steps.png").exists()
+    assert (tmp_path / "two-clouds-diloco-inner_steps.svg").exists()
 
 
 def test_sweep_cli_json(capsys: pytest.CaptureFixture[str]) -> None:

@@ -34,6 +34,7 @@ def add_parser(subparsers: Any) -> None:
         "--values", help="comma-separated values for a single --over knob (default: a grid)"
     )
     p.add_argument("--out", type=Path, help="folder for PNG and SVG plots (default: no plots)")
+    p.add_argument("--formats", default="png,svg", help="plot formats (default: png,svg)")
     add_arguments(p)
 
 
@@ -52,7 +53,7 @@ def sweep_table(result: SweepResult) -> Table:
     t = Table(title=f"{result.topology} ({result.mode}): {result.label}", title_justify="left")
     for col in ("value", "GPUs", "tokens/s", "tok/s/GPU", "util", "time", "cost", "$/Mtok"):
         t.add_column(col, justify="right", no_wrap=True)
-    t.add_column("regime", min_width=14)
+    t.add_column("regime")
     for p in result.points:
         t.add_row(
             f"{p.value:g}",
@@ -82,7 +83,11 @@ def run(args: argparse.Namespace) -> int:
     plots: list[Path] = []
     if args.out is not None:
         for result in results:
-            plots.extend(plot_sweep(result, args.out))
+            formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+            for fmt in formats:
+                if fmt not in ("png", "svg", "pdf"):
+                    raise UserInputError("--formats", fmt, "choose from png, svg, pdf")
+            plots.extend(plot_sweep(result, args.out, formats=formats))
     if getattr(args, "json", False):
         doc = {"sweeps": jsonable(results), "plots": [str(p) for p in plots]}
         json.dump(doc, sys.stdout, indent=2)
