@@ -147,3 +147,63 @@ def test_streaming_needs_fragments_dividing_h() -> None:
 def test_unknown_topology_lists_examples() -> None:
     with pytest.raises(UserInputError, match=r"shipped examples: .*two-clouds"):
         load_topology("atlantis")
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("islands/0/cluster", "dgx-h900", "islands[0].cluster: got 'dgx-h900'; unknown cluster"),
+        ("run/model", "gpt-99", "run.model: got 'gpt-99'; unknown model"),
+    ],
+)
+def test_unknown_presets_name_the_topology_field(path: str, value: Any, message: str) -> None:
+    with pytest.raises(UserInputError) as info:
+        predict_topology(topology_from_dict(with_change(path, value)))
+    assert str(info.value).startswith(message)
+
+
+def test_inline_accelerator_island_and_bad_inline_table() -> None:
+    inline = {
+        "name": "lab",
+        "accelerator": {
+            "name": "my-gpu",
+            "peak_tflops": {"bf16": 500.0},
+            "hbm_gb": 96,
+            "hbm_gbps": 2000,
+        },
+        "gpus_per_node": 8,
+        "intra": {"bandwidth_gbps": 200.0},
+    }
+    data = copy.deepcopy(BASE)
+    data["islands"][1] = inline
+    data["wan"]["links"][0]["to"] = "lab"
+    est = predict_topology(topology_from_dict(data))
+    assert [i.accelerator for i in est.islands] == ["h100-sxm", "my-gpu"]
+    assert est.islands[1].step.step_time_s > est.islands[0].step.step_time_s  # half the peak
+    inline["accelerator"]["hbm_gb"] = -1
+    with pytest.raises(UserInputError, match=r"^islands\[1\]\.accelerator\.hbm_gb: got -1"):
+        predict_topology(topology_from_dict(data))
+
+
+def test_single_island_has_no_wan() -> None:
+    data = copy.deepcopy(BASE)
+    data["islands"] = data["islands"][:1]
+    data["wan"] = {}
+    est = predict_topology(topology_from_dict(data))
+    assert est.utilization == pytest.approx(1.0, abs=1e-3)
+    assert est.wan_bytes_total == 0 and est.min_wan_gbit is None
+    assert est.bottleneck.link == "none (one island)"
+
+
+def test_hub_reduce_and_async_server_follow_run_server() -> None:
+    data = copy.deepcopy(BASE)
+    data["islands"].append({"name": "ap", "cluster": "dgx-h100"})
+    data["wan"]["default"] = {"bandwidth_gbit": 1.0, "latency_ms": 150}
+    data["run"].update(server="eu-west", reduce="hub")
+    topo = topology_from_dict(data)
+    assert wan_paths(topo).center == 1
+    hub = predict_topology(topo)
+    assert hub.islands[1].wan_bytes_per_round == 0  # the hub moves nothing on its own behalf
+    assert hub.bottleneck.link == "ap↔eu-west"  # its 1 Gbit/s spoke is slower than us-east's 10
+    asyn = predict_topology(topo, mode="async")
+    assert asyn.islands[1].wan_exposed_s == 0 and asyn.islands[1].staleness > 0

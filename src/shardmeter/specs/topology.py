@@ -313,6 +313,13 @@ def wan_paths(topo: Topology) -> WanPaths:
     )
 
 
+def _rename(exc: UserInputError, kind: str, field: str) -> UserInputError:
+    """A loader error re-addressed to the topology field that named the preset."""
+    if exc.field == kind:
+        return UserInputError(field, exc.value, exc.allowed)
+    return UserInputError(f"{field} ({exc.field})", exc.value, exc.allowed)
+
+
 def resolve_model(run: RunSpec) -> TransformerSpec:
     """The run's model: a preset name or file (via the presets loader), or an inline table."""
     if isinstance(run.model, dict):
@@ -322,7 +329,10 @@ def resolve_model(run: RunSpec) -> TransformerSpec:
             raise validation_error(exc, "run.model") from None
     from shardmeter.specs.loader import load_model
 
-    return load_model(run.model)
+    try:
+        return load_model(run.model)
+    except UserInputError as exc:
+        raise _rename(exc, "model", "run.model") from None
 
 
 def resolve_cluster(island: IslandSpec, index: int) -> Cluster:
@@ -337,7 +347,10 @@ def resolve_cluster(island: IslandSpec, index: int) -> Cluster:
     elif isinstance(island.accelerator, str):
         from shardmeter.specs.loader import load_accelerator
 
-        accelerator = load_accelerator(island.accelerator)
+        try:
+            accelerator = load_accelerator(island.accelerator)
+        except UserInputError as exc:
+            raise _rename(exc, "accelerator", f"{prefix}.accelerator") from None
     update: dict[str, Any] = {"name": island.name, "n_nodes": island.n_nodes}
     if accelerator is not None:
         update["accelerator"] = accelerator
@@ -348,7 +361,10 @@ def resolve_cluster(island: IslandSpec, index: int) -> Cluster:
     if island.cluster is not None:
         from shardmeter.specs.loader import load_cluster
 
-        base = load_cluster(island.cluster)
+        try:
+            base = load_cluster(island.cluster)
+        except UserInputError as exc:
+            raise _rename(exc, "cluster", f"{prefix}.cluster") from None
         data = {**base.model_dump(), **{k: v for k, v in update.items() if k != "accelerator"}}
         data["accelerator"] = update.get("accelerator", base.accelerator)
     else:
