@@ -11,14 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-from numpy.typing import ArrayLike, NDArray
-
+from shardmeter.estimate._xp import Num, as_float, ceil, maximum, where
 from shardmeter.estimate.plan_arrays import PRECISION_CODES, RECOMPUTE_CODES, PlanArrays
 from shardmeter.specs.hardware import Accelerator, Efficiency
 from shardmeter.specs.model import TransformerSpec
-
-FloatArray = NDArray[np.float64]
 
 ACT_BYTES = 2.0  # bf16/fp16 activations and weights as GEMM operands
 BWD_GEMM = 2.0  # backward = data-gradient + weight-gradient GEMMs (Narayanan et al. SC'21, §5.1)
@@ -28,68 +24,56 @@ CAUSAL_FRACTION = 0.5  # causal flash kernels skip the masked half of QKᵀ and 
 ADAM_BYTES_PER_PARAM = 28.0  # read fp32 master, m, v (12) + bf16 grad (2); write 12 + bf16 copy (2)
 
 
-def matmul_efficiency(flops: ArrayLike, eff: Efficiency) -> FloatArray:
+def matmul_efficiency(flops: Num, eff: Efficiency) -> Num:
     """Achieved fraction of peak for a GEMM of `flops`: max·F/(F + F_half) (F in GFLOP)."""
-    gflop = np.asarray(flops, dtype=np.float64) / 1e9
-    return np.asarray(
-        eff.matmul_max * gflop / (gflop + eff.matmul_half_gflop + 1e-30), dtype=np.float64
-    )
+    gflop = flops / 1e9
+    return eff.matmul_max * gflop / (gflop + eff.matmul_half_gflop + 1e-30)
 
 
-def memory_time(n_bytes: ArrayLike, acc: Accelerator) -> FloatArray:
+def memory_time(n_bytes: Num, acc: Accelerator) -> Num:
     """Time to stream `n_bytes` through HBM at the calibrated achieved bandwidth."""
-    rate = acc.hbm_gbps * 1e9 * acc.efficiency.memory
-    return np.asarray(np.asarray(n_bytes, dtype=np.float64) / rate, dtype=np.float64)
+    return n_bytes / (acc.hbm_gbps * 1e9 * acc.efficiency.memory)
 
 
-def gemm_time(
-    m: ArrayLike, k: ArrayLike, n: ArrayLike, acc: Accelerator, fp8: ArrayLike
-) -> FloatArray:
+def gemm_time(m: Num, k: Num, n: Num, acc: Accelerator, fp8: Num) -> Num:
     """Roofline time of one (m×k)·(k×n) GEMM: 2mkn FLOPs, (mk + kn + mn)·2 bytes.
 
     FP8 GEMMs run `fp8_speedup` times faster than bf16, never above the fp8 peak.
     """
     eff = acc.efficiency
-    flops = 2.0 * np.asarray(m, np.float64) * np.asarray(k, np.float64) * np.asarray(n, np.float64)
-    eta = np.maximum(matmul_efficiency(flops, eff), 1e-6)
-    peak = acc.peak("bf16") * 1e12
-    t_bf16 = flops / (peak * eta)
+    flops = 2.0 * m * k * n
+    eta = maximum(matmul_efficiency(flops, eff), 1e-6)
+    t_math = flops / (acc.peak("bf16") * 1e12 * eta)
     if "fp8" in acc.peak_tflops:
-        t_fp8 = np.maximum(t_bf16 / eff.fp8_speedup, flops / (acc.peak("fp8") * 1e12 * eta))
-        t_math = np.where(np.asarray(fp8, dtype=bool), t_fp8, t_bf16)
-    else:
-        t_math = t_bf16
-    n_bytes = (np.asarray(m) * np.asarray(k) + np.asarray(k) * np.asarray(n)) * ACT_BYTES
-    n_bytes = n_bytes + np.asarray(m) * np.asarray(n) * ACT_BYTES
-    return np.asarray(np.maximum(t_math, memory_time(n_bytes, acc)), dtype=np.float64)
+        t_fp8 = maximum(t_math / eff.fp8_speedup, flops / (acc.peak("fp8") * 1e12 * eta))
+        t_math = where(fp8, t_fp8, t_math)
+    return maximum(t_math, memory_time((m * k + k * n + m * n) * ACT_BYTES, acc))
 
 
-def attention_core_time(flops: ArrayLike, n_bytes: ArrayLike, acc: Accelerator) -> FloatArray:
+def attention_core_time(flops: Num, n_bytes: Num, acc: Accelerator) -> Num:
     """Fused (flash) attention: bf16 tensor-core work at `attention` efficiency, or HBM bound."""
     eff = acc.efficiency
-    flops_ = np.asarray(flops, dtype=np.float64)
-    gflop = flops_ / 1e9
-    eta = eff.attention * gflop / (gflop + eff.matmul_half_gflop + 1e-30)
-    t_math = flops_ / (acc.peak("bf16") * 1e12 * np.maximum(eta, 1e-6))
-    return np.asarray(np.maximum(t_math, memory_time(n_bytes, acc)), dtype=np.float64)
+    gflop = flops / 1e9
+    eta = maximum(eff.attention * gflop / (gflop + eff.matmul_half_gflop + 1e-30), 1e-6)
+    return maximum(flops / (acc.peak("bf16") * 1e12 * eta), memory_time(n_bytes, acc))
 
 
 @dataclass(frozen=True)
 class LayerCost:
     """Forward cost of one layer (or the logits) for one micro-batch on one GPU."""
 
-    gemm_s: FloatArray  # linear layers
-    attention_s: FloatArray  # attention core (QKᵀ, softmax, AV)
-    elementwise_s: FloatArray  # norms, residual adds, activation function, RoPE, routing
-    gemm_flops: FloatArray
-    attention_flops: FloatArray
+    gemm_s: Num  # linear layers
+    attention_s: Num  # attention core (QKᵀ, softmax, AV)
+    elementwise_s: Num  # norms, residual adds, activation function, RoPE, routing
+    gemm_flops: Num
+    attention_flops: Num
 
     @property
-    def forward_s(self) -> FloatArray:
+    def forward_s(self) -> Num:
         return self.gemm_s + self.attention_s + self.elementwise_s
 
     @property
-    def backward_s(self) -> FloatArray:
+    def backward_s(self) -> Num:
         return (
             BWD_GEMM * self.gemm_s
             + BWD_ATTN * self.attention_s
@@ -101,20 +85,18 @@ class LayerCost:
 class _Shapes:
     """Per-GPU widths and token counts of one micro-batch (arrays over plans)."""
 
-    tokens: FloatArray  # b·s/cp rows entering each GEMM
-    norm_tokens: FloatArray  # rows in the norm/residual region (/tp with SP)
-    q_local: FloatArray
-    kv_local: FloatArray
-    fp8: NDArray[np.bool_]
+    tokens: Num  # b·s/cp rows entering each GEMM
+    norm_tokens: Num  # rows in the norm/residual region (/tp with SP)
+    q_local: Num
+    kv_local: Num
+    fp8: Num
 
 
 def _shapes(model: TransformerSpec, plans: PlanArrays) -> _Shapes:
-    tp = plans.tp.astype(np.float64)
-    tokens = plans.micro_batch * model.seq_len / plans.cp.astype(np.float64)
-    norm_tokens = np.where(plans.sp, tokens / tp, tokens)
-    kv_local = (
-        np.maximum(model.kv_heads / tp, 1.0) * model.dim_head
-    )  # KV heads replicate if tp > kv
+    tp = as_float(plans.tp)
+    tokens = plans.micro_batch * model.seq_len / as_float(plans.cp)
+    norm_tokens = where(plans.sp, tokens / tp, tokens)
+    kv_local = maximum(model.kv_heads / tp, 1.0) * model.dim_head  # KV heads replicate if tp > kv
     return _Shapes(
         tokens=tokens,
         norm_tokens=norm_tokens,
@@ -125,8 +107,8 @@ def _shapes(model: TransformerSpec, plans: PlanArrays) -> _Shapes:
 
 
 def _mlp_cost(
-    sh: _Shapes, h: int, width: FloatArray, n_mat: int, rows: FloatArray, acc: Accelerator
-) -> tuple[FloatArray, FloatArray]:
+    sh: _Shapes, h: int, width: Num, n_mat: int, rows: Num, acc: Accelerator
+) -> tuple[Num, Num]:
     """GEMM time and FLOPs of a (gated) MLP of local width `width` applied to `rows` tokens."""
     up = gemm_time(rows, h, (n_mat - 1) * width, acc, sh.fp8)
     down = gemm_time(rows, width, h, acc, sh.fp8)
@@ -144,7 +126,7 @@ def layer_forward(
     router of 2·h·E FLOPs per token (C.1 item 3).
     """
     sh = _shapes(model, plans)
-    h, tp = model.hidden, plans.tp.astype(np.float64)
+    h, tp = model.hidden, as_float(plans.tp)
     t = sh.tokens
     qkv = gemm_time(t, h, sh.q_local + 2.0 * sh.kv_local, acc, sh.fp8)
     out = gemm_time(t, sh.q_local, h, acc, sh.fp8)
@@ -161,7 +143,7 @@ def layer_forward(
     if moe and model.moe is not None:
         spec = model.moe
         width = model.expert_ffn / tp
-        ep = plans.ep.astype(np.float64)
+        ep = as_float(plans.ep)
         rows_per_expert = t * spec.top_k * ep / spec.experts
         expert_s, _ = _mlp_cost(sh, h, width, n_mat, rows_per_expert, acc)
         routed_s = expert_s * spec.experts / ep
@@ -183,21 +165,21 @@ def layer_forward(
         active_width = width
     elem_bytes = elem_bytes + act_bytes_per_width * t * active_width * ACT_BYTES
     return LayerCost(
-        gemm_s=np.asarray(gemm_s, np.float64),
+        gemm_s=gemm_s,
         attention_s=attention_s,
         elementwise_s=memory_time(elem_bytes, acc),
-        gemm_flops=np.asarray(gemm_flops, np.float64),
-        attention_flops=np.asarray(attn_flops, np.float64),
+        gemm_flops=gemm_flops,
+        attention_flops=attn_flops,
     )
 
 
 def logits_forward(model: TransformerSpec, plans: PlanArrays, acc: Accelerator) -> LayerCost:
     """Output head (T×h)·(h×V/tp) and the fp32 softmax cross-entropy (read bf16, write fp32)."""
     sh = _shapes(model, plans)
-    v_local = model.vocab / plans.tp.astype(np.float64)
+    v_local = model.vocab / as_float(plans.tp)
     gemm_s = gemm_time(sh.tokens, model.hidden, v_local, acc, sh.fp8)
     ce_bytes = sh.tokens * v_local * (ACT_BYTES + 4.0)
-    zero = np.zeros_like(gemm_s)
+    zero = 0.0 * gemm_s
     return LayerCost(
         gemm_s=gemm_s,
         attention_s=zero,
@@ -217,44 +199,36 @@ def model_flops_per_token(model: TransformerSpec, causal: bool = True) -> float:
     return model.training_flops_per_token(causal=causal)
 
 
-def recompute_flops_per_token(model: TransformerSpec, recompute: ArrayLike) -> FloatArray:
+def recompute_flops_per_token(model: TransformerSpec, recompute: Num) -> Num:
     """Extra forward FLOPs per token re-run in backward: all layers (full) or attention (selective)."""
     layers = model.matmul_flops_per_token() - 2.0 * model.vocab * model.hidden
     attention = model.attention_flops_per_token(causal=True)
-    code = np.asarray(recompute)
-    return np.asarray(
-        np.where(
-            code == RECOMPUTE_CODES["full"],
-            layers + attention,
-            np.where(code == RECOMPUTE_CODES["selective"], attention, 0.0),
-        ),
-        dtype=np.float64,
-    )
+    selective = where(recompute == RECOMPUTE_CODES["selective"], attention, 0.0)
+    return where(recompute == RECOMPUTE_CODES["full"], layers + attention, selective)
 
 
-def optimizer_time(params_owned: ArrayLike, acc: Accelerator) -> FloatArray:
+def optimizer_time(params_owned: Num, acc: Accelerator) -> Num:
     """Adam step over the parameters this GPU owns: memory-bound, 28 B/param (C.2)."""
-    return memory_time(np.asarray(params_owned, np.float64) * ADAM_BYTES_PER_PARAM, acc)
+    return memory_time(params_owned * ADAM_BYTES_PER_PARAM, acc)
 
 
 @dataclass(frozen=True)
 class StageCompute:
     """Per-micro-batch compute of the slowest pipeline stage (last stage: layers + logits)."""
 
-    layers: FloatArray  # decoder layers held by one stage (all v chunks)
-    forward_s: FloatArray
-    backward_s: FloatArray
-    recompute_s: FloatArray
-    gemm_forward_s: FloatArray  # window for overlapped TP collectives
-    attention_forward_s: FloatArray  # window for ring-attention (CP) exchange
-    layer_forward_s: FloatArray  # one layer's forward (unit of FSDP prefetch)
+    layers: Num  # decoder layers held by one stage (all v chunks)
+    forward_s: Num
+    backward_s: Num
+    recompute_s: Num
+    gemm_forward_s: Num  # window for overlapped TP collectives
+    attention_forward_s: Num  # window for ring-attention (CP) exchange
+    layer_forward_s: Num  # one layer's forward (unit of FSDP prefetch)
 
 
-def stage_layers(model: TransformerSpec, plans: PlanArrays) -> FloatArray:
+def stage_layers(model: TransformerSpec, plans: PlanArrays) -> Num:
     """Layers on the fullest stage: v chunks of ceil(L/(p·v)) layers (uneven splits round up)."""
     chunks = plans.pp * plans.vpp
-    per_chunk = np.ceil(model.n_layers / chunks.astype(np.float64))
-    return np.asarray(per_chunk * plans.vpp, dtype=np.float64)
+    return ceil(model.n_layers / as_float(chunks)) * plans.vpp
 
 
 def stage_compute(model: TransformerSpec, plans: PlanArrays, acc: Accelerator) -> StageCompute:
@@ -266,22 +240,17 @@ def stage_compute(model: TransformerSpec, plans: PlanArrays, acc: Accelerator) -
     if moe_share > 0:
         costs.append((moe_share, layer_forward(model, plans, acc, moe=True)))
 
-    def mix(attr: str) -> FloatArray:
-        return np.asarray(sum(w * getattr(c, attr) for w, c in costs), dtype=np.float64)
+    def mix(attr: str) -> Num:
+        return sum(w * getattr(c, attr) for w, c in costs)
 
     layer_fwd = mix("forward_s")
     layer_bwd = mix("backward_s")
     head = logits_forward(model, plans, acc)
     code = plans.recompute
-    layer_recompute = np.where(
-        code == RECOMPUTE_CODES["full"],
-        layer_fwd,
-        np.where(
-            code == RECOMPUTE_CODES["selective"],
-            mix("attention_s") + mix("elementwise_s"),
-            0.0,
-        ),
+    selective = where(
+        code == RECOMPUTE_CODES["selective"], mix("attention_s") + mix("elementwise_s"), 0.0
     )
+    layer_recompute = where(code == RECOMPUTE_CODES["full"], layer_fwd, selective)
     return StageCompute(
         layers=n_stage,
         forward_s=n_stage * layer_fwd + head.forward_s,

@@ -8,17 +8,13 @@ Korthikanti et al. 2022 (Table 2), recounted for flash attention without dropout
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-import numpy as np
-from numpy.typing import ArrayLike, NDArray
-
+from shardmeter.estimate._xp import Num, as_float, full_like, maximum, minimum, where
 from shardmeter.estimate.compute import ACT_BYTES, stage_layers
 from shardmeter.estimate.plan_arrays import RECOMPUTE_CODES, SHARDING_CODES, PlanArrays
 from shardmeter.specs.hardware import Cluster
 from shardmeter.specs.model import TransformerSpec
-
-FloatArray = NDArray[np.float64]
 
 WEIGHT_BYTES = 2.0  # bf16 weights
 GRAD_BYTES = 2.0  # bf16 gradients
@@ -30,28 +26,26 @@ LOGITS_BYTES = 8.0  # per logit: bf16 output + fp32 softmax copy + bf16 gradient
 class ModelStates:
     """Bytes per GPU of weights, gradients and optimizer states."""
 
-    weights: FloatArray
-    gradients: FloatArray
-    optimizer: FloatArray
+    weights: Num
+    gradients: Num
+    optimizer: Num
 
     @property
-    def total(self) -> FloatArray:
+    def total(self) -> Num:
         return self.weights + self.gradients + self.optimizer
 
 
-def model_state_bytes(params: ArrayLike, shard: ArrayLike, stage: ArrayLike) -> ModelStates:
+def model_state_bytes(params: Num, shard: Num, stage: Num) -> ModelStates:
     """ZeRO table (C.3): stage 0 16N; 1: 4N + 12N/d; 2: 2N + 14N/d; 3: 16N/d.
 
     `params` are the parameters this GPU holds before sharding (already /(tp·pp)), `shard`
     the sharding group d (the HSDP shard group), `stage` 0..3.
     """
-    p = np.asarray(params, dtype=np.float64)
-    st = np.asarray(stage)
-    d = np.where(st >= 1, np.asarray(shard, dtype=np.float64), 1.0)
+    d = where(stage >= 1, as_float(shard), 1.0)
     return ModelStates(
-        weights=np.asarray(WEIGHT_BYTES * p / np.where(st >= 3, d, 1.0), np.float64),
-        gradients=np.asarray(GRAD_BYTES * p / np.where(st >= 2, d, 1.0), np.float64),
-        optimizer=np.asarray(OPTIMIZER_BYTES * p / d, np.float64),
+        weights=WEIGHT_BYTES * params / where(stage >= 3, d, 1.0),
+        gradients=GRAD_BYTES * params / where(stage >= 2, d, 1.0),
+        optimizer=OPTIMIZER_BYTES * params / d,
     )
 
 
@@ -76,122 +70,110 @@ def korthikanti_activation_bytes(
 class LocalParams:
     """Parameters held by one GPU on its fullest stage, before ZeRO/FSDP sharding."""
 
-    dense: FloatArray  # attention, dense MLPs, shared experts, routers, embeddings
-    expert: FloatArray  # routed experts (split over ep as well)
-    layer: FloatArray  # one layer's parameters (the FSDP unit)
+    dense: Num  # attention, dense MLPs, shared experts, routers, embeddings
+    expert: Num  # routed experts (split over ep as well)
+    layer: Num  # one layer's parameters (the FSDP unit)
 
     @property
-    def total(self) -> FloatArray:
+    def total(self) -> Num:
         return self.dense + self.expert
 
 
 def local_params(model: TransformerSpec, plans: PlanArrays) -> LocalParams:
     """Per-GPU parameters: the stage's L/pp layers split by tp (routed experts also by ep),
     plus the embedding or output head (both when pp = 1 and untied)."""
-    tp = plans.tp.astype(np.float64)
+    tp = as_float(plans.tp)
     n_stage = stage_layers(model, plans)
     moe_share = model.n_moe_layers / model.n_layers
     attn = model.attn_params_per_layer / tp
     dense_mlp = model.mlp_matrices * model.hidden * model.dense_ffn / tp
     per_layer_dense = attn + (1.0 - moe_share) * dense_mlp
-    per_layer_expert = np.zeros_like(tp)
+    per_layer_expert = 0.0 * tp
     if model.moe is not None:
         spec = model.moe
         expert = model.expert_params / tp
         per_layer_dense = per_layer_dense + moe_share * (
             spec.shared_experts * expert + model.hidden * spec.experts
         )
-        per_layer_expert = moe_share * expert * spec.experts / plans.ep.astype(np.float64)
-    embeddings = np.where((plans.pp == 1) & (not model.tied_embeddings), 2.0, 1.0) * (
-        model.vocab * model.hidden / tp
-    )
+        per_layer_expert = moe_share * expert * spec.experts / as_float(plans.ep)
+    both = 1.0 if model.tied_embeddings else 2.0
+    embeddings = where(plans.pp == 1, both, 1.0) * (model.vocab * model.hidden / tp)
     return LocalParams(
-        dense=np.asarray(n_stage * per_layer_dense + embeddings, np.float64),
-        expert=np.asarray(n_stage * per_layer_expert, np.float64),
-        layer=np.asarray(per_layer_dense + per_layer_expert, np.float64),
+        dense=n_stage * per_layer_dense + embeddings,
+        expert=n_stage * per_layer_expert,
+        layer=per_layer_dense + per_layer_expert,
     )
 
 
-def shard_divisors(plans: PlanArrays) -> tuple[FloatArray, FloatArray]:
+def shard_divisors(plans: PlanArrays) -> tuple[Num, Num]:
     """Sharding group sizes (dense, expert): shard_group·cp, and that over ep for experts.
 
     Context-parallel ranks hold the same weights, so Megatron's distributed optimizer and
     torchtitan's FSDP shard over dp·cp (Megatron-Core `data_parallel_group_with_cp`).
     """
     sharded = plans.sharding >= SHARDING_CODES["zero1"]
-    dense = np.where(sharded, plans.shard_group * plans.cp, 1).astype(np.float64)
-    expert = np.maximum(dense / plans.ep.astype(np.float64), 1.0)
+    dense = as_float(where(sharded, plans.shard_group * plans.cp, 1))
+    expert = maximum(dense / as_float(plans.ep), 1.0)
     return dense, expert
 
 
-def activation_bytes_per_layer(model: TransformerSpec, plans: PlanArrays) -> FloatArray:
-    """Saved activations of one layer for one micro-batch on one GPU, by recompute mode.
-
-    Recounted from Korthikanti's list for flash attention (no s² scores), no dropout, GQA and
-    gated MLPs: replicated unless SP: two norm inputs, QKV and MLP inputs (8h per token);
-    split by tp: Q, K, V, attention output, MLP intermediates (SwiGLU: gate, up, product = 3F;
-    GELU: input, output = 2F), MoE per routed copy. Selective recompute drops the attention
-    output and the activation-function output; full recompute keeps only the layer input.
-    """
-    tp = plans.tp.astype(np.float64)
-    tokens = plans.micro_batch * model.seq_len / plans.cp.astype(np.float64)
-    norm_tokens = np.where(plans.sp, tokens / tp, tokens)
+def _activation_sets(model: TransformerSpec, plans: PlanArrays) -> tuple[Num, Num, Num]:
+    """(all saved, saved under selective recompute, layer input) bytes of one layer."""
+    tp = as_float(plans.tp)
+    tokens = plans.micro_batch * model.seq_len / as_float(plans.cp)
+    norm_tokens = where(plans.sp, tokens / tp, tokens)
     q_l = model.q_dim / tp
-    kv_l = np.maximum(model.kv_heads / tp, 1.0) * model.dim_head
+    kv_l = maximum(model.kv_heads / tp, 1.0) * model.dim_head
     moe_share = model.n_moe_layers / model.n_layers
     per_width = 3.0 if model.mlp == "swiglu" else 2.0
-    dense_width = model.dense_ffn / tp
-    mlp_width = (1.0 - moe_share) * dense_width
-    mlp_copies = np.zeros_like(tp)
+    mlp_width = (1.0 - moe_share) * model.dense_ffn / tp
+    mlp_copies = 0.0
     if model.moe is not None:
         active = model.moe.top_k + model.moe.shared_experts
         mlp_width = mlp_width + moe_share * active * model.expert_ffn / tp
-        mlp_copies = moe_share * model.moe.top_k * model.hidden * np.ones_like(tp)
+        mlp_copies = moe_share * model.moe.top_k * model.hidden
     replicated = 4.0 * model.hidden * norm_tokens  # two norm inputs, QKV and MLP inputs
     split = tokens * (q_l + 2.0 * kv_l + q_l + per_width * mlp_width + mlp_copies)
     full_set = ACT_BYTES * (replicated + split)
     selective_set = full_set - ACT_BYTES * tokens * (q_l + mlp_width)
-    layer_input = ACT_BYTES * model.hidden * norm_tokens
+    return full_set, selective_set, ACT_BYTES * model.hidden * norm_tokens
+
+
+def activation_bytes_per_layer(model: TransformerSpec, plans: PlanArrays) -> Num:
+    """Saved activations of one layer for one micro-batch on one GPU, by recompute mode.
+
+    Recounted from Korthikanti's list for flash attention (no s² scores), no dropout, GQA and
+    gated MLPs: replicated unless SP: two norm inputs, QKV and MLP inputs (4h per token);
+    split by tp: Q, K, V, attention output, MLP intermediates (SwiGLU: gate, up, product = 3F;
+    GELU: input, output = 2F), MoE per routed copy. Selective recompute drops the attention
+    output and the activation-function output; full recompute keeps only the layer input.
+    """
+    full_set, selective_set, layer_input = _activation_sets(model, plans)
     code = plans.recompute
-    return np.asarray(
-        np.where(
-            code == RECOMPUTE_CODES["full"],
-            layer_input,
-            np.where(code == RECOMPUTE_CODES["selective"], selective_set, full_set),
-        ),
-        np.float64,
-    )
+    partial = where(code == RECOMPUTE_CODES["selective"], selective_set, full_set)
+    return where(code == RECOMPUTE_CODES["full"], layer_input, partial)
 
 
-def _full_layer_working_set(model: TransformerSpec, plans: PlanArrays) -> FloatArray:
-    """One layer's activations, rebuilt during backward under full recompute."""
-    return activation_bytes_per_layer(
-        model, replace(plans, recompute=np.zeros_like(plans.recompute))
-    )
-
-
-def in_flight_micro_batches(plans: PlanArrays) -> FloatArray:
+def in_flight_micro_batches(plans: PlanArrays) -> Num:
     """Micro-batches whose activations stage 0 holds: min(p, m) under 1F1B, times the
     interleaving factor 1 + (p−1)/(p·v) when v > 1 (Korthikanti et al. 2022, §4.2.3)."""
-    p = plans.pp.astype(np.float64)
-    v = plans.vpp.astype(np.float64)
-    in_flight = np.minimum(p, plans.micro_batches.astype(np.float64))
-    factor = np.where(plans.vpp > 1, 1.0 + (p - 1.0) / (p * v), 1.0)
-    return np.asarray(in_flight * factor, np.float64)
+    p = as_float(plans.pp)
+    in_flight = minimum(p, as_float(plans.micro_batches))
+    return in_flight * where(plans.vpp > 1, 1.0 + (p - 1.0) / (p * plans.vpp), 1.0)
 
 
 @dataclass(frozen=True)
 class MemoryArrays:
     """Per-GPU bytes by MEMORY_COMPONENTS name, for the stage that needs the most."""
 
-    weights: FloatArray
-    gradients: FloatArray
-    optimizer_states: FloatArray
-    activations: FloatArray
-    buffers: FloatArray
-    overhead: FloatArray
+    weights: Num
+    gradients: Num
+    optimizer_states: Num
+    activations: Num
+    buffers: Num
+    overhead: Num
 
-    def as_dict(self) -> dict[str, FloatArray]:
+    def as_dict(self) -> dict[str, Num]:
         return dict(self.__dict__)
 
 
@@ -205,24 +187,25 @@ def memory_breakdown(model: TransformerSpec, cluster: Cluster, plans: PlanArrays
 
     n_stage = stage_layers(model, plans)
     per_layer = activation_bytes_per_layer(model, plans)
-    stage0 = per_layer * n_stage * in_flight_micro_batches(plans)
-    full = plans.recompute == RECOMPUTE_CODES["full"]
-    working = np.where(full, _full_layer_working_set(model, plans), 0.0)
-    stage0 = stage0 + working
+    # Under full recompute one layer's activations are rebuilt at a time during backward.
+    working = where(
+        plans.recompute == RECOMPUTE_CODES["full"], _activation_sets(model, plans)[0], 0.0
+    )
+    stage0 = per_layer * n_stage * in_flight_micro_batches(plans) + working
 
-    tokens = plans.micro_batch * model.seq_len / plans.cp.astype(np.float64)
-    logits = tokens * model.vocab / plans.tp.astype(np.float64) * LOGITS_BYTES
+    tokens = plans.micro_batch * model.seq_len / as_float(plans.cp)
+    logits = tokens * model.vocab / as_float(plans.tp) * LOGITS_BYTES
     last_stage = per_layer * n_stage + working + logits
-    logits_extra = np.where(plans.pp == 1, logits, np.maximum(last_stage - stage0, 0.0))
+    logits_extra = where(plans.pp == 1, logits, maximum(last_stage - stage0, 0.0))
 
     zero3 = plans.sharding == SHARDING_CODES["zero3"]
-    unit_bytes = WEIGHT_BYTES * np.minimum(2.0 * params.layer, params.total)
-    gather = np.where(zero3, unit_bytes * (1.0 - 1.0 / d_dense), 0.0)
+    unit_bytes = WEIGHT_BYTES * minimum(2.0 * params.layer, params.total)
+    gather = where(zero3, unit_bytes * (1.0 - 1.0 / d_dense), 0.0)
     return MemoryArrays(
         weights=states_dense.weights + states_expert.weights,
         gradients=states_dense.gradients + states_expert.gradients,
         optimizer_states=states_dense.optimizer + states_expert.optimizer,
-        activations=np.asarray(stage0, np.float64),
-        buffers=np.asarray(gather + logits_extra, np.float64),
-        overhead=np.full_like(stage0, cluster.memory_overhead_gb * 1e9),
+        activations=stage0,
+        buffers=gather + logits_extra,
+        overhead=full_like(stage0, cluster.memory_overhead_gb * 1e9),
     )

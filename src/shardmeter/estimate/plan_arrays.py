@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from shardmeter.estimate._xp import maximum
 from shardmeter.specs.plan import Plan
 
 IntArray = NDArray[np.int64]
@@ -92,9 +93,20 @@ class PlanArrays:
     def from_plan(cls, plan: Plan) -> PlanArrays:
         return cls.from_plans([plan])
 
+    @classmethod
+    def scalar(cls, plan: Plan) -> PlanArrays:
+        """One plan as Python scalars: the same formulas, without numpy's per-call overhead."""
+        codes = {
+            "sharding": SHARDING_CODES[plan.sharding],
+            "recompute": RECOMPUTE_CODES[plan.recompute],
+            "precision": PRECISION_CODES[plan.precision],
+        }
+        values = {f.name: codes.get(f.name, getattr(plan, f.name)) for f in fields(cls)}
+        return cls(**values)
+
     @property
     def shape(self) -> tuple[int, ...]:
-        return self.dp.shape
+        return np.shape(self.dp)
 
     @property
     def n_gpus(self) -> IntArray:
@@ -103,7 +115,7 @@ class PlanArrays:
     @property
     def micro_batches(self) -> IntArray:
         """Micro-batches per pipeline per step (gradient-accumulation steps), at least 1."""
-        return np.maximum(self.global_batch // (self.dp * self.micro_batch), 1)
+        return maximum(self.global_batch // (self.dp * self.micro_batch), 1)
 
     def take(self, index: int) -> PlanArrays:
         """The plan at flat position `index`, as a one-element PlanArrays."""

@@ -13,10 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import NDArray
 
 from shardmeter.errors import UserInputError
 from shardmeter.estimate import comm
+from shardmeter.estimate._xp import Num, as_float, logical_not, maximum, minimum, where
 from shardmeter.estimate.compute import (
     ACT_BYTES,
     BWD_ATTN,
@@ -59,43 +60,47 @@ COMM_BOUND_SHARE = 0.10  # exposed communication above 10% of the step => commun
 class _Overlap:
     """Exposed part of a communication and the compute slowdown it causes while hidden."""
 
-    exposed: FloatArray
-    interference: FloatArray
+    exposed: Num
+    interference: Num
 
     @property
-    def cost(self) -> FloatArray:
+    def cost(self) -> Num:
         return self.exposed + self.interference
 
 
-def _overlap(comm_s: FloatArray, window_s: FloatArray, slowdown: float) -> _Overlap:
+def _overlap(comm_s: Num, window_s: Num, slowdown: float) -> _Overlap:
     """exposed = max(0, T_comm − W); interference = u/(1−u)·min(T_comm, W) (C.7)."""
-    hidden = np.minimum(comm_s, window_s)
+    hidden = minimum(comm_s, window_s)
     return _Overlap(
-        exposed=np.maximum(comm_s - window_s, 0.0),
+        exposed=maximum(comm_s - window_s, 0.0),
         interference=hidden * slowdown / (1.0 - slowdown),
     )
 
 
-def _share(part: FloatArray, whole: FloatArray) -> FloatArray:
-    return np.asarray(np.where(whole > 0, part / np.where(whole > 0, whole, 1.0), 0.0), np.float64)
+def _share(part: Num, whole: Num) -> Num:
+    return where(whole > 0, part / maximum(whole, 1e-300), 0.0)
 
 
-def pipeline_bubble_fraction(p: ArrayLike, v: ArrayLike, m: ArrayLike) -> FloatArray:
+def _finish(value: Num, shape: tuple[int, ...]) -> FloatArray:
+    """A float64 array of the plans' shape (scalars become 0-d arrays)."""
+    arr = np.asarray(value, dtype=np.float64)
+    return arr if arr.shape == shape else np.broadcast_to(arr, shape).copy()
+
+
+def pipeline_bubble_fraction(p: Num, v: Num, m: Num) -> Num:
     """Idle share of ideal stage time: (p−1)/m for 1F1B, (p−1)/(v·m) interleaved
     (Narayanan et al. SC'21, §2.2.1-2.2.2)."""
-    p_, v_, m_ = (np.asarray(x, dtype=np.float64) for x in (p, v, m))
-    return np.asarray((p_ - 1.0) / (v_ * m_), dtype=np.float64)
+    return (as_float(p) - 1.0) / (as_float(v) * as_float(m))
 
 
 def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanArrays) -> StepArrays:
     """Vectorized step estimate: every PlanArrays column may be an array; one formula."""
     acc = cluster.accelerator
     u = cluster.overlap_slowdown
-    f = np.float64
     dp, tp, pp, cp, ep, vpp = (
-        x.astype(f) for x in (plans.dp, plans.tp, plans.pp, plans.cp, plans.ep, plans.vpp)
+        as_float(x) for x in (plans.dp, plans.tp, plans.pp, plans.cp, plans.ep, plans.vpp)
     )
-    m = plans.micro_batches.astype(f)
+    m = as_float(plans.micro_batches)
     full = plans.recompute == RECOMPUTE_CODES["full"]
     sc = stage_compute(model, plans, acc)
     tokens_mb = plans.micro_batch * model.seq_len / cp  # tokens per micro-batch per GPU
@@ -107,12 +112,12 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     tp_msg = tokens_mb * model.hidden * ACT_BYTES
     tp_count = sc.layers * (4.0 + 2.0 * full)
     tp_total = tp_count * comm.all_reduce_time(tp_msg, tp, 1, cluster)
-    tp_window = np.where(plans.overlap_tp, sc.gemm_forward_s * (3.0 + full), 0.0)
+    tp_window = where(plans.overlap_tp, sc.gemm_forward_s * (3.0 + full), 0.0)
     tp_mb = _overlap(tp_total, tp_window, u)
 
     # Context parallel (ring attention): c−1 K,V blocks per layer forward, twice that backward,
     # hidden behind the attention core of the same layer (C.5).
-    kv_local = np.maximum(model.kv_heads / tp, 1.0) * model.dim_head
+    kv_local = maximum(model.kv_heads / tp, 1.0) * model.dim_head
     kv_block = 2.0 * tokens_mb * kv_local * ACT_BYTES
     hop = comm.send_recv_time(kv_block, tp, cluster) * (cp - 1.0)
     cp_fwd = _overlap(sc.layers * hop * (1.0 + full), sc.attention_forward_s * (1.0 + full), u)
@@ -130,12 +135,10 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     params = local_params(model, plans)
     d_dense, d_expert = shard_divisors(plans)
     rep_dense = dp * cp / d_dense
-    rep_expert = np.maximum(dp * cp / ep / d_expert, 1.0)
+    rep_expert = maximum(dp * cp / ep / d_expert, 1.0)
     stride_exp = tp * cp * ep
 
-    def sync(
-        p_count: FloatArray, d: FloatArray, rep: FloatArray, stride: FloatArray
-    ) -> tuple[FloatArray, FloatArray, FloatArray]:
+    def sync(p_count: Num, d: Num, rep: Num, stride: Num) -> tuple[Num, Num, Num]:
         grads = p_count * GRAD_BYTES
         rs = comm.reduce_scatter_time(grads, d, stride, cluster)
         ag = comm.all_gather_time(p_count * WEIGHT_BYTES, d, stride, cluster)
@@ -155,40 +158,40 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     fwd_window = sc.forward_s
 
     # Per micro-batch: ZeRO-2 reduce-scatters grads, ZeRO-3 also gathers params fwd and bwd.
-    rs_mb = np.where(zero2_up, rs, 0.0)
-    ag_mb = np.where(zero3, ag, 0.0)
-    fwd_ag = _overlap(ag_mb, np.where(opg, fwd_window, 0.0), u)
-    first_unit = ag_mb / np.maximum(sc.layers, 1.0)  # the first unit's gather cannot prefetch
+    rs_mb = where(zero2_up, rs, 0.0)
+    ag_mb = where(zero3, ag, 0.0)
+    fwd_ag = _overlap(ag_mb, where(opg, fwd_window, 0.0), u)
+    first_unit = ag_mb / maximum(sc.layers, 1.0)  # the first unit's gather cannot prefetch
     bwd_hideable = ag_mb * opg + rs_mb * odp
     bwd = _overlap(bwd_hideable, bwd_window, u)
-    bwd_exposed = ag_mb * (~opg) + rs_mb * (~odp) + bwd.cost
+    bwd_exposed = ag_mb * logical_not(opg) + rs_mb * logical_not(odp) + bwd.cost
     ag_share = _share(ag_mb, ag_mb + rs_mb)
     fsdp_mb = fwd_ag.cost + first_unit + bwd_exposed * ag_share
     dp_mb = bwd_exposed * (1.0 - ag_share)
 
     # Once per step: the gradient reduce of the last micro-batch (all-reduce for DDP, RS for
     # ZeRO-1, the replica all-reduce for all stages), then ZeRO-1/2's parameter all-gather.
-    grad_once = np.where(stage == SHARDING_CODES["zero1"], rs, 0.0) + ar
-    dp_once = _overlap(grad_once, np.where(odp, bwd_window, 0.0), u).cost
-    ag_once = np.where((stage >= SHARDING_CODES["zero1"]) & ~zero3, ag, 0.0)
-    fsdp_once = _overlap(ag_once, np.where(opg, fwd_window, 0.0), u).cost
+    grad_once = where(stage == SHARDING_CODES["zero1"], rs, 0.0) + ar
+    dp_once = _overlap(grad_once, where(odp, bwd_window, 0.0), u).cost
+    ag_once = where((stage >= SHARDING_CODES["zero1"]) & logical_not(zero3), ag, 0.0)
+    fsdp_once = _overlap(ag_once, where(opg, fwd_window, 0.0), u).cost
 
     # Pipeline point-to-point: activation forward and gradient backward per micro-batch and
     # chunk; interleaved schedules overlap it with compute except at fill and drain (Megatron's
     # overlap_p2p_comm), plain 1F1B keeps it on the critical path.
-    pp_msg = tokens_mb * model.hidden * ACT_BYTES / np.where(plans.sp, tp, 1.0)
+    pp_msg = tokens_mb * model.hidden * ACT_BYTES / where(plans.sp, tp, 1.0)
     pp_hop = comm.send_recv_time(pp_msg, tp * cp * dp, cluster)
-    pp_sends = np.where(pp > 1, 2.0 * m * vpp, 0.0)
-    pp_exposed = np.where(vpp > 1, 2.0 * (pp - 1.0), pp_sends) * pp_hop
+    pp_sends = where(pp > 1, 2.0 * m * vpp, 0.0)
+    pp_exposed = where(vpp > 1, 2.0 * (pp - 1.0), pp_sends) * pp_hop
     pp_hidden = (pp_sends * pp_hop - pp_exposed) * u / (1.0 - u)
-    pp_total = np.where(pp > 1, pp_exposed + np.maximum(pp_hidden, 0.0), 0.0)
+    pp_total = where(pp > 1, pp_exposed + maximum(pp_hidden, 0.0), 0.0)
 
     per_mb = sc.forward_s + sc.backward_s + sc.recompute_s + tp_mb.cost + cp_mb + ep_mb
     per_mb = per_mb + fsdp_mb + dp_mb
     bubble = pipeline_bubble_fraction(pp, vpp, m) * m * per_mb
 
-    d_opt_dense = np.where(stage >= SHARDING_CODES["zero1"], d_dense, 1.0)
-    d_opt_expert = np.where(stage >= SHARDING_CODES["zero1"], d_expert, 1.0)
+    d_opt_dense = where(stage >= SHARDING_CODES["zero1"], d_dense, 1.0)
+    d_opt_expert = where(stage >= SHARDING_CODES["zero1"], d_expert, 1.0)
     opt = optimizer_time(params.dense / d_opt_dense + params.expert / d_opt_expert, acc)
 
     time = {
@@ -204,36 +207,36 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
         "ep_comm": m * ep_mb,
     }
     shape = plans.shape
-    time = {k: np.broadcast_to(np.asarray(v, f), shape).copy() for k, v in time.items()}
+    time = {k: _finish(v, shape) for k, v in time.items()}
     step = sum(time.values(), start=np.zeros(shape))
 
     grad_bytes = params.total * GRAD_BYTES
     comm_bytes = {
         "tp": m * tp_count * tp_msg * 2.0 * (tp - 1.0) / tp,
         "pp": pp_sends * pp_msg,
-        "dp": np.where(zero2_up, m, 1.0) * grad_bytes,
-        "fsdp": np.where(zero3, 2.0 * m, np.where(stage >= 1, 1.0, 0.0)) * params.total * 2.0,
+        "dp": where(zero2_up, m, 1.0) * grad_bytes,
+        "fsdp": where(zero3, 2.0 * m, where(stage >= 1, 1.0, 0.0)) * params.total * 2.0,
         "cp": m * sc.layers * 3.0 * kv_block * (cp - 1.0),
         "ep": m * ep_count * a2a_msg * (ep - 1.0) / ep,
     }
-    comm_bytes = {k: np.broadcast_to(np.asarray(v, f), shape).copy() for k, v in comm_bytes.items()}
+    comm_bytes = {k: _finish(v, shape) for k, v in comm_bytes.items()}
 
-    tokens_step = plans.global_batch.astype(f) * model.seq_len
+    tokens_step = as_float(plans.global_batch) * model.seq_len
     model_flops = model_flops_per_token(model, causal=True) * tokens_step
     hw_flops = model_flops + recompute_flops_per_token(model, plans.recompute) * tokens_step
     fp8 = plans.precision == PRECISION_CODES["fp8"]
     fp16 = plans.precision == PRECISION_CODES["fp16"]
-    peak = np.where(fp8, acc.peak("fp8"), np.where(fp16, acc.peak("fp16"), acc.peak("bf16")))
+    peak = where(fp8, acc.peak("fp8"), where(fp16, acc.peak("fp16"), acc.peak("bf16")))
     memory = memory_breakdown(model, cluster, plans).as_dict()
     return StepArrays(
         time=time,
-        memory={k: np.broadcast_to(memory[k], shape).copy() for k in MEMORY_COMPONENTS},
-        step_time_s=np.asarray(step, f),
-        tokens_per_step=np.asarray(tokens_step, f),
-        n_gpus=plans.n_gpus.astype(f),
-        model_flops_per_step=np.asarray(model_flops, f),
-        hardware_flops_per_step=np.asarray(hw_flops, f),
-        peak_flops_per_gpu=np.asarray(peak * 1e12, f),
+        memory={k: _finish(memory[k], shape) for k in MEMORY_COMPONENTS},
+        step_time_s=step,
+        tokens_per_step=_finish(tokens_step, shape),
+        n_gpus=_finish(as_float(plans.n_gpus), shape),
+        model_flops_per_step=_finish(model_flops, shape),
+        hardware_flops_per_step=_finish(hw_flops, shape),
+        peak_flops_per_gpu=_finish(peak * 1e12, shape),
         hbm_bytes=np.full(shape, acc.hbm_gb * 1e9),
         comm_bytes=comm_bytes,
     )
@@ -314,7 +317,7 @@ def estimate_step(
         uneven = exc.field == "plan.pp" and "divide n_layers" in exc.allowed
         if check_layers or not uneven:
             raise
-    arrays = estimate_step_arrays(model, cluster, PlanArrays.from_plan(plan))
+    arrays = estimate_step_arrays(model, cluster, PlanArrays.scalar(plan))
     return view(arrays, 0, cluster, plan)
 
 
