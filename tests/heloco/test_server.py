@@ -1,0 +1,150 @@
+"""Server state machine: revisions, staleness, exactly-once, DyLU, grace, sync, checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from heloco.outer import OuterConfig, build_optimizer
+from heloco.server import Server, ServerConfig, SubmissionRejected, dylu_steps
+from heloco.types import Params, RoundResult
+
+
+def make(method: str = "heloco", k: int = 3, **cfg: object) -> Server:
+    init = {"w": torch.zeros(2, 3), "b": torch.zeros(3)}
+    opt = build_optimizer(method, init, OuterConfig(), k)
+    return Server(init, opt, ServerConfig(n_workers=k, inner_steps=8, **cfg))  # type: ignore[arg-type]
+
+
+def delta(scale: float) -> Params:
+    return {"w": torch.full((2, 3), scale), "b": torch.full((3,), -scale)}
+
+
+def result(server: Server, worker: int, scale: float = 1.0, **kw: object) -> RoundResult:
+    d = server.dispatch(worker)
+    fields = {
+        "worker": worker,
+        "delta": delta(scale),
+        "steps": d.steps,
+        "tokens": 10 * d.steps,
+        "mean_loss": 1.0,
+        "base_revision": d.revision,
+        "round_id": d.round_id,
+    }
+    fields.update(kw)
+    return RoundResult(**fields)  # type: ignore[arg-type]
+
+
+def test_revision_counts_updates_and_staleness_is_measured() -> None:
+    s = make()
+    r0, r1, r2 = (result(s, w) for w in range(3))
+    assert [r.base_revision for r in (r0, r1, r2)] == [0, 0, 0]
+    recs = [s.submit(r) for r in (r1, r0)]
+    assert [r.revision for r in recs if r] == [1, 2]
+    assert [r.arrivals[0].staleness for r in recs if r] == [0, 1]
+    r1b = result(s, 1)  # re-dispatched at revision 2
+    assert r1b.base_revision == 2
+    rec = s.submit(r2)
+    assert rec is not None and rec.arrivals[0].staleness == 2
+    rec = s.submit(r1b)
+    assert rec is not None and rec.arrivals[0].staleness == 1
+    assert s.revision == len(s.log) == 4
+    assert not torch.equal(s.params["w"], torch.zeros(2, 3))
+
+
+def test_duplicates_and_replays_are_rejected() -> None:
+    s = make()
+    r = result(s, 0)
+    s.submit(r)
+    with pytest.raises(SubmissionRejected) as exc:
+        s.submit(r)
+    assert exc.value.reason == "duplicate"
+    assert s.check(r) == "duplicate" and s.revision == 1
+    old = result(s, 1)
+    new = result(s, 1)  # a second dispatch supersedes the first
+    assert s.check(old) == "superseded"
+    assert s.check(RoundResult(5, delta(1), 1, 1, 1.0, 0, 0)) == "bad_worker"
+    assert s.check(RoundResult(2, delta(1), 1, 1, 1.0, 0, 0)) == "unknown"  # never dispatched
+    assert s.check(RoundResult(1, delta(1), 1, 1, 1.0, 0, new.round_id)) == "revision_mismatch"
+    s.submit(new)
+    assert s.revision == 2
+
+
+def test_round_id_may_be_omitted_for_the_outstanding_round() -> None:
+    s = make()
+    r = result(s, 0, round_id=None)
+    assert s.submit(r) is not None
+    assert s.check(r) == "unknown"  # no outstanding round any more
+
+
+def test_sync_barrier_applies_one_averaged_step() -> None:
+    s = make("sync", k=3, synchronous=True)
+    rs = [result(s, w, scale=float(w + 1)) for w in range(3)]
+    assert s.submit(rs[0]) is None and s.submit(rs[1]) is None
+    assert s.pending_workers == [0, 1]
+    rec = s.submit(rs[2])
+    assert rec is not None and s.revision == 1
+    assert [a.worker for a in rec.arrivals] == [0, 1, 2]
+    assert all(a.staleness == 0 for a in rec.arrivals)
+    # mean Δ = 2 (w) and −2 (b); first Nesterov step: θ = −lr(1+μ)·mean = −0.7·1.9·2
+    torch.testing.assert_close(s.params["w"], torch.full((2, 3), -0.7 * 1.9 * 2.0))
+
+
+def test_grace_window_buffers_then_applies_sequentially() -> None:
+    s = make("heloco", k=3, grace_window=0.5)
+    rs = [result(s, w) for w in range(3)]
+    assert all(s.submit(r) is None for r in rs)
+    recs = s.flush()
+    assert [r.revision for r in recs] == [1, 2, 3]
+    assert [r.arrivals[0].staleness for r in recs] == [0, 1, 2]
+    assert s.flush() == []
+
+
+def test_dylu_steps_follow_speed() -> None:
+    assert dylu_steps([2.0, 1.0, 0.3, None], 0, 20) == 20
+    assert dylu_steps([2.0, 1.0, 0.3, None], 1, 20) == 10
+    assert dylu_steps([2.0, 1.0, 0.3, None], 2, 20) == 3
+    assert dylu_steps([2.0, 1.0, 0.01, None], 2, 20) == 1  # at least one step
+    assert dylu_steps([2.0, 1.0, 0.3, None], 3, 20) == 20  # unknown speed: full H
+    s = make(dylu=True)
+    for w, pace in enumerate([1.0, 2.0, 4.0]):
+        s.observe_speed(w, 1.0 / pace)
+    assert [s.dispatch(w).steps for w in range(3)] == [8, 4, 2]
+    assert make(dylu=False).dispatch(2).steps == 8
+
+
+def test_diagnostics_per_update() -> None:
+    s = make("heloco", k=2)
+    s.submit(result(s, 0, scale=1.0))
+    rec = s.submit(result(s, 1, scale=-0.5))  # anti-aligned with the momentum: shrink
+    assert rec is not None
+    assert rec.stats.cos_delta_momentum == pytest.approx(-1.0, abs=1e-5)
+    assert rec.stats.frac_shrunk == 1.0 and rec.stats.mean_beta > 0
+    assert rec.stats.correction_size > 0
+    assert rec.stats.rho == pytest.approx(2**-0.5)
+
+
+@pytest.mark.parametrize("method", ["heloco+ab", "dn", "sync"])
+def test_state_dict_round_trip_through_json(method: str) -> None:
+    sync = method == "sync"
+    s = make(method, k=2, synchronous=sync, grace_window=0.0 if sync else 1.0)
+    for w in (0, 1):
+        s.submit(result(s, w, scale=0.3 * (w + 1)))
+    s.flush()
+    s.submit(result(s, 0, scale=0.7))  # leaves a buffered arrival in the checkpoint
+    state = s.state_dict()
+    meta = json.loads(json.dumps(state.meta))
+    twin = make(method, k=2, synchronous=sync, grace_window=0.0 if sync else 1.0)
+    twin.load_state_dict(type(state)({k: v.clone() for k, v in state.tensors.items()}, meta))
+    assert twin.revision == s.revision and twin.pending_workers == s.pending_workers
+    for srv in (s, twin):
+        r = result(srv, 1, scale=-0.2)
+        srv.submit(r)
+        srv.flush()
+    assert twin.revision == s.revision
+    for k in s.params:
+        assert torch.equal(s.params[k], twin.params[k])
+    assert [r.revision for r in twin.log] == [r.revision for r in s.log]
+    assert twin.check(r) == "duplicate"

@@ -1,0 +1,226 @@
+"""Simulated clock: ordering, sync barrier, budgets, DyLU, grace, comm delays, determinism."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from heloco.data import ValLoss
+from heloco.metrics import EVENTS_FILE, SUMMARY_FILE, MetricsWriter, RunStats
+from heloco.outer import OuterConfig, build_optimizer, resolve_method
+from heloco.server import Server, ServerConfig
+from heloco.sim import Clock, SimConfig, parse_sim_config, resolve_paces, run_simulation, simulate
+from heloco.types import Params, RoundResult
+from shardmeter.errors import UserInputError
+
+TARGET = torch.tensor([1.0, -2.0, 0.5])
+
+
+class FakeWorker:
+    """Pulls θ toward a fixed target: Δ = 0.05·steps·(θ − target); 10 tokens per step."""
+
+    def __init__(self, worker: int) -> None:
+        self.worker = worker
+
+    def run_round(
+        self, start: Params, steps: int, base_revision: int, round_id: int | None = None
+    ) -> RoundResult:
+        delta = {"w": 0.05 * steps * (start["w"] - TARGET)}
+        return RoundResult(self.worker, delta, steps, 10 * steps, 0.0, base_revision, round_id)
+
+
+def evaluate(params: Params) -> ValLoss:
+    loss = float((params["w"] - TARGET).square().sum())
+    return ValLoss(loss, {"xx": loss})
+
+
+def run_fake(
+    method: str,
+    paces: list[float],
+    h: int = 1,
+    comm: list[float] | None = None,
+    tokens: int | None = None,
+    seconds: float | None = None,
+    grace: float = 0.0,
+    jitter: float = 0.0,
+    seed: int = 0,
+    eval_every: int = 0,
+    out: Path | None = None,
+) -> tuple[Server, object]:
+    k = len(paces)
+    init = {"w": torch.zeros(3)}
+    spec = resolve_method(method).spec
+    opt = build_optimizer(method, init, OuterConfig(), k)
+    server = Server(
+        init,
+        opt,
+        ServerConfig(
+            n_workers=k,
+            inner_steps=h,
+            synchronous=spec.synchronous,
+            dylu=spec.dylu,
+            grace_window=grace,
+        ),
+    )
+    clock = Clock(paces, comm or [0.0] * k, jitter, seed, tokens, seconds, eval_every)
+    with MetricsWriter(out) as writer:
+        traj = simulate(
+            server,
+            [FakeWorker(w) for w in range(k)],
+            clock,
+            evaluate,
+            writer,
+            RunStats(k, [{"xx": 1.0}] * k),
+        )
+    return server, traj
+
+
+def arrivals(server: Server) -> list[int]:
+    return [a.worker for r in server.log for a in r.arrivals]
+
+
+def test_events_follow_finish_time_with_ties_by_worker_id() -> None:
+    server, traj = run_fake("mla", [1.0, 2.0, 3.0], seconds=6.0)
+    assert arrivals(server) == [0, 0, 1, 0, 2, 0, 1, 0, 0, 1, 2]
+    assert traj.time == 6.0  # type: ignore[attr-defined]
+    assert [a.staleness for r in server.log for a in r.arrivals][:5] == [0, 0, 2, 1, 4]
+
+
+def test_sync_round_takes_h_times_the_slowest_pace() -> None:
+    server, traj = run_fake("sync", [1.0, 2.0, 3.0], h=4, seconds=50.0)
+    assert server.revision == 4  # rounds end at 12, 24, 36, 48; the 5th would end at 60
+    assert traj.time == pytest.approx(48.0)  # type: ignore[attr-defined]
+    assert traj.tokens == 4 * 3 * 40  # type: ignore[attr-defined]
+    assert [len(r.arrivals) for r in server.log] == [3, 3, 3, 3]
+
+
+def test_token_budget_stops_at_the_arrival_that_reaches_it() -> None:
+    server, traj = run_fake("heloco", [1.0, 1.5], h=2, tokens=100)
+    assert traj.tokens == 100 and server.revision == 5  # type: ignore[attr-defined]
+
+
+def test_time_and_token_budget_whichever_first() -> None:
+    _, by_time = run_fake("mla", [1.0, 1.0], tokens=10_000, seconds=3.0)
+    assert by_time.tokens == 60  # type: ignore[attr-defined]
+    _, by_tokens = run_fake("mla", [1.0, 1.0], tokens=40, seconds=100.0)
+    assert by_tokens.time == 2.0  # type: ignore[attr-defined]
+
+
+def test_dylu_gives_slow_workers_fewer_steps() -> None:
+    server, _ = run_fake("dn-dylu", [1.0, 2.0, 4.0], h=8, seconds=16.0)
+    steps = {a.worker: a.steps for r in server.log for a in r.arrivals}
+    assert steps == {0: 8, 1: 4, 2: 2}
+    # equal round times (8 s) make every worker arrive at 8 and 16
+    assert arrivals(server) == [0, 1, 2, 0, 1, 2]
+
+
+def test_comm_delay_adds_to_each_round() -> None:
+    server, _ = run_fake("mla", [1.0, 1.0], comm=[0.0, 0.5], seconds=3.0)
+    assert arrivals(server) == [0, 1, 0, 0, 1]  # w1 at 1.5, 3.0; w0 at 1, 2, 3
+
+
+def test_grace_window_batches_arrivals() -> None:
+    server, traj = run_fake("heloco", [1.0, 1.2, 5.0], grace=0.5, seconds=2.0)
+    # w0 at 1.0 opens a window to 1.5; w1 at 1.2 joins; both apply at 1.5 and restart then.
+    assert arrivals(server)[:2] == [0, 1]
+    assert [a.staleness for a in server.log[1].arrivals] == [1]
+    assert server.revision == 2 and traj.time == 1.5  # type: ignore[attr-defined]
+
+
+def test_jitter_is_seeded() -> None:
+    a, _ = run_fake("mla", [1.0, 1.3, 1.7], seconds=20.0, jitter=0.3, seed=1)
+    b, _ = run_fake("mla", [1.0, 1.3, 1.7], seconds=20.0, jitter=0.3, seed=1)
+    c, _ = run_fake("mla", [1.0, 1.3, 1.7], seconds=20.0, jitter=0.3, seed=2)
+    assert arrivals(a) == arrivals(b)
+    assert arrivals(a) != arrivals(c)
+
+
+def test_evals_every_n_tokens_and_cycle_average(tmp_path: Path) -> None:
+    _, traj = run_fake("heloco", [1.0, 3.0], h=1, seconds=9.0, eval_every=20, out=tmp_path)
+    evals = traj.evals  # type: ignore[attr-defined]
+    assert evals[0].tokens == 0 and evals[-1].time == 9.0
+    assert all(b.tokens - a.tokens >= 10 for a, b in itertools.pairwise(evals))
+    last = evals[-1]
+    window = [e.loss for e in evals[:-1] if last.time - 3.0 < e.time <= last.time] + [last.loss]
+    assert last.cycle_loss == pytest.approx(sum(window) / len(window))
+    lines = [json.loads(x) for x in (tmp_path / EVENTS_FILE).read_text().splitlines()]
+    assert {x["type"] for x in lines} == {"eval", "update", "round"}
+    assert sum(x["type"] == "eval" for x in lines) == len(evals)
+
+
+def test_paces_from_a_distribution_are_seeded() -> None:
+    base = {
+        "workers": 4,
+        "paces": {"kind": "lognormal", "median": 2.0, "sigma": 0.5},
+        "token_budget": 10,
+    }
+    a = resolve_paces(SimConfig.model_validate(base))
+    assert a == resolve_paces(SimConfig.model_validate(base))
+    assert a != resolve_paces(SimConfig.model_validate({**base, "seed": 7}))
+    assert all(p > 0 for p in a) and len(a) == 4
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"method": "nope"},
+        {"paces": [1.0]},
+        {"paces": [1.0, 0.0, 1.0, 1.0, 1.0]},
+        {"token_budget": None},
+        {"comm_delays": [0.1]},
+    ],
+)
+def test_bad_config_is_one_user_input_error(bad: dict[str, object]) -> None:
+    with pytest.raises(UserInputError):
+        parse_sim_config({"token_budget": 100, **bad})
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Tiny models run fastest (and steadiest on a shared machine) on one intra-op thread."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+TINY = {
+    "workers": 3,
+    "paces": [1.0, 2.0, 3.0],
+    "inner_steps": 3,
+    "model": "tiny",
+    "data": {"synthetic_chars_per_language": 4000, "val_chars_per_language": 1000, "seq_len": 16},
+    "inner": {"seq_len": 16, "batch_size": 2, "total_steps": 50},
+    "eval_windows": 4,
+    "eval_every": 300,
+    "token_budget": 700,
+}
+
+
+def test_real_run_is_deterministic_and_writes_metrics(tmp_path: Path, one_thread: None) -> None:
+    cfg = parse_sim_config({**TINY, "method": "heloco+ab", "out_dir": str(tmp_path / "a")})
+    first = run_simulation(cfg)
+    second = run_simulation(cfg.model_copy(update={"out_dir": None}))
+    assert first.losses == second.losses  # bit-identical
+    for k in first.params:
+        assert torch.equal(first.params[k], second.params[k])
+    assert first.losses[-1] < first.losses[0]
+    s = first.summary
+    assert s.tokens >= 700 and s.updates > 0 and len(s.worker_shares) == 3
+    assert sum(s.language_shares.values()) == pytest.approx(1.0)
+    assert s.staleness_max[2] is not None and s.staleness_max[2] >= 1
+    summary = json.loads((tmp_path / "a" / SUMMARY_FILE).read_text())
+    assert summary["final_loss"] == pytest.approx(first.losses[-1])
+    assert summary["correction"]["frac_kept"] is not None
+
+
+def test_real_sync_run_waits_for_the_slowest(one_thread: None) -> None:
+    res = run_simulation(parse_sim_config({**TINY, "method": "sync", "eval_every": 0}))
+    per_round = 3 * 3.0  # H × slowest pace
+    assert res.summary.time == pytest.approx(per_round * res.summary.updates)
+    assert res.summary.worker_shares == pytest.approx([1 / 3] * 3)
