@@ -174,7 +174,7 @@ outer_specs = st.builds(
     reduce=st.sampled_from(["ring", "hub"]),
 )
 
-PROPS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @PROPS

@@ -45,13 +45,20 @@ def test_flags_shared_with_the_predict_parser_are_reused() -> None:
     assert overrides_from(args) == {"model": "llama-2-7b"}
 
 
-def test_sweep_cli_writes_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_sweep_cli_states_the_knee(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["sweep", "--topology", "two-clouds", "--over", "inner_steps", "--values", "1,10,100"]
-    assert main([*argv, "--out", str(tmp_path)]) == 0
+    assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "flips from communication-bound" in out
-    assert (tmp_path / "two-clouds-diloco-inner_steps.png").exists()
-    assert (tmp_path / "two-clouds-diloco-inner_steps.svg").exists()
+    assert "flips from communication-bound" in out and "exact threshold is H = 5" in out
+
+
+def test_sweep_cli_rejects_unknown_plot_format(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["sweep", "--topology", "two-clouds", "--over", "islands", "--out", str(tmp_path)]
+    assert main([*argv, "--formats", "gif"]) == 2
+    assert "--formats: got 'gif'" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
 
 
 def test_sweep_cli_json(capsys: pytest.CaptureFixture[str]) -> None:

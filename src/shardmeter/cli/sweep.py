@@ -77,16 +77,16 @@ def run(args: argparse.Namespace) -> int:
         if knob not in SWEEP_PARAMS:
             raise UserInputError("--over", knob, f"choose from {', '.join(SWEEP_PARAMS)}")
     values = _values(args.values, knobs)
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    for fmt in formats:
+        if fmt not in ("png", "svg", "pdf"):
+            raise UserInputError("--formats", fmt, "choose from png, svg, pdf")
     topo = load_topology(args.topology)
     overrides = overrides_from(args)
     results = [sweep(topo, knob, values, **overrides) for knob in knobs]
     plots: list[Path] = []
     if args.out is not None:
         for result in results:
-            formats = [f.strip() for f in args.formats.split(",") if f.strip()]
-            for fmt in formats:
-                if fmt not in ("png", "svg", "pdf"):
-                    raise UserInputError("--formats", fmt, "choose from png, svg, pdf")
             plots.extend(plot_sweep(result, args.out, formats=formats))
     if getattr(args, "json", False):
         doc = {"sweeps": jsonable(results), "plots": [str(p) for p in plots]}
@@ -97,9 +97,9 @@ def run(args: argparse.Namespace) -> int:
     for result in results:
         console.print(sweep_table(result))
         for knee in result.knees:
-            console.print(f"  • {knee.text}")
+            console.print(f"  • {knee.text}", soft_wrap=True)
         for skip in result.skipped:
-            console.print(f"  (skipped {skip})", style="dim")
+            console.print(f"  (skipped {skip})", style="dim", soft_wrap=True)
         console.print()
     for path in plots:
         console.print(f"wrote {path}")
