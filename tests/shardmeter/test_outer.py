@@ -133,3 +133,27 @@ def test_vectorized_over_h_and_bandwidth() -> None:
     assert np.all(np.diff(util, axis=0) >= 0) and np.all(np.diff(util, axis=1) >= 0)
     one = outer_round("diloco", inner[0], wan.scaled(10.0), 1e9, inner_steps=100, bits=4)
     np.testing.assert_allclose(rnd.round_s[2, 2], one.round_s)
+
+
+def test_vectorized_over_bits_and_fragments() -> None:
+    wan = uniform_wan(4, gbit=1.0, rtt_ms=100.0)
+    bits = np.array([16, 8, 4])[:, None]
+    frags = np.array([1, 2, 4, 8])
+    rnd = outer_round(
+        "streaming", np.full(4, 1.0), wan, 1e9, inner_steps=64, bits=bits, fragments=frags
+    )
+    assert rnd.round_s.shape == (3, 4, 4)
+    one = outer_round("streaming", np.full(4, 1.0), wan, 1e9, inner_steps=64, bits=8, fragments=4)
+    np.testing.assert_allclose(rnd.round_s[1, 2], one.round_s)
+    # more fragments: same bytes, more latency-bound rounds: never faster when τ = 0
+    assert np.all(np.diff(rnd.round_s[..., 0], axis=1) >= 0)
+
+
+def test_window_limited_link_in_topology() -> None:
+    from shardmeter.specs.topology import WanLinkParams
+
+    link = WanLinkParams(bandwidth_gbit=10.0, latency_ms=200.0, streams=1, window_mb=16.0)
+    assert link.bytes_per_s() == pytest.approx(16e6 / 0.2)
+    assert WanLinkParams(bandwidth_gbit=10.0, efficiency=0.5).bytes_per_s() == pytest.approx(
+        0.625e9
+    )

@@ -69,7 +69,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--reduce", choices=("ring", "hub"), help="outer all-reduce pattern")
     add("--server", help="hub / parameter-server island")
     add("--tokens", type=float, help="token budget (e.g. 1e12)")
-    add("--island-batch", type=int, help="sequences per island per inner step")
+    add(
+        "--island-batch",
+        type=int,
+        help="default sequences per island per inner step (islands that set one keep theirs)",
+    )
     add("--quality-factor", type=float, help="tokens needed relative to synchronous training")
     add("--threshold", type=float, help="utilization that counts as compute-bound")
     add("--json", action="store_true", help="print JSON instead of tables")

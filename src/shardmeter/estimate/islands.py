@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -131,7 +131,6 @@ class TopologyEstimate:
     min_wan_gbit: float | None  # bottleneck-link Gbit/s with utilization ≥ threshold
     wan_gbit: float  # current bottleneck-link Gbit/s
     hide_wan_gbit: float | None  # bandwidth at which the exchange fits its overlap window
-    notes: tuple[str, ...] = field(default_factory=tuple)
 
 
 def _round(

@@ -293,7 +293,15 @@ def outer_round(
     h = np.asarray(inner_steps, dtype=np.float64)
     q = np.asarray(bits, dtype=np.float64)
     opt = np.broadcast_to(np.asarray(outer_opt_s, dtype=np.float64), inner.shape)
-    shape = np.broadcast_shapes(lead, np.shape(scale), np.shape(h), np.shape(q))
+    shape = np.broadcast_shapes(
+        lead,
+        np.shape(scale),
+        np.shape(h),
+        np.shape(q),
+        np.shape(grad_bits),
+        np.shape(fragments),
+        np.shape(overlap_steps),
+    )
     inner = np.broadcast_to(inner, (*shape, n))
     opt = np.broadcast_to(opt, (*shape, n))
     h = np.broadcast_to(h, shape)
