@@ -207,3 +207,42 @@ def test_hub_reduce_and_async_server_follow_run_server() -> None:
     assert hub.bottleneck.link == "ap↔eu-west"  # its 1 Gbit/s spoke is slower than us-east's 10
     asyn = predict_topology(topo, mode="async")
     assert asyn.islands[1].wan_exposed_s == 0 and asyn.islands[1].staleness > 0
+
+
+def matrix_topology(bw: list[list[float]]) -> dict[str, Any]:
+    data = copy.deepcopy(BASE)
+    data["islands"].append({"name": "ap", "cluster": "dgx-h100"})
+    rtt = [[0.0 if i == j else 100.0 for j in range(3)] for i in range(3)]
+    data["wan"] = {"kind": "matrix", "matrix": {"bandwidth_gbit": bw, "latency_ms": rtt}}
+    return data
+
+
+def test_matrix_wan_equals_the_same_links_listed() -> None:
+    bw = [[0, 10, 5], [10, 0, 20], [5, 20, 0]]
+    from_matrix = wan_paths(topology_from_dict(matrix_topology(bw)))
+    listed = copy.deepcopy(BASE)
+    listed["islands"].append({"name": "ap", "cluster": "dgx-h100"})
+    pairs = [("us-east", "eu-west", 10), ("us-east", "ap", 5), ("eu-west", "ap", 20)]
+    listed["wan"] = {
+        "links": [{"from": a, "to": b, "bandwidth_gbit": g, "latency_ms": 100} for a, b, g in pairs]
+    }
+    from_links = wan_paths(topology_from_dict(listed))
+    np.testing.assert_allclose(from_matrix.bandwidth_Bps, from_links.bandwidth_Bps)
+    np.testing.assert_allclose(from_matrix.rtt_s, from_links.rtt_s)
+    assert topology_from_dict(matrix_topology(bw)).wan.kind == "matrix"
+
+
+@pytest.mark.parametrize(
+    ("bw", "message"),
+    [
+        (
+            [[0, 10, 5], [10, 0, -3], [5, 20, 0]],
+            "wan.matrix.bandwidth_gbit[1][2]: got -3.0; must be > 0",
+        ),
+        ([[0, 10], [10, 0]], "wan.matrix.bandwidth_gbit: got '2 rows of [2]'; must be 3 × 3"),
+    ],
+)
+def test_bad_matrix_names_the_entry(bw: list[list[float]], message: str) -> None:
+    with pytest.raises(UserInputError) as info:
+        topology_from_dict(matrix_topology(bw))
+    assert str(info.value).startswith(message)

@@ -8,6 +8,7 @@ round-trip time, egress in USD per GB (1e9 bytes); island links as in `specs/har
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -16,7 +17,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shardmeter.errors import UserInputError
-from shardmeter.estimate.outer import WanPaths, best_ring, effective_wan_Bps
+from shardmeter.estimate.outer import FloatArray, WanPaths, best_ring, effective_wan_Bps
 from shardmeter.specs.hardware import Accelerator, Cluster, Link
 from shardmeter.specs.model import TransformerSpec
 from shardmeter.specs.plan import Plan
@@ -55,15 +56,28 @@ class WanLink(WanLinkParams):
     to: str
 
 
-class WanSpec(BaseModel):
-    """WAN between islands: a full mesh of links, or a star around a hub."""
+class WanMatrix(BaseModel):
+    """The WAN as full I × I matrices in island order (row = from, column = to; the diagonal
+    is ignored). Bandwidth in Gbit/s, RTT in ms, egress in USD per GB."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    kind: Literal["mesh", "star"] = "mesh"
+    bandwidth_gbit: list[list[float]]
+    latency_ms: list[list[float]]
+    egress_usd_per_gb: list[list[float]] | None = None
+    efficiency: float = Field(default=1.0, gt=0, le=1)
+
+
+class WanSpec(BaseModel):
+    """WAN between islands: a mesh of links, a full matrix, or a star around a hub."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["mesh", "star", "matrix"] = "mesh"
     hub: str | None = None  # star centre (an island name)
     default: WanLinkParams | None = None  # for pairs (mesh) or spokes (star) not listed
     links: list[WanLink] = Field(default_factory=list)
+    matrix: WanMatrix | None = None  # kind = "matrix"
     server_bandwidth_gbit: float | None = Field(default=None, gt=0)  # parameter-server cap
     host_copy_gbps: float | None = Field(default=None, gt=0)  # GB/s device↔host (Gloo on CPU)
 
@@ -215,6 +229,10 @@ def validate_topology(topo: Topology) -> None:
             raise UserInputError("wan.hub", wan.hub, known)
     elif wan.hub is not None:
         raise UserInputError("wan.hub", wan.hub, "only a star WAN has a hub (kind = 'star')")
+    if wan.kind == "matrix":
+        _check_matrix(wan, len(names))
+    elif wan.matrix is not None:
+        raise UserInputError("wan.matrix", "given", "set kind = 'matrix' to use it")
     pairs: set[frozenset[str]] = set()
     for k, link in enumerate(wan.links):
         for end, value in (("from", link.from_), ("to", link.to)):
@@ -245,11 +263,47 @@ def validate_topology(topo: Topology) -> None:
         )
 
 
+def _check_matrix(wan: WanSpec, n: int) -> None:
+    """Shapes I × I and valid off-diagonal values, errors naming the entry."""
+    if wan.matrix is None:
+        raise UserInputError("wan.matrix", None, "kind = 'matrix' needs a [wan.matrix] table")
+    if wan.links:
+        raise UserInputError("wan.links", len(wan.links), "a matrix WAN takes no link list")
+    m = wan.matrix
+    for key, rows, positive in (
+        ("bandwidth_gbit", m.bandwidth_gbit, True),
+        ("latency_ms", m.latency_ms, False),
+        ("egress_usd_per_gb", m.egress_usd_per_gb, False),
+    ):
+        if rows is None:
+            continue
+        if len(rows) != n or any(len(row) != n for row in rows):
+            shape = f"{len(rows)} rows of {sorted({len(r) for r in rows})}"
+            raise UserInputError(f"wan.matrix.{key}", shape, f"must be {n} × {n} (one per island)")
+        for i, row in enumerate(rows):
+            for j, value in enumerate(row):
+                bad = value <= 0 if positive else value < 0
+                if i != j and (bad or not math.isfinite(value)):
+                    need = "> 0" if positive else "≥ 0"
+                    raise UserInputError(f"wan.matrix.{key}[{i}][{j}]", value, f"must be {need}")
+
+
 def _link_between(topo: Topology, a: str, b: str) -> WanLinkParams | None:
     for link in topo.wan.links:
         if {link.from_, link.to} == {a, b}:
             return link
     return topo.wan.default
+
+
+def _matrix_paths(m: WanMatrix, n: int) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """(bytes/s, RTT s, USD/byte) matrices from a [wan.matrix] table."""
+    off = ~np.eye(n, dtype=bool)
+    gbit = np.asarray(m.bandwidth_gbit, dtype=np.float64)
+    bw = np.where(off, gbit * 1e9 / 8.0 * m.efficiency, np.inf)
+    rtt = np.where(off, np.asarray(m.latency_ms, dtype=np.float64) * 1e-3, 0.0)
+    usd = np.zeros((n, n)) if m.egress_usd_per_gb is None else np.asarray(m.egress_usd_per_gb)
+    price = np.where(off, usd / 1e9, 0.0)
+    return bw, rtt, price
 
 
 def wan_paths(topo: Topology) -> WanPaths:
@@ -280,7 +334,11 @@ def wan_paths(topo: Topology) -> WanPaths:
                 bw[i, j] = min(h.bytes_per_s() for h in hops)
                 rtt[i, j] = sum(h.latency_ms for h in hops) * 1e-3
                 price[i, j] = sum(h.egress_usd_per_gb for h in hops) / 1e9
-        center = star_hub = hub
+        center = hub
+        star_hub: int | None = hub
+    elif wan.kind == "matrix" and wan.matrix is not None:
+        star_hub, center = None, 0
+        bw, rtt, price = _matrix_paths(wan.matrix, n)
     else:
         star_hub = None
         for i in range(n):
