@@ -1,0 +1,266 @@
+"""Plan search on one homogeneous cluster: rank by wall-clock, cost and $/Mtok; time-cost front.
+
+Wall-clock for D tokens is D/(tokens per step / step time) and cost is n·price·wall (design
+doc C.10). `FrontPolicy` keeps the K fastest plans that meet the constraints and the
+time-cost front of all fitting plans, and prunes a row when its lower-bound wall-clock is
+slower than the K-th fastest *and* its lower-bound (time, cost) is dominated by the front, so
+pruning never changes the top K, the front, or the cheapest plan.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shardmeter.estimate.result import TIME_COMPONENTS, StepEstimate
+from shardmeter.estimate.step import estimate_step
+from shardmeter.search.evaluate import (
+    EvalJob,
+    PlanTable,
+    Progress,
+    SearchCounts,
+    evaluate_parallel,
+    plan_work,
+)
+from shardmeter.search.explain import explain, infeasibility
+from shardmeter.search.options import Constraints, SpaceOptions
+from shardmeter.search.pareto import dominated, pareto_front
+from shardmeter.search.result import (
+    Candidate,
+    IslandChoice,
+    PlanSearchResult,
+    SearchStats,
+)
+from shardmeter.specs.hardware import Cluster
+from shardmeter.specs.model import TransformerSpec
+
+FloatArray = NDArray[np.float64]
+CLOUD_PER_OFFER = 256  # plans sampled from each evaluated chunk for the plot's cloud
+
+
+@dataclass
+class FrontPolicy:
+    """Keep the top-K by wall-clock (meeting the constraints) and the time-cost front."""
+
+    tokens: float
+    seq_len: int
+    price_per_gpu_hour: float
+    top_k: int
+    constraints: Constraints
+    pool: PlanTable = field(default_factory=PlanTable.empty)
+    cloud: list[tuple[FloatArray, FloatArray]] = field(default_factory=list)
+    _threshold: float = math.inf
+    _front_wall: FloatArray = field(default_factory=lambda: np.zeros(0))
+    _front_cost: FloatArray = field(default_factory=lambda: np.zeros(0))
+
+    def fresh(self) -> FrontPolicy:
+        return FrontPolicy(
+            self.tokens, self.seq_len, self.price_per_gpu_hour, self.top_k, self.constraints
+        )
+
+    def wall_cost(
+        self, step_s: FloatArray, n_gpus: NDArray[np.int64] | int, batch: NDArray[np.int64] | int
+    ) -> tuple[FloatArray, FloatArray]:
+        """Wall-clock for the token budget and its GPU cost (C.10)."""
+        wall = self.tokens * step_s / (np.asarray(batch, np.float64) * self.seq_len)
+        cost = np.asarray(n_gpus, np.float64) * self.price_per_gpu_hour * wall / 3600.0
+        return np.asarray(wall, np.float64), np.asarray(cost, np.float64)
+
+    def meets(self, wall: FloatArray, cost: FloatArray) -> NDArray[np.bool_]:
+        ok = np.ones(wall.shape, dtype=np.bool_)
+        if self.constraints.deadline_s is not None:
+            ok &= wall <= self.constraints.deadline_s
+        if self.constraints.budget_usd is not None:
+            ok &= cost <= self.constraints.budget_usd
+        return ok
+
+    def prunable(self, bound_s: FloatArray, n_gpus: int, global_batch: int) -> NDArray[np.bool_]:
+        wall, cost = self.wall_cost(bound_s, n_gpus, global_batch)
+        return (wall > self._threshold) & dominated(wall, cost, self._front_wall, self._front_cost)
+
+    def offer(self, table: PlanTable) -> None:
+        if not len(table):
+            return
+        wall, cost = self.wall_cost(table.step_time_s, table.n_gpus, table.global_batch)
+        stride = max(1, len(table) // CLOUD_PER_OFFER)
+        self.cloud.append((wall[::stride], cost[::stride]))
+        useful = (wall <= self._threshold) | ~dominated(
+            wall, cost, self._front_wall, self._front_cost
+        )
+        self._reduce(PlanTable.concat([self.pool, table.take(useful)]))
+
+    def merge(self, other: FrontPolicy) -> None:
+        self.cloud.extend(other.cloud)
+        self._reduce(PlanTable.concat([self.pool, other.pool]))
+
+    def _reduce(self, pool: PlanTable) -> None:
+        wall, cost = self.wall_cost(pool.step_time_s, pool.n_gpus, pool.global_batch)
+        ok = np.flatnonzero(self.meets(wall, cost))
+        top = ok[np.argsort(wall[ok], kind="stable")[: self.top_k]]
+        front = pareto_front(wall, cost)
+        keep = np.union1d(top, front)
+        self.pool = pool.take(keep)
+        wall, cost = wall[keep], cost[keep]
+        if top.size >= self.top_k:
+            self._threshold = float(np.sort(wall[self.meets(wall, cost)])[self.top_k - 1])
+        order = pareto_front(wall, cost)
+        self._front_wall, self._front_cost = wall[order], cost[order]
+
+
+def step_terms(step: StepEstimate) -> dict[str, float]:
+    """Step-time breakdown in seconds per million tokens."""
+    per = 1e6 / step.tokens_per_step
+    return {k: step.time_breakdown[k] * per for k in TIME_COMPONENTS}
+
+
+def _candidate(
+    model: TransformerSpec,
+    cluster: Cluster,
+    table: PlanTable,
+    i: int,
+    policy: FrontPolicy,
+    overlap_tp: bool,
+) -> Candidate:
+    plan = table.plan(i, overlap_tp)
+    step = estimate_step(model, cluster, plan, check_layers=False)
+    wall = policy.tokens / step.tokens_per_s
+    cost = plan.n_gpus * cluster.price_per_gpu_hour * wall / 3600.0
+    return Candidate(
+        islands=(IslandChoice(cluster.name, cluster.accelerator.name, plan.n_gpus, plan, step),),
+        outer=None,
+        n_gpus=plan.n_gpus,
+        tokens_per_s=step.tokens_per_s,
+        wall_s=wall,
+        cost_usd=cost,
+        usd_per_mtok=cost / (policy.tokens / 1e6),
+        mfu=step.mfu,
+        utilization=1.0,
+        meets=bool(policy.meets(np.asarray([wall]), np.asarray([cost]))[0]),
+    )
+
+
+def _memory_note(model: TransformerSpec, cluster: Cluster, gpu_counts: Sequence[int]) -> str:
+    return (
+        f"{model.name} on up to {max(gpu_counts)} × {cluster.accelerator.name} "
+        f"({cluster.accelerator.hbm_gb:g} GB) needs more GPUs, more sharding or recompute"
+    )
+
+
+def search_cluster(
+    model: TransformerSpec,
+    cluster: Cluster,
+    gpu_counts: Sequence[int],
+    batches: Sequence[int],
+    *,
+    tokens: float,
+    options: SpaceOptions,
+    constraints: Constraints,
+    top_k: int = 20,
+    prune: bool = True,
+    jobs: int = 1,
+    progress: Progress | None = None,
+    on_space: Progress | None = None,
+) -> PlanSearchResult:
+    """Enumerate, prune and evaluate every inner plan on `cluster` for each GPU count and
+    global batch; rank them and build the front. `on_space(n)` receives the space size first."""
+    start = time.perf_counter()
+    budget = constraints.memory_budget(cluster.accelerator.hbm_gb * 1e9)
+    work, counts = plan_work(model, cluster, gpu_counts, batches, options, budget)
+    if on_space is not None:
+        on_space(counts.space)
+    if progress is not None:
+        progress(counts.pruned_memory)
+    policy = FrontPolicy(
+        tokens, model.seq_len, cluster.price_per_gpu_hour, max(top_k, 2), constraints
+    )
+    job = EvalJob(model, cluster, options.overlap_tp, budget, prune=prune)
+    counts.add(evaluate_parallel(job, work, policy, jobs, progress))
+    return _result(
+        model, cluster, policy, counts, options, constraints, top_k, gpu_counts, start, jobs
+    )
+
+
+def _runner_up(pool: PlanTable, order: NDArray[np.int64]) -> int | None:
+    """The fastest plan after the winner with other parallel degrees or GPU count (plans that
+    differ only in ZeRO group or micro-batch differ by a hair and explain nothing); else the
+    second fastest."""
+    if order.size < 2:
+        return None
+    cols = (pool.n_gpus, pool.tp, pool.pp, pool.vpp, pool.cp, pool.ep, pool.dp)
+    top = int(order[0])
+    for i in order[1:]:
+        if any(col[i] != col[top] for col in cols):
+            return int(i)
+    return int(order[1])
+
+
+def _result(
+    model: TransformerSpec,
+    cluster: Cluster,
+    policy: FrontPolicy,
+    counts: SearchCounts,
+    options: SpaceOptions,
+    constraints: Constraints,
+    top_k: int,
+    gpu_counts: Sequence[int],
+    start: float,
+    jobs: int,
+) -> PlanSearchResult:
+    pool = policy.pool
+    wall, cost = policy.wall_cost(pool.step_time_s, pool.n_gpus, pool.global_batch)
+    meets = policy.meets(wall, cost)
+    order = np.flatnonzero(meets)[np.argsort(wall[meets], kind="stable")]
+
+    def cand(i: int) -> Candidate:
+        return _candidate(model, cluster, pool, int(i), policy, options.overlap_tp)
+
+    ranked = tuple(cand(i) for i in order[:top_k])
+    front_idx = pareto_front(wall, cost)
+    front_all = tuple(cand(i) for i in front_idx)
+    pareto = tuple(c for c in front_all if c.meets)
+    best_cost = min(pareto, key=lambda c: c.cost_usd) if pareto else None
+    explanation = None
+    runner = _runner_up(pool, order)
+    if runner is not None:
+        w, r = cand(order[0]), cand(runner)
+        explanation = explain(w, r, step_terms(w.islands[0].step), step_terms(r.islands[0].step))
+    infeasible = None
+    if not ranked:
+        infeasible = infeasibility(
+            front_all, constraints, counts.fitting > 0, _memory_note(model, cluster, gpu_counts)
+        )
+    cloud_w = np.concatenate([c[0] for c in policy.cloud]) if policy.cloud else np.zeros(0)
+    cloud_c = np.concatenate([c[1] for c in policy.cloud]) if policy.cloud else np.zeros(0)
+    stats = SearchStats(
+        space=counts.space,
+        pruned_memory=counts.pruned_memory,
+        pruned_bound=counts.pruned_bound,
+        evaluated=counts.evaluated,
+        runnable=counts.runnable,
+        fitting=counts.fitting,
+        elapsed_s=time.perf_counter() - start,
+        eval_cpu_s=counts.eval_cpu_s,
+        jobs=jobs,
+    )
+    return PlanSearchResult(
+        kind="cluster",
+        model=model.name,
+        target=cluster.name,
+        tokens=policy.tokens,
+        constraints=constraints,
+        ranked=ranked,
+        pareto=pareto,
+        best_time=ranked[0] if ranked else None,
+        best_cost=best_cost,
+        best_usd_per_mtok=best_cost,
+        explanation=explanation,
+        infeasible=infeasible,
+        stats=stats,
+        cloud_wall_s=cloud_w,
+        cloud_cost_usd=cloud_c,
+    )

@@ -1,0 +1,555 @@
+"""Plan search across islands: which islands, how many GPUs each, their inner plans, the outer mode.
+
+Factorisation (Sailor/Metis-style, design doc C.11): the outer composition of C.9 gets worse
+when any island's inner step gets slower (sync, DiLoCo and Streaming pace on max_i T_i; async
+rounds are max(H·T_i, exchange)), and the GPU cost of a fixed allocation grows with wall time,
+so for each (island, GPU count, batch) only the fastest fitting inner plan can be part of a
+best or Pareto-optimal plan. Each island type gets one inner search (`BestPolicy`); then every
+island subset × GPU counts (node multiples) × outer mode × H × bits × fragments × τ is composed
+on arrays with `estimate.outer.outer_round` and priced as in `estimate.islands.compose`.
+Caveat: with an overloaded async parameter server a faster small island can take server
+capacity from larger ones; that case is not covered by the factorisation.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shardmeter.errors import UserInputError
+from shardmeter.estimate.islands import IslandInput, TopologyEstimate, compose
+from shardmeter.estimate.outer import (
+    WanPaths,
+    egress_usd_per_byte,
+    outer_opt_seconds,
+    outer_round,
+)
+from shardmeter.estimate.result import StepEstimate
+from shardmeter.estimate.step import estimate_step
+from shardmeter.search.evaluate import (
+    EvalJob,
+    PlanTable,
+    Progress,
+    SearchCounts,
+    evaluate_parallel,
+    plan_work,
+)
+from shardmeter.search.explain import explain, infeasibility
+from shardmeter.search.options import Constraints, OuterOptions, SpaceOptions
+from shardmeter.search.pareto import pareto_front
+from shardmeter.search.result import (
+    Candidate,
+    IslandChoice,
+    OuterChoice,
+    PlanSearchResult,
+    SearchStats,
+)
+from shardmeter.specs.hardware import Cluster
+from shardmeter.specs.model import TransformerSpec
+from shardmeter.specs.plan import Plan
+from shardmeter.specs.topology import OuterSpec, Topology, resolve_cluster, resolve_model, wan_paths
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+DEFAULT_BATCH_PER_GPU = 8
+
+
+@dataclass
+class BestPolicy:
+    """Keep the fastest fitting plan per (GPU count, global batch); prune rows whose lower
+    bound is already slower than it."""
+
+    best: dict[tuple[int, int], float] = field(default_factory=dict)
+    pool: PlanTable = field(default_factory=PlanTable.empty)
+
+    def fresh(self) -> BestPolicy:
+        return BestPolicy()
+
+    def prunable(self, bound_s: FloatArray, n_gpus: int, global_batch: int) -> NDArray[np.bool_]:
+        return np.asarray(bound_s > self.best.get((n_gpus, global_batch), math.inf))
+
+    def offer(self, table: PlanTable) -> None:
+        if not len(table):
+            return
+        self._reduce(PlanTable.concat([self.pool, table]))
+
+    def merge(self, other: BestPolicy) -> None:
+        self._reduce(PlanTable.concat([self.pool, other.pool]))
+
+    def _reduce(self, pool: PlanTable) -> None:
+        key = pool.n_gpus * (1 << 32) + pool.global_batch
+        order = np.lexsort((pool.step_time_s, key))
+        first = np.ones(order.size, dtype=np.bool_)
+        first[1:] = key[order][1:] != key[order][:-1]
+        self.pool = pool.take(order[first])
+        self.best = {
+            (int(n), int(g)): float(t)
+            for n, g, t in zip(
+                self.pool.n_gpus, self.pool.global_batch, self.pool.step_time_s, strict=True
+            )
+        }
+
+
+@dataclass(frozen=True)
+class IslandOptions:
+    """One island's resolved cluster and its fastest inner plan per (GPUs, batch per GPU)."""
+
+    name: str
+    cluster: Cluster
+    gpu_counts: tuple[int, ...]
+    plans: dict[tuple[int, int], Plan]  # (GPUs, batch per GPU) -> fastest fitting plan
+    steps: dict[tuple[int, int], StepEstimate]  # ... and its estimate
+
+
+def island_gpu_counts(cluster: Cluster, n_nodes: int, cap: int | None) -> tuple[int, ...]:
+    """Whole-node GPU counts up to the island's size (and the per-island cap)."""
+    gpn = cluster.gpus_per_node
+    limit = n_nodes * gpn if cap is None else min(n_nodes * gpn, cap)
+    return tuple(k * gpn for k in range(1, n_nodes + 1) if k * gpn <= limit)
+
+
+def batches_per_gpu(topo: Topology, outer: OuterOptions) -> tuple[int, ...]:
+    """Sequences per GPU per inner step: the options, else those the file implies."""
+    if outer.batch_per_gpu:
+        return tuple(sorted(set(outer.batch_per_gpu)))
+    found = set()
+    for i, island in enumerate(topo.islands):
+        batch = island.global_batch or topo.run.global_batch
+        gpus = island.n_nodes * resolve_cluster(island, i).gpus_per_node
+        if batch is not None and batch % gpus == 0:
+            found.add(batch // gpus)
+    return tuple(sorted(found)) or (DEFAULT_BATCH_PER_GPU,)
+
+
+def _cluster_key(cluster: Cluster) -> str:
+    return cluster.model_copy(update={"name": "", "n_nodes": None}).model_dump_json()
+
+
+def inner_searches(
+    model: TransformerSpec,
+    topo: Topology,
+    per_gpu: Sequence[int],
+    options: SpaceOptions,
+    constraints: Constraints,
+    prune: bool,
+    jobs: int,
+    progress: Progress | None,
+    counts: SearchCounts,
+) -> list[IslandOptions]:
+    """Fastest fitting inner plan of every island type for each GPU count and batch."""
+    cache: dict[str, BestPolicy] = {}
+    islands: list[IslandOptions] = []
+    for i, spec in enumerate(topo.islands):
+        cluster = resolve_cluster(spec, i)
+        gpus = island_gpu_counts(cluster, spec.n_nodes, constraints.max_gpus_per_island)
+        key = _cluster_key(cluster)
+        if key not in cache:
+            policy = BestPolicy()
+            budget = constraints.memory_budget(cluster.accelerator.hbm_gb * 1e9)
+            job = EvalJob(model, cluster, options.overlap_tp, budget, prune=prune)
+            for n in gpus:
+                work, c = plan_work(model, cluster, [n], [b * n for b in per_gpu], options, budget)
+                counts.add(c)
+                counts.add(evaluate_parallel(job, work, policy, jobs, progress))
+            cache[key] = policy
+        pool = cache[key].pool
+        plans: dict[tuple[int, int], Plan] = {}
+        steps: dict[tuple[int, int], StepEstimate] = {}
+        for j in range(len(pool)):
+            n, g = int(pool.n_gpus[j]), int(pool.global_batch[j])
+            if n in gpus and g % n == 0 and g // n in per_gpu:
+                plan = pool.plan(j, options.overlap_tp)
+                plans[(n, g // n)] = plan
+                steps[(n, g // n)] = estimate_step(model, cluster, plan, check_layers=False)
+        islands.append(IslandOptions(spec.name, cluster, gpus, plans, steps))
+    return islands
+
+
+@dataclass(frozen=True)
+class OuterGrid:
+    """Outer settings of one mode, flattened (length S each)."""
+
+    inner_steps: IntArray
+    bits: IntArray
+    fragments: IntArray
+    overlap_steps: IntArray
+
+
+def outer_grid(mode: str, run: OuterSpec, outer: OuterOptions) -> OuterGrid:
+    """H × q (× P × τ for streaming) allowed for `mode`; sync has one setting."""
+    hs = outer.inner_steps or (run.inner_steps,)
+    qs = outer.bits or (run.bits,)
+    if mode in ("sync", "single"):
+        combos: list[tuple[int, int, int, int]] = [(1, int(run.grad_bits), 1, 0)]
+    elif mode == "streaming":
+        taus = outer.overlap_steps or (max(run.overlap_steps, 1),)
+        combos = [
+            (h, q, p, t)
+            for h, q, p, t in itertools.product(hs, qs, outer.fragments, taus)
+            if h % p == 0 and t <= h // p
+        ]
+    else:
+        combos = [(h, q, 1, 0) for h, q in itertools.product(hs, qs)]
+    arr = np.asarray(combos, dtype=np.int64).reshape(-1, 4)
+    return OuterGrid(arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3])
+
+
+@dataclass(frozen=True)
+class Block:
+    """Composed plans of one island subset, batch per GPU and mode: (C GPU combos, S settings)."""
+
+    members: tuple[int, ...]  # island indices
+    gpus: IntArray  # (C, k) GPUs per member
+    per_gpu: int
+    mode: str
+    grid: OuterGrid
+    wall_s: FloatArray  # (C, S)
+    cost_usd: FloatArray
+    tokens_per_s: FloatArray
+    utilization: FloatArray
+    mfu: FloatArray
+
+
+def compose_block(
+    members: tuple[int, ...],
+    islands: Sequence[IslandOptions],
+    wan: WanPaths,
+    model: TransformerSpec,
+    run: OuterSpec,
+    mode: str,
+    grid: OuterGrid,
+    per_gpu: int,
+    tokens: float,
+) -> Block | None:
+    """Every GPU-count combination of `members` under every setting in `grid` (C.9, C.10)."""
+    opts = [[n for n in islands[i].gpu_counts if (n, per_gpu) in islands[i].steps] for i in members]
+    if any(not o for o in opts):
+        return None
+    index = np.stack(
+        [g.reshape(-1) for g in np.meshgrid(*[np.arange(len(o)) for o in opts], indexing="ij")],
+        axis=-1,
+    )  # (C, k): every combination of each member's GPU-count options
+    table = [np.asarray(o, dtype=np.int64) for o in opts]
+    steps = [
+        [islands[i].steps[(n, per_gpu)] for n in o] for i, o in zip(members, opts, strict=True)
+    ]
+    gpus = np.stack([table[j][index[:, j]] for j in range(len(members))], axis=-1)
+    inner = np.stack(
+        [np.array([st.step_time_s for st in steps[j]])[index[:, j]] for j in range(len(members))],
+        axis=-1,
+    )
+    mfu = np.stack(
+        [np.array([st.mfu for st in steps[j]])[index[:, j]] for j in range(len(members))], axis=-1
+    )
+    accs = [islands[i].cluster.accelerator for i in members]
+    hbm = np.array([a.hbm_gbps * 1e9 * a.efficiency.memory for a in accs])
+    price = np.array([islands[i].cluster.price_per_gpu_hour for i in members])
+    opt = outer_opt_seconds(model.params_total, gpus.astype(np.float64), hbm)  # (C, k)
+    rnd = outer_round(
+        "sync" if mode == "single" else mode,  # type: ignore[arg-type]
+        inner[:, None, :],
+        wan,
+        model.params_total,
+        inner_steps=grid.inner_steps[None, :],
+        bits=grid.bits[None, :],
+        grad_bits=run.grad_bits,
+        outer_opt_s=opt[:, None, :],
+        reduce=run.reduce,
+        overlap=run.outer_overlap,
+        fragments=grid.fragments[None, :],
+        overlap_steps=grid.overlap_steps[None, :],
+    )
+    h = np.broadcast_to(np.asarray(rnd.inner_steps)[..., None], rnd.round_s.shape)
+    batch = (gpus * per_gpu * model.seq_len).astype(np.float64)[:, None, :]
+    island_tps = h * batch / rnd.round_s  # tokens/s per island (compose, C.10)
+    total = island_tps.sum(axis=-1)
+    wall = tokens / total
+    egress = egress_usd_per_byte(wan, "sync" if mode == "single" else mode, run.reduce)  # type: ignore[arg-type]
+    wan_total = rnd.wan_bytes * wall[..., None] / rnd.round_s
+    cost = (gpus * price).sum(axis=-1)[:, None] * wall / 3600.0 + (wan_total * egress).sum(axis=-1)
+    n_all = gpus.sum(axis=-1).astype(np.float64)[:, None]
+    util = (rnd.utilization * gpus[:, None, :]).sum(axis=-1) / n_all
+    mfu_total = (rnd.utilization * (mfu * gpus)[:, None, :]).sum(axis=-1) / n_all
+    return Block(members, gpus, per_gpu, mode, grid, wall, cost, total, util, mfu_total)
+
+
+def _meets(wall: FloatArray, cost: FloatArray, con: Constraints) -> NDArray[np.bool_]:
+    ok = np.isfinite(wall)
+    if con.deadline_s is not None:
+        ok &= wall <= con.deadline_s
+    if con.budget_usd is not None:
+        ok &= cost <= con.budget_usd
+    return ok
+
+
+def _island_inputs(
+    model: TransformerSpec,
+    islands: Sequence[IslandOptions],
+    members: Sequence[int],
+    gpus: Sequence[int],
+    per_gpu: int,
+) -> list[IslandInput]:
+    out = []
+    for i, n in zip(members, gpus, strict=True):
+        isl = islands[i]
+        plan = isl.plans[(int(n), per_gpu)]
+        step = isl.steps[(int(n), per_gpu)]
+        acc = isl.cluster.accelerator
+        out.append(
+            IslandInput(
+                name=isl.name,
+                step=step,
+                price_per_gpu_hour=isl.cluster.price_per_gpu_hour,
+                hbm_Bps=acc.hbm_gbps * 1e9 * acc.efficiency.memory,
+                accelerator=acc.name,
+                plan=plan,
+            )
+        )
+    return out
+
+
+def _settings(run: OuterSpec, block: Block, s: int) -> OuterSpec:
+    mode = "sync" if block.mode == "single" else block.mode
+    return run.model_copy(
+        update={
+            "mode": mode,
+            "inner_steps": int(block.grid.inner_steps[s]) if mode != "sync" else run.inner_steps,
+            "bits": int(block.grid.bits[s]) if mode != "sync" else run.bits,
+            "fragments": int(block.grid.fragments[s]),
+            "overlap_steps": int(block.grid.overlap_steps[s]),
+        }
+    )
+
+
+def _candidate(
+    model: TransformerSpec,
+    islands: Sequence[IslandOptions],
+    wan_all: WanPaths,
+    block: Block,
+    c: int,
+    s: int,
+    tokens: float,
+    con: Constraints,
+) -> Candidate:
+    gpus = [int(n) for n in block.gpus[c]]
+    inputs = _island_inputs(model, islands, block.members, gpus, block.per_gpu)
+    choices = tuple(
+        IslandChoice(inp.name, inp.accelerator, n, inp.plan, inp.step)  # type: ignore[arg-type]
+        for inp, n in zip(inputs, gpus, strict=True)
+    )
+    wall, cost = float(block.wall_s[c, s]), float(block.cost_usd[c, s])
+    return Candidate(
+        islands=choices,
+        outer=OuterChoice(
+            block.mode,
+            int(block.grid.inner_steps[s]),
+            int(block.grid.bits[s]),
+            int(block.grid.fragments[s]),
+            int(block.grid.overlap_steps[s]),
+        ),
+        n_gpus=sum(gpus),
+        tokens_per_s=float(block.tokens_per_s[c, s]),
+        wall_s=wall,
+        cost_usd=cost,
+        usd_per_mtok=cost / (tokens / 1e6),
+        mfu=float(block.mfu[c, s]),
+        utilization=float(block.utilization[c, s]),
+        meets=bool(_meets(np.asarray([wall]), np.asarray([cost]), con)[0]),
+    )
+
+
+def compose_candidate(
+    model: TransformerSpec,
+    islands: Sequence[IslandOptions],
+    wan_all: WanPaths,
+    run: OuterSpec,
+    block: Block,
+    c: int,
+    s: int,
+    tokens: float,
+    name: str,
+) -> TopologyEstimate:
+    """The full TopologyEstimate of one composed plan (islands' own compose)."""
+    gpus = [int(n) for n in block.gpus[c]]
+    inputs = _island_inputs(model, islands, block.members, gpus, block.per_gpu)
+    wan = wan_all.subset(list(block.members))
+    return compose(inputs, wan, model.params_total, _settings(run, block, s), tokens, name=name)
+
+
+def _terms(est: TopologyEstimate) -> dict[str, float]:
+    """Wall seconds per million tokens by phase (GPU-weighted time shares × wall)."""
+    per = est.wall_s / (est.tokens / 1e6)
+    return {k: v * per for k, v in est.time_shares.items()}
+
+
+def search_topology(
+    topo: Topology,
+    *,
+    options: SpaceOptions,
+    outer: OuterOptions,
+    constraints: Constraints,
+    tokens: float | None = None,
+    top_k: int = 20,
+    prune: bool = True,
+    jobs: int = 1,
+    progress: Progress | None = None,
+    on_space: Progress | None = None,
+) -> PlanSearchResult:
+    """Search island subsets, GPUs per island, inner plans and outer settings of `topo`."""
+    start = time.perf_counter()
+    model = resolve_model(topo.run)
+    budget_tokens = float(tokens if tokens is not None else topo.run.tokens)
+    wan_all = wan_paths(topo)
+    per_gpu = batches_per_gpu(topo, outer)
+    counts = SearchCounts()
+    islands = inner_searches(
+        model, topo, per_gpu, options, constraints, prune, jobs, progress, counts
+    )
+    if on_space is not None:
+        on_space(counts.space)
+    blocks: list[Block] = []
+    n_isl = len(islands)
+    for size in range(1, n_isl + 1):
+        for members in itertools.combinations(range(n_isl), size):
+            wan = wan_all.subset(list(members))
+            modes = ("single",) if size == 1 else outer.modes
+            for mode in modes:
+                grid = outer_grid(mode, topo.run, outer)
+                if not grid.inner_steps.size:
+                    continue
+                for b in per_gpu:
+                    blk = compose_block(
+                        members, islands, wan, model, topo.run, mode, grid, b, budget_tokens
+                    )
+                    if blk is not None:
+                        blocks.append(blk)
+    return _topology_result(
+        topo,
+        model,
+        islands,
+        wan_all,
+        blocks,
+        counts,
+        constraints,
+        budget_tokens,
+        top_k,
+        start,
+        jobs,
+    )
+
+
+def _topology_result(
+    topo: Topology,
+    model: TransformerSpec,
+    islands: Sequence[IslandOptions],
+    wan_all: WanPaths,
+    blocks: Sequence[Block],
+    counts: SearchCounts,
+    con: Constraints,
+    tokens: float,
+    top_k: int,
+    start: float,
+    jobs: int,
+) -> PlanSearchResult:
+    if not blocks:
+        raise UserInputError(
+            "topology",
+            topo.name,
+            "no island has a plan that fits in memory; add GPUs or shard more",
+        )
+    wall = np.concatenate([b.wall_s.reshape(-1) for b in blocks])
+    cost = np.concatenate([b.cost_usd.reshape(-1) for b in blocks])
+    sizes = np.array([b.wall_s.size for b in blocks])
+    offsets = np.concatenate(([0], np.cumsum(sizes)))
+
+    def locate(flat: int) -> tuple[Block, int, int]:
+        k = int(np.searchsorted(offsets, flat, side="right") - 1)
+        blk = blocks[k]
+        c, s = divmod(flat - int(offsets[k]), blk.wall_s.shape[1])
+        return blk, c, s
+
+    def cand(flat: int) -> Candidate:
+        blk, c, s = locate(int(flat))
+        return _candidate(model, islands, wan_all, blk, c, s, tokens, con)
+
+    meets = _meets(wall, cost, con)
+    ok = np.flatnonzero(meets)
+    order = ok[np.argsort(wall[ok], kind="stable")]
+    ranked = tuple(cand(i) for i in order[:top_k])
+    finite = np.flatnonzero(np.isfinite(wall))
+    front_idx = finite[pareto_front(wall[finite], cost[finite])]
+    front_all = tuple(cand(i) for i in front_idx)
+    pareto = tuple(c for c in front_all if c.meets)
+    best_cost = min(pareto, key=lambda c: c.cost_usd) if pareto else None
+    top_est = None
+    explanation = None
+    if order.size:
+        blk, c, s = locate(int(order[0]))
+        top_est = compose_candidate(model, islands, wan_all, topo.run, blk, c, s, tokens, topo.name)
+
+        def layout(flat: int) -> Hashable:
+            b, c, _ = locate(flat)
+            return (b.mode, b.members, tuple(b.gpus[c]), b.per_gpu)
+
+        runner = _runner_up(order, layout)
+        if runner is not None:
+            rblk, rc, rs = locate(int(runner))
+            r_est = compose_candidate(
+                model, islands, wan_all, topo.run, rblk, rc, rs, tokens, topo.name
+            )
+            explanation = explain(ranked[0], cand(runner), _terms(top_est), _terms(r_est))
+    infeasible = None
+    if not ranked:
+        infeasible = infeasibility(
+            front_all, con, bool(finite.size), f"{model.name} on {topo.name}"
+        )
+    stats = SearchStats(
+        space=counts.space,
+        pruned_memory=counts.pruned_memory,
+        pruned_bound=counts.pruned_bound,
+        evaluated=counts.evaluated,
+        runnable=counts.runnable,
+        fitting=counts.fitting,
+        elapsed_s=time.perf_counter() - start,
+        eval_cpu_s=counts.eval_cpu_s,
+        outer_combinations=int(wall.size),
+        jobs=jobs,
+    )
+    stride = max(1, wall.size // 20000)
+    return PlanSearchResult(
+        kind="topology",
+        model=model.name,
+        target=topo.name,
+        tokens=tokens,
+        constraints=con,
+        ranked=ranked,
+        pareto=pareto,
+        best_time=ranked[0] if ranked else None,
+        best_cost=best_cost,
+        best_usd_per_mtok=best_cost,
+        explanation=explanation,
+        infeasible=infeasible,
+        stats=stats,
+        top_estimate=top_est,
+        cloud_wall_s=wall[finite][::stride],
+        cloud_cost_usd=cost[finite][::stride],
+    )
+
+
+def _runner_up(order: IntArray, layout: Callable[[int], Hashable]) -> int | None:
+    """The fastest plan after the winner with a different layout (islands, GPU counts, mode):
+    neighbours that differ only in a setting differ by a hair and explain nothing. Falls back
+    to the second fastest."""
+    if order.size < 2:
+        return None
+    top = layout(int(order[0]))
+    for flat in order[1 : min(order.size, 10000)]:
+        if layout(int(flat)) != top:
+            return int(flat)
+    return int(order[1])
