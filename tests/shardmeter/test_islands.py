@@ -106,6 +106,18 @@ def test_straggler_bound_run_has_no_compute_bound_h() -> None:
     assert est.bottleneck.island == "slow"
 
 
+def test_balanced_steps_remove_straggler_wait() -> None:
+    inputs = [IslandInput("fast", step(1.0, 1e6, 8)), IslandInput("slow", step(3.0, 1e6, 8))]
+    wan = uniform_wan(2, 1e12, 0.0)
+    plain = compose(inputs, wan, 10**9, OuterSpec(inner_steps=100), 1e12)
+    balanced = compose(inputs, wan, 10**9, OuterSpec(inner_steps=100, balance_steps=True), 1e12)
+    assert [i.inner_steps for i in balanced.islands] == [300, 100]
+    assert balanced.islands[0].straggler_s == pytest.approx(0.0, abs=1e-9)
+    assert plain.islands[0].straggler_s == pytest.approx(200.0)
+    assert balanced.tokens_per_s == pytest.approx(2 * plain.tokens_per_s, rel=1e-6)
+    assert balanced.compute_bound and not plain.compute_bound
+
+
 def test_quality_factor_scales_time_and_cost_only_in_adjusted_figures() -> None:
     inputs = [IslandInput(f"i{k}", step(2.0, 1e6, 8), price_per_gpu_hour=2.0) for k in range(2)]
     wan = uniform_wan(2, 1e9, 0.05, usd_per_gb=0.05)
@@ -172,6 +184,7 @@ outer_specs = st.builds(
     fragments=st.sampled_from([1, 2, 4]),
     overlap_steps=st.integers(0, 1),
     reduce=st.sampled_from(["ring", "hub"]),
+    balance_steps=st.booleans(),
 )
 
 PROPS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -247,6 +260,11 @@ def test_stragglers_wait_in_sync_modes_and_never_in_async(
         assert all(isl.straggler_s == 0.0 for isl in est.islands)
         return
     slowest = max(times)
+    if outer.balance_steps and outer.mode != "sync":
+        # faster islands fill the slowest island's H steps: less than one of their steps idles
+        for isl, t in zip(est.islands, times, strict=True):
+            assert isl.straggler_s <= t * (1 + 1e-9) + isl.outer_opt_s + est.round_s * 1e-9
+        return
     for isl, t in zip(est.islands, times, strict=True):
         if t < slowest * (1 - 1e-9):
             assert isl.straggler_s > 0

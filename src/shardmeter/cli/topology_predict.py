@@ -30,6 +30,7 @@ RUN_FLAGS: dict[str, str] = {
     "quality_factor": "quality_factor",
     "threshold": "compute_bound_threshold",
     "outer_overlap": "outer_overlap",
+    "balance_steps": "balance_steps",
 }
 
 
@@ -65,6 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         default=None,
         help="DiLoCo eager/delayed outer step: hide the exchange behind the next round",
+    )
+    add(
+        "--balance-steps",
+        action="store_true",
+        default=None,
+        help="DiLoCo/Streaming: faster islands run more inner steps per round",
     )
     add("--reduce", choices=("ring", "hub"), help="outer all-reduce pattern")
     add("--server", help="hub / parameter-server island")

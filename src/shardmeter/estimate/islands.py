@@ -67,7 +67,7 @@ class IslandEstimate:
     n_gpus: int
     plan: Plan | None
     step: StepEstimate  # the island's inner step on its own
-    inner_steps: float  # per round (1 for sync DP)
+    inner_steps: float  # per round (1 for sync DP; H_i with balance_steps)
     round_s: float
     busy_s: float
     straggler_s: float
@@ -160,6 +160,7 @@ def _round(
         fragments=outer.fragments,
         overlap_steps=outer.overlap_steps,
         bandwidth_scale=bandwidth_scale,
+        balance=outer.balance_steps,
     )
 
 
@@ -233,7 +234,7 @@ def compose(
     rnd = _round(inputs, wan, n_params, outer)
     gpus = np.array([isl.step.n_gpus for isl in inputs], dtype=np.float64)
     tokens_step = np.array([isl.step.tokens_per_step for isl in inputs])
-    h = np.broadcast_to(np.asarray(rnd.inner_steps)[..., None], rnd.round_s.shape)
+    h = rnd.inner_steps
     island_tps = h * tokens_step / rnd.round_s
     total_tps = float(island_tps.sum())
     wall = tokens / total_tps  # T_wall = D / throughput (design doc C.10)

@@ -205,7 +205,7 @@ class OuterRound:
     straggler_s: FloatArray  # waiting for slower islands
     wan_exposed_s: FloatArray  # blocked on the WAN
     outer_opt_s: FloatArray  # exposed outer-optimizer step
-    inner_steps: FloatArray  # inner steps per round (1 for sync DP)
+    inner_steps: FloatArray  # inner steps of island i per round (1 for sync DP)
     wan_comm_s: FloatArray  # duration of the WAN exchange per round (hidden or not)
     wan_bytes: FloatArray  # WAN bytes attributed to island i per round (see wan_bytes_per_round)
     staleness: FloatArray  # expected outer updates by others between island i's pull and push
@@ -249,6 +249,17 @@ def egress_usd_per_byte(wan: WanPaths, mode: Mode, reduce: Reduce) -> FloatArray
     return wan.egress_usd_per_byte[:, wan.center]
 
 
+def island_steps(h: FloatArray, inner: FloatArray, balance: bool) -> FloatArray:
+    """Inner steps per island per round, (..., I): H everywhere, or with `balance` as many as
+    fit in the slowest island's H steps, H_i = ⌊H·max_j T_j / T_i⌋ (per-island H_i for
+    heterogeneous islands, design doc C.9)."""
+    hh = np.broadcast_to(h[..., None], inner.shape)
+    if not balance:
+        return hh
+    t_max = inner.max(axis=-1, keepdims=True)
+    return np.maximum(1.0, np.floor(hh * t_max / inner * (1 + 1e-12)))
+
+
 def outer_round(
     mode: Mode,
     inner_s: ArrayLike,
@@ -264,12 +275,15 @@ def outer_round(
     fragments: ArrayLike = 1,
     overlap_steps: ArrayLike = 0,
     bandwidth_scale: ArrayLike = 1.0,
+    balance: bool = False,
 ) -> OuterRound:
     """Compose per-island inner step times into one outer round of `mode`.
 
     inner_s: (..., I) inner step seconds per island; outer_opt_s: (..., I) seconds of a full
     outer-optimizer step on island i; the scalars/arrays H (`inner_steps`), `bits`,
     `fragments`, `overlap_steps` (τ) and `bandwidth_scale` broadcast over the leading axes.
+    `balance` (diloco, streaming) lets faster islands run more inner steps per round
+    (`island_steps`), so they do not idle while the slowest finishes its H.
 
     - sync: synchronous DP across islands (HSDP over the WAN). Per step the slowest island sets
       the pace, then the gradient shard crosses the WAN (hierarchical: reduce-scatter inside the
@@ -321,7 +335,7 @@ def outer_round(
             straggler_s=t_max - inner,
             wan_exposed_s=comm_i,
             outer_opt_s=zeros,
-            inner_steps=np.ones(shape),
+            inner_steps=np.ones((*shape, n)),
             wan_comm_s=comm_i,
             wan_bytes=np.broadcast_to(moved, (*shape, n)),
             staleness=zeros,
@@ -335,7 +349,8 @@ def outer_round(
         comm_i = np.broadcast_to(comm[..., None], (*shape, n))
         exposed = np.maximum(0.0, comm_i - compute) if overlap else comm_i
         opt_max = opt.max(axis=-1, keepdims=True)
-        busy = h[..., None] * inner
+        steps = island_steps(h, inner, balance)
+        busy = steps * inner
         per_direction = moved if reduce == "ring" else moved / 2.0
         hide = per_direction / compute if overlap else np.full((*shape, n), np.inf)
         return OuterRound(
@@ -344,7 +359,7 @@ def outer_round(
             straggler_s=compute - busy + (opt_max - opt),
             wan_exposed_s=exposed,
             outer_opt_s=opt,
-            inner_steps=h,
+            inner_steps=steps,
             wan_comm_s=comm_i,
             wan_bytes=np.broadcast_to(moved, (*shape, n)),
             staleness=np.full((*shape, n), 1.0 if overlap else 0.0),
@@ -360,7 +375,8 @@ def outer_round(
         exposed = p[..., None] * np.maximum(0.0, frag_comm_i - window)
         compute = h[..., None] * t_max
         opt_max = opt.max(axis=-1, keepdims=True)
-        busy = h[..., None] * inner
+        steps = island_steps(h, inner, balance)
+        busy = steps * inner
         frag_dir = frag_moved if reduce == "ring" else frag_moved / 2.0
         with np.errstate(divide="ignore", invalid="ignore"):
             hide = np.where(window > 0, frag_dir / window, np.inf)
@@ -370,7 +386,7 @@ def outer_round(
             straggler_s=compute - busy + (opt_max - opt),
             wan_exposed_s=exposed,
             outer_opt_s=opt,
-            inner_steps=h,
+            inner_steps=steps,
             wan_comm_s=p[..., None] * frag_comm_i,
             wan_bytes=p[..., None] * frag_moved,
             staleness=np.broadcast_to(tau[..., None] / h[..., None], (*shape, n)),
@@ -398,7 +414,7 @@ def outer_round(
             straggler_s=zeros,
             wan_exposed_s=round_s - busy,
             outer_opt_s=zeros,
-            inner_steps=h,
+            inner_steps=np.broadcast_to(h[..., None], (*shape, n)),
             wan_comm_s=exchange,
             wan_bytes=np.where(remote, 2.0 * m, 0.0),
             staleness=staleness,

@@ -66,6 +66,8 @@ def _mode_line(est: TopologyEstimate) -> str:
     if est.mode == "sync":
         return f"sync DP across islands, {s.grad_bits}-bit gradients, {s.reduce} all-reduce"
     base = f"H = {s.inner_steps}, {s.bits}-bit pseudo-gradients"
+    if s.balance_steps and est.mode in ("diloco", "streaming"):
+        base += " (H_i balanced to island speed)"
     if est.mode == "diloco":
         how = "eager (overlapped one round)" if s.outer_overlap else "blocking"
         return f"DiLoCo, {base}, {s.reduce} all-reduce, {how}"
@@ -139,7 +141,8 @@ def plan_label(isl: IslandEstimate) -> str:
 def islands_table(est: TopologyEstimate) -> Table:
     """One row per island."""
     t = Table(title="per island", title_justify="left")
-    heads = ("island", "GPUs", "plan", "step", "MFU", "tok/s/GPU", "util", "wait", "WAN", "stale")
+    heads: tuple[str, ...] = ("island", "GPUs", "plan", "step", "MFU", "H", "tok/s/GPU")
+    heads = (*heads, "util", "wait", "WAN", "stale")
     widest = max(len(isl.name) for isl in est.islands)
     for col in (*heads, "$"):
         t.add_column(
@@ -155,6 +158,7 @@ def islands_table(est: TopologyEstimate) -> Table:
             plan_label(isl),
             fmt_time(isl.step.step_time_s),
             f"{isl.step.mfu:.0%}",
+            f"{isl.inner_steps:g}",
             f"{isl.tokens_per_s_per_gpu:,.0f}",
             f"{isl.utilization:.1%}",
             fmt_time(isl.straggler_s) if isl.straggler_s > 0 else "-",

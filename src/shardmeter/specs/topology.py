@@ -110,6 +110,7 @@ class OuterSpec(BaseModel):
     bits: Literal[32, 16, 8, 4] = 16  # pseudo-gradient bits q
     grad_bits: Literal[32, 16, 8] = 16  # gradient bits in synchronous DP
     outer_overlap: bool = False  # DiLoCo: eager/delayed outer step, comm hidden by one round
+    balance_steps: bool = False  # DiLoCo/Streaming: faster islands run H_i = ⌊H·T_max/T_i⌋ steps
     fragments: int = Field(default=1, ge=1)  # Streaming DiLoCo P
     overlap_steps: int = Field(default=0, ge=0)  # Streaming DiLoCo τ
     reduce: Literal["ring", "hub"] = "ring"  # outer all-reduce pattern
