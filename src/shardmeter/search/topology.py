@@ -37,6 +37,7 @@ from shardmeter.search.evaluate import (
     PlanTable,
     Progress,
     SearchCounts,
+    Work,
     evaluate_parallel,
     plan_work,
 )
@@ -140,25 +141,42 @@ def inner_searches(
     prune: bool,
     jobs: int,
     progress: Progress | None,
+    on_space: Progress | None,
     counts: SearchCounts,
 ) -> list[IslandOptions]:
-    """Fastest fitting inner plan of every island type for each GPU count and batch."""
-    cache: dict[str, BestPolicy] = {}
-    islands: list[IslandOptions] = []
-    for i, spec in enumerate(topo.islands):
-        cluster = resolve_cluster(spec, i)
-        gpus = island_gpu_counts(cluster, spec.n_nodes, constraints.max_gpus_per_island)
+    """Fastest fitting inner plan of every island type for each GPU count and batch. All
+    spaces are enumerated first, so `on_space` gets the total before evaluation starts."""
+    clusters = [resolve_cluster(spec, i) for i, spec in enumerate(topo.islands)]
+    gpu_sets = [
+        island_gpu_counts(c, spec.n_nodes, constraints.max_gpus_per_island)
+        for c, spec in zip(clusters, topo.islands, strict=True)
+    ]
+    pending: dict[str, tuple[EvalJob, list[Work]]] = {}
+    for cluster, gpus in zip(clusters, gpu_sets, strict=True):
         key = _cluster_key(cluster)
-        if key not in cache:
-            policy = BestPolicy()
-            budget = constraints.memory_budget(cluster.accelerator.hbm_gb * 1e9)
-            job = EvalJob(model, cluster, options.overlap_tp, budget, prune=prune)
-            for n in gpus:
-                work, c = plan_work(model, cluster, [n], [b * n for b in per_gpu], options, budget)
-                counts.add(c)
-                counts.add(evaluate_parallel(job, work, policy, jobs, progress))
-            cache[key] = policy
-        pool = cache[key].pool
+        budget = constraints.memory_budget(cluster.accelerator.hbm_gb * 1e9)
+        job, work = pending.get(
+            key, (EvalJob(model, cluster, options.overlap_tp, budget, prune=prune), [])
+        )
+        done = {w.rows.n_gpus for w in work}
+        for n in gpus:
+            if n in done:
+                continue
+            w, c = plan_work(model, cluster, [n], [b * n for b in per_gpu], options, budget)
+            counts.add(c)
+            work.extend(w)
+            if progress is not None:
+                progress(c.pruned_memory)
+        pending[key] = (job, work)
+    if on_space is not None:
+        on_space(counts.space)
+    policies: dict[str, BestPolicy] = {}
+    for key, (job, work) in pending.items():
+        policies[key] = BestPolicy()
+        counts.add(evaluate_parallel(job, work, policies[key], jobs, progress))
+    islands: list[IslandOptions] = []
+    for spec, cluster, gpus in zip(topo.islands, clusters, gpu_sets, strict=True):
+        pool = policies[_cluster_key(cluster)].pool
         plans: dict[tuple[int, int], Plan] = {}
         steps: dict[tuple[int, int], StepEstimate] = {}
         for j in range(len(pool)):
@@ -264,8 +282,9 @@ def compose_block(
         overlap=run.outer_overlap,
         fragments=grid.fragments[None, :],
         overlap_steps=grid.overlap_steps[None, :],
+        balance=run.balance_steps,
     )
-    h = np.broadcast_to(np.asarray(rnd.inner_steps)[..., None], rnd.round_s.shape)
+    h = np.broadcast_to(np.asarray(rnd.inner_steps), rnd.round_s.shape)
     batch = (gpus * per_gpu * model.seq_len).astype(np.float64)[:, None, :]
     island_tps = h * batch / rnd.round_s  # tokens/s per island (compose, C.10)
     total = island_tps.sum(axis=-1)
@@ -409,10 +428,8 @@ def search_topology(
     per_gpu = batches_per_gpu(topo, outer)
     counts = SearchCounts()
     islands = inner_searches(
-        model, topo, per_gpu, options, constraints, prune, jobs, progress, counts
+        model, topo, per_gpu, options, constraints, prune, jobs, progress, on_space, counts
     )
-    if on_space is not None:
-        on_space(counts.space)
     blocks: list[Block] = []
     n_isl = len(islands)
     for size in range(1, n_isl + 1):

@@ -1,0 +1,242 @@
+"""`shardmeter plan`: search every valid plan for one cluster or a topology of islands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from shardmeter.errors import UserInputError
+from shardmeter.estimate.outer import MODES
+from shardmeter.predict import resolve_cluster
+from shardmeter.report.plan import plot_result, render_result, result_json
+from shardmeter.search.api import node_multiples, plan
+from shardmeter.search.options import (
+    PRECISIONS,
+    RECOMPUTES,
+    SHARDINGS,
+    Constraints,
+    OuterOptions,
+    SpaceOptions,
+)
+from shardmeter.search.result import PlanSearchResult
+
+DURATION_UNITS = {"s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "plan",
+        help="search every valid plan; rank by time, cost and $/Mtok; Pareto front",
+        description="Enumerate every valid plan (divisibility and memory rules), evaluate them "
+        "with the vectorized estimator, and print the best by wall-clock, cost and $ per "
+        "million tokens, the time-cost Pareto front, and why the top plan wins.",
+    )
+    where = p.add_argument_group("what to plan for")
+    where.add_argument("--model", help="model preset or file (topology: overrides run.model)")
+    where.add_argument("--cluster", help="cluster preset or file (one island)")
+    where.add_argument("--gpus", help="GPU count N, a list N1,N2 or a range A:B (node × 2^k)")
+    where.add_argument("--topology", metavar="FILE", help="topology TOML or shipped example")
+    where.add_argument("--tokens", type=float, help="token budget (default 1e12 / the file's)")
+    where.add_argument("--global-batch", help="sequences per step: N, N1,N2 or A:B (powers of two)")
+    where.add_argument("--batch-per-gpu", help="islands: sequences per GPU per inner step, list")
+    con = p.add_argument_group("constraints")
+    con.add_argument("--deadline", help="wall-clock limit, e.g. 30d, 720h, 1w (plain: seconds)")
+    con.add_argument("--budget", type=float, help="dollar budget (USD)")
+    con.add_argument("--headroom", type=float, default=0.0, help="HBM fraction kept free")
+    con.add_argument("--max-gpus-per-island", type=int, help="use at most this many per island")
+    space = p.add_argument_group("search space")
+    space.add_argument("--modes", default=",".join(MODES), help="allowed outer modes")
+    space.add_argument("--precision", default="bf16", help=f"allowed: {','.join(PRECISIONS)}")
+    space.add_argument("--recompute", default=",".join(RECOMPUTES), help="allowed modes")
+    space.add_argument("--sharding", default=",".join(SHARDINGS), help="allowed ZeRO stages")
+    space.add_argument("--micro-batches", default="1,2,4,8,16", help="micro-batch sizes")
+    space.add_argument("--max-tp", type=int, help="default: the NVLink domain")
+    space.add_argument("--max-pp", type=int, help="default: n_layers")
+    space.add_argument("--max-vpp", type=int, default=8)
+    space.add_argument("--max-cp", type=int, default=16)
+    space.add_argument("--even-layers", action="store_true", help="pp·vpp must divide layers")
+    space.add_argument("--no-hsdp", action="store_true", help="shard over all of dp only")
+    space.add_argument("--overlap-tp", action="store_true", help="framework overlaps TP comms")
+    space.add_argument("--inner-steps", help="islands: H values (default: the file's)")
+    space.add_argument("--bits", help="islands: pseudo-gradient bits (default: the file's)")
+    space.add_argument("--fragments", default="1,2,4,8", help="Streaming DiLoCo P values")
+    space.add_argument("--overlap-steps", help="Streaming DiLoCo τ values")
+    out = p.add_argument_group("output")
+    out.add_argument("--top", type=int, default=20, help="plans in the ranked list")
+    out.add_argument("--json", action="store_true", help="print the result as JSON")
+    out.add_argument("--plot", type=Path, help="write the Pareto front and plan cloud (.png/.svg)")
+    out.add_argument("--jobs", type=int, default=1, help="processes (0: all cores)")
+    out.add_argument("--no-prune", action="store_true", help="evaluate every plan")
+    out.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def parse_ints(field: str, text: str | None) -> tuple[int, ...]:
+    """'8', '8,16,32' -> integers; raises UserInputError naming `field`."""
+    if text is None or not text.strip():
+        return ()
+    try:
+        values = tuple(int(float(v)) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise UserInputError(field, text, "comma-separated integers") from None
+    if any(v < 0 for v in values):
+        raise UserInputError(field, text, "non-negative integers")
+    return values
+
+
+def parse_names(field: str, text: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    names = tuple(v.strip() for v in text.split(",") if v.strip())
+    for name in names:
+        if name not in allowed:
+            raise UserInputError(field, name, f"allowed: {', '.join(allowed)}")
+    return names
+
+
+def parse_range(
+    field: str, text: str | None, expand: Callable[[int, int], tuple[int, ...]]
+) -> tuple[int, ...]:
+    """'N', 'N1,N2' or 'A:B' (expanded by `expand`)."""
+    if text is None:
+        return ()
+    if ":" in text:
+        lo, _, hi = text.partition(":")
+        a, b = parse_ints(field, lo), parse_ints(field, hi)
+        if len(a) != 1 or len(b) != 1 or a[0] < 1 or b[0] < a[0]:
+            raise UserInputError(field, text, "a range A:B with 1 ≤ A ≤ B")
+        return expand(a[0], b[0])
+    values = parse_ints(field, text)
+    if not values or min(values) < 1:
+        raise UserInputError(field, text, "positive integers")
+    return values
+
+
+def powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
+    out, n = [], 1
+    while n <= hi:
+        if n >= lo:
+            out.append(n)
+        n *= 2
+    return tuple(out) or (lo,)
+
+
+def parse_duration(text: str | None) -> float | None:
+    """'30d', '720h', '90min', '1w', '3600' (seconds) -> seconds."""
+    if text is None:
+        return None
+    match = re.fullmatch(r"\s*([0-9.eE+-]+)\s*(s|min|h|d|w)?\s*", text)
+    if match is None:
+        raise UserInputError("--deadline", text, "a number with unit s, min, h, d or w (e.g. 30d)")
+    try:
+        value = float(match.group(1))
+    except ValueError:
+        raise UserInputError("--deadline", text, "a number with unit s, min, h, d or w") from None
+    return value * DURATION_UNITS[match.group(2) or "s"]
+
+
+def options_from(args: argparse.Namespace) -> tuple[SpaceOptions, OuterOptions, Constraints]:
+    space = SpaceOptions(
+        precisions=parse_names("--precision", args.precision, PRECISIONS),
+        recompute=parse_names("--recompute", args.recompute, RECOMPUTES),
+        sharding=parse_names("--sharding", args.sharding, SHARDINGS),
+        micro_batches=parse_ints("--micro-batches", args.micro_batches),
+        max_tp=args.max_tp,
+        max_pp=args.max_pp,
+        max_vpp=args.max_vpp,
+        max_cp=args.max_cp,
+        hsdp=not args.no_hsdp,
+        uneven_layers=not args.even_layers,
+        overlap_tp=args.overlap_tp,
+    )
+    outer = OuterOptions(
+        modes=parse_names("--modes", args.modes, MODES),
+        inner_steps=parse_ints("--inner-steps", args.inner_steps),
+        bits=parse_ints("--bits", args.bits),
+        fragments=parse_ints("--fragments", args.fragments),
+        overlap_steps=parse_ints("--overlap-steps", args.overlap_steps),
+        batch_per_gpu=parse_ints("--batch-per-gpu", args.batch_per_gpu),
+    )
+    constraints = Constraints(
+        deadline_s=parse_duration(args.deadline),
+        budget_usd=args.budget,
+        memory_headroom=args.headroom,
+        max_gpus_per_island=args.max_gpus_per_island,
+    )
+    return space, outer, constraints
+
+
+@contextmanager
+def progress_bar(
+    enabled: bool,
+) -> Iterator[tuple[Callable[[int], None] | None, Callable[[int], None] | None]]:
+    """(advance, set_total) callbacks drawing a rich bar on stderr, or (None, None)."""
+    if not enabled:
+        yield None, None
+        return
+    console = Console(stderr=True)
+    with Progress(
+        TextColumn("[bold]searching"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("plans", total=None)
+
+        def advance(n: int) -> None:
+            bar.advance(task, n)
+
+        def set_total(n: int) -> None:
+            console.print(f"search space: {n:,} plans (before bounds)")
+            bar.update(task, total=n)
+
+        yield advance, set_total
+
+
+def run(args: argparse.Namespace) -> int:
+    space, outer, constraints = options_from(args)
+    if args.topology is None and args.cluster is None:
+        raise UserInputError("--cluster", None, "give --cluster NAME --gpus N, or --topology FILE")
+    gpus: tuple[int, ...] | None = None
+    if args.topology is None:
+        cluster = resolve_cluster(args.cluster)
+        gpus = (
+            parse_range("--gpus", args.gpus, lambda lo, hi: node_multiples(cluster, lo, hi)) or None
+        )
+    batches = parse_range("--global-batch", args.global_batch, powers_of_two) or None
+    show = not args.no_progress and not args.json and sys.stderr.isatty()
+    with progress_bar(show) as (advance, set_total):
+        res: PlanSearchResult = plan(
+            args.model,
+            args.cluster,
+            gpus=gpus,
+            topology=args.topology,
+            tokens=args.tokens,
+            global_batch=batches,
+            constraints=constraints,
+            options=space,
+            outer=outer,
+            top_k=args.top,
+            prune=not args.no_prune,
+            jobs=args.jobs,
+            progress=advance,
+            on_space=set_total,
+        )
+    if args.plot is not None:
+        plot_result(res, args.plot)
+    if args.json:
+        json.dump(result_json(res), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        render_result(res, Console(), top=min(args.top, 10))
+        if args.plot is not None:
+            Console().print(f"wrote {args.plot}")
+    return 0 if res.infeasible is None else 1

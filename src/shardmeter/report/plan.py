@@ -1,0 +1,298 @@
+"""Views of a PlanSearchResult: rich tables, the JSON document (schema below), the plot.
+
+JSON schema `shardmeter.plan/1` (stable; fields are only ever added):
+  schema, kind ("cluster"|"topology"), model, target, tokens, constraints{deadline_s,
+  budget_usd, memory_headroom, max_gpus_per_island}, stats{space, pruned_memory, pruned_bound,
+  evaluated, runnable, fitting, outer_combinations, elapsed_s, eval_cpu_s, evals_per_cpu_s,
+  jobs}, best{time, cost, usd_per_mtok} (candidates or null), ranked[] (candidates meeting the
+  constraints, fastest first, `rank` from 1), pareto[] (time-cost front, fastest first),
+  explanation{speedup, terms[{term, winner, runner_up}] (s per million tokens), plan_diffs[],
+  text} or null, infeasible{binding, closest, text} or null.
+  A candidate: n_gpus, tokens_per_s, wall_s, cost_usd, usd_per_mtok, mfu, utilization, meets,
+  outer{mode, inner_steps, bits, fragments, overlap_steps} or null, islands[{name,
+  accelerator, n_gpus, plan{Plan fields}, step_time_s, tokens_per_s, mfu, memory_bytes,
+  hbm_bytes, time_breakdown_s{...}, bottleneck, regime}].
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from shardmeter.errors import UserInputError
+from shardmeter.report.islands import fmt_time, fmt_usd
+from shardmeter.report.step import plan_summary
+from shardmeter.search.result import Candidate, PlanSearchResult
+
+SCHEMA = "shardmeter.plan/1"
+PLOT_FORMATS: tuple[str, ...] = (".png", ".svg")
+
+
+def _num(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def candidate_json(c: Candidate, rank: int | None = None) -> dict[str, Any]:
+    """One candidate as plain JSON values (see the module docstring)."""
+    out: dict[str, Any] = {} if rank is None else {"rank": rank}
+    out.update(
+        n_gpus=c.n_gpus,
+        tokens_per_s=_num(c.tokens_per_s),
+        wall_s=_num(c.wall_s),
+        cost_usd=_num(c.cost_usd),
+        usd_per_mtok=_num(c.usd_per_mtok),
+        mfu=_num(c.mfu),
+        utilization=_num(c.utilization),
+        meets=c.meets,
+        outer=None if c.outer is None else dict(c.outer.__dict__),
+        islands=[
+            {
+                "name": i.name,
+                "accelerator": i.accelerator,
+                "n_gpus": i.n_gpus,
+                "plan": i.plan.model_dump(),
+                "step_time_s": i.step.step_time_s,
+                "tokens_per_s": i.step.tokens_per_s,
+                "mfu": i.step.mfu,
+                "memory_bytes": i.step.memory_bytes,
+                "hbm_bytes": i.step.hbm_bytes,
+                "time_breakdown_s": dict(i.step.time_breakdown),
+                "bottleneck": i.step.bottleneck,
+                "regime": i.step.regime,
+            }
+            for i in c.islands
+        ],
+    )
+    return out
+
+
+def result_json(res: PlanSearchResult) -> dict[str, Any]:
+    """The whole search result as a JSON-ready mapping."""
+    st = res.stats
+    con = res.constraints
+
+    def opt(c: Candidate | None) -> dict[str, Any] | None:
+        return None if c is None else candidate_json(c)
+
+    exp = res.explanation
+    inf = res.infeasible
+    return {
+        "schema": SCHEMA,
+        "kind": res.kind,
+        "model": res.model,
+        "target": res.target,
+        "tokens": res.tokens,
+        "constraints": {
+            "deadline_s": con.deadline_s,
+            "budget_usd": con.budget_usd,
+            "memory_headroom": con.memory_headroom,
+            "max_gpus_per_island": con.max_gpus_per_island,
+        },
+        "stats": {
+            "space": st.space,
+            "pruned_memory": st.pruned_memory,
+            "pruned_bound": st.pruned_bound,
+            "evaluated": st.evaluated,
+            "runnable": st.runnable,
+            "fitting": st.fitting,
+            "outer_combinations": st.outer_combinations,
+            "elapsed_s": st.elapsed_s,
+            "eval_cpu_s": st.eval_cpu_s,
+            "evals_per_cpu_s": _num(st.evals_per_cpu_s),
+            "jobs": st.jobs,
+        },
+        "best": {
+            "time": opt(res.best_time),
+            "cost": opt(res.best_cost),
+            "usd_per_mtok": opt(res.best_usd_per_mtok),
+        },
+        "ranked": [candidate_json(c, k + 1) for k, c in enumerate(res.ranked)],
+        "pareto": [candidate_json(c) for c in res.pareto],
+        "explanation": None
+        if exp is None
+        else {
+            "speedup": exp.speedup,
+            "terms": [
+                {"term": t.term, "winner": t.winner, "runner_up": t.runner_up} for t in exp.terms
+            ],
+            "plan_diffs": list(exp.plan_diffs),
+            "text": exp.text,
+        },
+        "infeasible": None
+        if inf is None
+        else {"binding": inf.binding, "closest": opt(inf.closest), "text": inf.text},
+    }
+
+
+def candidate_label(c: Candidate) -> str:
+    """One line: the inner plan (one cluster), or the outer settings and islands used."""
+    if c.outer is None:
+        return plan_summary(c.islands[0].plan)
+    o = c.outer
+    if o.mode == "single":
+        head = "one island"
+    elif o.mode == "sync":
+        head = "sync DP"
+    else:
+        head = f"{o.mode} H={o.inner_steps} q={o.bits}"
+        if o.mode == "streaming":
+            head += f" P={o.fragments} τ={o.overlap_steps}"
+    if len(c.islands) <= 2:
+        return head + ": " + ", ".join(f"{i.name}×{i.n_gpus}" for i in c.islands)
+    return f"{head}: {len(c.islands)} islands"
+
+
+def islands_table(c: Candidate) -> Table:
+    """The islands of one candidate: GPUs, inner plan, step time and MFU."""
+    t = Table(title="Islands of the fastest plan", title_justify="left")
+    for col in ("island", "GPU", "GPUs", "step", "MFU"):
+        t.add_column(col, justify="right" if col in ("GPUs", "step", "MFU") else "left")
+    t.add_column("inner plan")
+    for i in c.islands:
+        t.add_row(
+            i.name,
+            i.accelerator,
+            str(i.n_gpus),
+            fmt_time(i.step.step_time_s),
+            f"{i.step.mfu:.1%}",
+            plan_summary(i.plan),
+        )
+    return t
+
+
+def _table(title: str, rows: list[tuple[str, Candidate]]) -> Table:
+    t = Table(title=title, title_justify="left")
+    for col in ("", "GPUs", "tokens/s", "MFU", "time", "cost", "$/Mtok"):
+        t.add_column(col, justify="right")
+    t.add_column("plan")
+    for label, c in rows:
+        t.add_row(
+            label,
+            str(c.n_gpus),
+            f"{c.tokens_per_s:,.0f}",
+            f"{c.mfu:.1%}",
+            fmt_time(c.wall_s),
+            fmt_usd(c.cost_usd),
+            f"{c.usd_per_mtok:.3g}",
+            candidate_label(c),
+        )
+    return t
+
+
+def stats_line(res: PlanSearchResult) -> str:
+    st = res.stats
+    line = (
+        f"Searched {st.space:,} plans in {st.elapsed_s:.2f} s: {st.pruned_memory:,} pruned by the "
+        f"memory bound, {st.pruned_bound:,} by the time bound, {st.evaluated:,} evaluated "
+        f"({st.fitting:,} fit in memory)"
+    )
+    if st.outer_combinations:
+        line += f"; {st.outer_combinations:,} island/outer combinations composed"
+    return line + "."
+
+
+def render_result(res: PlanSearchResult, console: Console | None = None, top: int = 10) -> None:
+    """Best plans by each objective, the Pareto front, the top ranks, and the reasons."""
+    console = console or Console()
+    console.print(f"[bold]{res.model}[/] on [bold]{res.target}[/], {res.tokens:.3g} tokens")
+    console.print(stats_line(res))
+    if res.infeasible is not None:
+        console.print(f"[bold red]{res.infeasible.text}[/]")
+        if res.infeasible.closest is not None:
+            console.print(_table("Closest plan", [("closest", res.infeasible.closest)]))
+        return
+    best = [
+        (name, c)
+        for name, c in (
+            ("fastest", res.best_time),
+            ("cheapest", res.best_cost),
+            ("lowest $/Mtok", res.best_usd_per_mtok),
+        )
+        if c is not None
+    ]
+    console.print(_table("Best plans", best))
+    console.print(_table("Time-cost Pareto front", [("", c) for c in res.pareto[:25]]))
+    if len(res.pareto) > 25:
+        console.print(f"  ... {len(res.pareto) - 25} more on the front (--json lists all)")
+    console.print(
+        _table("Ranked by wall-clock", [(f"#{k + 1}", c) for k, c in enumerate(res.ranked[:top])])
+    )
+    if res.best_time is not None and res.best_time.outer is not None:
+        console.print(islands_table(res.best_time))
+    if res.explanation is not None:
+        console.print(f"[bold]Why #1 wins:[/] {res.explanation.text}")
+
+
+def _atomic_savefig(fig: Any, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=path.suffix)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format=path.suffix[1:], dpi=110, bbox_inches="tight")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def plot_result(res: PlanSearchResult, path: Path) -> Path:
+    """Scatter the evaluated plans (time vs cost), draw the Pareto front and mark the bests."""
+    if path.suffix.lower() not in PLOT_FORMATS:
+        raise UserInputError("--plot", str(path), f"a file ending in {' or '.join(PLOT_FORMATS)}")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    day = 86400.0
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    if res.cloud_wall_s.size:
+        ax.scatter(
+            res.cloud_wall_s / day,
+            res.cloud_cost_usd,
+            s=4,
+            c="0.75",
+            label=f"evaluated plans (sample of {res.cloud_wall_s.size:,})",
+            rasterized=True,
+        )
+    if res.pareto:
+        ax.plot(
+            [c.wall_s / day for c in res.pareto],
+            [c.cost_usd for c in res.pareto],
+            "o-",
+            color="tab:red",
+            ms=4,
+            label=f"Pareto front ({len(res.pareto)} plans)",
+        )
+    for c, marker, name in ((res.best_time, "*", "fastest"), (res.best_cost, "D", "cheapest")):
+        if c is not None:
+            ax.plot(
+                c.wall_s / day,
+                c.cost_usd,
+                marker,
+                color="black",
+                ms=10,
+                label=f"{name}: {candidate_label(c)[:60]}",
+            )
+    con = res.constraints
+    if con.deadline_s is not None:
+        ax.axvline(con.deadline_s / day, color="tab:blue", ls="--", lw=1, label="deadline")
+    if con.budget_usd is not None:
+        ax.axhline(con.budget_usd, color="tab:green", ls="--", lw=1, label="budget")
+    ax.set_xscale("log")
+    if res.cloud_cost_usd.size and float(res.cloud_cost_usd.min()) > 0:
+        ax.set_yscale("log")
+    ax.set_xlabel(f"wall-clock for {res.tokens:.3g} tokens (days)")
+    ax.set_ylabel("cost (USD)")
+    ax.set_title(f"{res.model} on {res.target}: time vs cost")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    _atomic_savefig(fig, path)
+    plt.close(fig)
+    return path
