@@ -73,6 +73,7 @@ class SweepResult:
     points: tuple[SweepPoint, ...]
     knees: tuple[Knee, ...]
     skipped: tuple[str, ...]  # values that could not run, with the reason
+    threshold: float = 0.9  # utilization that counts as compute-bound
 
 
 def _point(value: float, est: TopologyEstimate) -> SweepPoint:
@@ -198,6 +199,7 @@ def sweep(
         points=tuple(points),
         knees=knees,
         skipped=tuple(skipped),
+        threshold=base.threshold,
     )
 
 
@@ -240,15 +242,18 @@ def regime_flip(param: str, points: Sequence[SweepPoint], base: TopologyEstimate
         None,
     )
     exact = ""
+    at: float | None = None
     if param == "inner_steps" and base.min_inner_steps is not None:
         exact = f" The exact threshold is H = {base.min_inner_steps}."
+        at = float(base.min_inner_steps)
     if param == "bandwidth" and base.min_wan_gbit is not None:
         exact = f" The exact threshold is {base.min_wan_gbit:.3g} Gbit/s on {base.bottleneck.link}."
+        at = base.min_wan_gbit
     if flip is not None:
         prev, cur = flip
         return Knee(
             "regime flip",
-            cur.value,
+            at if at is not None and prev.value < at <= cur.value else cur.value,
             f"The run flips from {prev.regime} to compute-bound ({theta}) between {label} "
             f"{prev.value:g} and {cur.value:g}.{exact}",
         )
@@ -276,7 +281,7 @@ def _atomic_savefig(fig: Any, path: Path, fmt: str, dpi: int) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     os.close(fd)
     try:
-        fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight")
+        fig.savefig(tmp, format=fmt, dpi=dpi)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     finally:
@@ -311,11 +316,13 @@ def plot_sweep(
         if result.param in ("inner_steps", "bandwidth", "island_size", "batch"):
             ax.set_xscale("log")
         ax.grid(alpha=0.3)
+        if title == "compute utilization":
+            ax.axhline(result.threshold, color="tab:gray", linestyle=":", linewidth=0.8)
         for knee in result.knees:
             if knee.value is not None:
                 ax.axvline(knee.value, color="tab:red", linestyle="--", linewidth=0.8)
     fig.suptitle(f"{result.topology} ({result.mode}): sweep over {result.label}", fontsize=10)
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.09, top=0.9, hspace=0.5, wspace=0.25)
     stem = f"{result.topology}-{result.mode}-{result.param}"
     paths = [out_dir / f"{stem}.{fmt}" for fmt in formats]
     for path, fmt in zip(paths, formats, strict=True):

@@ -228,7 +228,7 @@ def test_async_beats_diloco_beats_sync_dp(
 
 @PROPS
 @given(topologies(), outer_specs)
-def test_cost_is_gpu_hours_times_price_plus_egress(
+def test_cost_is_gpu_hours_times_price_plus_egress_and_time_adds_up(
     topo: tuple[list[IslandInput], WanPaths, int], outer: OuterSpec
 ) -> None:
     inputs, wan, n_params = topo
@@ -246,6 +246,10 @@ def test_cost_is_gpu_hours_times_price_plus_egress(
     assert est.gpu_hours == pytest.approx(sum(i.step.n_gpus for i in inputs) * est.wall_s / 3600)
     assert est.cost_usd == pytest.approx(gpu + egress, rel=1e-9)
     assert est.wall_s == pytest.approx(1e12 / est.tokens_per_s)
+    assert sum(est.time_shares.values()) == pytest.approx(1.0)
+    for isl in est.islands:
+        parts = isl.busy_s + isl.straggler_s + isl.wan_exposed_s + isl.outer_opt_s
+        assert parts == pytest.approx(isl.round_s, rel=1e-9)
 
 
 @PROPS
