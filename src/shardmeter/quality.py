@@ -1,0 +1,368 @@
+"""Quality factor from HeLoCo runs: tokens to a target loss relative to a synchronous run.
+
+ShardMeter predicts tokens/s; a method that needs more tokens to reach the same loss is slower
+than its tokens/s says. This module reads HeLoCo run folders (`summary.json` + `events.jsonl`,
+docs/heloco-metrics.md) as plain JSON, without importing heloco or torch, and defines
+
+    q_m = D_m(L*) / D_ref(L*)
+
+where D_r(L*) is the number of training tokens run r needs until its validation loss first
+reaches L* (linear interpolation between the two evals that bracket the crossing, as in
+heloco.metrics.loss_at), `ref` is the synchronous DiLoCo run (method "sync"), and L* is
+`target_loss` or, by default, the lowest loss every run reaches (max over runs of each run's
+best eval loss). Runs of the same method (seeds) are averaged in D. A plan's time and cost to
+the target are then q × its wall-clock and cost for the token budget (design doc C.10).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from shardmeter.errors import UserInputError
+
+SUMMARY_FILE = "summary.json"
+EVENTS_FILE = "events.jsonl"
+REFERENCE_METHOD = "sync"
+DEFAULT_ASYNC_METHOD = "heloco"
+LossKey = Literal["loss", "cycle_loss"]
+LOSS_KEYS: tuple[str, ...] = ("loss", "cycle_loss")
+
+
+@dataclass(frozen=True)
+class RunCurve:
+    """Validation loss against training tokens of one HeLoCo run."""
+
+    method: str
+    run_dir: Path
+    tokens: tuple[float, ...]
+    losses: tuple[float, ...]
+
+    @property
+    def best_loss(self) -> float:
+        return min(self.losses)
+
+
+@dataclass(frozen=True)
+class MethodQuality:
+    """One method's tokens to the target and its quality factor (inf: never reached)."""
+
+    method: str
+    runs: int
+    tokens_to_target: float
+    factor: float
+
+
+@dataclass(frozen=True)
+class QualityFactors:
+    """Quality factors of the methods found under one folder, relative to `reference`."""
+
+    source: Path
+    reference: str
+    target_loss: float
+    loss_key: str
+    methods: tuple[MethodQuality, ...]
+
+    def names(self) -> list[str]:
+        return [m.method for m in self.methods]
+
+    def factor(self, method: str) -> float:
+        """q of `method`; a method with no run here is a one-line error listing the others."""
+        for m in self.methods:
+            if m.method == method:
+                return m.factor
+        raise UserInputError("quality method", method, f"runs here: {', '.join(self.names())}")
+
+    def for_mode(self, mode: str, method: str | None = None) -> float:
+        """q for a ShardMeter outer mode. `method` (if given) is used whatever the mode;
+        otherwise async uses HeLoCo and the synchronous modes (sync, diloco, streaming,
+        single) the reference, whose factor is 1 by definition."""
+        if method is not None:
+            return self.factor(method)
+        if mode == "async":
+            return self.factor(DEFAULT_ASYNC_METHOD)
+        return 1.0
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserInputError(str(path), type(exc).__name__, "a readable JSON file") from None
+
+
+def read_run(run_dir: Path, loss_key: LossKey = "loss") -> RunCurve:
+    """The eval curve of one run folder (method from summary.json, evals from events.jsonl)."""
+    if loss_key not in LOSS_KEYS:
+        raise UserInputError("loss key", loss_key, f"one of {', '.join(LOSS_KEYS)}")
+    summary = _read_json(run_dir / SUMMARY_FILE)
+    method = summary.get("method") if isinstance(summary, dict) else None
+    if not isinstance(method, str):
+        raise UserInputError(str(run_dir / SUMMARY_FILE), method, "a HeLoCo summary with 'method'")
+    tokens: list[float] = []
+    losses: list[float] = []
+    try:
+        lines = (run_dir / EVENTS_FILE).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        raise UserInputError(str(run_dir), "no events.jsonl", "a HeLoCo run folder") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            raise UserInputError(f"{run_dir / EVENTS_FILE}:{n}", line[:40], "JSON") from None
+        if event.get("type") != "eval" or event.get(loss_key) is None:
+            continue
+        tokens.append(float(event["tokens"]))
+        losses.append(float(event[loss_key]))
+    if not losses:
+        raise UserInputError(str(run_dir), "no eval events", "a run with evaluations")
+    return RunCurve(method, run_dir, tuple(tokens), tuple(losses))
+
+
+def find_runs(run_dir: str | Path, loss_key: LossKey = "loss") -> list[RunCurve]:
+    """`run_dir` itself if it is a run, else every immediate subfolder that is one."""
+    root = Path(run_dir)
+    if not root.is_dir():
+        raise UserInputError("--quality-from", str(root), "a folder of HeLoCo runs")
+    if (root / SUMMARY_FILE).is_file():
+        return [read_run(root, loss_key)]
+    runs = [read_run(d, loss_key) for d in sorted(root.iterdir()) if (d / SUMMARY_FILE).is_file()]
+    if not runs:
+        raise UserInputError(
+            "--quality-from", str(root), "a run folder or a folder of run folders (summary.json)"
+        )
+    return runs
+
+
+def tokens_to_loss(tokens: Sequence[float], losses: Sequence[float], target: float) -> float:
+    """Tokens at the first eval crossing of `target`, interpolated linearly (inf: never)."""
+    if losses and losses[0] <= target:
+        return float(tokens[0])
+    for i in range(1, len(losses)):
+        if losses[i] <= target:
+            a, b = losses[i - 1], losses[i]
+            frac = (a - target) / (a - b) if a != b else 1.0
+            return float(tokens[i - 1] + frac * (tokens[i] - tokens[i - 1]))
+    return math.inf
+
+
+def default_target(runs: Sequence[RunCurve]) -> float:
+    """The lowest loss every run reaches: max over runs of each run's best eval loss."""
+    return max(r.best_loss for r in runs)
+
+
+def quality_factors(
+    run_dir: str | Path,
+    target_loss: float | None = None,
+    reference: str = REFERENCE_METHOD,
+    loss_key: LossKey = "loss",
+) -> QualityFactors:
+    """q_m = D_m(L*) / D_ref(L*) for every method found under `run_dir` (module docstring)."""
+    runs = find_runs(run_dir, loss_key)
+    methods = sorted({r.method for r in runs})
+    if reference not in methods:
+        raise UserInputError(
+            "quality reference", reference, f"needs a {reference!r} run; found {', '.join(methods)}"
+        )
+    if target_loss is not None and not (math.isfinite(target_loss) and target_loss > 0):
+        raise UserInputError("--target-loss", target_loss, "a finite loss > 0 (nats/token)")
+    target = default_target(runs) if target_loss is None else float(target_loss)
+    need: dict[str, list[float]] = {m: [] for m in methods}
+    for r in runs:
+        need[r.method].append(tokens_to_loss(r.tokens, r.losses, target))
+    mean = {m: sum(v) / len(v) for m, v in need.items()}
+    ref = mean[reference]
+    if not math.isfinite(ref):
+        raise UserInputError(
+            "--target-loss", target, f"the {reference!r} run never reaches it; pick a higher loss"
+        )
+    if ref <= 0:
+        raise UserInputError(
+            "--target-loss", target, f"the {reference!r} run starts below it; pick a lower loss"
+        )
+    rows = tuple(
+        MethodQuality(method=m, runs=len(need[m]), tokens_to_target=mean[m], factor=mean[m] / ref)
+        for m in methods
+    )
+    return QualityFactors(Path(run_dir), reference, target, loss_key, rows)
+
+
+# --- ranking plans by time to the target loss -----------------------------------------------
+
+
+class PlanLike(Protocol):
+    """What ranking needs from a planner candidate (shardmeter.search.Candidate has it)."""
+
+    @property
+    def wall_s(self) -> float: ...
+    @property
+    def cost_usd(self) -> float: ...
+    @property
+    def tokens_per_s(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class RankedPlan:
+    """A plan with its quality factor: time and cost to the target loss."""
+
+    candidate: PlanLike
+    mode: str
+    quality_factor: float
+    time_to_target_s: float  # q × wall-clock for the token budget
+    cost_to_target_usd: float  # q × cost for the token budget
+
+
+def candidate_mode(candidate: PlanLike) -> str:
+    """The outer mode of a planner candidate ("single" for a one-cluster plan)."""
+    outer = getattr(candidate, "outer", None)
+    return "single" if outer is None else str(outer.mode)
+
+
+def rank_by_time_to_target(
+    candidates: Sequence[PlanLike], quality: QualityFactors, method: str | None = None
+) -> list[RankedPlan]:
+    """Candidates re-ranked by q × wall-clock (ties: cost), q from their outer mode."""
+    ranked = []
+    for c in candidates:
+        mode = candidate_mode(c)
+        q = quality.for_mode(mode, method)
+        ranked.append(RankedPlan(c, mode, q, q * c.wall_s, q * c.cost_usd))
+    return sorted(ranked, key=lambda r: (r.time_to_target_s, r.cost_to_target_usd))
+
+
+# --- `shardmeter predict/plan --quality-from RUN_DIR` ----------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags that read the quality factor from HeLoCo runs."""
+    group = parser.add_argument_group("quality factor from HeLoCo runs")
+    group.add_argument(
+        "--quality-from",
+        metavar="RUN_DIR",
+        help="HeLoCo run folder (or folder of runs incl. a 'sync' one): q = tokens to the "
+        "target loss relative to the sync run",
+    )
+    group.add_argument(
+        "--quality-method",
+        metavar="METHOD",
+        help=f"HeLoCo method whose q applies (default: {DEFAULT_ASYNC_METHOD} for async, "
+        "1 for synchronous modes)",
+    )
+    group.add_argument(
+        "--target-loss",
+        type=float,
+        help="validation loss (nats/token) the runs race to (default: lowest all reach)",
+    )
+
+
+def from_args(args: argparse.Namespace) -> QualityFactors | None:
+    """The quality factors named by `--quality-from`, or None without it."""
+    source = getattr(args, "quality_from", None)
+    if source is None:
+        for flag in ("quality_method", "target_loss"):
+            if getattr(args, flag, None) is not None:
+                raise UserInputError(
+                    f"--{flag.replace('_', '-')}", getattr(args, flag), "needs --quality-from"
+                )
+        return None
+    return quality_factors(source, getattr(args, "target_loss", None))
+
+
+def apply(args: argparse.Namespace) -> QualityFactors | None:
+    """`shardmeter predict --topology`: set `args.quality_factor` from `--quality-from` for
+    the run's outer mode (`--mode`, else the topology file's). Returns the factors used."""
+    quality = from_args(args)
+    if quality is None:
+        return None
+    if getattr(args, "quality_factor", None) is not None:
+        raise UserInputError("--quality-factor", args.quality_factor, "not with --quality-from")
+    mode = getattr(args, "mode", None)
+    if mode is None and getattr(args, "topology", None) is not None:
+        from shardmeter.specs.topology import load_topology
+
+        mode = load_topology(args.topology).run.mode
+    q = quality.for_mode(mode or "single", getattr(args, "quality_method", None))
+    if not math.isfinite(q):
+        raise UserInputError(
+            "--target-loss", quality.target_loss, "the chosen method never reaches it"
+        )
+    args.quality_factor = q
+    return quality
+
+
+def rank_from_args(args: argparse.Namespace, candidates: Sequence[PlanLike]) -> list[RankedPlan]:
+    """`shardmeter plan --quality-from`: the candidates ranked by time to the target loss
+    (empty without the flag)."""
+    quality = from_args(args)
+    if quality is None:
+        return []
+    ranked = rank_by_time_to_target(candidates, quality, getattr(args, "quality_method", None))
+    args.quality = quality
+    return ranked
+
+
+def ranked_json(ranked: Sequence[RankedPlan], quality: QualityFactors) -> dict[str, Any]:
+    """JSON view: the factors used and the plans in time-to-target order."""
+    return {
+        "source": str(quality.source),
+        "reference": quality.reference,
+        "target_loss": quality.target_loss,
+        "loss_key": quality.loss_key,
+        "methods": [
+            {
+                "method": m.method,
+                "runs": m.runs,
+                "tokens_to_target": _finite(m.tokens_to_target),
+                "quality_factor": _finite(m.factor),
+            }
+            for m in quality.methods
+        ],
+        "ranked": [
+            {
+                "rank": k + 1,
+                "mode": r.mode,
+                "quality_factor": _finite(r.quality_factor),
+                "tokens_per_s": r.candidate.tokens_per_s,
+                "wall_s": r.candidate.wall_s,
+                "time_to_target_s": _finite(r.time_to_target_s),
+                "cost_to_target_usd": _finite(r.cost_to_target_usd),
+            }
+            for k, r in enumerate(ranked)
+        ],
+    }
+
+
+def render_ranked(ranked: Sequence[RankedPlan], quality: QualityFactors, top: int = 10) -> None:
+    """Print the quality-ranked plans as a rich table."""
+    from rich.console import Console
+    from rich.table import Table
+
+    title = (
+        f"Plans by time to loss {quality.target_loss:.4f} "
+        f"(q from {quality.source}, reference {quality.reference!r})"
+    )
+    table = Table(title=title)
+    for col in ("#", "mode", "q", "tokens/s", "wall (budget)", "time to target", "cost to target"):
+        table.add_column(col, justify="left" if col == "mode" else "right")
+    for k, r in enumerate(ranked[:top], 1):
+        table.add_row(
+            str(k),
+            r.mode,
+            f"{r.quality_factor:.3f}",
+            f"{r.candidate.tokens_per_s:,.0f}",
+            f"{r.candidate.wall_s / 3600:,.1f} h",
+            f"{r.time_to_target_s / 3600:,.1f} h",
+            f"${r.cost_to_target_usd:,.0f}",
+        )
+    Console().print(table)
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
