@@ -47,7 +47,7 @@ def test_flags_shared_with_the_predict_parser_are_reused() -> None:
 
 def test_sweep_cli_states_the_knee(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["sweep", "--topology", "two-clouds", "--over", "inner_steps", "--values", "1,10,100"]
-    assert main(argv) == 0
+    assert main([*argv, "--no-plots"]) == 0
     out = capsys.readouterr().out
     assert "flips from communication-bound" in out and "exact threshold is H = 5" in out
 
@@ -62,7 +62,7 @@ def test_sweep_cli_rejects_unknown_plot_format(
 
 
 def test_sweep_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["sweep", "--topology", "two-clouds", "--over", "islands", "--json"]
+    argv = ["sweep", "--topology", "two-clouds", "--over", "islands", "--json", "--no-plots"]
     assert main(argv) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["sweeps"][0]["param"] == "islands" and len(doc["sweeps"][0]["points"]) == 2
@@ -82,3 +82,15 @@ def test_sweep_cli_bad_input_is_one_line_exit_2(
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+def test_sweep_cli_writes_plots_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    argv = ["sweep", "--topology", "two-clouds", "--over", "islands", "--formats", "png"]
+    assert main(argv) == 0
+    assert [p.name for p in (tmp_path / "sweep-plots").iterdir()] == [
+        "two-clouds-diloco-islands.png"
+    ]
+    assert "wrote sweep-plots/two-clouds-diloco-islands.png" in capsys.readouterr().out

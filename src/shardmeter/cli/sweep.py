@@ -33,7 +33,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--values", help="comma-separated values for a single --over knob (default: a grid)"
     )
-    p.add_argument("--out", type=Path, help="folder for PNG and SVG plots (default: no plots)")
+    p.add_argument(
+        "--out", type=Path, default=Path("sweep-plots"), help="plot folder (default: sweep-plots)"
+    )
+    p.add_argument("--no-plots", action="store_true", help="print tables only")
     p.add_argument("--formats", default="png,svg", help="plot formats (default: png,svg)")
     add_arguments(p)
 
@@ -85,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     overrides = overrides_from(args)
     results = [sweep(topo, knob, values, **overrides) for knob in knobs]
     plots: list[Path] = []
-    if args.out is not None:
+    if not args.no_plots:
         for result in results:
             plots.extend(plot_sweep(result, args.out, formats=formats))
     if getattr(args, "json", False):
