@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from shardmeter.errors import UserInputError
 from shardmeter.estimate.outer import MODES
 from shardmeter.predict import resolve_cluster
-from shardmeter.report.plan import plot_result, render_result, result_json
+from shardmeter.report.plan import PLOT_FORMATS, plot_result, render_result, result_json
 from shardmeter.search.api import node_multiples, plan
 from shardmeter.search.options import (
     PRECISIONS,
@@ -203,6 +203,10 @@ def progress_bar(
 
 def run(args: argparse.Namespace) -> int:
     space, outer, constraints = options_from(args)
+    if args.plot is not None and args.plot.suffix.lower() not in PLOT_FORMATS:
+        raise UserInputError(
+            "--plot", str(args.plot), f"a file ending in {' or '.join(PLOT_FORMATS)}"
+        )
     if args.topology is None and args.cluster is None:
         raise UserInputError("--cluster", None, "give --cluster NAME --gpus N, or --topology FILE")
     gpus: tuple[int, ...] | None = None
