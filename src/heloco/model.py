@@ -123,7 +123,8 @@ class Block(nn.Module):
 class TinyGPT(nn.Module):
     """Decoder-only transformer: ``(B, T)`` int64 tokens -> ``(B, T, vocab_size)`` logits.
 
-    ``seed`` makes the initialisation reproducible without touching torch's global RNG.
+    ``seed`` makes the initialisation reproducible without touching torch's global RNG
+    (``seed=None`` draws the initialisation from the global RNG, like any torch module).
     """
 
     positions: torch.Tensor  # (seq_len,) position ids, a non-persistent buffer
@@ -131,11 +132,14 @@ class TinyGPT(nn.Module):
     def __init__(self, cfg: ModelConfig, seed: int | None = None) -> None:
         super().__init__()
         self.cfg = cfg
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.d_model)
-        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        # torch's default per-layer init draws from the global RNG; it is overwritten below,
+        # so run it on a forked RNG state to leave the caller's stream untouched
+        with torch.random.fork_rng(devices=[]):
+            self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+            self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
+            self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+            self.ln_f = nn.LayerNorm(cfg.d_model)
+            self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.register_buffer("positions", torch.arange(cfg.seq_len), persistent=False)
         self.init_weights(None if seed is None else torch.Generator().manual_seed(seed))
 
