@@ -235,7 +235,7 @@ def compose(
     gpus = np.array([isl.step.n_gpus for isl in inputs], dtype=np.float64)
     tokens_step = np.array([isl.step.tokens_per_step for isl in inputs])
     h = rnd.inner_steps
-    island_tps = h * tokens_step / rnd.round_s
+    island_tps = rnd.tokens_per_s(tokens_step)
     total_tps = float(island_tps.sum())
     wall = tokens / total_tps  # T_wall = D / throughput (design doc C.10)
     price = np.array([isl.price_per_gpu_hour for isl in inputs])

@@ -216,6 +216,10 @@ class OuterRound:
         """Compute utilization: time in inner steps over wall time (INTELLECT-1's definition)."""
         return self.busy_s / self.round_s
 
+    def tokens_per_s(self, tokens_per_step: ArrayLike) -> FloatArray:
+        """Island i's tokens/s: H_i · tokens per inner step / round (island axis last)."""
+        return self.inner_steps * np.asarray(tokens_per_step, dtype=np.float64) / self.round_s
+
 
 def _wan_collective_s(
     nbytes: FloatArray, wan: WanPaths, reduce: Reduce, scale: FloatArray
