@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -96,6 +97,19 @@ def test_compute_bound_thresholds_are_tight() -> None:
         inputs, wan.scaled(est.min_wan_gbit / est.wan_gbit), 1_000_000_000, outer, 1e12
     )
     assert faster.utilization == pytest.approx(0.9, abs=1e-6)
+
+
+@pytest.mark.parametrize(("islands", "rtt"), [(2, 0.0), (5, 0.08), (12, 0.2)])
+def test_min_h_matches_the_closed_form(islands: int, rtt: float) -> None:
+    """Identical islands, blocking DiLoCo: U = H·T/(H·T + AR) ≥ θ ⇔ H ≥ θ/(1 − θ)·AR/T
+    (the design doc C.8 rule with the exact ring instead of its large-I bound)."""
+    t, n_params, gbit, theta = 4.0, 7e9, 2.0, 0.9
+    wan = uniform_wan(islands, gbit * 1e9 / 8, rtt)
+    inputs = [IslandInput(f"i{k}", step(t, 1e6, 8)) for k in range(islands)]
+    outer = OuterSpec(mode="diloco", inner_steps=1, bits=4, compute_bound_threshold=theta)
+    est = compose(inputs, wan, int(n_params), outer, 1e12)
+    ar = float(ring_allreduce_s(n_params * 4 / 8, islands, gbit * 1e9 / 8, rtt))
+    assert est.min_inner_steps == math.ceil(theta / (1 - theta) * ar / t - 1e-9)
 
 
 def test_straggler_bound_run_has_no_compute_bound_h() -> None:
