@@ -212,6 +212,7 @@ class NetWorker:
         self.incarnation = os.urandom(8).hex()
         self.report = WorkerReport(opts.worker, self.rank, self.world)
         self.worker: Worker | None = None
+        self.heartbeat: Heartbeat | None = None
 
     @property
     def ident(self) -> dict[str, Any]:
@@ -222,24 +223,33 @@ class NetWorker:
         params = result.delta if result is not None else None
         return self.client.request(type_, self.ident | (body or {}), params, self.opts.codec, self.opts.block)
 
-    def _setup(self) -> float:
+    def _hello(self) -> dict[str, Any]:
+        """Rank 0 says hello (and starts heartbeats at once); every rank gets the welcome."""
         welcome: dict[str, Any] | None = None
         if self.client is not None:
             reply = self._call("hello")
             if reply.type != "welcome":
                 raise UserInputError("worker", self.opts.worker, f"server refused: {reply.body}")
             welcome = reply.body
+            period = float(welcome.get("heartbeat_s", 2.0))
+            self.heartbeat = Heartbeat(self.client_cfg, self.secret, self.ident, period)
+            self.heartbeat.__enter__()
         if self.world > 1:
             welcome = _broadcast_json(welcome, self.opts.device)
         assert welcome is not None
+        return welcome
+
+    def _setup(self, welcome: dict[str, Any]) -> None:
+        """Build the worker from the run config the server sent."""
         cfg = parse_sim_config(welcome["run"])
         batch_seed = derive_seed(cfg.seed, ISLAND_KEY, self.rank) if self.rank else None
         self.worker = build_worker(cfg, self.opts.worker, self.opts.device, batch_seed)
         # A (re)joining worker continues its slot's learning-rate schedule.
         self.worker.step = int(welcome.get("worker_steps", 0))
+        # Pay torch.optim's one-off lazy imports now rather than inside the first round.
+        self.worker.new_optimizer()
         if self.world > 1 and self.opts.island_mode == "grads":
             average_grads_each_step(self.worker)
-        return float(welcome.get("heartbeat_s", 2.0))
 
     def _next(self) -> tuple[int, Params | None, int, int, int]:
         """Rank 0 pulls (waiting while the server says so); the island learns the outcome."""
@@ -289,12 +299,9 @@ class NetWorker:
     def run(self) -> WorkerReport:
         """Train until the server says ``done``; returns (and optionally writes) the report."""
         wall0 = time.perf_counter()
-        heartbeat_s = self._setup()
-        assert self.worker is not None
-        hb = Heartbeat(self.client_cfg, self.secret, self.ident, heartbeat_s) if self.rank == 0 else None
         try:
-            if hb is not None:
-                hb.__enter__()
+            self._setup(self._hello())
+            assert self.worker is not None
             while True:
                 kind, params, rev, steps, rid = self._next()
                 if kind == _DONE:
@@ -317,8 +324,8 @@ class NetWorker:
             if self.client is not None:
                 self._call("bye")
         finally:
-            if hb is not None:
-                hb.__exit__()
+            if self.heartbeat is not None:
+                self.heartbeat.__exit__()
             self._finish(wall0)
         return self.report
 

@@ -1,0 +1,216 @@
+"""Real multi-process runs on 127.0.0.1: workers killed and replaced, the server killed and
+restarted, and an adversarial client (replays, duplicates, wrong secret, NaN, oversized).
+
+Every test ends by checking the server's state: revision = updates in the revision log,
+accepted rounds = rounds in the log + rounds still buffered, no round applied twice, and every
+push a worker saw acknowledged is in the log exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from heloco.cli.serve import status
+from heloco.net import checkpoint, wire
+from heloco.net.client import Client, ClientConfig, ServerUnreachable
+from heloco.net.launcher import LaunchConfig, LocalCluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
+
+SECRET = b"cluster-test-secret-0123456789abcdef"
+ROUND_TOKENS = 2 * 2 * 32  # inner_steps · batch_size · seq_len
+
+
+def tiny_config(path: Path, **over: Any) -> Path:
+    values: dict[str, Any] = {
+        "method": "async-nesterov",
+        "workers": 3,
+        "inner_steps": 2,
+        "model": "tiny",
+        "token_budget": 12 * ROUND_TOKENS,
+        "eval_every": 0,
+        "eval_windows": 2,
+        "eval_batch_size": 8,
+        "data": {"seq_len": 32, "synthetic_chars_per_language": 4000, "val_chars_per_language": 1000},
+        "inner": {"batch_size": 2, "seq_len": 32, "total_steps": 200},
+    }
+    values.update(over)
+    path.write_text(json.dumps(values))
+    return path
+
+
+def wait_until(pred: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def server_status(cluster: LocalCluster) -> dict[str, Any]:
+    return status(cluster.address, cluster.secret, timeout_s=5.0)
+
+
+def final_state(out: Path) -> dict[str, Any]:
+    path = checkpoint.latest(out / "checkpoints")
+    assert path is not None, "no checkpoint written"
+    return checkpoint.load(path).state
+
+
+def assert_consistent(out: Path, workers: int) -> dict[str, Any]:
+    """Revision log vs. counters vs. what workers saw acknowledged."""
+    state = final_state(out)
+    server, coord = state["server"], state["coordinator"]
+    log = server["log"]
+    assert server["revision"] == len(log)
+    rounds = [(a["worker"], a["round_id"]) for r in log for a in r["arrivals"]]
+    assert len(rounds) == len(set(rounds)), "a round was applied twice"
+    assert coord["counters"]["accepted"] == len(rounds) + len(server["pending"])
+    for w in range(workers):
+        report = out / "workers" / f"worker{w}.json"
+        assert report.is_file(), f"worker {w} wrote no report"
+        for round_id, _ in json.loads(report.read_text())["acked"]:
+            assert rounds.count((w, round_id)) == 1, f"acked round {round_id} of worker {w} not applied once"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["updates"] == server["revision"]
+    return state
+
+
+def start(tmp_path: Path, config: Path, workers: int, *, sps: float, serve: list[str],
+          work: list[str] | None = None) -> LocalCluster:
+    cfg = LaunchConfig(
+        config=config,
+        out_dir=tmp_path / "run",
+        workers=workers,
+        seconds_per_step=[sps] * workers,
+        serve_args=["--heartbeat-s", "0.3", "--evict-after-s", "3", *serve],
+        work_args=["--timeout-s", "2", "--deadline-s", "60", *(work or [])],
+        threads=1,
+    )
+    cluster = LocalCluster(cfg, SECRET)
+    cluster.start()
+    return cluster
+
+
+def test_sync_run_survives_worker_sigkill_and_replacement(tmp_path: Path) -> None:
+    """3 workers, sync barrier: worker 1 is SIGKILLed mid-round, evicted, replaced; run completes."""
+    config = tiny_config(tmp_path / "run.json", method="sync", token_budget=3 * 5 * ROUND_TOKENS)
+    cluster = start(tmp_path, config, 3, sps=0.25, serve=[])
+    try:
+        wait_until(lambda: server_status(cluster)["revision"] >= 2, 60, "two sync updates")
+        cluster.kill_worker(1)  # rounds are ~0.5 s of sleep/compute: killed mid-round
+        wait_until(lambda: not server_status(cluster)["workers"][1]["active"], 10, "eviction")
+        frozen = server_status(cluster)
+        assert frozen["counters"]["evictions"] >= 1
+        time.sleep(0.5)
+        assert server_status(cluster)["revision"] == frozen["revision"]  # the barrier waits
+        cluster.start_worker(1)
+        assert cluster.wait(90) == 0
+    finally:
+        cluster.stop()
+    out = tmp_path / "run"
+    state = assert_consistent(out, 3)
+    counters = state["coordinator"]["counters"]
+    assert counters["evictions"] >= 1 and counters["rejoins"] >= 1
+    assert state["server"]["revision"] == 5
+    assert all(len(r["arrivals"]) == 3 for r in state["server"]["log"])
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    assert {"evicted", "replaced"} <= {e["event"] for e in events if e["type"] == "worker"}
+
+
+def test_async_run_survives_server_sigkill_and_restart(tmp_path: Path) -> None:
+    """3 async workers; the server is SIGKILLed and restarted from its (durable) checkpoint."""
+    config = tiny_config(tmp_path / "run.json", token_budget=24 * ROUND_TOKENS)
+    cluster = start(tmp_path, config, 3, sps=0.1, serve=["--durable"])
+    try:
+        wait_until(lambda: server_status(cluster)["revision"] >= 4, 60, "four updates")
+        cluster.kill_server(signal.SIGKILL)
+        killed_at = final_state(tmp_path / "run")["server"]["revision"]
+        assert killed_at >= 4
+        cluster.start_server()
+        assert cluster.wait(90) == 0
+    finally:
+        cluster.stop()
+    out = tmp_path / "run"
+    state = assert_consistent(out, 3)
+    assert state["server"]["revision"] >= 24 - 3  # budget counted in tokens of accepted rounds
+    assert state["coordinator"]["tokens"] >= 24 * ROUND_TOKENS
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    restarts = [e for e in events if e["type"] == "restart"]
+    assert len(restarts) == 1 and restarts[0]["revision"] >= killed_at
+
+
+def test_adversarial_client(tmp_path: Path) -> None:
+    """Replays, duplicates, a wrong secret, NaN and oversized messages against `heloco serve`."""
+    config = tiny_config(tmp_path / "run.json", workers=2, token_budget=10**9)
+    cfg = LaunchConfig(config=config, out_dir=tmp_path / "run", workers=2, serve_args=["--max-mb", "1"])
+    cluster = LocalCluster(cfg, SECRET)
+    try:
+        address = cluster.start_server()
+        me = {"worker": 0, "incarnation": "test"}
+        client = Client(ClientConfig(address, timeout_s=5, deadline_s=10, max_bytes=1 << 20), SECRET)
+        assert client.request("hello", me).type == "welcome"
+        d = client.request("pull", me)
+        assert d.type == "dispatch"
+        params = d.params()
+
+        def push_msg(d: wire.Message, delta: dict[str, torch.Tensor], codec: str = "int8") -> wire.Message:
+            body = me | {"round_id": d.body["round_id"], "base_revision": d.body["revision"],
+                         "steps": 2, "tokens": ROUND_TOKENS, "mean_loss": 5.0, "compute_s": 0.1}
+            return wire.make("push", body, delta, codec=codec)  # type: ignore[arg-type]
+
+        small = {k: torch.randn_like(v) * 1e-3 for k, v in params.items()}
+        msg = push_msg(d, small)
+        frames = wire.encode(msg, SECRET)
+        client.send_frames(list(frames))
+        first = client.receive(msg.id, 5)
+        assert first is not None and first.type == "ack" and first.body["revision"] == 1
+
+        client.send_frames(list(frames))  # byte-for-byte replay: dropped, counted, not applied
+        assert client.receive(msg.id, 1.0) is None
+        dup = client.call(push_msg(d, small))  # same round, fresh message (a retry): acked once
+        assert dup.type == "ack" and dup.body["duplicate"] and dup.body["revision"] == 1
+
+        intruder = Client(ClientConfig(address, timeout_s=1, deadline_s=1.5), b"not-the-secret-0123456789")
+        with pytest.raises(ServerUnreachable):
+            intruder.request("status")
+        intruder.close()
+
+        d2 = client.request("pull", me)
+        nan = {k: v.clone() for k, v in small.items()}
+        next(iter(nan.values())).view(-1)[0] = float("nan")
+        for codec in ("fp32", "bf16", "int8"):
+            bad = client.call(push_msg(d2, nan, codec))
+            assert bad.type == "error" and bad.body["reason"] == "bad_update"
+        shapes = {k: torch.zeros(v.numel() + 1) for k, v in small.items()}
+        assert client.call(push_msg(d2, shapes)).body["reason"] == "bad_update"
+
+        huge = {f"t{i}": torch.zeros(100_000) for i in range(4)}  # 4 frames of 400 kB > 1 MiB
+        too_big = client.call(wire.make("push", me, huge))
+        assert too_big.type == "error" and too_big.body["reason"] == "too_large"
+        one_frame = wire.make("push", me, {"t": torch.zeros(400_000)})  # > MAXMSGSIZE: cut off
+        client.send(one_frame)
+        assert client.receive(one_frame.id, 1.0) is None
+        client.close()
+
+        ok = Client(ClientConfig(address, timeout_s=5, deadline_s=10), SECRET)
+        assert ok.call(push_msg(d2, small, "bf16")).body["revision"] == 2
+        s = status(address, SECRET, 5)
+        ok.close()
+        c = s["counters"]
+        assert s["revision"] == s["log_length"] == 2 and c["accepted"] == 2
+        assert c["replay"] == 1 and c["duplicate"] == 1 and c["bad_mac"] >= 1
+        assert c["bad_update"] == 4 and c["too_large"] == 1
+        cluster.kill_server(signal.SIGTERM)  # clean shutdown writes a final checkpoint
+    finally:
+        cluster.stop()
+    state = final_state(tmp_path / "run")
+    assert state["server"]["revision"] == 2 and state["coordinator"]["counters"]["accepted"] == 2
