@@ -83,7 +83,8 @@ class SimConfig(BaseModel):
     inner: InnerConfig = InnerConfig()
     token_budget: int | None = Field(None, ge=1)
     time_budget: float | None = Field(None, gt=0)
-    eval_every: int = Field(0, ge=0, description="tokens between evaluations (0: start and end)")
+    eval_every: int = Field(0, ge=0, description="eval_unit between evaluations (0: start, end)")
+    eval_unit: Literal["tokens", "steps"] = Field("tokens", description="unit of eval_every")
     eval_batch_size: int = Field(64, ge=1)
     eval_windows: int | None = Field(64, ge=1, description="windows per language (None: all)")
     seed: int = 42
@@ -146,6 +147,7 @@ class Clock:
     token_budget: int | None
     time_budget: float | None
     eval_every: int
+    eval_unit: Literal["tokens", "steps"] = "tokens"
 
 
 @dataclass
@@ -157,6 +159,7 @@ class Trajectory:
     steps: int = 0
     time: float = 0.0
     eval_seconds: float = 0.0
+    loop_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -267,9 +270,10 @@ class _Sim:
 
     def maybe_eval(self) -> None:
         every = self.clock.eval_every
-        if every <= 0 or self.traj.tokens < self.next_eval:
+        done = self.traj.tokens if self.clock.eval_unit == "tokens" else self.traj.steps
+        if every <= 0 or done < self.next_eval:
             return
-        while self.next_eval <= self.traj.tokens:
+        while self.next_eval <= done:
             self.next_eval += every
         self.eval_now()
 
@@ -380,6 +384,7 @@ def simulate(
         raise ValueError("clock needs one pace and one comm delay per worker")
     for w, pace in enumerate(clock.paces):
         server.observe_speed(w, 1.0 / pace)
+    t0 = time.perf_counter()
     sim = _Sim(
         server,
         workers,
@@ -389,7 +394,9 @@ def simulate(
         stats or RunStats(k),
         progress,
     )
-    return sim.run_sync() if server.cfg.synchronous else sim.run_async()
+    traj = sim.run_sync() if server.cfg.synchronous else sim.run_async()
+    traj.loop_seconds = time.perf_counter() - t0
+    return traj
 
 
 def model_config_for(cfg: SimConfig, vocab_size: int) -> ModelConfig:
@@ -442,6 +449,7 @@ def run_simulation(
         token_budget=cfg.token_budget,
         time_budget=cfg.time_budget,
         eval_every=cfg.eval_every,
+        eval_unit=cfg.eval_unit,
     )
 
     @torch.no_grad()
@@ -473,7 +481,7 @@ def summarize(
 ) -> RunSummary:
     """The summary.json of a finished run."""
     last = traj.evals[-1] if traj.evals else None
-    train_wall = max(wall - traj.eval_seconds, 1e-9)
+    train_wall = max((traj.loop_seconds or wall) - traj.eval_seconds, 1e-9)
     return RunSummary(
         method=cfg.method,
         n_workers=cfg.workers,

@@ -153,6 +153,19 @@ def test_evals_every_n_tokens_and_cycle_average(tmp_path: Path) -> None:
     assert sum(x["type"] == "eval" for x in lines) == len(evals)
 
 
+def test_eval_every_counts_steps_when_asked() -> None:
+    k = 2
+    init = {"w": torch.zeros(3)}
+    server = Server(
+        init,
+        build_optimizer("mla", init, OuterConfig(), k),
+        ServerConfig(n_workers=k, inner_steps=1),
+    )
+    clock = Clock([1.0, 1.0], [0.0, 0.0], 0.0, 0, None, 5.0, 4, "steps")
+    traj = simulate(server, [FakeWorker(w) for w in range(k)], clock, evaluate)
+    assert [e.steps for e in traj.evals] == [0, 4, 8, 10]  # 2 steps per second, to t = 5
+
+
 def test_paces_from_a_distribution_are_seeded() -> None:
     base = {
         "workers": 4,

@@ -1,7 +1,13 @@
 """Outer optimizers: what the server does with a pseudo-gradient (pure tensor math, no I/O)."""
 
 from heloco.outer.base import Arrival, OptimizerState, OuterOptimizer, StepStats
-from heloco.outer.registry import METHODS, OuterConfig, build_optimizer, method_names, resolve_method
+from heloco.outer.registry import (
+    METHODS,
+    OuterConfig,
+    build_optimizer,
+    method_names,
+    resolve_method,
+)
 
 __all__ = [
     "METHODS",
