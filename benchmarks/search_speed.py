@@ -1,0 +1,129 @@
+"""Planner speed: vectorized plan evaluations per second, complete searches, and the speed-up
+over a plain Python loop of `predict`.
+
+Run: .venv/bin/python benchmarks/search_speed.py
+"Per CPU-second" divides by the process's CPU time (`time.process_time`), i.e. the rate on one
+dedicated core; wall-clock rates are printed too (they drop when the machine is shared).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from shardmeter.predict import predict
+from shardmeter.search import SpaceOptions, plan
+from shardmeter.search.cluster import FrontPolicy
+from shardmeter.search.evaluate import EvalJob, evaluate_work, plan_work
+from shardmeter.search.options import Constraints
+from shardmeter.search.space import make_plan
+from shardmeter.specs.loader import load_cluster, load_model
+
+MODEL = "llama-3.1-405b"
+CLUSTER = "dgx-h100"
+GPUS = 16384
+BATCH = 2048  # sequences of 8192 tokens: Llama 3.1's 16M-token batch (Dubey et al. 2024, §3.4)
+SPACE = SpaceOptions(precisions=("bf16", "fp8"))
+
+
+def raw_rate() -> None:
+    """Every plan of the 405B space at three batches, no pruning: estimator throughput."""
+    model, cluster = load_model(MODEL), load_cluster(CLUSTER)
+    batches = (1024, 2048, 4096)
+    budget = cluster.accelerator.hbm_gb * 1e9
+    work, _ = plan_work(model, cluster, [GPUS], batches, SPACE, budget)
+    policy = FrontPolicy(1e12, model.seq_len, cluster.price_per_gpu_hour, 20, Constraints())
+    job = EvalJob(model, cluster, False, budget, prune=False)
+    w0, c0 = time.perf_counter(), time.process_time()
+    counts = evaluate_work(job, work, policy)
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    print("1. Vectorized evaluation (estimate_step_arrays on broadcast grids, no pruning)")
+    print(f"   {MODEL} on {GPUS} × {CLUSTER}, batches {batches}, bf16+fp8")
+    print(f"   plans evaluated            {counts.evaluated:>12,}")
+    print(
+        f"   in estimator: CPU s        {counts.eval_cpu_s:>12.3f}   wall s {counts.eval_wall_s:.3f}"
+    )
+    print(
+        f"   evals / CPU-second         {counts.evaluated / counts.eval_cpu_s:>12,.0f}  (estimator only)"
+    )
+    print(
+        f"   evals / wall-second        {counts.evaluated / counts.eval_wall_s:>12,.0f}  (estimator only)"
+    )
+    print(
+        f"   whole loop: CPU s {cpu:.3f}, wall s {wall:.3f} -> {counts.evaluated / cpu:,.0f} plans / CPU-s"
+    )
+    print()
+
+
+def complete_searches() -> None:
+    print("2. Complete searches (enumerate, bound, evaluate, rank, front, explain)")
+    for label, kwargs in (
+        (
+            f"{MODEL} on {GPUS} × H100 (one cluster), batch {BATCH}, bf16+fp8",
+            dict(model=MODEL, cluster=CLUSTER, gpus=GPUS, global_batch=BATCH, options=SPACE),
+        ),
+        (
+            "eight-heterogeneous islands (llama-3-8b, 184 GPUs, 4 outer modes)",
+            dict(topology="eight-heterogeneous"),
+        ),
+    ):
+        w0, c0 = time.perf_counter(), time.process_time()
+        res = plan(**kwargs)  # type: ignore[arg-type]
+        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+        st = res.stats
+        best = res.best_time
+        print(f"   {label}")
+        print(
+            f"     space {st.space:,}; pruned memory {st.pruned_memory:,}, bound "
+            f"{st.pruned_bound:,}; evaluated {st.evaluated:,}; outer combos {st.outer_combinations:,}"
+        )
+        print(f"     wall {wall:.2f} s, CPU {cpu:.2f} s")
+        if best is not None:
+            print(
+                f"     fastest: {best.wall_s / 86400:.1f} days, ${best.cost_usd:,.0f}, MFU {best.mfu:.1%}"
+            )
+    print()
+
+
+def versus_predict_loop(sample: int = 300) -> None:
+    """The same plans through a Python loop of `predict` (one plan per call)."""
+    model, cluster = load_model(MODEL), load_cluster(CLUSTER)
+    opts = SpaceOptions(precisions=("bf16", "fp8"), uneven_layers=False)
+    budget = cluster.accelerator.hbm_gb * 1e9
+    work, _ = plan_work(model, cluster, [GPUS], (BATCH,), opts, budget)
+    rng = np.random.default_rng(0)
+    picks = []
+    for _ in range(sample):
+        w = work[int(rng.integers(len(work)))]
+        r, k = int(rng.integers(len(w.rows))), int(rng.integers(len(w.sync)))
+        if w.rows.dp[r] % w.sync.shard_group[k] == 0:
+            picks.append(
+                make_plan(
+                    w.rows, r, int(w.sync.sharding[k]), int(w.sync.shard_group[k]), BATCH, False
+                )
+            )
+    c0 = time.process_time()
+    loop = [predict(model, cluster, p).step_time_s for p in picks]
+    loop_cpu = time.process_time() - c0
+    policy = FrontPolicy(1e12, model.seq_len, cluster.price_per_gpu_hour, 20, Constraints())
+    job = EvalJob(model, cluster, False, budget, prune=False)
+    counts = evaluate_work(job, work, policy)
+    vec_rate = counts.evaluated / counts.eval_cpu_s
+    loop_rate = len(picks) / loop_cpu
+    from shardmeter.estimate.plan_arrays import PlanArrays
+    from shardmeter.estimate.step import estimate_step_arrays
+
+    vec = estimate_step_arrays(model, cluster, PlanArrays.from_plans(picks)).step_time_s
+    diff = float(np.max(np.abs(np.asarray(vec) / np.asarray(loop) - 1.0)))
+    print(f"3. Side by side on {len(picks)} sampled plans of the same space")
+    print(f"   Python loop over predict()  {loop_rate:>12,.0f} plans / CPU-s")
+    print(f"   vectorized grid evaluation  {vec_rate:>12,.0f} plans / CPU-s")
+    print(f"   speed-up                    {vec_rate / loop_rate:>12,.0f}×")
+    print(f"   max relative difference of step times: {diff:.2e}")
+
+
+if __name__ == "__main__":
+    raw_rate()
+    complete_searches()
+    versus_predict_loop()
