@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -83,6 +85,7 @@ def test_state_dict_round_trip_gives_identical_updates(
     for i in range(0, split, batch):
         a.step(theta, arrivals[i : i + batch])
     state = a.state_dict()
+    state.meta = json.loads(json.dumps(state.meta))  # the meta must survive JSON
     theta_b = {"w": theta["w"].clone()}
     b = build_optimizer(method, theta_b, OuterConfig(), k)
     b.load_state_dict(state)
