@@ -72,6 +72,7 @@ class RunSummary:
     staleness_max: list[int | None]
     correction: CorrectionSummary
     paces: list[float] = field(default_factory=list)
+    weight_shares: list[float] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
 
 
@@ -92,6 +93,7 @@ class RunStats:
         self.n_workers = n_workers
         self.worker_languages = worker_languages
         self.arrivals = [0] * n_workers
+        self.weights = [0.0] * n_workers
         self.staleness_sum = [0] * n_workers
         self.staleness_max: list[int | None] = [None] * n_workers
         self.updates = 0
@@ -100,8 +102,10 @@ class RunStats:
 
     def add(self, record: UpdateRecord) -> None:
         self.updates += 1
+        per_arrival = record.stats.rho / len(record.arrivals)
         for a in record.arrivals:
             self.arrivals[a.worker] += 1
+            self.weights[a.worker] += per_arrival
             self.staleness_sum[a.worker] += a.staleness
             prev = self.staleness_max[a.worker]
             self.staleness_max[a.worker] = a.staleness if prev is None else max(prev, a.staleness)
@@ -115,6 +119,12 @@ class RunStats:
         """Fraction of applied arrivals that came from each worker."""
         total = sum(self.arrivals)
         return [a / total if total else 0.0 for a in self.arrivals]
+
+    def weight_shares(self) -> list[float]:
+        """Fraction of the total applied weight (ρ·balancing weight) that came from each worker:
+        each worker's effective contribution to the outer momentum."""
+        total = sum(self.weights)
+        return [w / total if total else 0.0 for w in self.weights]
 
     def language_shares(self) -> dict[str, float]:
         """Σ_w share_w · mixture_w[language]: how much each language fed the updates."""
@@ -174,6 +184,7 @@ def eval_event(point: EvalPoint, stats: RunStats) -> dict[str, Any]:
         "type": "eval",
         **{k: (_finite(v) if isinstance(v, float) else v) for k, v in asdict(point).items()},
         "worker_shares": stats.worker_shares(),
+        "weight_shares": stats.weight_shares(),
         "language_shares": stats.language_shares(),
     }
 

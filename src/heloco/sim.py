@@ -506,4 +506,5 @@ def summarize(
         staleness_max=list(stats.staleness_max),
         correction=stats.correction(),
         paces=paces,
+        weight_shares=stats.weight_shares(),
     )

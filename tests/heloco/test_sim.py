@@ -132,6 +132,21 @@ def test_grace_window_batches_arrivals() -> None:
     assert server.revision == 2 and traj.time == 1.5  # type: ignore[attr-defined]
 
 
+def test_arrival_balancing_equalises_effective_contributions() -> None:
+    k = 3
+    init = {"w": torch.zeros(3)}
+    server = Server(
+        init,
+        build_optimizer("mla+ab", init, OuterConfig(), k),
+        ServerConfig(n_workers=k, inner_steps=1),
+    )
+    stats = RunStats(k)
+    clock = Clock([1.0, 1.0, 4.0], [0.0] * k, 0.0, 0, None, 200.0, 0)
+    simulate(server, [FakeWorker(w) for w in range(k)], clock, evaluate, None, stats)
+    assert stats.worker_shares() == pytest.approx([4 / 9, 4 / 9, 1 / 9], abs=0.01)
+    assert stats.weight_shares() == pytest.approx([1 / 3] * 3, abs=0.03)
+
+
 def test_jitter_is_seeded() -> None:
     a, _ = run_fake("mla", [1.0, 1.3, 1.7], seconds=20.0, jitter=0.3, seed=1)
     b, _ = run_fake("mla", [1.0, 1.3, 1.7], seconds=20.0, jitter=0.3, seed=1)

@@ -61,6 +61,7 @@ def test_run_stats_shares_staleness_and_correction() -> None:
     for rec in (record(1, 0, 0, math.nan), record(2, 0, 1, 0.5), record(3, 1, 2, 0.3)):
         stats.add(rec)
     assert stats.worker_shares() == pytest.approx([2 / 3, 1 / 3])
+    assert stats.weight_shares() == pytest.approx([2 / 3, 1 / 3])  # equal ρ = 0.5 each
     assert stats.language_shares() == pytest.approx({"de": 2 / 3 + 1 / 6, "fr": 1 / 6})
     assert stats.staleness_mean() == [0.5, 2.0] and stats.staleness_max == [1, 2]
     corr = stats.correction()
