@@ -8,6 +8,7 @@ dedicated core; wall-clock rates are printed too (they drop when the machine is 
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -25,6 +26,21 @@ CLUSTER = "dgx-h100"
 GPUS = 16384
 BATCH = 2048  # sequences of 8192 tokens: Llama 3.1's 16M-token batch (Dubey et al. 2024, §3.4)
 SPACE = SpaceOptions(precisions=("bf16", "fp8"))
+
+
+def machine_check() -> None:
+    """How fast this machine runs one numpy element-wise op right now (context for rates)."""
+    a, b = np.random.rand(32768), np.random.rand(32768)
+    c0 = time.process_time()
+    for _ in range(2000):
+        np.multiply(a, b)
+    ns = (time.process_time() - c0) / (2000 * a.size) * 1e9
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(
+        f"0. Machine: np.multiply on 32k float64 takes {ns:.2f} ns/element per CPU-second "
+        f"(load average {load:.1f} on {os.cpu_count()} cores)"
+    )
+    print()
 
 
 def raw_rate() -> None:
@@ -124,6 +140,7 @@ def versus_predict_loop(sample: int = 300) -> None:
 
 
 if __name__ == "__main__":
+    machine_check()
     raw_rate()
     complete_searches()
     versus_predict_loop()

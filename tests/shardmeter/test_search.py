@@ -304,3 +304,10 @@ def test_bad_inputs_raise_user_input_errors() -> None:
         plan("llama-3-8b", "dgx-h100", gpus=0)
     with pytest.raises(UserInputError, match="modes"):
         OuterOptions(modes=("gossip",))
+
+
+def test_parallel_jobs_find_the_same_plans(gpt17: TransformerSpec, a100_40: object) -> None:
+    one = plan(gpt17, a100_40, gpus=(8, 16), global_batch=64, options=SPACE, top_k=3)  # type: ignore[arg-type]
+    two = plan(gpt17, a100_40, gpus=(8, 16), global_batch=64, options=SPACE, top_k=3, jobs=2)  # type: ignore[arg-type]
+    assert [c.wall_s for c in two.ranked] == pytest.approx([c.wall_s for c in one.ranked])
+    assert [c.cost_usd for c in two.pareto] == pytest.approx([c.cost_usd for c in one.pareto])

@@ -234,68 +234,91 @@ class Block:
     mfu: FloatArray
 
 
-def compose_block(
-    members: tuple[int, ...],
-    islands: Sequence[IslandOptions],
-    wan: WanPaths,
-    model: TransformerSpec,
-    run: OuterSpec,
-    mode: str,
-    grid: OuterGrid,
-    per_gpu: int,
-    tokens: float,
-) -> Block | None:
-    """Every GPU-count combination of `members` under every setting in `grid` (C.9, C.10)."""
+@dataclass(frozen=True)
+class Combos:
+    """Every GPU-count combination of an island subset at one batch per GPU (C rows, k cols)."""
+
+    members: tuple[int, ...]
+    per_gpu: int
+    gpus: IntArray  # (C, k)
+    inner_s: FloatArray  # fastest inner step of each member at its GPU count
+    mfu: FloatArray
+    outer_opt_s: FloatArray  # full outer-optimizer step per island (C.2 roofline)
+    price: FloatArray  # (k,) USD per GPU-hour
+
+
+def combos(
+    members: tuple[int, ...], islands: Sequence[IslandOptions], model: TransformerSpec, per_gpu: int
+) -> Combos | None:
+    """The cross product of each member's GPU counts that have a fitting plan."""
     opts = [[n for n in islands[i].gpu_counts if (n, per_gpu) in islands[i].steps] for i in members]
     if any(not o for o in opts):
         return None
     index = np.stack(
         [g.reshape(-1) for g in np.meshgrid(*[np.arange(len(o)) for o in opts], indexing="ij")],
         axis=-1,
-    )  # (C, k): every combination of each member's GPU-count options
-    table = [np.asarray(o, dtype=np.int64) for o in opts]
+    )
+
+    def column(j: int, values: list[float]) -> FloatArray:
+        return np.asarray(values, dtype=np.float64)[index[:, j]]
+
     steps = [
         [islands[i].steps[(n, per_gpu)] for n in o] for i, o in zip(members, opts, strict=True)
     ]
-    gpus = np.stack([table[j][index[:, j]] for j in range(len(members))], axis=-1)
-    inner = np.stack(
-        [np.array([st.step_time_s for st in steps[j]])[index[:, j]] for j in range(len(members))],
-        axis=-1,
-    )
-    mfu = np.stack(
-        [np.array([st.mfu for st in steps[j]])[index[:, j]] for j in range(len(members))], axis=-1
-    )
+    k = range(len(members))
+    gpus = np.stack([np.asarray(opts[j], dtype=np.int64)[index[:, j]] for j in k], axis=-1)
     accs = [islands[i].cluster.accelerator for i in members]
     hbm = np.array([a.hbm_gbps * 1e9 * a.efficiency.memory for a in accs])
-    price = np.array([islands[i].cluster.price_per_gpu_hour for i in members])
-    opt = outer_opt_seconds(model.params_total, gpus.astype(np.float64), hbm)  # (C, k)
+    return Combos(
+        members=members,
+        per_gpu=per_gpu,
+        gpus=gpus,
+        inner_s=np.stack([column(j, [st.step_time_s for st in steps[j]]) for j in k], axis=-1),
+        mfu=np.stack([column(j, [st.mfu for st in steps[j]]) for j in k], axis=-1),
+        outer_opt_s=outer_opt_seconds(model.params_total, gpus.astype(np.float64), hbm),
+        price=np.array([islands[i].cluster.price_per_gpu_hour for i in members]),
+    )
+
+
+def compose_block(
+    cb: Combos,
+    wan: WanPaths,
+    model: TransformerSpec,
+    run: OuterSpec,
+    mode: str,
+    grid: OuterGrid,
+    tokens: float,
+) -> Block:
+    """Every GPU-count combination under every setting in `grid`, composed and priced as
+    `estimate.islands.compose` does (C.9, C.10)."""
+    outer_mode = "sync" if mode == "single" else mode
     rnd = outer_round(
-        "sync" if mode == "single" else mode,  # type: ignore[arg-type]
-        inner[:, None, :],
+        outer_mode,  # type: ignore[arg-type]
+        cb.inner_s[:, None, :],
         wan,
         model.params_total,
         inner_steps=grid.inner_steps[None, :],
         bits=grid.bits[None, :],
         grad_bits=run.grad_bits,
-        outer_opt_s=opt[:, None, :],
+        outer_opt_s=cb.outer_opt_s[:, None, :],
         reduce=run.reduce,
         overlap=run.outer_overlap,
         fragments=grid.fragments[None, :],
         overlap_steps=grid.overlap_steps[None, :],
         balance=run.balance_steps,
     )
-    h = np.broadcast_to(np.asarray(rnd.inner_steps), rnd.round_s.shape)
-    batch = (gpus * per_gpu * model.seq_len).astype(np.float64)[:, None, :]
-    island_tps = h * batch / rnd.round_s  # tokens/s per island (compose, C.10)
+    gpus = cb.gpus
+    island_tps = rnd.tokens_per_s((gpus * cb.per_gpu * model.seq_len)[:, None, :])
     total = island_tps.sum(axis=-1)
     wall = tokens / total
-    egress = egress_usd_per_byte(wan, "sync" if mode == "single" else mode, run.reduce)  # type: ignore[arg-type]
+    egress = egress_usd_per_byte(wan, outer_mode, run.reduce)  # type: ignore[arg-type]
     wan_total = rnd.wan_bytes * wall[..., None] / rnd.round_s
-    cost = (gpus * price).sum(axis=-1)[:, None] * wall / 3600.0 + (wan_total * egress).sum(axis=-1)
+    gpu_cost = (gpus * cb.price).sum(axis=-1)[:, None] * wall / 3600.0
+    cost = gpu_cost + (wan_total * egress).sum(axis=-1)
     n_all = gpus.sum(axis=-1).astype(np.float64)[:, None]
     util = (rnd.utilization * gpus[:, None, :]).sum(axis=-1) / n_all
-    mfu_total = (rnd.utilization * (mfu * gpus)[:, None, :]).sum(axis=-1) / n_all
-    return Block(members, gpus, per_gpu, mode, grid, wall, cost, total, util, mfu_total)
+    mfu_total = (rnd.utilization * (cb.mfu * gpus)[:, None, :]).sum(axis=-1) / n_all
+    return Block(cb.members, gpus, cb.per_gpu, mode, grid, wall, cost, total, util, mfu_total)
 
 
 def _meets(wall: FloatArray, cost: FloatArray, con: Constraints) -> NDArray[np.bool_]:
@@ -432,20 +455,22 @@ def search_topology(
     )
     blocks: list[Block] = []
     n_isl = len(islands)
+    grids = {mode: outer_grid(mode, topo.run, outer) for mode in ("single", *outer.modes)}
     for size in range(1, n_isl + 1):
         for members in itertools.combinations(range(n_isl), size):
             wan = wan_all.subset(list(members))
             modes = ("single",) if size == 1 else outer.modes
-            for mode in modes:
-                grid = outer_grid(mode, topo.run, outer)
-                if not grid.inner_steps.size:
+            for b in per_gpu:
+                cb = combos(members, islands, model, b)
+                if cb is None:
                     continue
-                for b in per_gpu:
-                    blk = compose_block(
-                        members, islands, wan, model, topo.run, mode, grid, b, budget_tokens
-                    )
-                    if blk is not None:
-                        blocks.append(blk)
+                for mode in modes:
+                    if grids[mode].inner_steps.size:
+                        blocks.append(
+                            compose_block(
+                                cb, wan, model, topo.run, mode, grids[mode], budget_tokens
+                            )
+                        )
     return _topology_result(
         topo,
         model,
