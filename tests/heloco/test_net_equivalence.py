@@ -1,0 +1,111 @@
+"""A networked run (ZeroMQ over loopback) and a simulated run of one config give the same curve.
+
+The server runs ``heloco.net.session.Session`` in a thread and the workers run
+``heloco.net.worker_loop.NetWorker`` in threads, talking over real TCP sockets on 127.0.0.1.
+Where the arrival order is deterministic (one async worker; a sync barrier) the two runs apply
+the same updates in the same order, so the validation losses agree to float tolerance:
+``ONE_WORKER_TOL`` (identical in practice: same ops, same seeds, fp32 on the wire) and
+``SYNC_TOL`` (a sync barrier sums the K deltas in arrival order, which over the network is
+not the simulator's order; fp32 addition is not associative).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from heloco.net.client import ClientConfig
+from heloco.net.endpoint import EndpointConfig
+from heloco.net.session import Session
+from heloco.net.worker_loop import NetWorker, WorkerOptions, WorkerReport
+from heloco.sim import parse_sim_config, run_simulation
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+SECRET = b"equivalence-test-secret-0123456789"
+ONE_WORKER_TOL = 1e-6
+SYNC_TOL = 1e-4
+ROUND_TOKENS = 2 * 2 * 32
+
+
+def config(**over: Any) -> Any:
+    values: dict[str, Any] = {
+        "method": "heloco",
+        "workers": 1,
+        "inner_steps": 2,
+        "model": "tiny",
+        "token_budget": 6 * ROUND_TOKENS,
+        "eval_every": 2 * ROUND_TOKENS,
+        "eval_windows": 2,
+        "eval_batch_size": 8,
+        "data": {"seq_len": 32, "synthetic_chars_per_language": 4000, "val_chars_per_language": 1000},
+        "inner": {"batch_size": 2, "seq_len": 32, "total_steps": 50},
+    }
+    values.update(over)
+    return parse_sim_config(values)
+
+
+def networked(cfg: Any, tmp: Path, codec: str = "fp32") -> tuple[Session, list[WorkerReport]]:
+    session = Session(cfg, SECRET, EndpointConfig(checkpoint_dir=tmp / "ck", drain_s=2.0), out_dir=tmp)
+    ready = threading.Event()
+    address: list[str] = []
+
+    def on_ready(a: str) -> None:
+        address.append(a)
+        ready.set()
+
+    server = threading.Thread(target=session.serve, args=(on_ready,), daemon=True)
+    server.start()
+    assert ready.wait(30)
+    reports: list[WorkerReport] = []
+
+    def work(w: int) -> None:
+        client = ClientConfig(address[0], timeout_s=20, deadline_s=60)
+        reports.append(NetWorker(client, SECRET, WorkerOptions(worker=w, codec=codec)).run())  # type: ignore[arg-type]
+
+    threads = [threading.Thread(target=work, args=(w,), daemon=True) for w in range(cfg.workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    server.join(30)
+    assert not server.is_alive() and len(reports) == cfg.workers
+    return session, reports
+
+
+def curves(session: Session, cfg: Any) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    sim = run_simulation(cfg)
+    net = [(e.tokens, e.loss) for e in session.traj.evals]
+    return net, [(e.tokens, e.loss) for e in sim.evals]
+
+
+def test_one_async_worker_matches_simulator(tmp_path: Path) -> None:
+    cfg = config()
+    session, _ = networked(cfg, tmp_path)
+    net, sim = curves(session, cfg)
+    assert [t for t, _ in net] == [t for t, _ in sim] == [0, 256, 512, 768]
+    assert max(abs(a - b) for (_, a), (_, b) in zip(net, sim, strict=True)) <= ONE_WORKER_TOL
+    assert sim[-1][1] < sim[0][1]  # it trained
+    assert (tmp_path / "summary.json").is_file() and (tmp_path / "events.jsonl").is_file()
+
+
+def test_sync_two_workers_match_simulator(tmp_path: Path) -> None:
+    cfg = config(method="sync", workers=2, token_budget=8 * ROUND_TOKENS, eval_every=2 * ROUND_TOKENS)
+    session, reports = networked(cfg, tmp_path)
+    net, sim = curves(session, cfg)
+    assert [t for t, _ in net] == [t for t, _ in sim]
+    assert max(abs(a - b) for (_, a), (_, b) in zip(net, sim, strict=True)) <= SYNC_TOL
+    assert session.side.server.revision == 4 and all(len(r.acked) == 4 for r in reports)
+
+
+def test_int8_uplink_stays_close_to_fp32(tmp_path: Path) -> None:
+    """Blockwise int8 pseudo-gradients: the curve moves by far less than the training signal."""
+    cfg = config()
+    session, reports = networked(cfg, tmp_path, codec="int8")
+    net, sim = curves(session, cfg)
+    drift = max(abs(a - b) for (_, a), (_, b) in zip(net, sim, strict=True))
+    assert drift < 0.1 * (sim[0][1] - sim[-1][1])
+    assert reports[0].sent_bytes < 0.4 * reports[0].recv_bytes  # int8 up, fp32 down
