@@ -39,7 +39,11 @@ def tiny_config(path: Path, **over: Any) -> Path:
         "eval_every": 0,
         "eval_windows": 2,
         "eval_batch_size": 8,
-        "data": {"seq_len": 32, "synthetic_chars_per_language": 4000, "val_chars_per_language": 1000},
+        "data": {
+            "seq_len": 32,
+            "synthetic_chars_per_language": 4000,
+            "val_chars_per_language": 1000,
+        },
         "inner": {"batch_size": 2, "seq_len": 32, "total_steps": 200},
     }
     values.update(over)
@@ -78,14 +82,23 @@ def assert_consistent(out: Path, workers: int) -> dict[str, Any]:
         report = out / "workers" / f"worker{w}.json"
         assert report.is_file(), f"worker {w} wrote no report"
         for round_id, _ in json.loads(report.read_text())["acked"]:
-            assert rounds.count((w, round_id)) == 1, f"acked round {round_id} of worker {w} not applied once"
+            assert rounds.count((w, round_id)) == 1, (
+                f"acked round {round_id} of worker {w} not applied once"
+            )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["updates"] == server["revision"]
     return state
 
 
-def start(tmp_path: Path, config: Path, workers: int, *, sps: float, serve: list[str],
-          work: list[str] | None = None) -> LocalCluster:
+def start(
+    tmp_path: Path,
+    config: Path,
+    workers: int,
+    *,
+    sps: float,
+    serve: list[str],
+    work: list[str] | None = None,
+) -> LocalCluster:
     cfg = LaunchConfig(
         config=config,
         out_dir=tmp_path / "run",
@@ -151,20 +164,32 @@ def test_async_run_survives_server_sigkill_and_restart(tmp_path: Path) -> None:
 def test_adversarial_client(tmp_path: Path) -> None:
     """Replays, duplicates, a wrong secret, NaN and oversized messages against `heloco serve`."""
     config = tiny_config(tmp_path / "run.json", workers=2, token_budget=10**9)
-    cfg = LaunchConfig(config=config, out_dir=tmp_path / "run", workers=2, serve_args=["--max-mb", "1"])
+    cfg = LaunchConfig(
+        config=config, out_dir=tmp_path / "run", workers=2, serve_args=["--max-mb", "1"]
+    )
     cluster = LocalCluster(cfg, SECRET)
     try:
         address = cluster.start_server()
         me = {"worker": 0, "incarnation": "test"}
-        client = Client(ClientConfig(address, timeout_s=5, deadline_s=10, max_bytes=1 << 20), SECRET)
+        client = Client(
+            ClientConfig(address, timeout_s=5, deadline_s=10, max_bytes=1 << 20), SECRET
+        )
         assert client.request("hello", me).type == "welcome"
         d = client.request("pull", me)
         assert d.type == "dispatch"
         params = d.params()
 
-        def push_msg(d: wire.Message, delta: dict[str, torch.Tensor], codec: str = "int8") -> wire.Message:
-            body = me | {"round_id": d.body["round_id"], "base_revision": d.body["revision"],
-                         "steps": 2, "tokens": ROUND_TOKENS, "mean_loss": 5.0, "compute_s": 0.1}
+        def push_msg(
+            d: wire.Message, delta: dict[str, torch.Tensor], codec: str = "int8"
+        ) -> wire.Message:
+            body = me | {
+                "round_id": d.body["round_id"],
+                "base_revision": d.body["revision"],
+                "steps": 2,
+                "tokens": ROUND_TOKENS,
+                "mean_loss": 5.0,
+                "compute_s": 0.1,
+            }
             return wire.make("push", body, delta, codec=codec)  # type: ignore[arg-type]
 
         small = {k: torch.randn_like(v) * 1e-3 for k, v in params.items()}
@@ -179,7 +204,9 @@ def test_adversarial_client(tmp_path: Path) -> None:
         dup = client.call(push_msg(d, small))  # same round, fresh message (a retry): acked once
         assert dup.type == "ack" and dup.body["duplicate"] and dup.body["revision"] == 1
 
-        intruder = Client(ClientConfig(address, timeout_s=1, deadline_s=1.5), b"not-the-secret-0123456789")
+        intruder = Client(
+            ClientConfig(address, timeout_s=1, deadline_s=1.5), b"not-the-secret-0123456789"
+        )
         with pytest.raises(ServerUnreachable):
             intruder.request("status")
         intruder.close()

@@ -15,10 +15,14 @@ from heloco.server import Server, ServerConfig
 SECRET = b"coordinator-test-secret-0123456789"
 
 
-def make_coord(method: str = "async-nesterov", workers: int = 2, budget: Budget | None = None) -> Coordinator:
+def make_coord(
+    method: str = "async-nesterov", workers: int = 2, budget: Budget | None = None
+) -> Coordinator:
     init = {"w": torch.zeros(3, 4), "b": torch.zeros(5)}
     opt = build_optimizer(method, init, OuterConfig(), workers)
-    server = Server(init, opt, ServerConfig(n_workers=workers, inner_steps=3, synchronous=method == "sync"))
+    server = Server(
+        init, opt, ServerConfig(n_workers=workers, inner_steps=3, synchronous=method == "sync")
+    )
     return Coordinator(server, budget or Budget(revisions=100))
 
 
@@ -26,11 +30,26 @@ def pull(coord: Coordinator, w: int) -> wire.Message:
     return coord.handle(wire.make("pull", {"worker": w, "incarnation": "a"}))
 
 
-def push(coord: Coordinator, w: int, d: wire.Message, delta: dict[str, torch.Tensor] | None = None,
-         codec: str = "fp32") -> wire.Message:
-    body = {"worker": w, "incarnation": "a", "round_id": d.body["round_id"], "steps": 3, "tokens": 30,
-            "base_revision": d.body["revision"], "mean_loss": 1.0, "compute_s": 0.1}
-    delta = delta if delta is not None else {"w": torch.full((3, 4), 0.1), "b": torch.full((5,), 0.1)}
+def push(
+    coord: Coordinator,
+    w: int,
+    d: wire.Message,
+    delta: dict[str, torch.Tensor] | None = None,
+    codec: str = "fp32",
+) -> wire.Message:
+    body = {
+        "worker": w,
+        "incarnation": "a",
+        "round_id": d.body["round_id"],
+        "steps": 3,
+        "tokens": 30,
+        "base_revision": d.body["revision"],
+        "mean_loss": 1.0,
+        "compute_s": 0.1,
+    }
+    delta = (
+        delta if delta is not None else {"w": torch.full((3, 4), 0.1), "b": torch.full((5,), 0.1)}
+    )
     msg = wire.make("push", body, delta, codec=codec)  # type: ignore[arg-type]
     # Through the wire format, as the endpoint would see it.
     return coord.handle(wire.decode(wire.encode(msg, SECRET), SECRET))

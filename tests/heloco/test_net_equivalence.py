@@ -41,7 +41,11 @@ def config(**over: Any) -> Any:
         "eval_every": 2 * ROUND_TOKENS,
         "eval_windows": 2,
         "eval_batch_size": 8,
-        "data": {"seq_len": 32, "synthetic_chars_per_language": 4000, "val_chars_per_language": 1000},
+        "data": {
+            "seq_len": 32,
+            "synthetic_chars_per_language": 4000,
+            "val_chars_per_language": 1000,
+        },
         "inner": {"batch_size": 2, "seq_len": 32, "total_steps": 50},
     }
     values.update(over)
@@ -49,7 +53,9 @@ def config(**over: Any) -> Any:
 
 
 def networked(cfg: Any, tmp: Path, codec: str = "fp32") -> tuple[Session, list[WorkerReport]]:
-    session = Session(cfg, SECRET, EndpointConfig(checkpoint_dir=tmp / "ck", drain_s=2.0), out_dir=tmp)
+    session = Session(
+        cfg, SECRET, EndpointConfig(checkpoint_dir=tmp / "ck", drain_s=2.0), out_dir=tmp
+    )
     ready = threading.Event()
     address: list[str] = []
 
@@ -93,7 +99,9 @@ def test_one_async_worker_matches_simulator(tmp_path: Path) -> None:
 
 
 def test_sync_two_workers_match_simulator(tmp_path: Path) -> None:
-    cfg = config(method="sync", workers=2, token_budget=8 * ROUND_TOKENS, eval_every=2 * ROUND_TOKENS)
+    cfg = config(
+        method="sync", workers=2, token_budget=8 * ROUND_TOKENS, eval_every=2 * ROUND_TOKENS
+    )
     session, reports = networked(cfg, tmp_path)
     net, sim = curves(session, cfg)
     assert [t for t, _ in net] == [t for t, _ in sim]

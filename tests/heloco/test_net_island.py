@@ -34,31 +34,68 @@ def free_port() -> int:
 
 
 def test_torchrun_island_with_two_gloo_ranks(tmp_path: Path) -> None:
-    cfg = parse_sim_config({
-        "method": "async-nesterov",
-        "workers": 1,
-        "inner_steps": 2,
-        "model": "tiny",
-        "token_budget": 4 * 2 * ROUND_TOKENS,  # 4 rounds of an island of 2 ranks
-        "eval_windows": 2,
-        "eval_batch_size": 8,
-        "data": {"seq_len": 32, "synthetic_chars_per_language": 4000, "val_chars_per_language": 1000},
-        "inner": {"batch_size": 2, "seq_len": 32, "total_steps": 50},
-    })
-    session = Session(cfg, SECRET, EndpointConfig(checkpoint_dir=tmp_path / "ck", drain_s=2.0),
-                      out_dir=tmp_path / "run")
+    cfg = parse_sim_config(
+        {
+            "method": "async-nesterov",
+            "workers": 1,
+            "inner_steps": 2,
+            "model": "tiny",
+            "token_budget": 4 * 2 * ROUND_TOKENS,  # 4 rounds of an island of 2 ranks
+            "eval_windows": 2,
+            "eval_batch_size": 8,
+            "data": {
+                "seq_len": 32,
+                "synthetic_chars_per_language": 4000,
+                "val_chars_per_language": 1000,
+            },
+            "inner": {"batch_size": 2, "seq_len": 32, "total_steps": 50},
+        }
+    )
+    session = Session(
+        cfg,
+        SECRET,
+        EndpointConfig(checkpoint_dir=tmp_path / "ck", drain_s=2.0),
+        out_dir=tmp_path / "run",
+    )
     ready = threading.Event()
     address: list[str] = []
-    server = threading.Thread(target=session.serve, args=(lambda a: (address.append(a), ready.set()),),
-                              daemon=True)
+    server = threading.Thread(
+        target=session.serve, args=(lambda a: (address.append(a), ready.set()),), daemon=True
+    )
     server.start()
     assert ready.wait(30)
     report = tmp_path / "island.json"
-    env = os.environ | {SECRET_ENV: SECRET.decode(), "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--nnodes", "1",
-           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-           "-m", "heloco", "work", "--connect", address[0], "--worker", "0",
-           "--timeout-s", "20", "--deadline-s", "60", "--report", str(report)]
+    env = os.environ | {
+        SECRET_ENV: SECRET.decode(),
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--nnodes",
+        "1",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        "-m",
+        "heloco",
+        "work",
+        "--connect",
+        address[0],
+        "--worker",
+        "0",
+        "--timeout-s",
+        "20",
+        "--deadline-s",
+        "60",
+        "--report",
+        str(report),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     server.join(30)

@@ -25,7 +25,9 @@ SECRET = b"0123456789abcdef-test-secret"
     scale=st.floats(1e-6, 1e6),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_int8_roundtrip_within_documented_bound(shape: list[int], block: int, scale: float, seed: int) -> None:
+def test_int8_roundtrip_within_documented_bound(
+    shape: list[int], block: int, scale: float, seed: int
+) -> None:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(tuple(shape), generator=g) * scale
     enc = compress.encode(x, "int8", block)
@@ -90,8 +92,14 @@ def test_message_roundtrip_and_tamper() -> None:
 
 def test_declared_shape_must_match_bytes() -> None:
     msg = wire.make("push", {}, {"w": torch.randn(6)})
-    bad = wire.Message(msg.type, msg.body, {"w": compress.Encoded("fp32", (7,), 0, msg.tensors["w"].data)},
-                       msg.id, "", msg.ts)
+    bad = wire.Message(
+        msg.type,
+        msg.body,
+        {"w": compress.Encoded("fp32", (7,), 0, msg.tensors["w"].data)},
+        msg.id,
+        "",
+        msg.ts,
+    )
     with pytest.raises(WireError, match="bad_tensor"):
         wire.decode(wire.encode(bad, SECRET), SECRET)
 
@@ -123,7 +131,9 @@ def test_load_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_checkpoint_atomic_roundtrip(tmp_path: Path) -> None:
     assert checkpoint.latest(tmp_path) is None
     for rev in (3, 5, 9):
-        checkpoint.save(tmp_path, rev, {"w": torch.full((2,), float(rev))}, {"revision": rev}, keep=2)
+        checkpoint.save(
+            tmp_path, rev, {"w": torch.full((2,), float(rev))}, {"revision": rev}, keep=2
+        )
     (tmp_path / ".tmp-ckpt-000000010-1").mkdir()  # a crashed half-written one is ignored
     path = checkpoint.latest(tmp_path)
     assert path is not None and path.name == "ckpt-000000009"

@@ -15,9 +15,12 @@ from shardmeter.errors import UserInputError
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("launch", help="run a server and N workers as local processes",
-                       description="Start `heloco serve` on 127.0.0.1 (free port) and N "
-                       "`heloco work` processes; results go to OUT (read by `heloco report`).")
+    p = sub.add_parser(
+        "launch",
+        help="run a server and N workers as local processes",
+        description="Start `heloco serve` on 127.0.0.1 (free port) and N "
+        "`heloco work` processes; results go to OUT (read by `heloco report`).",
+    )
     p.add_argument("--config", type=Path, required=True)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", type=Path, required=True)
@@ -63,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
     summary = args.out / SUMMARY_FILE
     if summary.is_file():
         s = json.loads(summary.read_text())
-        print(f"heloco launch: {s['updates']} updates, final loss {s['final_loss']}; results in {args.out}",
-              file=sys.stderr)
+        print(
+            f"heloco launch: {s['updates']} updates, final loss {s['final_loss']}; results in {args.out}",
+            file=sys.stderr,
+        )
     return code

@@ -21,26 +21,42 @@ MB = 1 << 20
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("serve", help="serve a run to networked workers (ZeroMQ, HMAC-authenticated)",
-                       description="Serve a run to workers that connect out to this address. "
-                       "The shared secret comes from $HELOCO_SECRET, $HELOCO_SECRET_FILE or "
-                       "--secret-file, never from the command line.")
+    p = sub.add_parser(
+        "serve",
+        help="serve a run to networked workers (ZeroMQ, HMAC-authenticated)",
+        description="Serve a run to workers that connect out to this address. "
+        "The shared secret comes from $HELOCO_SECRET, $HELOCO_SECRET_FILE or "
+        "--secret-file, never from the command line.",
+    )
     p.add_argument("--config", type=Path, help="run config (.toml/.json, the simulator's fields)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field (repeatable), e.g. --set workers=4")
-    p.add_argument("--bind", default="tcp://127.0.0.1:5555",
-                   help="listen address; use tcp://0.0.0.0:PORT for other hosts, port 0 = any free")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field (repeatable), e.g. --set workers=4",
+    )
+    p.add_argument(
+        "--bind",
+        default="tcp://127.0.0.1:5555",
+        help="listen address; use tcp://0.0.0.0:PORT for other hosts, port 0 = any free",
+    )
     p.add_argument("--out", type=Path, help="results folder (events.jsonl, summary.json)")
     p.add_argument("--checkpoint-dir", type=Path, help="default: OUT/checkpoints")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="UPDATES")
     p.add_argument("--checkpoint-every-s", type=float, default=60.0, metavar="SECONDS")
-    p.add_argument("--durable", action="store_true",
-                   help="checkpoint after every update before acknowledging it")
+    p.add_argument(
+        "--durable",
+        action="store_true",
+        help="checkpoint after every update before acknowledging it",
+    )
     p.add_argument("--heartbeat-s", type=float, default=2.0)
     p.add_argument("--evict-after-s", type=float, default=10.0)
     p.add_argument("--max-mb", type=float, default=1024.0, help="largest accepted message (MiB)")
     p.add_argument("--secret-file", type=Path)
-    p.add_argument("--status", metavar="ADDR", help="print the status of the server at ADDR and exit")
+    p.add_argument(
+        "--status", metavar="ADDR", help="print the status of the server at ADDR and exit"
+    )
     p.add_argument("--timeout-s", type=float, default=10.0, help="with --status: how long to wait")
 
 
@@ -59,7 +75,9 @@ def _check(args: argparse.Namespace) -> None:
         if not getattr(args, name) > 0:
             raise UserInputError(f"--{name.replace('_', '-')}", getattr(args, name), "a number > 0")
     if args.evict_after_s <= args.heartbeat_s:
-        raise UserInputError("--evict-after-s", args.evict_after_s, f"more than --heartbeat-s ({args.heartbeat_s})")
+        raise UserInputError(
+            "--evict-after-s", args.evict_after_s, f"more than --heartbeat-s ({args.heartbeat_s})"
+        )
     if args.checkpoint_every < 0 or args.checkpoint_every_s < 0:
         raise UserInputError("--checkpoint-every", args.checkpoint_every, "values >= 0")
     if not args.bind.startswith("tcp://"):
@@ -96,7 +114,9 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
 
     def ready(address: str) -> None:
-        resumed = f" (resumed at revision {session.side.server.revision})" if session.resumed else ""
+        resumed = (
+            f" (resumed at revision {session.side.server.revision})" if session.resumed else ""
+        )
         print(f"heloco serve: listening on {address}{resumed}", file=sys.stderr, flush=True)
 
     summary = session.serve(ready)

@@ -18,13 +18,20 @@ MB = 1 << 20
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("work", help="train for a server: pull, H inner steps, push",
-                       description="Connect out to a `heloco serve` address and train until the "
-                       "run's budget is reached. Run under torchrun for a data-parallel island "
-                       "(only rank 0 talks to the server).")
-    p.add_argument("--connect", required=True, metavar="ADDR", help="server address, tcp://HOST:PORT")
+    p = sub.add_parser(
+        "work",
+        help="train for a server: pull, H inner steps, push",
+        description="Connect out to a `heloco serve` address and train until the "
+        "run's budget is reached. Run under torchrun for a data-parallel island "
+        "(only rank 0 talks to the server).",
+    )
+    p.add_argument(
+        "--connect", required=True, metavar="ADDR", help="server address, tcp://HOST:PORT"
+    )
     p.add_argument("--worker", type=int, required=True, help="worker slot (its data shard)")
-    p.add_argument("--codec", default="fp32", choices=compress.CODECS, help="pseudo-gradient encoding")
+    p.add_argument(
+        "--codec", default="fp32", choices=compress.CODECS, help="pseudo-gradient encoding"
+    )
     p.add_argument("--block", type=int, default=compress.DEFAULT_BLOCK, help="int8 block size")
     p.add_argument("--pace", type=float, default=1.0, help="slowdown factor >= 1 (sleeps)")
     p.add_argument("--seconds-per-step", type=float, help="fixed emulated speed instead of --pace")
@@ -32,7 +39,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--island-mode", default="grads", choices=("grads", "deltas"))
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--timeout-s", type=float, default=60.0, help="wait per request before retrying")
-    p.add_argument("--deadline-s", type=float, default=600.0, help="give up after this long unanswered")
+    p.add_argument(
+        "--deadline-s", type=float, default=600.0, help="give up after this long unanswered"
+    )
     p.add_argument("--max-mb", type=float, default=1024.0)
     p.add_argument("--report", type=Path, help="write a JSON report of this worker here")
     p.add_argument("--secret-file", type=Path)
@@ -58,8 +67,12 @@ def run(args: argparse.Namespace) -> int:
         island_mode=args.island_mode,
         report=args.report,
     )
-    client = ClientConfig(args.connect, timeout_s=args.timeout_s, deadline_s=args.deadline_s,
-                          max_bytes=int(args.max_mb * MB))
+    client = ClientConfig(
+        args.connect,
+        timeout_s=args.timeout_s,
+        deadline_s=args.deadline_s,
+        max_bytes=int(args.max_mb * MB),
+    )
     try:
         report = NetWorker(client, secret, opts).run()
     except ServerUnreachable as exc:

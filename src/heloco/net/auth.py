@@ -33,7 +33,9 @@ def load_secret(secret_file: Path | None = None) -> bytes:
         value = os.environ[SECRET_ENV].encode()
         source = f"${SECRET_ENV}"
     else:
-        path = secret_file or (Path(os.environ[SECRET_FILE_ENV]) if os.environ.get(SECRET_FILE_ENV) else None)
+        path = secret_file or (
+            Path(os.environ[SECRET_FILE_ENV]) if os.environ.get(SECRET_FILE_ENV) else None
+        )
         if path is None:
             raise UserInputError(
                 "secret", None, f"set ${SECRET_ENV}, ${SECRET_FILE_ENV} or pass --secret-file"

@@ -38,7 +38,9 @@ class ServerSide:
         """Validation loss of ``params`` (same evaluator settings as the simulator)."""
         for name, p in self.model.named_parameters():
             p.copy_(params[name])
-        return self.data.validation.evaluate(self.model, self.cfg.eval_batch_size, self.cfg.eval_windows)
+        return self.data.validation.evaluate(
+            self.model, self.cfg.eval_batch_size, self.cfg.eval_windows
+        )
 
 
 def _dylu_steps_static(paces: list[float], w: int, h: int, dylu: bool) -> int:
@@ -79,8 +81,9 @@ def build_server(cfg: SimConfig) -> ServerSide:
     return ServerSide(cfg, Server(init, optimizer, server_cfg), data, model, paces)
 
 
-def build_worker(cfg: SimConfig, worker: int, device: torch.device | str = "cpu",
-                 batch_seed: int | None = None) -> Worker:
+def build_worker(
+    cfg: SimConfig, worker: int, device: torch.device | str = "cpu", batch_seed: int | None = None
+) -> Worker:
     """Worker ``worker`` of ``cfg``: its stream, its own model copy, the inner optimizer.
 
     ``batch_seed`` replaces the run seed for the order of batches only (island ranks > 0

@@ -50,8 +50,13 @@ def _write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def save(root: Path, revision: int, tensors: dict[str, torch.Tensor], state: dict[str, Any],
-         keep: int = 2) -> Path:
+def save(
+    root: Path,
+    revision: int,
+    tensors: dict[str, torch.Tensor],
+    state: dict[str, Any],
+    keep: int = 2,
+) -> Path:
     """Write checkpoint ``revision`` under ``root`` atomically; returns its directory."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{revision:09d}"

@@ -52,7 +52,9 @@ class Traffic:
 class Client:
     """One DEALER connection to the server (not thread-safe: one per thread)."""
 
-    def __init__(self, cfg: ClientConfig, secret: bytes, ctx: zmq.Context[Any] | None = None) -> None:
+    def __init__(
+        self, cfg: ClientConfig, secret: bytes, ctx: zmq.Context[Any] | None = None
+    ) -> None:
         self.cfg = cfg
         self.secret = secret
         self.ctx = ctx or zmq.Context.instance()
@@ -123,7 +125,13 @@ class Client:
             self.traffic.retries += 1
             attempt = dataclasses.replace(msg, id=wire.new_id(), ts=time.time())
 
-    def request(self, type_: str, body: dict[str, Any] | None = None, params: Params | None = None,
-                codec: Codec = "fp32", block: int = compress.DEFAULT_BLOCK) -> Message:
+    def request(
+        self,
+        type_: str,
+        body: dict[str, Any] | None = None,
+        params: Params | None = None,
+        codec: Codec = "fp32",
+        block: int = compress.DEFAULT_BLOCK,
+    ) -> Message:
         """Build, send and await one request."""
         return self.call(wire.make(type_, body, params, codec, block))

@@ -142,12 +142,18 @@ class Coordinator:
         info = self.workers[worker]
         if info.incarnation and incarnation and incarnation != info.incarnation:
             self.counters.rejoins += 1
-            self._emit({"type": "worker", "event": "replaced", "worker": worker, "time": self.elapsed()})
+            self._emit(
+                {"type": "worker", "event": "replaced", "worker": worker, "time": self.elapsed()}
+            )
         elif not info.active and info.incarnation:
             self.counters.rejoins += 1
-            self._emit({"type": "worker", "event": "rejoined", "worker": worker, "time": self.elapsed()})
+            self._emit(
+                {"type": "worker", "event": "rejoined", "worker": worker, "time": self.elapsed()}
+            )
         elif not info.incarnation:
-            self._emit({"type": "worker", "event": "joined", "worker": worker, "time": self.elapsed()})
+            self._emit(
+                {"type": "worker", "event": "joined", "worker": worker, "time": self.elapsed()}
+            )
         info.incarnation = incarnation or info.incarnation
         info.active = True
         info.last_seen = self.clock()
@@ -166,8 +172,15 @@ class Coordinator:
                 info.active = False
                 self.counters.evictions += 1
                 gone.append(info.worker)
-                self._emit({"type": "worker", "event": "evicted", "worker": info.worker,
-                            "time": self.elapsed(), "silent_s": now - info.last_seen})
+                self._emit(
+                    {
+                        "type": "worker",
+                        "event": "evicted",
+                        "worker": info.worker,
+                        "time": self.elapsed(),
+                        "silent_s": now - info.last_seen,
+                    }
+                )
         return gone
 
     def active_workers(self) -> list[int]:
@@ -217,8 +230,13 @@ class Coordinator:
     def _hello(self, msg: Message) -> Message:
         w, inc = self._worker_of(msg)
         info = self._seen(w, inc)
-        body = {"run": self.run, "heartbeat_s": self.heartbeat_s, "revision": self.server.revision,
-                "n_workers": len(self.workers), "worker_steps": info.steps}
+        body = {
+            "run": self.run,
+            "heartbeat_s": self.heartbeat_s,
+            "revision": self.server.revision,
+            "n_workers": len(self.workers),
+            "worker_steps": info.steps,
+        }
         return wire.make("welcome", body, re=msg.id)
 
     def _heartbeat(self, msg: Message) -> Message:
@@ -250,7 +268,9 @@ class Coordinator:
         b = msg.body
         w, _ = self._worker_of(msg)
         ints = {k: b.get(k) for k in ("round_id", "base_revision", "steps", "tokens")}
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints.values()):
+        if not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints.values()
+        ):
             raise WireError("malformed", f"push needs non-negative integers {sorted(ints)}")
         loss = b.get("mean_loss")
         delta = self._checked_delta(msg)
@@ -269,7 +289,9 @@ class Coordinator:
         if set(msg.tensors) != set(self._shapes):
             missing = sorted(set(self._shapes) - set(msg.tensors))[:3]
             extra = sorted(set(msg.tensors) - set(self._shapes))[:3]
-            raise WireError("bad_update", f"parameter names differ: missing {missing}, extra {extra}")
+            raise WireError(
+                "bad_update", f"parameter names differ: missing {missing}, extra {extra}"
+            )
         for name, enc in msg.tensors.items():
             if enc.shape != self._shapes[name]:
                 raise WireError("bad_update", f"{name}: shape {enc.shape} != {self._shapes[name]}")
@@ -283,21 +305,33 @@ class Coordinator:
         w, inc = self._worker_of(msg)
         info = self._seen(w, inc)
         result = self._result(msg)
-        if self.budget_reached() and not (self.server.cfg.synchronous and self.server.pending_workers):
+        if self.budget_reached() and not (
+            self.server.cfg.synchronous and self.server.pending_workers
+        ):
             self.counters.rejected += 1
-            return wire.make("rejected", {"reason": "done", "revision": self.server.revision},
-                             re=msg.id)
+            return wire.make(
+                "rejected", {"reason": "done", "revision": self.server.revision}, re=msg.id
+            )
         try:
             record = self.server.submit(result)
         except SubmissionRejected as exc:
             if exc.reason == "duplicate":
                 # A retried push whose first copy was applied (its ack was lost): answer again.
                 self.counters.duplicate += 1
-                return wire.make("ack", {"revision": self.server.revision, "applied": True,
-                                         "duplicate": True, "staleness": None}, re=msg.id)
+                return wire.make(
+                    "ack",
+                    {
+                        "revision": self.server.revision,
+                        "applied": True,
+                        "duplicate": True,
+                        "staleness": None,
+                    },
+                    re=msg.id,
+                )
             self.counters.rejected += 1
-            return wire.make("rejected", {"reason": exc.reason, "revision": self.server.revision},
-                             re=msg.id)
+            return wire.make(
+                "rejected", {"reason": exc.reason, "revision": self.server.revision}, re=msg.id
+            )
         self.counters.accepted += 1
         info.accepted += 1
         info.tokens += result.tokens
@@ -311,14 +345,29 @@ class Coordinator:
         info.staleness_sum += staleness
         start = self._dispatch_time.pop((w, result.round_id or 0), 0.0)
         if self.on_round is not None:
-            self.on_round(w, result.round_id or 0, result.steps, result.tokens, result.mean_loss,
-                          start, self.elapsed())
+            self.on_round(
+                w,
+                result.round_id or 0,
+                result.steps,
+                result.tokens,
+                result.mean_loss,
+                start,
+                self.elapsed(),
+            )
         if record is None and self.grace_started is None and not self.server.cfg.synchronous:
             self.grace_started = self.clock()
         if record is not None:
             self._applied(record)
-        return wire.make("ack", {"revision": self.server.revision, "applied": record is not None,
-                                 "duplicate": False, "staleness": staleness}, re=msg.id)
+        return wire.make(
+            "ack",
+            {
+                "revision": self.server.revision,
+                "applied": record is not None,
+                "duplicate": False,
+                "staleness": staleness,
+            },
+            re=msg.id,
+        )
 
     def _applied(self, record: UpdateRecord) -> UpdateEvent:
         event = UpdateEvent(record, self.elapsed(), self.tokens)

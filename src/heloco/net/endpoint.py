@@ -79,10 +79,18 @@ class Endpoint:
         if self.cfg.checkpoint_dir is None:
             return None
         state = self.coord.server.state_dict()
-        meta = {"server": state.meta, "coordinator": coordinator_meta(self.coord),
-                "extra": self.extra_meta() if self.extra_meta is not None else {}}
-        path = checkpoint.save(self.cfg.checkpoint_dir, self.coord.server.revision, state.tensors,
-                               meta, self.cfg.keep_checkpoints)
+        meta = {
+            "server": state.meta,
+            "coordinator": coordinator_meta(self.coord),
+            "extra": self.extra_meta() if self.extra_meta is not None else {},
+        }
+        path = checkpoint.save(
+            self.cfg.checkpoint_dir,
+            self.coord.server.revision,
+            state.tensors,
+            meta,
+            self.cfg.keep_checkpoints,
+        )
         self._last_ckpt_rev = self.coord.server.revision
         self._last_ckpt_time = time.monotonic()
         if self.on_checkpoint is not None:
@@ -112,8 +120,11 @@ class Endpoint:
 
     def _periodic(self) -> None:
         due_s = self.cfg.checkpoint_every_s
-        if (due_s > 0 and time.monotonic() - self._last_ckpt_time >= due_s
-                and self.coord.server.revision != self._last_ckpt_rev):
+        if (
+            due_s > 0
+            and time.monotonic() - self._last_ckpt_time >= due_s
+            and self.coord.server.revision != self._last_ckpt_rev
+        ):
             self.save_checkpoint()
 
     # -- socket -----------------------------------------------------------------------------
@@ -210,8 +221,12 @@ def coordinator_meta(coord: Coordinator) -> dict[str, Any]:
     workers = [asdict(w) | {"active": False, "last_seen": 0.0} for w in coord.workers]
     for w in workers:
         w["last_loss"] = None if w["last_loss"] != w["last_loss"] else w["last_loss"]
-    return {"tokens": coord.tokens, "elapsed": coord.elapsed(), "counters": asdict(coord.counters),
-            "workers": workers}
+    return {
+        "tokens": coord.tokens,
+        "elapsed": coord.elapsed(),
+        "counters": asdict(coord.counters),
+        "workers": workers,
+    }
 
 
 def load_coordinator_meta(coord: Coordinator, meta: dict[str, Any]) -> None:
@@ -220,6 +235,8 @@ def load_coordinator_meta(coord: Coordinator, meta: dict[str, Any]) -> None:
     coord.t0 = coord.clock() - float(meta["elapsed"])
     coord.counters = Counters(**meta["counters"])
     coord.workers = [
-        WorkerInfo(**(w | {"last_loss": float("nan") if w["last_loss"] is None else w["last_loss"]}))
+        WorkerInfo(
+            **(w | {"last_loss": float("nan") if w["last_loss"] is None else w["last_loss"]})
+        )
         for w in meta["workers"]
     ]

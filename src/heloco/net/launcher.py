@@ -104,8 +104,13 @@ def _child_main(argv: list[str], log: str, env: dict[str, str]) -> None:
 class ForkedProc:
     """A ``multiprocessing`` child with the Popen methods :class:`LocalCluster` needs."""
 
-    def __init__(self, ctx: multiprocessing.context.ForkServerContext, argv: list[str], log: Path,
-                 env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        ctx: multiprocessing.context.ForkServerContext,
+        argv: list[str],
+        log: Path,
+        env: dict[str, str],
+    ) -> None:
         self.proc = ctx.Process(target=_child_main, args=(argv, str(log), env), daemon=False)
         self.proc.start()
         assert self.proc.pid is not None
@@ -169,8 +174,12 @@ class LocalCluster:
         if self._ctx is not None:
             return ForkedProc(self._ctx, args, log_path, self.env())
         with log_path.open("wb") as log:
-            return subprocess.Popen([sys.executable, "-m", "heloco", *args], env=os.environ | self.env(),
-                                    stdout=log, stderr=subprocess.STDOUT)
+            return subprocess.Popen(
+                [sys.executable, "-m", "heloco", *args],
+                env=os.environ | self.env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
 
     def spawn_server(self, bind: str | None = None) -> None:
         """Start (or restart, on the same address) the server without waiting for it."""
@@ -179,8 +188,16 @@ class LocalCluster:
         bind = bind or self.address or LOOPBACK
         if not bind.endswith(":0"):
             self.address = bind
-        args = ["serve", "--config", str(self.cfg.config), "--out", str(out), "--bind", bind,
-                *self.cfg.serve_args]
+        args = [
+            "serve",
+            "--config",
+            str(self.cfg.config),
+            "--out",
+            str(out),
+            "--bind",
+            bind,
+            *self.cfg.serve_args,
+        ]
         self.server = self._spawn("server", args)
 
     def start_server(self, bind: str | None = None) -> str:
@@ -205,8 +222,15 @@ class LocalCluster:
         return self.address
 
     def worker_args(self, w: int) -> list[str]:
-        args = ["work", "--connect", self.address, "--worker", str(w),
-                "--report", str(self.cfg.out_dir / "workers" / f"worker{w}.json")]
+        args = [
+            "work",
+            "--connect",
+            self.address,
+            "--worker",
+            str(w),
+            "--report",
+            str(self.cfg.out_dir / "workers" / f"worker{w}.json"),
+        ]
         if self.cfg.paces is not None:
             args += ["--pace", repr(self.cfg.paces[w])]
         if self.cfg.seconds_per_step is not None:

@@ -46,8 +46,14 @@ class Liveness:
 class Session:
     """Serves ``cfg`` until its token/time budget; resumes from ``endpoint.checkpoint_dir``."""
 
-    def __init__(self, cfg: SimConfig, secret: bytes, endpoint: EndpointConfig,
-                 liveness: Liveness = Liveness(), out_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        cfg: SimConfig,
+        secret: bytes,
+        endpoint: EndpointConfig,
+        liveness: Liveness = Liveness(),
+        out_dir: Path | None = None,
+    ) -> None:
         self.cfg = cfg
         self.out_dir = out_dir if out_dir is not None else cfg.out_dir
         self.side: ServerSide = build_server(cfg)
@@ -83,15 +89,29 @@ class Session:
         ck_evals = self.endpoint.restored_extra.get("evals", [])
         self.traj.evals = [EvalPoint(**e) for e in ck_evals]
         self.next_eval = int(self.endpoint.restored_extra.get("next_eval", self.cfg.eval_every))
-        self.writer.event({"type": "restart", "revision": self.side.server.revision,
-                           "tokens": self.coord.tokens, "time": self.coord.elapsed()})
+        self.writer.event(
+            {
+                "type": "restart",
+                "revision": self.side.server.revision,
+                "tokens": self.coord.tokens,
+                "time": self.coord.elapsed(),
+            }
+        )
 
     def _extra(self) -> dict[str, Any]:
         return {"evals": [asdict(e) for e in self.traj.evals], "next_eval": self.next_eval}
 
     # -- hooks ------------------------------------------------------------------------------
-    def _on_round(self, worker: int, round_id: int, steps: int, tokens: int, loss: float,
-                  start: float, end: float) -> None:
+    def _on_round(
+        self,
+        worker: int,
+        round_id: int,
+        steps: int,
+        tokens: int,
+        loss: float,
+        start: float,
+        end: float,
+    ) -> None:
         self.traj.tokens += tokens
         self.traj.steps += steps
         self.writer.event(round_event(worker, round_id, steps, tokens, loss, start, end))
@@ -151,15 +171,24 @@ class Session:
         try:
             self.endpoint.serve()
         finally:
-            self.writer.event({"type": "net", "counters": asdict(self.coord.counters),
-                               "time": self.coord.elapsed()})
+            self.writer.event(
+                {
+                    "type": "net",
+                    "counters": asdict(self.coord.counters),
+                    "time": self.coord.elapsed(),
+                }
+            )
         last = self.traj.evals[-1] if self.traj.evals else None
-        if last is None or (last.revision, last.tokens) != (self.side.server.revision, self.traj.tokens):
+        if last is None or (last.revision, last.tokens) != (
+            self.side.server.revision,
+            self.traj.tokens,
+        ):
             self.eval_now()
             self.endpoint.save_checkpoint()
         self.traj.time = self.coord.elapsed()
-        summary = summarize(self.cfg, self.traj, self.stats, self.side.paces,
-                            time.perf_counter() - self.wall0)
+        summary = summarize(
+            self.cfg, self.traj, self.stats, self.side.paces, time.perf_counter() - self.wall0
+        )
         self.writer.write_summary(summary)
         if self.out_dir is not None:
             atomic_write_json(self.out_dir / STATUS_FILE, self.coord.status())

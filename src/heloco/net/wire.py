@@ -71,8 +71,14 @@ def new_id() -> str:
     return os.urandom(16).hex()
 
 
-def make(type_: str, body: dict[str, Any] | None = None, params: Params | None = None,
-         codec: Codec = "fp32", block: int = compress.DEFAULT_BLOCK, re: str = "") -> Message:
+def make(
+    type_: str,
+    body: dict[str, Any] | None = None,
+    params: Params | None = None,
+    codec: Codec = "fp32",
+    block: int = compress.DEFAULT_BLOCK,
+    re: str = "",
+) -> Message:
     """Build a message with a fresh id and timestamp, encoding ``params`` with ``codec``."""
     tensors = {k: compress.encode(v, codec, block) for k, v in (params or {}).items()}
     return Message(type_, dict(body or {}), tensors, new_id(), re, time.time())
@@ -83,8 +89,15 @@ def _header(msg: Message) -> bytes:
         {"name": k, "codec": e.codec, "shape": list(e.shape), "block": e.block}
         for k, e in msg.tensors.items()
     ]
-    head = {"v": PROTOCOL_VERSION, "type": msg.type, "id": msg.id, "re": msg.re, "ts": msg.ts,
-            "body": msg.body, "tensors": meta}
+    head = {
+        "v": PROTOCOL_VERSION,
+        "type": msg.type,
+        "id": msg.id,
+        "re": msg.re,
+        "ts": msg.ts,
+        "body": msg.body,
+        "tensors": meta,
+    }
     return json.dumps(head, separators=(",", ":"), allow_nan=False).encode()
 
 
@@ -122,7 +135,12 @@ def _parse_header(raw: Frame) -> dict[str, Any]:
 def _tensor_meta(meta: Any) -> tuple[str, Codec, tuple[int, ...], int]:
     if not isinstance(meta, dict):
         raise WireError("bad_header", "tensor entry is not an object")
-    name, codec, shape, block = meta.get("name"), meta.get("codec"), meta.get("shape"), meta.get("block")
+    name, codec, shape, block = (
+        meta.get("name"),
+        meta.get("codec"),
+        meta.get("shape"),
+        meta.get("block"),
+    )
     if not isinstance(name, str) or codec not in compress.CODECS:
         raise WireError("bad_header", f"tensor {name!r}: bad name or codec {codec!r}")
     if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
@@ -162,7 +180,9 @@ def decode(frames: Sequence[Frame], secret: bytes, max_bytes: int = DEFAULT_MAX_
         cursor += want
         want_data, want_scales = compress.expected_nbytes(codec, shape, block or 1)
         if len(data) != want_data or len(scales) != want_scales:
-            raise WireError("bad_tensor", f"tensor {name!r}: byte count does not match shape {shape}")
+            raise WireError(
+                "bad_tensor", f"tensor {name!r}: byte count does not match shape {shape}"
+            )
         tensors[name] = Encoded(codec, shape, block, data, scales)
     if cursor != len(body_frames):
         raise WireError("bad_frames", f"{len(body_frames) - cursor} unexpected frames")

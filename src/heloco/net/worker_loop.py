@@ -91,8 +91,12 @@ class WorkerReport:
 class Heartbeat:
     """A background thread with its own socket that tells the server this worker is alive."""
 
-    def __init__(self, cfg: ClientConfig, secret: bytes, body: dict[str, Any], period_s: float) -> None:
-        short = ClientConfig(cfg.address, timeout_s=period_s, deadline_s=period_s, max_bytes=cfg.max_bytes)
+    def __init__(
+        self, cfg: ClientConfig, secret: bytes, body: dict[str, Any], period_s: float
+    ) -> None:
+        short = ClientConfig(
+            cfg.address, timeout_s=period_s, deadline_s=period_s, max_bytes=cfg.max_bytes
+        )
         self.client = Client(short, secret)
         self.body = body
         self.period_s = period_s
@@ -188,8 +192,15 @@ def _average_result(result: RoundResult, mode: IslandMode) -> RoundResult:
         for t in delta.values():
             dist.all_reduce(t)
             t.div_(world)
-    return RoundResult(result.worker, delta, result.steps, result.tokens * world,
-                       float(loss.item()) / world, result.base_revision, result.round_id)
+    return RoundResult(
+        result.worker,
+        delta,
+        result.steps,
+        result.tokens * world,
+        float(loss.item()) / world,
+        result.base_revision,
+        result.round_id,
+    )
 
 
 # -- the loop ----------------------------------------------------------------------------------
@@ -218,10 +229,14 @@ class NetWorker:
     def ident(self) -> dict[str, Any]:
         return {"worker": self.opts.worker, "incarnation": self.incarnation}
 
-    def _call(self, type_: str, body: dict[str, Any] | None = None, result: RoundResult | None = None) -> Message:
+    def _call(
+        self, type_: str, body: dict[str, Any] | None = None, result: RoundResult | None = None
+    ) -> Message:
         assert self.client is not None
         params = result.delta if result is not None else None
-        return self.client.request(type_, self.ident | (body or {}), params, self.opts.codec, self.opts.block)
+        return self.client.request(
+            type_, self.ident | (body or {}), params, self.opts.codec, self.opts.block
+        )
 
     def _hello(self) -> dict[str, Any]:
         """Rank 0 says hello (and starts heartbeats at once); every rank gets the welcome."""
@@ -275,7 +290,9 @@ class NetWorker:
             if head[0] == _DISPATCH:
                 assert self.worker is not None
                 like = dict(self.worker.model.named_parameters())
-                params = _broadcast_params(params, {k: v.detach() for k, v in like.items()}, self.opts.device)
+                params = _broadcast_params(
+                    params, {k: v.detach() for k, v in like.items()}, self.opts.device
+                )
         kind, rev, steps, rid = (int(x) for x in head.tolist())
         return kind, params, rev, steps, rid
 
@@ -334,7 +351,10 @@ class NetWorker:
             t = self.client.traffic
             self.report.comm_s = t.seconds
             self.report.sent_bytes, self.report.recv_bytes, self.report.retries = (
-                t.sent_bytes, t.recv_bytes, t.retries)
+                t.sent_bytes,
+                t.recv_bytes,
+                t.retries,
+            )
             self.client.close()
         self.report.wall_s = time.perf_counter() - wall0
         if self.opts.report is not None:
