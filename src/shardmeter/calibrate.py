@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import csv
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +18,7 @@ import numpy as np
 from shardmeter.errors import UserInputError
 from shardmeter.estimate.result import StepEstimate
 from shardmeter.estimate.step import estimate_step
-from shardmeter.predict import reference_cluster
+from shardmeter.predict import reference_cluster, resolve_recompute
 from shardmeter.specs.hardware import Cluster
 from shardmeter.specs.loader import load_cluster
 from shardmeter.specs.model import MoESpec, TransformerSpec
@@ -47,19 +47,19 @@ class FrameworkDefaults:
     """What a framework does when the source leaves a plan column blank."""
 
     sharding: str  # Megatron/NeMo: distributed optimizer (zero1); FSDP stacks: zero3
-    recompute: str
+    recompute: str  # "auto" = the lightest mode that fits in HBM
     overlap_tp: bool  # NeMo recipes enable TP comm-GEMM overlap (userbuffers) with TP+SP
 
 
 FRAMEWORK_DEFAULTS: dict[str, FrameworkDefaults] = {
-    "nemo": FrameworkDefaults("zero1", "none", True),
-    "megatron": FrameworkDefaults("none", "none", False),
-    "torchtitan": FrameworkDefaults("zero3", "selective", False),
-    "llm-foundry": FrameworkDefaults("zero3", "none", False),
-    "maxtext": FrameworkDefaults("zero3", "none", False),
-    "deepspeed": FrameworkDefaults("zero3", "none", False),
+    "nemo": FrameworkDefaults("zero1", "auto", True),
+    "megatron": FrameworkDefaults("none", "auto", False),
+    "torchtitan": FrameworkDefaults("zero3", "selective", False),  # its default is op-level SAC
+    "llm-foundry": FrameworkDefaults("zero3", "auto", False),
+    "maxtext": FrameworkDefaults("zero3", "auto", False),
+    "deepspeed": FrameworkDefaults("zero3", "auto", False),
 }
-GENERIC_DEFAULTS = FrameworkDefaults("none", "none", False)
+GENERIC_DEFAULTS = FrameworkDefaults("none", "auto", False)
 
 
 def framework_key(framework: str) -> str:
@@ -241,7 +241,7 @@ def plan_from_row(row: Mapping[str, str]) -> Plan:
             shard_degree=int(float(shard_degree)) if shard_degree else None,
             micro_batch=_int(row, "micro_batch", 1),
             global_batch=_int(row, "global_batch"),
-            recompute=_cell(row, "recompute") or defaults.recompute,
+            recompute=_cell(row, "recompute") or defaults.recompute.replace("auto", "none"),
             precision=_cell(row, "precision") or "bf16",
             overlap_tp=defaults.overlap_tp and tp > 1,
         )
@@ -264,6 +264,9 @@ def run_from_row(row: Mapping[str, str]) -> RunSpec:
         if not (exc.field == "plan.pp" and "divide n_layers" in exc.allowed):
             raise
         uneven = True
+    defaults = FRAMEWORK_DEFAULTS.get(framework_key(_cell(row, "framework")), GENERIC_DEFAULTS)
+    if not _cell(row, "recompute") and defaults.recompute == "auto":
+        plan = resolve_recompute(model, cluster, plan)
     measured = _float(row, "tokens_per_sec_per_gpu")
     if measured is None or measured <= 0:
         raise UserInputError("tokens_per_sec_per_gpu", measured, "must be a positive number")
@@ -339,3 +342,192 @@ def summarize_results(results: Sequence[RowResult]) -> tuple[ErrorSummary, dict[
             [r.ape for r in done if r.source_id == source and r.ape is not None]
         )
     return overall, per_source
+
+
+# --- fitting ------------------------------------------------------------------------------------
+# Accelerator -> family whose matmul efficiency is one shared free parameter.
+FAMILIES: dict[str, str] = {
+    "a100-40gb": "ampere",
+    "a100-80gb": "ampere",
+    "h100-sxm": "hopper",
+    "h200": "hopper",
+    "h100-sxm-96gb-500w": "hopper-500w",
+}
+NVLINK_PREFIXES: tuple[str, ...] = ("nvlink",)
+NIC_PREFIXES: tuple[str, ...] = ("ib-", "roce-")
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A free parameter's name, bounds and starting value (the last fit's result)."""
+
+    name: str
+    low: float
+    high: float
+    start: float
+
+
+# Bounds keep every parameter physically plausible: achieved NCCL bus bandwidth is 60-95% of
+# nominal on NVSwitch and 70-95% on IB/RoCE rails; flash attention reaches 40-100% of the GEMM
+# efficiency (FlashAttention-2 vs -3 on Hopper); FP8 GEMMs gain 1.2-2x; overlapped
+# communication takes at most a fifth of the SMs (Calculon: 0.15 NVLink, 0.02 IB).
+FREE_PARAMETERS: tuple[Bound, ...] = (
+    Bound("matmul_max.ampere", 0.3, 0.98, 0.7459),
+    Bound("matmul_max.hopper", 0.3, 0.98, 0.6553),
+    Bound("matmul_max.hopper-500w", 0.2, 0.98, 0.5278),
+    Bound("matmul_half_gflop", 0.5, 50.0, 22.44),
+    Bound("attention_ratio", 0.4, 1.0, 0.4202),
+    Bound("memory", 0.6, 0.95, 0.6007),
+    Bound("fp8_speedup", 1.2, 2.0, 1.715),
+    Bound("nvlink_efficiency", 0.6, 0.95, 0.6036),
+    Bound("nic_efficiency", 0.7, 0.95, 0.7024),
+    Bound("overlap_slowdown", 0.0, 0.2, 0.2),
+)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Fitted physical parameters: efficiencies per accelerator family and per link kind."""
+
+    matmul_max: dict[str, float]  # family -> asymptotic fraction of dense peak
+    matmul_half_gflop: float  # GEMM size at half of matmul_max
+    attention_ratio: float  # flash-attention efficiency / matmul efficiency
+    memory: float  # achieved fraction of HBM bandwidth
+    fp8_speedup: float  # FP8 over BF16 GEMM time
+    nvlink_efficiency: float  # achieved / nominal NVLink bus bandwidth
+    nic_efficiency: float  # achieved / nominal IB or RoCE bandwidth per GPU
+    overlap_slowdown: float  # compute lost while communication overlaps
+
+    @classmethod
+    def from_vector(cls, values: Sequence[float]) -> Calibration:
+        named = dict(zip((b.name for b in FREE_PARAMETERS), values, strict=True))
+        families = {k.split(".", 1)[1]: v for k, v in named.items() if k.startswith("matmul_max.")}
+        return cls(
+            matmul_max=families,
+            matmul_half_gflop=named["matmul_half_gflop"],
+            attention_ratio=named["attention_ratio"],
+            memory=named["memory"],
+            fp8_speedup=named["fp8_speedup"],
+            nvlink_efficiency=named["nvlink_efficiency"],
+            nic_efficiency=named["nic_efficiency"],
+            overlap_slowdown=named["overlap_slowdown"],
+        )
+
+    def vector(self) -> list[float]:
+        out = []
+        for b in FREE_PARAMETERS:
+            if b.name.startswith("matmul_max."):
+                out.append(self.matmul_max[b.name.split(".", 1)[1]])
+            else:
+                out.append(float(getattr(self, b.name)))
+        return out
+
+    def apply(self, cluster: Cluster) -> Cluster:
+        """The cluster with these efficiencies (accelerators outside FAMILIES keep theirs)."""
+        acc = cluster.accelerator
+        family = FAMILIES.get(acc.name)
+        update: dict[str, object] = {"overlap_slowdown": self.overlap_slowdown}
+        if family is not None:
+            eta = self.matmul_max[family]
+            eff = acc.efficiency.model_copy(
+                update={
+                    "matmul_max": eta,
+                    "matmul_half_gflop": self.matmul_half_gflop,
+                    "attention": min(1.0, eta * self.attention_ratio),
+                    "memory": self.memory,
+                    "fp8_speedup": self.fp8_speedup,
+                }
+            )
+            update["accelerator"] = acc.model_copy(update={"efficiency": eff})
+        if cluster.intra.name.startswith(NVLINK_PREFIXES):
+            update["intra"] = cluster.intra.model_copy(
+                update={"efficiency": self.nvlink_efficiency}
+            )
+        if cluster.inter.name.startswith(NIC_PREFIXES):
+            update["inter"] = cluster.inter.model_copy(update={"efficiency": self.nic_efficiency})
+        return cluster.model_copy(update=update)
+
+
+def source_weights(runs: Sequence[RunSpec]) -> np.ndarray:
+    """Each source weighs the same in total; inside a source every row weighs the same
+    (so S5's weak-scaling sweeps count as one source, not 66 independent runs)."""
+    sources = [r.source_id for r in runs]
+    counts = {s: sources.count(s) for s in set(sources)}
+    w = np.array([1.0 / counts[s] for s in sources])
+    return w / w.sum()
+
+
+def predictions(runs: Sequence[RunSpec], calibration: Calibration | None = None) -> np.ndarray:
+    """Predicted tokens/s per GPU of every run (under `calibration` when given)."""
+    out = np.empty(len(runs))
+    for i, run in enumerate(runs):
+        cluster = calibration.apply(run.cluster) if calibration else run.cluster
+        out[i] = predict_run(run, cluster).tokens_per_s_per_gpu
+    return out
+
+
+def fit_loss(runs: Sequence[RunSpec], calibration: Calibration, weights: np.ndarray) -> float:
+    """Source-weighted mean |log(predicted / measured)| (robust to the noisy duplicates)."""
+    measured = np.array([r.measured for r in runs])
+    return float(np.sum(weights * np.abs(np.log(predictions(runs, calibration) / measured))))
+
+
+def _to_unit(x: float, b: Bound) -> float:
+    p = min(max((x - b.low) / (b.high - b.low), 1e-6), 1 - 1e-6)
+    return float(np.log(p / (1 - p)))
+
+
+def _from_unit(z: float, b: Bound) -> float:
+    return b.low + (b.high - b.low) / (1.0 + float(np.exp(-z)))
+
+
+def nelder_mead(
+    f: Callable[[np.ndarray], float], x0: np.ndarray, step: float, iterations: int
+) -> tuple[np.ndarray, float]:
+    """Minimise f from x0 with the Nelder-Mead simplex (Nelder & Mead 1965 coefficients)."""
+    n = len(x0)
+    simplex = [x0] + [x0 + step * np.eye(n)[i] for i in range(n)]
+    values = [f(x) for x in simplex]
+    for _ in range(iterations):
+        order = np.argsort(values)
+        simplex = [simplex[i] for i in order]
+        values = [values[i] for i in order]
+        centroid = np.mean(simplex[:-1], axis=0)
+        worst = simplex[-1]
+        reflected = centroid + (centroid - worst)
+        fr = f(reflected)
+        if fr < values[0]:
+            expanded = centroid + 2.0 * (centroid - worst)
+            fe = f(expanded)
+            simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
+        elif fr < values[-2]:
+            simplex[-1], values[-1] = reflected, fr
+        else:
+            contracted = centroid + 0.5 * (worst - centroid)
+            fc = f(contracted)
+            if fc < values[-1]:
+                simplex[-1], values[-1] = contracted, fc
+            else:
+                best = simplex[0]
+                simplex = [best] + [best + 0.5 * (x - best) for x in simplex[1:]]
+                values = [values[0]] + [f(x) for x in simplex[1:]]
+    i = int(np.argmin(values))
+    return simplex[i], values[i]
+
+
+def fit(
+    runs: Sequence[RunSpec], start: Calibration | None = None, iterations: int = 300
+) -> tuple[Calibration, float]:
+    """Fit FREE_PARAMETERS on the runs (bounded via a logistic transform); returns the
+    calibration and its loss."""
+    weights = source_weights(runs)
+    x0 = start.vector() if start else [b.start for b in FREE_PARAMETERS]
+    z0 = np.array([_to_unit(x, b) for x, b in zip(x0, FREE_PARAMETERS, strict=True)])
+
+    def loss(z: np.ndarray) -> float:
+        values = [_from_unit(zi, b) for zi, b in zip(z, FREE_PARAMETERS, strict=True)]
+        return fit_loss(runs, Calibration.from_vector(values), weights)
+
+    z, value = nelder_mead(loss, z0, step=0.5, iterations=iterations)
+    values = [_from_unit(zi, b) for zi, b in zip(z, FREE_PARAMETERS, strict=True)]
+    return Calibration.from_vector(values), value

@@ -1,0 +1,220 @@
+"""Accuracy of ShardMeter against published measured runs, and the fit of its free parameters.
+
+    python benchmarks/calibration.py              # error table with the shipped presets
+    python benchmarks/calibration.py --fit        # refit, print parameters and the new table
+    python benchmarks/calibration.py --fit --write  # also store them in the preset TOML files
+
+The fit minimises the source-weighted mean |log(predicted/measured)| over few, physical
+parameters (matmul efficiency per accelerator family, its size scale, attention/matmul ratio,
+HBM efficiency, FP8 speed-up, NVLink and NIC efficiency, overlap slowdown). No per-row or
+per-model factors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from shardmeter.calibrate import (
+    FAMILIES,
+    FREE_PARAMETERS,
+    NIC_PREFIXES,
+    NVLINK_PREFIXES,
+    Calibration,
+    RowResult,
+    RunSpec,
+    fit,
+    predictions,
+    read_rows,
+    run_from_row,
+    summarize_results,
+)
+from shardmeter.errors import UserInputError
+from shardmeter.paths import shared_path
+
+DATA = Path(__file__).resolve().parents[1] / "src" / "shardmeter" / "data"
+
+
+def load_runs(path: Path) -> tuple[list[RunSpec], list[RowResult]]:
+    runs: list[RunSpec] = []
+    skipped: list[RowResult] = []
+    for row in read_rows(path):
+        try:
+            runs.append(run_from_row(row))
+        except UserInputError as exc:
+            skipped.append(
+                RowResult(row.get("run_id", "?"), row.get("source_id", "?"), None, skipped=str(exc))
+            )
+    return runs, skipped
+
+
+def results(runs: Sequence[RunSpec], calibration: Calibration | None) -> list[RowResult]:
+    pred = predictions(runs, calibration)
+    return [
+        RowResult(r.run_id, r.source_id, r.measured, float(p), abs(float(p) / r.measured - 1.0))
+        for r, p in zip(runs, pred, strict=True)
+    ]
+
+
+def print_table(runs: Sequence[RunSpec], rows: list[RowResult]) -> None:
+    print(f"{'run':>4} {'src':<3} {'model':<34} {'gpu':<19} {'GPUs':>5} "
+          f"{'predicted':>10} {'measured':>10} {'error':>8}")  # fmt: skip
+    for run, r in zip(runs, rows, strict=True):
+        assert r.predicted is not None and r.measured is not None
+        print(
+            f"{r.run_id:>4} {r.source_id:<3} {run.model.name[:34]:<34} "
+            f"{run.cluster.accelerator.name:<19} {run.plan.n_gpus:>5} {r.predicted:>10.1f} "
+            f"{r.measured:>10.1f} {100 * (r.predicted / r.measured - 1):>+7.1f}%"
+        )
+    overall, per_source = summarize_results(rows)
+    print("\nAPE        n   median    mean     p90")
+    for label, s in [("all", overall), *per_source.items()]:
+        print(f"{label:<6} {s.n:>5} {100 * s.median_ape:>7.1f}% {100 * s.mean_ape:>6.1f}% "
+              f"{100 * s.p90_ape:>6.1f}%")  # fmt: skip
+
+
+def _set_keys(text: str, table: str, values: dict[str, object]) -> str:
+    """Replace `key = value` lines inside `[table]` of a TOML text (comments elsewhere kept)."""
+    start = text.index(f"[{table}]")
+    nxt = re.search(r"^\[", text[start + 1 :], flags=re.M)
+    end = start + 1 + nxt.start() if nxt else len(text)
+    section = text[start:end]
+    for key, entry in values.items():
+        value, comment = entry if isinstance(entry, tuple) else (entry, None)
+        literal = f'"{value}"' if isinstance(value, str) else f"{value:.4g}"
+        if comment:
+            literal += f"  # {comment}"
+        pattern = re.compile(rf"^{re.escape(key)}\s*=.*$", flags=re.M)
+        if pattern.search(section):
+            section = pattern.sub(f"{key} = {literal}", section)
+        else:
+            section = section.rstrip("\n") + f"\n{key} = {literal}\n"
+    return text[:start] + section + text[end:]
+
+
+HOPPER_PRIOR = {"matmul_max": 0.8, "matmul_half_gflop": 3.0}  # h100-sxm before calibration
+
+
+def _prior(text: str, key: str) -> float:
+    """An accelerator's uncalibrated value of `key`: from an earlier fit's source note, else
+    the current value (so rewriting is idempotent)."""
+    noted = re.search(rf"prior {key} ([\d.]+)", text)
+    current = re.search(rf"^{key}\s*=\s*([\d.]+)", text, re.M)
+    if noted:
+        return float(noted.group(1))
+    if current is None:
+        raise ValueError(f"accelerator preset without [efficiency] {key}")
+    return float(current.group(1))
+
+
+def _accelerator_values(text: str, name: str, cal: Calibration, note: str) -> dict[str, object]:
+    """[efficiency] entries: fitted for calibrated families; for other accelerators their
+    priors scaled by the Hopper fit over its prior (same software generation)."""
+    if name in FAMILIES:
+        eta, half, src = cal.matmul_max[FAMILIES[name]], cal.matmul_half_gflop, note
+    else:
+        prior_eta, prior_half = _prior(text, "matmul_max"), _prior(text, "matmul_half_gflop")
+        eta_scale = cal.matmul_max["hopper"] / HOPPER_PRIOR["matmul_max"]
+        half_scale = cal.matmul_half_gflop / HOPPER_PRIOR["matmul_half_gflop"]
+        eta, half = min(0.95, prior_eta * eta_scale), prior_half * half_scale
+        src = (
+            f"no calibration runs: prior matmul_max {prior_eta} x {eta_scale:.3f} and prior "
+            f"matmul_half_gflop {prior_half} x {half_scale:.2f} (Hopper fit / its prior); "
+            f"shared terms {note}"
+        )
+    values: dict[str, object] = {
+        "matmul_max": round(eta, 4),
+        "matmul_half_gflop": round(half, 4),
+        "memory": round(cal.memory, 4),
+        "attention": round(min(1.0, eta * cal.attention_ratio), 4),
+        "source": src,
+    }
+    if _prior(text, "fp8_speedup") > 1.0:  # accelerators with FP8 tensor cores
+        values["fp8_speedup"] = round(cal.fp8_speedup, 4)
+    return values
+
+
+def _set_top_level(text: str, key: str, value: float, comment: str) -> str:
+    """Set a top-level `key = value  # comment` line (before the first table header)."""
+    line = f"{key} = {value:.4g}  # {comment}"
+    first_table = re.search(r"^\[", text, flags=re.M)
+    head_end = first_table.start() if first_table else len(text)
+    head, rest = text[:head_end], text[head_end:]
+    pattern = re.compile(rf"^{re.escape(key)}\s*=.*$", flags=re.M)
+    if pattern.search(head):
+        return pattern.sub(line, head) + rest
+    return head.rstrip("\n") + "\n" + line + "\n\n" + rest
+
+
+def write_presets(cal: Calibration, note: str) -> list[Path]:
+    """Store fitted efficiencies in the accelerator [efficiency] tables, the NVLink and
+    IB/RoCE link efficiencies and the overlap slowdown of the cluster presets (with a
+    provenance comment)."""
+    written: list[Path] = []
+    for path in sorted((DATA / "accelerators").glob("*.toml")):
+        text = path.read_text()
+        values = _accelerator_values(text, path.stem, cal, note)
+        path.write_text(_set_keys(text, "efficiency", values))
+        written.append(path)
+    for path in sorted((DATA / "clusters").glob("*.toml")):
+        text = path.read_text()
+        new = text
+        for table, prefixes, value in (
+            ("intra", NVLINK_PREFIXES, cal.nvlink_efficiency),
+            ("inter", NIC_PREFIXES, cal.nic_efficiency),
+        ):
+            m = re.search(rf"^\[{table}\]\s*\nname\s*=\s*\"([^\"]+)\"", new, re.M)
+            if m and m.group(1).startswith(prefixes):
+                new = _set_keys(new, table, {"efficiency": (round(value, 4), note)})
+        new = _set_top_level(new, "overlap_slowdown", round(cal.overlap_slowdown, 4), note)
+        if new != text:
+            path.write_text(new)
+            written.append(path)
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="?", help="CSV in the calibration schema")
+    parser.add_argument("--fit", action="store_true", help="refit the free parameters")
+    parser.add_argument(
+        "--iterations", type=int, default=300, help="Nelder-Mead iterations (0: reuse the last fit)"
+    )
+    parser.add_argument("--write", action="store_true", help="store the fit in the presets")
+    args = parser.parse_args(argv)
+    path = Path(args.runs) if args.runs else shared_path("calibration", "runs.csv")
+    if path is None:
+        print("calibration runs not found (set SHARED_DIR)", file=sys.stderr)
+        return 2
+    runs, skipped = load_runs(path)
+    for r in skipped:
+        print(f"skipped run {r.run_id}: {r.skipped}")
+    calibration = None
+    if args.fit and args.iterations == 0:
+        calibration = Calibration.from_vector([b.start for b in FREE_PARAMETERS])
+        print("the last fit's values (FREE_PARAMETERS starts), not refitted:")
+        for bound, value in zip(FREE_PARAMETERS, calibration.vector(), strict=True):
+            print(f"  {bound.name:<24} {value:.4f}   [{bound.low}, {bound.high}]")
+    elif args.fit:
+        calibration, loss = fit(runs, iterations=args.iterations)
+        print(f"fitted on {len(runs)} runs (source-weighted mean |log error| {loss:.4f}):")
+        for bound, value in zip(FREE_PARAMETERS, calibration.vector(), strict=True):
+            print(f"  {bound.name:<24} {value:.4f}   [{bound.low}, {bound.high}]")
+    if calibration is not None and args.write:
+        sources = ",".join(sorted({r.source_id for r in runs}))
+        note = (
+            f"fitted on calibration runs {sources} by benchmarks/calibration.py --fit, "
+            f"{dt.date.today().isoformat()}"
+        )
+        for p in write_presets(calibration, note):
+            print(f"wrote {p.relative_to(DATA.parents[2])}")
+    print_table(runs, results(runs, calibration))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

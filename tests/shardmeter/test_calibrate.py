@@ -1,0 +1,137 @@
+"""CSV rows -> specs, error statistics, the fitter, and accuracy on the shared calibration runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shardmeter.calibrate import (
+    FREE_PARAMETERS,
+    Calibration,
+    cluster_from_row,
+    evaluate_rows,
+    model_from_row,
+    nelder_mead,
+    plan_from_row,
+    read_rows,
+    run_from_row,
+    source_weights,
+    summarize,
+    summarize_results,
+)
+from shardmeter.errors import UserInputError
+from shardmeter.paths import missing_shared_reason, shared_path
+
+BASE = {
+    "run_id": "1", "source_id": "SX", "model": "m", "n_layers": "32", "hidden": "4096",
+    "n_heads": "32", "n_kv_heads": "8", "head_dim": "128", "ffn": "14336", "vocab": "128256",
+    "seq_len": "8192", "mlp": "swiglu", "gpu": "h100-sxm", "n_gpus": "16", "gpus_per_node": "8",
+    "nvlink_domain": "8", "inter_node_gbps_per_gpu": "", "tp": "2", "pp": "1", "dp": "8",
+    "cp": "1", "ep": "1", "vpp": "", "sp": "", "sharding": "", "shard_degree": "",
+    "micro_batch": "", "global_batch": "16", "recompute": "", "precision": "bf16",
+    "framework": "NeMo 24.09", "tokens_per_sec_per_gpu": "5000", "notes": "",
+}  # fmt: skip
+
+
+def test_model_from_row_and_tied_embeddings() -> None:
+    model = model_from_row(BASE)
+    assert (model.kv_heads, model.mlp, model.moe, model.tied_embeddings) == (
+        8,
+        "swiglu",
+        None,
+        False,
+    )
+    mpt = {**BASE, "n_kv_heads": "32", "vocab": "50368", "mlp": "gelu", "ffn": "16384",
+           "params_b_arch": "6.64876"}  # fmt: skip
+    assert model_from_row(mpt).tied_embeddings
+
+
+def test_moe_dense_layers_from_notes() -> None:
+    row = {**BASE, "model": "DeepSeek-V3", "moe_experts": "256", "moe_topk": "8",
+           "moe_shared_experts": "1", "ffn": "2048", "notes": ""}  # fmt: skip
+    spec = model_from_row(row)
+    assert spec.moe is not None
+    assert (spec.moe.dense_layers, spec.dense_ffn, spec.expert_ffn) == (3, 18432, 2048)
+    row["notes"] = "first 1 dense layers, dense FFN 10944"
+    spec = model_from_row(row)
+    assert spec.moe is not None and (spec.moe.dense_layers, spec.dense_ffn) == (1, 10944)
+
+
+def test_cluster_from_row_nic_override() -> None:
+    cluster = cluster_from_row({**BASE, "inter_node_gbps_per_gpu": "200"})
+    assert cluster.inter.bandwidth_gbps == 25.0
+    assert cluster.accelerator.name == "h100-sxm"
+    nvl = cluster_from_row({**BASE, "gpu": "gb200", "gpus_per_node": "4", "nvlink_domain": "72"})
+    assert (nvl.gpus_per_node, nvl.nvlink_domain) == (4, 72)
+    with pytest.raises(UserInputError, match="gpu"):
+        cluster_from_row({**BASE, "gpu": "abacus"})
+
+
+def test_plan_defaults_by_framework() -> None:
+    nemo = plan_from_row(BASE)
+    assert (nemo.sharding, nemo.sp, nemo.vpp, nemo.micro_batch, nemo.overlap_tp) == (
+        "zero1", True, 1, 1, True,
+    )  # fmt: skip
+    titan = plan_from_row({**BASE, "framework": "torchtitan", "tp": "1", "dp": "16"})
+    assert (titan.sharding, titan.recompute, titan.sp) == ("zero3", "selective", False)
+
+
+def test_run_from_row_resolves_auto_recompute_and_checks_gpus() -> None:
+    run = run_from_row({**BASE, "model": "Llama 70B", "n_layers": "80", "hidden": "8192",
+                        "n_heads": "64", "ffn": "28672", "tp": "1", "dp": "16",
+                        "sharding": "zero3"})  # fmt: skip
+    assert run.plan.recompute in ("selective", "full")
+    with pytest.raises(UserInputError, match="GPU count"):
+        run_from_row({**BASE, "n_gpus": "32"})
+
+
+def test_summaries() -> None:
+    s = summarize([0.1, 0.2, 0.3, 0.4])
+    assert (s.n, s.median_ape, s.mean_ape) == (4, pytest.approx(0.25), pytest.approx(0.25))
+    assert s.p90_ape == pytest.approx(0.37)
+    assert summarize([]).n == 0
+
+
+def test_evaluate_rows_reports_skips() -> None:
+    results = evaluate_rows([BASE, {**BASE, "run_id": "2", "tp": "3"}])
+    assert results[0].ape is not None and results[0].predicted is not None
+    assert results[1].skipped is not None and "tp" in results[1].skipped
+    overall, per_source = summarize_results(results)
+    assert overall.n == 1 and set(per_source) == {"SX"}
+
+
+def test_nelder_mead_finds_quadratic_minimum() -> None:
+    target = np.array([1.0, -2.0, 0.5])
+    x, value = nelder_mead(lambda z: float(np.sum((z - target) ** 2)), np.zeros(3), 1.0, 300)
+    np.testing.assert_allclose(x, target, atol=1e-3)
+    assert value < 1e-6
+
+
+def test_calibration_vector_roundtrip_and_apply() -> None:
+    values = [b.start for b in FREE_PARAMETERS]
+    cal = Calibration.from_vector(values)
+    assert cal.vector() == pytest.approx(values)
+    cluster = cal.apply(cluster_from_row(BASE))
+    assert cluster.accelerator.efficiency.matmul_max == pytest.approx(cal.matmul_max["hopper"])
+    assert cluster.intra.efficiency == pytest.approx(cal.nvlink_efficiency)
+    assert cluster.inter.efficiency == pytest.approx(cal.nic_efficiency)
+
+
+def test_source_weights_equal_per_source() -> None:
+    runs = [run_from_row({**BASE, "run_id": str(i), "source_id": s}) for i, s in
+            enumerate(["A", "A", "A", "B"])]  # fmt: skip
+    w = source_weights(runs)
+    assert w.sum() == pytest.approx(1.0)
+    assert w[3] == pytest.approx(0.5) and w[0] == pytest.approx(1 / 6)
+
+
+def test_shipped_presets_meet_accuracy_targets_on_calibration_runs() -> None:
+    path = shared_path("calibration", "runs.csv")
+    if path is None:
+        pytest.skip(missing_shared_reason("calibration", "runs.csv"))
+    results = evaluate_rows(read_rows(path))
+    assert all(r.skipped is None for r in results)
+    overall, per_source = summarize_results(results)
+    assert overall.median_ape <= 0.10
+    assert overall.p90_ape <= 0.25
+    assert all(s.median_ape <= 0.20 for s in per_source.values())
