@@ -127,6 +127,11 @@ class Worker:
         self._device = self._named[0][1].device
         self._optimizer: torch.optim.AdamW | None = None
 
+    @property
+    def optimizer(self) -> torch.optim.AdamW | None:
+        """The inner AdamW of the current (or last) round; None before the first round."""
+        return self._optimizer
+
     def new_optimizer(self) -> torch.optim.AdamW:
         """A fresh AdamW over the trainable parameters (fused kernel where available)."""
         cfg = self.cfg
