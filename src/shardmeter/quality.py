@@ -78,15 +78,17 @@ class QualityFactors:
                 return m.factor
         raise UserInputError("quality method", method, f"runs here: {', '.join(self.names())}")
 
-    def for_mode(self, mode: str, method: str | None = None) -> float:
-        """q for a ShardMeter outer mode. `method` (if given) is used whatever the mode;
-        otherwise async uses HeLoCo and the synchronous modes (sync, diloco, streaming,
-        single) the reference, whose factor is 1 by definition."""
+    def method_for(self, mode: str, method: str | None = None) -> str:
+        """The HeLoCo method standing for a ShardMeter outer mode: `method` if given, else
+        HeLoCo for async and the synchronous reference for sync, diloco, streaming, single."""
         if method is not None:
-            return self.factor(method)
-        if mode == "async":
-            return self.factor(DEFAULT_ASYNC_METHOD)
-        return 1.0
+            return method
+        return DEFAULT_ASYNC_METHOD if mode == "async" else self.reference
+
+    def for_mode(self, mode: str, method: str | None = None) -> float:
+        """q for a ShardMeter outer mode (see `method_for`); the reference's q is 1."""
+        name = self.method_for(mode, method)
+        return 1.0 if name == self.reference else self.factor(name)
 
 
 def _read_json(path: Path) -> Any:
@@ -214,6 +216,7 @@ class RankedPlan:
 
     candidate: PlanLike
     mode: str
+    method: str  # HeLoCo method whose q was applied
     quality_factor: float
     time_to_target_s: float  # q × wall-clock for the token budget
     cost_to_target_usd: float  # q × cost for the token budget
@@ -232,8 +235,9 @@ def rank_by_time_to_target(
     ranked = []
     for c in candidates:
         mode = candidate_mode(c)
+        name = quality.method_for(mode, method)
         q = quality.for_mode(mode, method)
-        ranked.append(RankedPlan(c, mode, q, q * c.wall_s, q * c.cost_usd))
+        ranked.append(RankedPlan(c, mode, name, q, q * c.wall_s, q * c.cost_usd))
     return sorted(ranked, key=lambda r: (r.time_to_target_s, r.cost_to_target_usd))
 
 
@@ -328,6 +332,7 @@ def ranked_json(ranked: Sequence[RankedPlan], quality: QualityFactors) -> dict[s
             {
                 "rank": k + 1,
                 "mode": r.mode,
+                "method": r.method,
                 "quality_factor": _finite(r.quality_factor),
                 "tokens_per_s": r.candidate.tokens_per_s,
                 "wall_s": r.candidate.wall_s,
@@ -349,12 +354,14 @@ def render_ranked(ranked: Sequence[RankedPlan], quality: QualityFactors, top: in
         f"(q from {quality.source}, reference {quality.reference!r})"
     )
     table = Table(title=title)
-    for col in ("#", "mode", "q", "tokens/s", "wall (budget)", "time to target", "cost to target"):
-        table.add_column(col, justify="left" if col == "mode" else "right")
+    cols = ("#", "mode", "method", "q", "tokens/s", "budget wall", "to target", "cost to target")
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("mode", "method") else "right")
     for k, r in enumerate(ranked[:top], 1):
         table.add_row(
             str(k),
             r.mode,
+            r.method,
             f"{r.quality_factor:.3f}",
             f"{r.candidate.tokens_per_s:,.0f}",
             f"{r.candidate.wall_s / 3600:,.1f} h",
