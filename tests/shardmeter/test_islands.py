@@ -280,8 +280,10 @@ def test_stragglers_wait_in_sync_modes_and_never_in_async(
     slowest = max(times)
     if outer.balance_steps and outer.mode != "sync":
         # faster islands fill the slowest island's H steps: less than one of their steps idles
+        opt_max = max(isl.outer_opt_s for isl in est.islands)
         for isl, t in zip(est.islands, times, strict=True):
-            assert isl.straggler_s <= t * (1 + 1e-9) + isl.outer_opt_s + est.round_s * 1e-9
+            slack = opt_max - isl.outer_opt_s + est.round_s * 1e-9
+            assert isl.straggler_s <= t * (1 + 1e-9) + slack
         return
     for isl, t in zip(est.islands, times, strict=True):
         if t < slowest * (1 - 1e-9):
