@@ -200,19 +200,29 @@ def sync_choices(dp: int, opts: SpaceOptions) -> SyncChoices:
     return SyncChoices(np.asarray(stages, np.int64), np.asarray(sizes, np.int64))
 
 
+@dataclass(frozen=True)
+class GridPlanArrays(PlanArrays):
+    """PlanArrays whose `shape` is the broadcast shape of all columns, so `dp` can stay a
+    (1, R) row like the other shape columns and the estimator keeps every term that does not
+    involve the sync choice at (1, R) (PlanArrays.shape is dp's shape)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(np.broadcast_shapes(*(getattr(self, f.name).shape for f in fields(self))))
+
+
 def grid_plans(rows: Shapes, sync: SyncChoices, global_batch: int, overlap_tp: bool) -> PlanArrays:
     """A (K, R) PlanArrays: sync choices down the first axis, shapes along the second.
 
     Shape columns are (1, R) and sync columns (K, 1): the estimator broadcasts them, so
-    per-shape compute runs R times, not K·R. `dp` is given the full shape (PlanArrays.shape).
+    per-shape compute runs R times, not K·R.
     """
-    k, r = len(sync), len(rows)
 
     def row(a: NDArray[Any]) -> Any:
         return a[None, :]
 
-    return PlanArrays(
-        dp=np.broadcast_to(row(rows.dp), (k, r)),
+    return GridPlanArrays(
+        dp=row(rows.dp),
         tp=row(rows.tp),
         pp=row(rows.pp),
         cp=row(rows.cp),
