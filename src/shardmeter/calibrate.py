@@ -18,7 +18,7 @@ import numpy as np
 from shardmeter.errors import UserInputError
 from shardmeter.estimate.result import StepEstimate
 from shardmeter.estimate.step import estimate_step
-from shardmeter.predict import reference_cluster, resolve_recompute
+from shardmeter.predict import cluster_for_gpu, resolve_recompute
 from shardmeter.specs.hardware import Cluster
 from shardmeter.specs.loader import load_cluster
 from shardmeter.specs.model import MoESpec, TransformerSpec
@@ -163,9 +163,10 @@ def _dense_layers(notes: str, model_name: str) -> tuple[int, int | None]:
 def model_from_row(row: Mapping[str, str]) -> TransformerSpec:
     """TransformerSpec from the architecture columns; embeddings tied when that matches
     `params_b_arch` better (MPT ties its embeddings)."""
-    mlp = _cell(row, "mlp") or "gelu"
+    mlp_cell = _cell(row, "mlp").lower() or "gelu"
+    mlp = MLP_ALIASES.get(mlp_cell, mlp_cell)
     if mlp not in ("gelu", "swiglu"):
-        raise UserInputError("mlp", mlp, "allowed: gelu, swiglu")
+        raise UserInputError("mlp", mlp_cell, "allowed: gelu (2-matrix), swiglu (3-matrix gated)")
     moe = None
     experts = _cell(row, "moe_experts")
     if experts:
@@ -205,8 +206,7 @@ def model_from_row(row: Mapping[str, str]) -> TransformerSpec:
 
 def cluster_from_row(row: Mapping[str, str]) -> Cluster:
     """Reference cluster of the row's `gpu`, with its node shape and per-GPU NIC speed."""
-    gpu = _cell(row, "gpu")
-    base = load_cluster(reference_cluster(gpu))
+    base = cluster_for_gpu(_cell(row, "gpu").lower())
     overrides: dict[str, object] = {}
     gpn = _int(row, "gpus_per_node", 0)
     domain = _int(row, "nvlink_domain", 0)
@@ -218,6 +218,33 @@ def cluster_from_row(row: Mapping[str, str]) -> Cluster:
     if nic:
         overrides["inter"] = {"bandwidth_gbps": nic / 8.0}  # Gbit/s -> GB/s
     return load_cluster(base, **overrides) if overrides else base
+
+
+# Spellings seen in published tables, mapped onto the schema's values.
+MLP_ALIASES: dict[str, str] = {"geglu": "swiglu", "glu": "swiglu", "relu2": "gelu", "relu": "gelu"}
+SHARDING_ALIASES: dict[str, str] = {
+    "fsdp": "zero3", "fsdp2": "zero3", "hsdp": "zero3", "zero-3": "zero3", "zero-2": "zero2",
+    "zero-1": "zero1", "distributed_optimizer": "zero1", "dist-opt": "zero1", "ddp": "none",
+    "no": "none",
+}  # fmt: skip
+RECOMPUTE_ALIASES: dict[str, str] = {
+    "sac": "selective", "op": "selective", "partial": "selective", "yes": "full",
+    "block": "full", "no": "none", "off": "none",
+}  # fmt: skip
+
+
+def _alias(row: Mapping[str, str], name: str, aliases: Mapping[str, str]) -> str:
+    text = _cell(row, name).lower()
+    return aliases.get(text, text)
+
+
+def _precision(text: str) -> str:
+    """bf16 / fp16 / fp8 from cells such as 'fp8-hybrid' or 'bf16-mixed' (blank: bf16)."""
+    low = text.lower()
+    for name in ("fp8", "fp16", "bf16"):
+        if name in low:
+            return name
+    return low or "bf16"
 
 
 def plan_from_row(row: Mapping[str, str]) -> Plan:
@@ -237,12 +264,13 @@ def plan_from_row(row: Mapping[str, str]) -> Plan:
             ep=_int(row, "ep", 1),
             vpp=_int(row, "vpp", 1),
             sp=sp,
-            sharding=_cell(row, "sharding") or defaults.sharding,
+            sharding=_alias(row, "sharding", SHARDING_ALIASES) or defaults.sharding,
             shard_degree=int(float(shard_degree)) if shard_degree else None,
             micro_batch=_int(row, "micro_batch", 1),
             global_batch=_int(row, "global_batch"),
-            recompute=_cell(row, "recompute") or defaults.recompute.replace("auto", "none"),
-            precision=_cell(row, "precision") or "bf16",
+            recompute=_alias(row, "recompute", RECOMPUTE_ALIASES)
+            or defaults.recompute.replace("auto", "none"),
+            precision=_precision(_cell(row, "precision")),
             overlap_tp=defaults.overlap_tp and tp > 1,
         )
     except ValueError as exc:

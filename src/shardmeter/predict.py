@@ -18,6 +18,7 @@ from shardmeter.estimate.step import estimate_step
 from shardmeter.specs.hardware import Cluster
 from shardmeter.specs.loader import (
     list_presets,
+    load_accelerator,
     load_cluster,
     load_model,
     load_plan,
@@ -92,10 +93,15 @@ def reference_cluster(gpu: str) -> str:
 
 
 def cluster_for_gpu(gpu: str, cluster: ClusterRef | None = None) -> Cluster:
-    """`gpu`'s reference cluster, or `cluster` with its accelerator replaced by `gpu`."""
+    """`gpu`'s reference cluster, or `cluster` (default: an 8-GPU DGX-style node) with its
+    accelerator replaced by `gpu` when no cluster preset is built from that accelerator."""
     if cluster is None:
-        return load_cluster(reference_cluster(gpu))
-    return load_cluster(resolve_cluster(cluster), accelerator=gpu)
+        try:
+            return load_cluster(reference_cluster(gpu))
+        except UserInputError:
+            load_accelerator(gpu)  # unknown accelerators fail here, naming the known ones
+            cluster = DEFAULT_CLUSTER
+    return load_cluster(resolve_cluster(cluster), accelerator=gpu, name=f"{gpu}-node")
 
 
 def resolve_model(model: ModelRef | None) -> TransformerSpec:
