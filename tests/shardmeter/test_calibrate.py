@@ -63,8 +63,10 @@ def test_cluster_from_row_nic_override() -> None:
     assert cluster.accelerator.name == "h100-sxm"
     nvl = cluster_from_row({**BASE, "gpu": "gb200", "gpus_per_node": "4", "nvlink_domain": "72"})
     assert (nvl.gpus_per_node, nvl.nvlink_domain) == (4, 72)
-    with pytest.raises(UserInputError, match="gpu"):
+    with pytest.raises(UserInputError, match="abacus"):
         cluster_from_row({**BASE, "gpu": "abacus"})
+    h20 = cluster_from_row({**BASE, "gpu": "H20"})  # an accelerator preset without a cluster
+    assert (h20.accelerator.name, h20.nvlink_domain) == ("h20", 8)
 
 
 def test_plan_defaults_by_framework() -> None:
