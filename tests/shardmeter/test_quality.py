@@ -1,0 +1,222 @@
+"""Quality factor from HeLoCo run folders, and ranking plans by time to the target loss."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shardmeter.errors import UserInputError
+from shardmeter.estimate.islands import predict_topology
+from shardmeter.quality import (
+    MethodQuality,
+    QualityFactors,
+    add_arguments,
+    apply,
+    find_runs,
+    quality_factors,
+    rank_by_time_to_target,
+    rank_from_args,
+    ranked_json,
+    tokens_to_loss,
+)
+from shardmeter.search.result import Candidate, OuterChoice
+from shardmeter.specs.topology import load_topology
+
+
+def write_run(folder: Path, method: str, curve: list[tuple[int, float]]) -> Path:
+    """A minimal HeLoCo run folder: summary.json and eval (plus one round) events."""
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({"method": method, "final_loss": curve[-1][1]}))
+    lines = [{"type": "round", "worker": 0, "steps": 1, "tokens": 1, "time": 0.5}]
+    for t, (tokens, loss) in enumerate(curve):
+        lines.append({"type": "eval", "tokens": tokens, "time": float(t), "loss": loss,
+                      "cycle_loss": loss + 0.1})  # fmt: skip
+    (folder / "events.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return folder
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Path:
+    # sync reaches 3.0 at 200 tokens; heloco at 300 (q 1.5); async-nesterov at 400 (q 2)
+    write_run(tmp_path / "a_sync", "sync", [(0, 5.0), (100, 4.0), (200, 3.0), (300, 2.5)])
+    write_run(tmp_path / "b_heloco", "heloco", [(0, 5.0), (200, 3.5), (400, 2.5)])
+    write_run(tmp_path / "c_nest", "async-nesterov", [(0, 5.0), (200, 4.0), (400, 3.0)])
+    return tmp_path
+
+
+def test_tokens_to_loss_interpolates_the_first_crossing() -> None:
+    assert tokens_to_loss([0, 100, 200], [5.0, 4.0, 3.0], 3.5) == pytest.approx(150.0)
+    assert tokens_to_loss([0, 100, 200, 300], [5.0, 2.0, 6.0, 1.0], 3.0) == pytest.approx(200 / 3)
+    assert tokens_to_loss([0, 100], [5.0, 4.0], 3.0) == math.inf
+    assert tokens_to_loss([0, 100], [2.0, 1.0], 3.0) == 0.0
+
+
+def test_quality_factor_is_tokens_relative_to_sync(runs: Path) -> None:
+    q = quality_factors(runs, target_loss=3.0)
+    assert q.reference == "sync" and q.target_loss == 3.0
+    assert q.factor("sync") == pytest.approx(1.0)
+    assert q.factor("heloco") == pytest.approx(300 / 200)  # 3.5@200 -> 2.5@400 crosses 3 at 300
+    assert q.factor("async-nesterov") == pytest.approx(2.0)
+    assert q.for_mode("async") == pytest.approx(1.5)  # HeLoCo stands for async by default
+    assert q.for_mode("async", "async-nesterov") == pytest.approx(2.0)
+    assert q.for_mode("diloco") == q.for_mode("sync") == q.for_mode("single") == 1.0
+
+
+def test_default_target_is_the_lowest_loss_every_run_reaches(runs: Path) -> None:
+    q = quality_factors(runs)
+    assert q.target_loss == pytest.approx(3.0)  # async-nesterov's best
+    assert all(math.isfinite(m.tokens_to_target) for m in q.methods)
+
+
+def test_cycle_loss_and_unreached_targets(runs: Path) -> None:
+    q = quality_factors(runs, target_loss=2.5)
+    assert q.factor("async-nesterov") == math.inf
+    assert quality_factors(runs, 3.1, loss_key="cycle_loss").factor("sync") == 1.0
+    with pytest.raises(UserInputError, match="never reaches"):
+        quality_factors(runs, target_loss=2.0)
+    with pytest.raises(UserInputError, match="starts below"):
+        quality_factors(runs, target_loss=6.0)
+
+
+def test_seeds_of_one_method_are_averaged(tmp_path: Path) -> None:
+    write_run(tmp_path / "s", "sync", [(0, 5.0), (100, 3.0)])
+    write_run(tmp_path / "h1", "heloco", [(0, 5.0), (100, 3.0)])
+    write_run(tmp_path / "h2", "heloco", [(0, 5.0), (300, 3.0)])
+    q = quality_factors(tmp_path, target_loss=3.0)
+    assert q.factor("heloco") == pytest.approx(2.0)
+    assert [m.runs for m in q.methods if m.method == "heloco"] == [2]
+
+
+def test_errors_are_one_line(tmp_path: Path, runs: Path) -> None:
+    with pytest.raises(UserInputError, match="folder of HeLoCo runs"):
+        quality_factors(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserInputError, match=r"summary\.json"):
+        quality_factors(tmp_path / "empty")
+    with pytest.raises(UserInputError, match="needs a 'sync' run"):
+        quality_factors(runs / "b_heloco")
+    with pytest.raises(UserInputError, match="runs here"):
+        quality_factors(runs).factor("mla")
+    assert len(find_runs(runs / "a_sync")) == 1  # a single run folder is accepted
+
+
+def test_shardmeter_quality_imports_neither_heloco_nor_torch() -> None:
+    code = (
+        "import sys, shardmeter.quality; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('heloco', 'torch')]; "
+        "sys.exit(1 if bad else 0)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def candidate(mode: str, tokens_per_s: float, tokens: float = 1e12) -> Candidate:
+    wall = tokens / tokens_per_s
+    return Candidate(
+        islands=(),
+        outer=OuterChoice(mode=mode, inner_steps=100, bits=8, fragments=1, overlap_steps=0),
+        n_gpus=64,
+        tokens_per_s=tokens_per_s,
+        wall_s=wall,
+        cost_usd=wall / 3600 * 64 * 2.0,
+        usd_per_mtok=wall / 3600 * 64 * 2.0 / (tokens / 1e6),
+        mfu=0.4,
+        utilization=0.9,
+        meets=True,
+    )
+
+
+def factors(q_async: float) -> QualityFactors:
+    rows = (MethodQuality("heloco", 1, q_async * 100, q_async), MethodQuality("sync", 1, 100, 1.0))
+    return QualityFactors(Path("runs"), "sync", 3.0, "loss", rows)
+
+
+def test_quality_factor_changes_the_ranking() -> None:
+    a = candidate("async", 1.3e6)  # faster in tokens/s ...
+    b = candidate("diloco", 1.0e6)
+    by_throughput = sorted([b, a], key=lambda c: c.wall_s)
+    assert by_throughput[0] is a
+    ranked = rank_by_time_to_target([a, b], factors(1.5))  # ... but needs 1.5x the tokens
+    assert [r.candidate for r in ranked] == [b, a]
+    assert ranked[1].time_to_target_s == pytest.approx(1.5 * a.wall_s)
+    assert ranked[1].cost_to_target_usd == pytest.approx(1.5 * a.cost_usd)
+    assert [r.method for r in ranked] == ["sync", "heloco"]
+    # with q = 1.2 the faster plan still wins: 1.2 / 1.3 < 1
+    assert rank_by_time_to_target([a, b], factors(1.2))[0].candidate is a
+
+
+def test_planner_plans_reranked_by_time_to_target() -> None:
+    from shardmeter.search import OuterOptions, plan
+
+    best = {
+        mode: plan(
+            topology="eight-heterogeneous",
+            outer=OuterOptions(modes=(mode,), inner_steps=(20,)),
+            top_k=1,
+        ).ranked[0]
+        for mode in ("diloco", "async")
+    }
+    fast, slow = sorted(best.values(), key=lambda c: c.wall_s)
+    ratio = slow.wall_s / fast.wall_s
+    slow_is_async = slow.outer is not None and slow.outer.mode == "async"
+    # penalise the faster plan's mode just enough to flip the order, then not quite enough
+    flip = factors(1.0 / ratio * 0.9 if slow_is_async else ratio * 1.1)
+    keep = factors(1.0 / ratio * 1.1 if slow_is_async else ratio * 0.9)
+    assert rank_by_time_to_target([fast, slow], flip)[0].candidate is slow
+    assert rank_by_time_to_target([fast, slow], keep)[0].candidate is fast
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--topology")
+    parser.add_argument("--mode")
+    parser.add_argument("--quality-factor", type=float)
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_apply_sets_the_predict_quality_factor(runs: Path) -> None:
+    args = parse(["--topology", "eight-heterogeneous", "--quality-from", str(runs),
+                  "--target-loss", "3.0"])  # fmt: skip
+    assert apply(args) is not None
+    assert args.quality_factor == pytest.approx(1.5)  # the file's mode is async -> heloco
+    topo = load_topology("eight-heterogeneous")
+    est = predict_topology(topo, quality_factor=args.quality_factor)
+    assert est.wall_s_adjusted == pytest.approx(1.5 * est.wall_s)
+    args = parse(["--topology", "eight-heterogeneous", "--mode", "diloco",
+                  "--quality-from", str(runs), "--target-loss", "3.0"])  # fmt: skip
+    apply(args)
+    assert args.quality_factor == 1.0
+    args = parse(["--quality-from", str(runs), "--target-loss", "3.0",
+                  "--mode", "diloco", "--quality-method", "async-nesterov"])  # fmt: skip
+    apply(args)
+    assert args.quality_factor == pytest.approx(2.0)
+
+
+def test_apply_without_the_flag_and_conflicts(runs: Path) -> None:
+    args = parse(["--topology", "eight-heterogeneous"])
+    assert apply(args) is None and args.quality_factor is None
+    with pytest.raises(UserInputError, match="needs --quality-from"):
+        apply(parse(["--quality-method", "heloco"]))
+    with pytest.raises(UserInputError, match="not with --quality-from"):
+        apply(parse(["--quality-from", str(runs), "--quality-factor", "1.2"]))
+    with pytest.raises(UserInputError, match="never reaches"):
+        apply(parse(["--quality-from", str(runs), "--target-loss", "2.5", "--mode", "async",
+                     "--quality-method", "async-nesterov"]))  # fmt: skip
+
+
+def test_rank_from_args_and_json(runs: Path) -> None:
+    a, b = candidate("async", 1.3e6), candidate("diloco", 1.0e6)
+    args = parse(["--quality-from", str(runs), "--target-loss", "3.0"])
+    ranked = rank_from_args(args, [a, b])
+    assert [r.candidate for r in ranked] == [b, a]
+    doc = ranked_json(ranked, args.quality)
+    assert [r["mode"] for r in doc["ranked"]] == ["diloco", "async"]
+    assert {m["method"] for m in doc["methods"]} == {"sync", "heloco", "async-nesterov"}
+    json.dumps(doc, allow_nan=False)
+    assert rank_from_args(parse([]), [a, b]) == []
