@@ -31,17 +31,17 @@ try:
 except ImportError:  # the multi-island path is optional
     topology_predict = None  # type: ignore[assignment]
 
-PLAN_INT_FLAGS: tuple[str, ...] = (
-    "dp",
-    "tp",
-    "pp",
-    "vpp",
-    "cp",
-    "ep",
-    "shard_degree",
-    "micro_batch",
-    "global_batch",
-)
+PLAN_INT_FLAGS: dict[str, str] = {
+    "dp": "data-parallel degree (default: the GPUs left by tp*pp*cp)",
+    "tp": "tensor-parallel degree",
+    "pp": "pipeline stages",
+    "vpp": "virtual pipeline chunks per stage (interleaved 1F1B)",
+    "cp": "context-parallel degree",
+    "ep": "expert-parallel degree (inside dp)",
+    "shard_degree": "HSDP sharding-group size (default: all of dp)",
+    "micro_batch": "sequences per micro-batch per GPU (default 1)",
+    "global_batch": "sequences per optimizer step (default dp*micro_batch, x4*pp with pp)",
+}
 
 
 def add_parser(subparsers: Any) -> None:
@@ -58,16 +58,20 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--seq-len", type=int, help="override the model's sequence length")
     p.add_argument("--plan", metavar="FILE", help="plan TOML/JSON; flags below override it")
     plan = p.add_argument_group("plan")
-    for name in PLAN_INT_FLAGS:
-        plan.add_argument(f"--{name.replace('_', '-')}", type=int, dest=name)
+    for name, text in PLAN_INT_FLAGS.items():
+        plan.add_argument(f"--{name.replace('_', '-')}", type=int, dest=name, help=text)
     plan.add_argument("--sp", action=argparse.BooleanOptionalAction, help="sequence parallelism")
-    plan.add_argument("--sharding", choices=("none", "zero1", "zero2", "zero3"))
+    plan.add_argument(
+        "--sharding",
+        choices=("none", "zero1", "zero2", "zero3"),
+        help="ZeRO stage (zero3 = FSDP); default zero3, zero1 with tp or pp",
+    )
     plan.add_argument(
         "--recompute",
         choices=("none", "selective", "full", "auto"),
         help="activation recompute (auto: lightest that fits; default auto without --plan)",
     )
-    plan.add_argument("--precision", choices=("bf16", "fp16", "fp8"))
+    plan.add_argument("--precision", choices=("bf16", "fp16", "fp8"), help="default bf16")
     plan.add_argument(
         "--no-overlap-dp", dest="overlap_dp", action="store_false", default=None,
         help="do not overlap gradient reduction with backward",
