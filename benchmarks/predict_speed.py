@@ -45,7 +45,6 @@ def random_plans(n: int, seed: int = 0) -> PlanArrays:
         vpp=1,
         sp=rng.integers(0, 2, n).astype(bool),
         sharding=rng.integers(0, 4, n),
-        shard_group=1,
         micro_batch=micro,
         global_batch=dp * micro * rng.choice([1, 4, 16], n),
         recompute=rng.integers(0, 3, n),

@@ -141,3 +141,10 @@ def test_plan_validity_agrees_with_validate_plan() -> None:
     plans = [Plan(tp=3), Plan(pp=3), Plan(vpp=2), Plan(dp=2, global_batch=3), Plan(cp=2)]
     mask = plan_validity(LLAMA, PlanArrays.from_plans(plans))
     assert mask.tolist() == [False, False, False, False, True]
+
+
+def test_plan_arrays_default_shard_group_is_dp_when_sharded() -> None:
+    cols = PlanArrays.from_columns(dp=np.array([4, 4, 8]), sharding=np.array([0, 3, 1]))
+    assert cols.shard_group.tolist() == [1, 4, 8]
+    plans = [Plan(dp=4), Plan(dp=4, sharding="zero3"), Plan(dp=8, sharding="zero1")]
+    assert PlanArrays.from_plans(plans).shard_group.tolist() == [1, 4, 8]

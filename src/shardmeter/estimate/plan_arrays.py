@@ -48,14 +48,15 @@ class PlanArrays:
 
     @classmethod
     def from_columns(cls, **columns: ArrayLike) -> PlanArrays:
-        """Build from keyword columns (missing ones take Plan's defaults), broadcast together."""
+        """Build from keyword columns (missing ones take Plan's defaults; a missing
+        shard_group is dp for sharded plans, as `Plan.shard_group`), broadcast together."""
         default = Plan()
         values: dict[str, ArrayLike] = {}
         for f in fields(cls):
             if f.name in columns:
                 values[f.name] = columns.pop(f.name)
             elif f.name == "shard_group":
-                values[f.name] = 1
+                values[f.name] = -1  # filled below: dp when sharded, else 1
             elif f.name == "sharding":
                 values[f.name] = SHARDING_CODES[default.sharding]
             elif f.name == "recompute":
@@ -71,6 +72,9 @@ class PlanArrays:
             name: arr.astype(np.bool_ if name in _BOOL_FIELDS else np.int64)
             for name, arr in zip(values, arrays, strict=True)
         }
+        if np.any(typed["shard_group"] < 0):
+            full = np.where(typed["sharding"] > 0, typed["dp"], 1)
+            typed["shard_group"] = np.where(typed["shard_group"] < 0, full, typed["shard_group"])
         return cls(**typed)
 
     @classmethod
