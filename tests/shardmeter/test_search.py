@@ -311,3 +311,13 @@ def test_parallel_jobs_find_the_same_plans(gpt17: TransformerSpec, a100_40: obje
     two = plan(gpt17, a100_40, gpus=(8, 16), global_batch=64, options=SPACE, top_k=3, jobs=2)  # type: ignore[arg-type]
     assert [c.wall_s for c in two.ranked] == pytest.approx([c.wall_s for c in one.ranked])
     assert [c.cost_usd for c in two.pareto] == pytest.approx([c.cost_usd for c in one.pareto])
+
+
+def test_pruning_keeps_the_runner_up_layout(gpt17: TransformerSpec) -> None:
+    kwargs = dict(gpus=(32, 64), global_batch=256, options=SpaceOptions(max_cp=2), top_k=2)
+    pruned = plan(gpt17, "dgx-h100", **kwargs)  # type: ignore[arg-type]
+    full = plan(gpt17, "dgx-h100", prune=False, **kwargs)  # type: ignore[arg-type]
+    assert pruned.stats.pruned_bound > 0
+    assert pruned.explanation is not None and full.explanation is not None
+    assert pruned.explanation.text == full.explanation.text
+    assert pruned.explanation.plan_diffs

@@ -57,6 +57,9 @@ class FrontPolicy:
     _threshold: float = math.inf
     _front_wall: FloatArray = field(default_factory=lambda: np.zeros(0))
     _front_cost: FloatArray = field(default_factory=lambda: np.zeros(0))
+    # (GPUs, batch) -> the fastest plan of each of the two fastest layouts there (the winner's
+    # runner-up for the explanation is the second of these at the winner's GPUs and batch)
+    layouts: dict[tuple[int, int], PlanTable] = field(default_factory=dict)
 
     def fresh(self) -> FrontPolicy:
         return FrontPolicy(
@@ -81,7 +84,12 @@ class FrontPolicy:
 
     def prunable(self, bound_s: FloatArray, n_gpus: int, global_batch: int) -> NDArray[np.bool_]:
         wall, cost = self.wall_cost(bound_s, n_gpus, global_batch)
-        return (wall > self._threshold) & dominated(wall, cost, self._front_wall, self._front_cost)
+        second = self.layouts.get((n_gpus, global_batch))
+        runner_up = math.inf
+        if second is not None and len(second) >= 2:
+            runner_up = float(np.max(self.wall_cost(second.step_time_s, n_gpus, global_batch)[0]))
+        useless = (wall > self._threshold) & (wall > runner_up)
+        return useless & dominated(wall, cost, self._front_wall, self._front_cost)
 
     def offer(self, table: PlanTable) -> None:
         if not len(table):
@@ -89,6 +97,7 @@ class FrontPolicy:
         wall, cost = self.wall_cost(table.step_time_s, table.n_gpus, table.global_batch)
         stride = max(1, len(table) // CLOUD_PER_OFFER)
         self.cloud.append((wall[::stride], cost[::stride]))
+        self._keep_layouts(table, self.meets(wall, cost))
         useful = (wall <= self._threshold) | ~dominated(
             wall, cost, self._front_wall, self._front_cost
         )
@@ -97,6 +106,27 @@ class FrontPolicy:
     def merge(self, other: FrontPolicy) -> None:
         self.cloud.extend(other.cloud)
         self._reduce(PlanTable.concat([self.pool, other.pool]))
+        for table in other.layouts.values():
+            wall, cost = self.wall_cost(table.step_time_s, table.n_gpus, table.global_batch)
+            self._keep_layouts(table, self.meets(wall, cost))
+
+    def _keep_layouts(self, table: PlanTable, meets: NDArray[np.bool_]) -> None:
+        """Update the two fastest layouts (tp, pp, vpp, cp, ep) per (GPUs, batch)."""
+        for n, g in {
+            (int(a), int(b)) for a, b in zip(table.n_gpus, table.global_batch, strict=True)
+        }:
+            sel = meets & (table.n_gpus == n) & (table.global_batch == g)
+            old = self.layouts.get((n, g), PlanTable.empty())
+            both = PlanTable.concat([old, table.take(np.flatnonzero(sel))])
+            if not len(both):
+                continue
+            cols = np.stack([both.tp, both.pp, both.vpp, both.cp, both.ep], axis=1)
+            _, key = np.unique(cols, axis=0, return_inverse=True)
+            key = key.reshape(-1)
+            order = np.lexsort((both.step_time_s, key))
+            first = order[np.r_[True, key[order][1:] != key[order][:-1]]]
+            best = first[np.argsort(both.step_time_s[first], kind="stable")[:2]]
+            self.layouts[(n, g)] = both.take(best)
 
     def _reduce(self, pool: PlanTable) -> None:
         wall, cost = self.wall_cost(pool.step_time_s, pool.n_gpus, pool.global_batch)
@@ -185,18 +215,14 @@ def search_cluster(
     )
 
 
-def _runner_up(pool: PlanTable, order: NDArray[np.int64]) -> int | None:
-    """The fastest plan after the winner with other parallel degrees or GPU count (plans that
-    differ only in ZeRO group or micro-batch differ by a hair and explain nothing); else the
-    second fastest."""
-    if order.size < 2:
+def _runner_up(policy: FrontPolicy, winner: PlanTable) -> PlanTable | None:
+    """The fastest plan with other parallel degrees (tp, pp, vpp, cp, ep) at the winner's GPU
+    count and batch: plans that differ only in ZeRO group or micro-batch differ by a hair and
+    explain nothing. None when the winner's GPU count has a single layout."""
+    best = policy.layouts.get((int(winner.n_gpus[0]), int(winner.global_batch[0])))
+    if best is None or len(best) < 2:
         return None
-    cols = (pool.n_gpus, pool.tp, pool.pp, pool.vpp, pool.cp, pool.ep, pool.dp)
-    top = int(order[0])
-    for i in order[1:]:
-        if any(col[i] != col[top] for col in cols):
-            return int(i)
-    return int(order[1])
+    return best.take(np.asarray([1]))
 
 
 def _result(
@@ -225,9 +251,10 @@ def _result(
     pareto = tuple(c for c in front_all if c.meets)
     best_cost = min(pareto, key=lambda c: c.cost_usd) if pareto else None
     explanation = None
-    runner = _runner_up(pool, order)
+    runner = _runner_up(policy, pool.take(order[:1])) if order.size else None
     if runner is not None:
-        w, r = cand(order[0]), cand(runner)
+        w = cand(order[0])
+        r = _candidate(model, cluster, runner, 0, policy, options.overlap_tp)
         explanation = explain(w, r, step_terms(w.islands[0].step), step_terms(r.islands[0].step))
     infeasible = None
     if not ranked:

@@ -62,21 +62,19 @@ def explain(
     diffs.sort(key=lambda d: -abs(d.saved))
     speedup = runner_up.wall_s / winner.wall_s
     changes = candidate_diffs(winner, runner_up)
-    if not diffs:
-        text = (
-            f"The top plan is {100 * (speedup - 1):.2g}% faster than the runner-up; "
-            "no single term differs by more than 1%."
-        )
-    else:
-        parts = [
-            f"{d.term} {'−' if d.saved > 0 else '+'}{abs(d.saved):.3g} s/Mtok "
-            f"({d.runner_up:.3g} → {d.winner:.3g})"
-            for d in diffs[:3]
-        ]
-        text = (
-            f"The top plan is {100 * (speedup - 1):.2g}% faster than the runner-up"
-            f" ({'; '.join(changes[:4]) or 'same plan fields'}): " + ", ".join(parts) + "."
-        )
+    shown = diffs[:3] or sorted(
+        (TermDiff(k, winner_terms[k], runner_terms.get(k, 0.0)) for k in winner_terms),
+        key=lambda d: -abs(d.saved),
+    )[:2]
+    parts = [
+        f"{d.term} {'−' if d.saved > 0 else '+'}{abs(d.saved):.3g} s/Mtok "
+        f"({d.runner_up:.3g} → {d.winner:.3g})"
+        for d in shown
+    ]
+    text = (
+        f"The top plan is {100 * (speedup - 1):.2g}% faster than the runner-up"
+        f" ({'; '.join(changes[:4]) or 'same plan fields'}): " + ", ".join(parts) + "."
+    )
     return Explanation(speedup, tuple(diffs), tuple(changes), text)
 
 

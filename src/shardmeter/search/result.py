@@ -108,7 +108,7 @@ class SearchStats:
 
     @property
     def evals_per_cpu_s(self) -> float:
-        return self.evaluated / self.eval_cpu_s if self.eval_cpu_s > 0 else float("nan")
+        return self.runnable / self.eval_cpu_s if self.eval_cpu_s > 0 else float("nan")
 
 
 @dataclass(frozen=True)
