@@ -1,0 +1,527 @@
+"""Reproduce the HeLoCo paper's three headline claims on the 5-language corpus, on CPU.
+
+Grid (heloco-spec.md §3-4): 5 workers, one language each; paces [1,1,1,1,1], [1,1,1,2,2],
+[1,6,6,6,6], [1,15,15,15,15]; methods sync, async-nesterov, dn, dn-dylu, mla, heloco,
+heloco-uncorrected, heloco+ab, mla+ab; seeds 0-2; two regimes (presets ``paper-regime`` and
+``converged``). Cells run seed-major (every cell of seed 0 first), two processes with one torch
+thread each, and are resumable (see :mod:`heloco.experiments`).
+
+Claims (abstract of arXiv 2606.00271; spec §4.1), relative loss reduction (L_b − L_h)/L_b:
+  1. up to 7.5% vs asynchronous DiLoCo baselines (async-nesterov, dn, dn-dylu), fixed tokens;
+  2. up to 3.3% vs MLA, fixed (simulated) wall-clock time;
+  3. up to 22.1% vs sync DiLoCo under severe heterogeneity (paces [1,15,15,15,15]), fixed time.
+Verdict per claim, regime and reading (budget point / last-cycle mean), on the setting where the
+seed-mean improvement is largest ("up to"):
+  reproduced      mean ≥ half the claimed figure and mean > seed std;
+  reversed        HeLoCo is worse in every setting (best mean < 0 and |mean| > std);
+  not reproduced  anything else (the note says whether the direction still holds).
+
+    python benchmarks/heloco_paper.py --quick              # 1 seed, 1/8 of the steps
+    python benchmarks/heloco_paper.py                      # the full grid
+    python benchmarks/heloco_paper.py --check              # generalisation settings
+    python benchmarks/heloco_paper.py --report-only        # tables from what is done
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from heloco.config import atomic_write_text, load_config
+from heloco.experiments import (
+    Cell,
+    CellResult,
+    GridRun,
+    Split,
+    Spread,
+    paired_improvement,
+    read_results,
+    run_grid,
+    spread,
+)
+from shardmeter.errors import UserInputError
+from shardmeter.paths import missing_shared_reason, shared_path
+
+REGIMES = ("paper-regime", "converged")
+PACES: tuple[tuple[float, ...], ...] = (
+    (1, 1, 1, 1, 1),
+    (1, 1, 1, 2, 2),
+    (1, 6, 6, 6, 6),
+    (1, 15, 15, 15, 15),
+)
+METHODS = (
+    "sync",
+    "async-nesterov",
+    "dn",
+    "dn-dylu",
+    "mla",
+    "heloco",
+    "heloco-uncorrected",
+    "heloco+ab",
+    "mla+ab",
+)
+SEEDS = (0, 1, 2)
+ASYNC_BASELINES = ("async-nesterov", "dn", "dn-dylu")
+SEVERE = (1, 15, 15, 15, 15)
+CHECK_SETTINGS: tuple[tuple[tuple[float, ...], Split], ...] = (
+    ((1, 2, 3, 1, 5), Split()),
+    ((1, 3, 3, 9, 9), Split()),
+    ((1, 6, 6, 6, 6), Split("dirichlet", 0.1)),
+    ((1, 6, 6, 6, 6), Split("dirichlet", 1.0)),
+)
+CHECK_METHODS = ("sync", "async-nesterov", "dn-dylu", "mla", "heloco", "heloco+ab")
+CHECK_SEEDS = (3,)
+QUICK_DIVISOR = 8
+READINGS = (("point", "loss_at"), ("cycle", "cycle_loss_at"))
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One headline claim of the abstract."""
+
+    number: int
+    text: str
+    claimed: float  # relative improvement (0.075 = 7.5%)
+    baselines: tuple[str, ...]
+    budget: str  # "tokens" | "time"
+    severe_only: bool = False
+
+
+CLAIMS = (
+    Claim(1, "vs async DiLoCo baselines, fixed tokens", 0.075, ASYNC_BASELINES, "tokens"),
+    Claim(2, "vs MLA, fixed wall-clock", 0.033, ("mla",), "time"),
+    Claim(3, "vs sync, severe heterogeneity, fixed wall-clock", 0.221, ("sync",), "time", True),
+)
+
+
+# -- grid definition ------------------------------------------------------------------------
+def parse_paces_list(text: str) -> list[tuple[float, ...]]:
+    """``"1,1,1,2,2;1,6,6,6,6"`` -> two pace tuples."""
+    out = []
+    for group in text.split(";"):
+        try:
+            out.append(tuple(float(x) for x in group.split(",")))
+        except ValueError:
+            raise UserInputError(
+                "--paces", text, "groups like 1,1,1,2,2 separated by ';'"
+            ) from None
+    return out
+
+
+def build_cells(
+    regimes: Sequence[str],
+    settings: Sequence[tuple[tuple[float, ...], Split]],
+    methods: Sequence[str],
+    seeds: Sequence[int],
+) -> list[Cell]:
+    """Seed-major order, so an interrupted grid has whole seeds done."""
+    return [
+        Cell(regime, paces, method, seed, split)
+        for seed in seeds
+        for regime in regimes
+        for paces, split in settings
+        for method in methods
+    ]
+
+
+# -- analysis -------------------------------------------------------------------------------
+def group(rows: Sequence[CellResult]) -> dict[tuple[str, str, str], list[CellResult]]:
+    """Rows by (regime, paces label, split)."""
+    out: dict[tuple[str, str, str], list[CellResult]] = {}
+    for r in rows:
+        out.setdefault((r.regime, r.paces_label, r.split), []).append(r)
+    return out
+
+
+def metric_name(reading: str, budget: str) -> str:
+    prefix = dict(READINGS)[reading]
+    return f"{prefix}_{budget}"
+
+
+def method_spread(rows: Sequence[CellResult], method: str, metric: str) -> Spread:
+    return spread(float(getattr(r, metric)) for r in rows if r.method == method)
+
+
+def pct(s: Spread) -> str:
+    return s.fmt(".2f", 100.0, "%")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    claim: Claim
+    regime: str
+    reading: str
+    best: Spread
+    setting: str
+    baseline: str
+    verdict: str
+    note: str
+
+
+def judge(best: Spread, claimed: float, any_positive: bool) -> tuple[str, str]:
+    """Verdict of the best-case improvement (see the module docstring)."""
+    if best.n == 0:
+        return "not run", ""
+    consistent = best.mean > best.std if best.n > 1 else best.mean > 0
+    if best.mean >= claimed / 2 and consistent:
+        return "reproduced", ""
+    if best.mean < 0 and abs(best.mean) > best.std and not any_positive:
+        return "reversed", "HeLoCo is worse in every setting"
+    if consistent:
+        return "not reproduced", "direction holds, magnitude below half the claim"
+    return "not reproduced", "no consistent improvement over the seed spread"
+
+
+def verdicts(rows: Sequence[CellResult], regime: str, claim: Claim, reading: str) -> Verdict:
+    """Best (largest seed-mean improvement) setting × baseline for one claim."""
+    metric = metric_name(reading, claim.budget)
+    best: tuple[Spread, str, str] | None = None
+    any_positive = False
+    for (reg, paces, split), cell_rows in sorted(group(rows).items()):
+        if reg != regime or split != "language":
+            continue
+        if claim.severe_only and paces != label(SEVERE):
+            continue
+        for base in claim.baselines:
+            imp = paired_improvement(cell_rows, "heloco", base, metric)
+            if imp.n == 0:
+                continue
+            any_positive = any_positive or imp.mean > 0
+            if best is None or imp.mean > best[0].mean:
+                best = (imp, paces, base)
+    if best is None:
+        return Verdict(claim, regime, reading, spread([]), "-", "-", "not run", "")
+    verdict, note = judge(best[0], claim.claimed, any_positive)
+    return Verdict(claim, regime, reading, best[0], best[1], best[2], verdict, note)
+
+
+def _num(x: float | None) -> float:
+    return float("nan") if x is None else float(x)
+
+
+def label(paces: Sequence[float]) -> str:
+    return "-".join(f"{p:g}" for p in paces)
+
+
+# -- markdown -------------------------------------------------------------------------------
+def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return [*out, ""]
+
+
+def loss_tables(rows: Sequence[CellResult], methods: Sequence[str]) -> list[str]:
+    lines: list[str] = []
+    for (regime, paces, split), cell_rows in sorted(group(rows).items()):
+        first = cell_rows[0]
+        lines.append(
+            f"#### {regime}, paces [{paces.replace('-', ', ')}], split {split} — "
+            f"T = {first.token_budget:,} tokens, S = {first.time_budget:,.1f} s simulated, "
+            f"cycle W = {first.cycle_seconds:g} s"
+        )
+        lines.append("")
+        present = [m for m in methods if any(r.method == m for r in cell_rows)]
+        body = []
+        for m in present:
+            seeds = sum(1 for r in cell_rows if r.method == m)
+            cells = [
+                method_spread(cell_rows, m, metric).fmt()
+                for metric in (
+                    "loss_at_tokens",
+                    "cycle_loss_at_tokens",
+                    "loss_at_time",
+                    "cycle_loss_at_time",
+                )
+            ]
+            imp = [
+                pct(paired_improvement(cell_rows, "heloco", m, "loss_at_tokens"))
+                if m != "heloco"
+                else "",
+                pct(paired_improvement(cell_rows, "heloco", m, "loss_at_time"))
+                if m != "heloco"
+                else "",
+            ]
+            body.append([m, str(seeds), *cells, *imp])
+        lines += md_table(
+            [
+                "method",
+                "seeds",
+                "loss @T",
+                "cycle mean @T",
+                "loss @S",
+                "cycle mean @S",
+                "HeLoCo vs it @T",
+                "HeLoCo vs it @S",
+            ],
+            body,
+        )
+    return lines
+
+
+def variant_lines(rows: Sequence[CellResult]) -> list[str]:
+    """Arrival-balanced variants against their parents."""
+    body = []
+    for (regime, paces, split), cell_rows in sorted(group(rows).items()):
+        for variant, parent in (("heloco+ab", "heloco"), ("mla+ab", "mla"), ("heloco+ab", "mla")):
+            a = paired_improvement(cell_rows, variant, parent, "loss_at_tokens")
+            b = paired_improvement(cell_rows, variant, parent, "loss_at_time")
+            c = paired_improvement(cell_rows, variant, parent, "cycle_loss_at_time")
+            if a.n:
+                body.append(
+                    [regime, paces, split, f"{variant} vs {parent}", pct(a), pct(b), pct(c)]
+                )
+    if not body:
+        return []
+    return md_table(["regime", "paces", "split", "comparison", "@T", "@S", "cycle mean @S"], body)
+
+
+def diagnostics(
+    rows: Sequence[CellResult], regime: str, paces: str, methods: Sequence[str]
+) -> list[str]:
+    """Arrival shares per language, per-language losses, staleness, correction statistics."""
+    cell_rows = [
+        r for r in rows if r.regime == regime and r.paces_label == paces and r.split == "language"
+    ]
+    if not cell_rows:
+        return []
+    langs = sorted(cell_rows[0].per_language_at_tokens)
+    lines = [f"Diagnostics, {regime}, paces [{paces.replace('-', ', ')}] (means over seeds):", ""]
+    body = []
+    for m in methods:
+        mr = [r for r in cell_rows if r.method == m]
+        if not mr:
+            continue
+        shares = [spread(r.language_shares.get(lg, float("nan")) for r in mr).mean for lg in langs]
+        losses = [spread(r.per_language_at_tokens[lg] for r in mr).mean for lg in langs]
+        stale = [
+            spread(_num(r.staleness_mean[w]) for r in mr) for w in range(len(mr[0].staleness_mean))
+        ]
+        body.append(
+            [
+                m,
+                " / ".join(f"{s:.2f}" for s in shares),
+                " / ".join(f"{x:.3f}" for x in losses),
+                " / ".join(f"{s.mean:.1f}" if s.n else "-" for s in stale),
+            ]
+        )
+    lines += md_table(
+        [
+            "method",
+            f"arrival share per language ({'/'.join(langs)})",
+            "loss per language @T",
+            "mean staleness per worker",
+        ],
+        body,
+    )
+    corr = []
+    for m in methods:
+        mr = [r for r in cell_rows if r.method == m]
+        if not mr:
+            continue
+        vals = []
+        for key in (
+            "cos_delta_momentum",
+            "frac_kept",
+            "frac_shrunk",
+            "frac_rotated",
+            "correction_size",
+            "mean_lambda",
+            "mean_beta",
+        ):
+            vals.append(spread(_num(r.correction.get(key)) for r in mr).fmt(".3f"))
+        corr.append([m, *vals])
+    lines += md_table(
+        ["method", "cos(Δ, m)", "kept", "shrunk", "rotated", "‖Δ̂−Δ‖/‖Δ‖", "mean λ", "mean β"], corr
+    )
+    return lines
+
+
+def render_markdown(
+    rows: Sequence[CellResult],
+    expected: Sequence[Cell],
+    title: str,
+    command: str,
+    wall: float | None,
+) -> str:
+    done = {(r.regime, r.paces_label, r.split, r.method, r.seed) for r in rows}
+    exp = {(c.regime, c.paces_label, c.split.label, c.method, c.seed) for c in expected}
+    seeds_done = sorted({r.seed for r in rows})
+    methods = [m for m in (*METHODS, *CHECK_METHODS) if any(r.method == m for r in rows)]
+    methods = list(dict.fromkeys(methods))
+    lines = [
+        f"# {title}",
+        "",
+        f"Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by `{command}`.",
+        "",
+        f"Cells finished: {len(done & exp)} of {len(exp)} planned"
+        + (f" ({len(done - exp)} more from earlier runs)" if done - exp else "")
+        + f"; seeds with results: {', '.join(map(str, seeds_done)) or 'none'}."
+        + ("" if wall is None else f" Wall time of this invocation: {wall / 60:.1f} min."),
+        "",
+        "Every cell trains on the regime's token budget T; S is the simulated time at which an "
+        "asynchronous method has trained on T tokens (S = T / (b·Σ 1/p_i)). Losses are validation "
+        "cross-entropy (nats/token, equal-weight mean over the 5 languages), read at the budget "
+        "point (linear interpolation between evaluations) and as the mean of the loss curve over "
+        "the last full cycle of the slowest worker (W = H·max p) before it. Improvements are "
+        "(L_baseline − L_HeLoCo)/L_baseline per seed, then mean ± std over seeds.",
+        "",
+        "## Verdicts",
+        "",
+    ]
+    regimes = sorted({r.regime for r in rows})
+    body = []
+    for regime in regimes:
+        for claim in CLAIMS:
+            for reading, _ in READINGS:
+                v = verdicts(rows, regime, claim, reading)
+                body.append(
+                    [
+                        f"{claim.number}. {claim.text} (paper: {claim.claimed * 100:.1f}%)",
+                        regime,
+                        reading,
+                        pct(v.best),
+                        "-"
+                        if v.setting == "-"
+                        else f"{v.baseline} @ [{v.setting.replace('-', ', ')}]",
+                        f"**{v.verdict}**" + (f" — {v.note}" if v.note else ""),
+                    ]
+                )
+    lines += md_table(
+        ["claim", "regime", "reading", "HeLoCo improvement (best case)", "where", "verdict"], body
+    )
+    lines += ["## Validation loss per setting", "", *loss_tables(rows, methods)]
+    var = variant_lines(rows)
+    if var:
+        lines += ["## Arrival-balanced variants (new; positive = the variant is better)", "", *var]
+    lines += ["## Diagnostics", ""]
+    for regime in regimes:
+        for claim in CLAIMS:
+            v = verdicts(rows, regime, claim, "point")
+            if v.verdict == "reproduced" or v.setting == "-":
+                continue
+            lines.append(f"Claim {claim.number} is {v.verdict} in {regime}; its best setting:")
+            lines.append("")
+            lines += diagnostics(rows, regime, v.setting, methods)
+        sev = label(SEVERE)
+        if any(r.regime == regime and r.paces_label == sev for r in rows):
+            lines.append(f"Severe heterogeneity, {regime}:")
+            lines.append("")
+            lines += diagnostics(rows, regime, sev, methods)
+    return "\n".join(lines) + "\n"
+
+
+# -- main -----------------------------------------------------------------------------------
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--regime", default=",".join(REGIMES), help="comma list of presets")
+    p.add_argument("--paces", help="';'-separated pace groups (default: the paper's four)")
+    p.add_argument("--methods", help="comma list (default: all nine)")
+    p.add_argument("--seeds", help="comma list (default 0,1,2; --quick 0)")
+    p.add_argument("--quick", action="store_true", help=f"1 seed, 1/{QUICK_DIVISOR} of the steps")
+    p.add_argument("--check", action="store_true", help="generalisation settings instead")
+    p.add_argument("--jobs", type=int, default=2, help="parallel processes (1 torch thread each)")
+    p.add_argument("--out", type=Path, help="results folder (default benchmarks/results/...)")
+    p.add_argument("--markdown", type=Path, help="markdown file (default <out>/../<name>.md)")
+    p.add_argument("--data-dir", type=Path, help="corpus (default: shared data/multilingual)")
+    p.add_argument("--report-only", action="store_true", help="only rewrite the tables")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    t0 = time.perf_counter()
+    data_dir = args.data_dir or shared_path("data", "multilingual")
+    if data_dir is None:
+        print(missing_shared_reason("data", "multilingual"), file=sys.stderr)
+        return 2
+    regimes = [r for r in args.regime.split(",") if r]
+    for r in regimes:
+        load_config(preset=r)
+    name = "heloco_paper" + ("_check" if args.check else "") + ("_quick" if args.quick else "")
+    here = Path(__file__).resolve().parent / "results"
+    out = args.out or here / name
+    markdown = args.markdown or out.parent / f"{name}.md"
+    if args.check:
+        settings = list(CHECK_SETTINGS)
+        methods = list(CHECK_METHODS)
+        seeds = list(CHECK_SEEDS)
+    else:
+        settings = [(p, Split()) for p in PACES]
+        methods, seeds = list(METHODS), list(SEEDS)
+    if args.paces:
+        settings = [(p, s) for p in parse_paces_list(args.paces) for s in {s for _, s in settings}]
+    if args.methods:
+        methods = [m for m in args.methods.split(",") if m]
+    if args.quick:
+        seeds = [0]
+    if args.seeds:
+        seeds = [int(s) for s in args.seeds.split(",") if s]
+    cells = build_cells(regimes, settings, methods, seeds)
+    extra: dict[str, object] = {}
+    command = "python benchmarks/heloco_paper.py " + " ".join(
+        sys.argv[1:] if argv is None else argv
+    )
+    if not args.report_only:
+        for regime in regimes:
+            regime_cells = [c for c in cells if c.regime == regime]
+            if args.quick:
+                cfg = load_config(preset=regime)
+                assert cfg.token_budget is not None
+                extra = {
+                    "token_budget": cfg.token_budget // QUICK_DIVISOR,
+                    "eval_every": max(1, cfg.eval_every // QUICK_DIVISOR),
+                }
+            print(f"{regime}: {len(regime_cells)} cells -> {out}", flush=True)
+            grid = GridRun(out_root=out, data_dir=data_dir, jobs=args.jobs, extra=dict(extra))
+            run_grid(regime_cells, grid, on_result=_progress(t0, len(regime_cells)))
+            rows = read_results(out)
+            atomic_write_text(
+                markdown,
+                render_markdown(rows, cells, _title(args), command, time.perf_counter() - t0),
+            )
+    rows = read_results(out)
+    text = render_markdown(
+        rows, cells, _title(args), command, None if args.report_only else time.perf_counter() - t0
+    )
+    atomic_write_text(markdown, text)
+    print(text)
+    print(f"results: {out}  markdown: {markdown}", file=sys.stderr)
+    return 0
+
+
+def _title(args: argparse.Namespace) -> str:
+    kind = "generalisation check" if args.check else "paper claims"
+    return f"HeLoCo on CPU: {kind}" + (" (quick: 1/8 of the steps, 1 seed)" if args.quick else "")
+
+
+def _progress(t0: float, total: int):  # type: ignore[no-untyped-def]
+    count = [0]
+
+    def report(cell: Cell, outcome: CellResult | str, cached: bool) -> None:
+        count[0] += 1
+        stamp = f"[{count[0]}/{total} {time.perf_counter() - t0:,.0f}s]"
+        if isinstance(outcome, str):
+            print(f"{stamp} FAILED {cell.key}: {outcome}", flush=True)
+        elif not cached:
+            print(
+                f"{stamp} {cell.key}: loss@T {outcome.loss_at_tokens:.4f} "
+                f"@S {outcome.loss_at_time:.4f} ({outcome.wall_seconds:.0f} s)",
+                flush=True,
+            )
+
+    return report
+
+
+if __name__ == "__main__":
+    try:
+        raise SystemExit(main())
+    except UserInputError as exc:
+        print(f"heloco_paper: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -1,0 +1,208 @@
+"""`heloco simulate [CONFIG.toml]`: one simulated run (real training, simulated clock).
+
+Without CONFIG it runs the ``default`` preset (built-in synthetic corpus, tiny model, well
+under a minute on 2 cores). Every config key can be overridden: the common ones have flags,
+any other with ``--set key=value`` (dotted for tables: ``--set inner.lr=1e-3``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from heloco.config import config_to_toml, load_config, parse_assignment, preset_names
+from heloco.metrics import EvalPoint
+from heloco.outer import resolve_method
+from heloco.outer.registry import method_names
+from heloco.sim import RunResult, SimConfig, run_simulation
+from shardmeter.errors import UserInputError
+
+# flag dest -> dotted config key
+FLAG_KEYS: dict[str, str] = {
+    "method": "method",
+    "workers": "workers",
+    "paces": "paces",
+    "inner_steps": "inner_steps",
+    "data_dir": "data.data_dir",
+    "assignment": "data.assignment",
+    "dirichlet_alpha": "data.dirichlet_alpha",
+    "tokenizer": "data.tokenizer",
+    "seed": "seed",
+    "token_budget": "token_budget",
+    "time_budget": "time_budget",
+    "model": "model",
+    "eval_every": "eval_every",
+    "out_dir": "out_dir",
+    "outer_lr": "outer_lr",
+}
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="simulate asynchronous training with heterogeneous workers",
+        description="Train for real on a simulated clock: workers with per-step paces, "
+        "arrivals in finish-time order. Writes events.jsonl, summary.json and config.toml "
+        "to --out-dir (read them with `heloco report`).",
+    )
+    p.add_argument("config", nargs="?", type=Path, help="TOML config (default: --preset)")
+    p.add_argument("--preset", help=f"shipped preset: {', '.join(preset_names())}")
+    p.add_argument("--method", help="one of " + ", ".join(method_names()))
+    p.add_argument("--workers", type=int, help="number of workers K")
+    p.add_argument("--paces", help="seconds per inner step per worker, e.g. 1,1,1,2,2")
+    p.add_argument("--inner-steps", type=int, help="inner steps per round H")
+    p.add_argument("--data-dir", help="folder of per-language xx.txt / xx.jsonl files")
+    p.add_argument("--assignment", help="language | dirichlet | iid")
+    p.add_argument("--dirichlet-alpha", type=float, help="concentration of the Dirichlet split")
+    p.add_argument("--tokenizer", help="byte | bpe")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--token-budget", type=int, help="stop after this many training tokens")
+    p.add_argument("--time-budget", type=float, help="stop at this simulated time (seconds)")
+    p.add_argument("--model", help="model preset: tiny, small, paper, ...")
+    p.add_argument("--eval-every", type=int, help="training tokens between evaluations")
+    p.add_argument("--outer-lr", type=float, help="outer learning rate (default: Table 3)")
+    p.add_argument("--out-dir", help="run folder for metrics (default: none written)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any config key")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.add_argument("--print-config", action="store_true", help="print the TOML and exit")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def parse_paces(text: str) -> list[float]:
+    """``"1,1,2"`` -> ``[1.0, 1.0, 2.0]``; anything else is a one-line error."""
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserInputError(
+            "paces", text, "comma-separated seconds per step, e.g. 1,1,2"
+        ) from None
+    if not values:
+        raise UserInputError("paces", text, "comma-separated seconds per step, e.g. 1,1,2")
+    return values
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Dotted-key overrides: ``--set`` items first, dedicated flags win over them."""
+    out: dict[str, Any] = dict(parse_assignment(item) for item in args.set)
+    for dest, key in FLAG_KEYS.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        if dest == "method":
+            resolve_method(value)
+        if dest == "paces":
+            value = parse_paces(value)
+        out[key] = value
+    return out
+
+
+def build_config(args: argparse.Namespace) -> SimConfig:
+    return load_config(args.config, args.preset, overrides_from_args(args))
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = build_config(args)
+    if args.print_config:
+        sys.stdout.write(config_to_toml(cfg))
+        return 0
+    if args.threads is not None:
+        if args.threads < 1:
+            raise UserInputError("threads", args.threads, "an integer >= 1")
+        torch.set_num_threads(args.threads)
+    if cfg.out_dir is not None:
+        cfg.out_dir.mkdir(parents=True, exist_ok=True)
+        (cfg.out_dir / "config.toml").write_text(config_to_toml(cfg), encoding="utf-8")
+    result = run_with_progress(cfg, quiet=args.quiet or args.json)
+    if args.json:
+        print(json.dumps(summary_dict(result), indent=2))
+    else:
+        Console().print(summary_table(result))
+    return 0
+
+
+def run_with_progress(cfg: SimConfig, quiet: bool = False) -> RunResult:
+    """Run with a rich progress bar over the token (or time) budget."""
+    if quiet:
+        return run_simulation(cfg)
+    by_tokens = cfg.token_budget is not None
+    budget = cfg.token_budget if cfg.token_budget is not None else cfg.time_budget
+    total = float(budget or 1.0)
+    columns = (
+        TextColumn(f"[bold]{cfg.method}[/]"),
+        BarColumn(),
+        MofNCompleteColumn()
+        if by_tokens
+        else TextColumn("{task.completed:.0f}/{task.total:.0f} s"),
+        TextColumn("loss {task.fields[loss]}"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
+        task = bar.add_task("run", total=total, loss="-")
+
+        def progress(point: EvalPoint) -> None:
+            done = point.tokens if by_tokens else point.time
+            bar.update(task, completed=min(float(done), total), loss=f"{point.loss:.4f}")
+
+        result = run_simulation(cfg, progress)
+        bar.update(task, completed=total)
+    return result
+
+
+def summary_dict(result: RunResult) -> dict[str, Any]:
+    s = result.summary
+    return {
+        "method": s.method,
+        "final_loss": s.final_loss,
+        "initial_loss": result.evals[0].loss if result.evals else None,
+        "loss_at_token_budget": s.loss_at_token_budget,
+        "loss_at_time_budget": s.loss_at_time_budget,
+        "cycle_loss": s.cycle_loss,
+        "per_language": s.final_per_language,
+        "tokens": s.tokens,
+        "simulated_seconds": s.time,
+        "updates": s.updates,
+        "wall_seconds": s.wall_seconds,
+        "train_tokens_per_second": s.train_tokens_per_second,
+        "worker_shares": s.worker_shares,
+        "staleness_mean": s.staleness_mean,
+        "out_dir": None if result.config.out_dir is None else str(result.config.out_dir),
+    }
+
+
+def _fmt(x: float | None, spec: str = ".4f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def summary_table(result: RunResult) -> Table:
+    """A two-column table of the run's headline numbers."""
+    s = result.summary
+    t = Table(title=f"heloco simulate: {s.method}, {s.n_workers} workers", show_header=False)
+    t.add_column("quantity", style="bold")
+    t.add_column("value", justify="right")
+    first = result.evals[0].loss if result.evals else None
+    t.add_row("validation loss (start -> end)", f"{_fmt(first)} -> {_fmt(s.final_loss)}")
+    t.add_row("mean loss over the last slowest-worker cycle", _fmt(s.cycle_loss))
+    for lang, loss in sorted(s.final_per_language.items()):
+        t.add_row(f"  {lang}", _fmt(loss))
+    t.add_row("training tokens", f"{s.tokens:,}")
+    t.add_row("simulated time", f"{s.time:,.0f} s")
+    t.add_row("outer updates", f"{s.updates:,}")
+    t.add_row("worker paces (s/step)", ", ".join(f"{p:g}" for p in s.paces))
+    t.add_row("arrival share per worker", ", ".join(f"{x:.2f}" for x in s.worker_shares))
+    t.add_row(
+        "mean staleness per worker",
+        ", ".join("-" if x is None else f"{x:.1f}" for x in s.staleness_mean),
+    )
+    t.add_row("wall time", f"{s.wall_seconds:.1f} s ({s.train_tokens_per_second:,.0f} tok/s)")
+    if result.config.out_dir is not None:
+        t.add_row("run folder", str(result.config.out_dir))
+    return t

@@ -1,0 +1,419 @@
+"""Grid runner: many simulated runs (cells), run in parallel processes, resumable.
+
+A cell is (regime preset, worker paces, data split, method, seed). Every cell runs to the
+regime's token budget T, so each costs the same compute; its fixed-time budget is
+    S = T / (b · Σ_i 1/p_i)        (seconds; b = tokens per inner step, p_i = s/step of worker i)
+the simulated time at which a fully asynchronous method has trained on T tokens (each worker
+contributes 1/p_i steps per second). Every method reaches both points in one run: an
+asynchronous run's completed tokens never exceed b·t·Σ 1/p_i, and a synchronous run is slower,
+so both pass S before (or at) reaching T.
+
+Each loss is read twice (spec §3 "Metrics"; the brief's cycle average):
+  * at the budget point, linearly interpolated between the evaluations around it;
+  * averaged over the last full cycle of the slowest worker before it — the time window
+    W = H·max_i p_i for the time budget, the token window W·T/S (the tokens the asynchronous
+    system trains on in W) for the token budget — as the mean of the piecewise-linear loss
+    curve over the window (trapezoid rule).
+Results go to ``<out>/runs/<cell key>/`` (events.jsonl, summary.json, config.json, cell.json)
+and to ``<out>/results.jsonl`` / ``results.csv``; a cell whose cell.json exists is skipped.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import multiprocessing as mp
+import shutil
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from heloco.config import atomic_write_text, load_config
+from heloco.metrics import EvalPoint, atomic_write_json
+from heloco.sim import RunResult, SimConfig
+
+CELL_FILE = "cell.json"
+RESULTS_JSONL = "results.jsonl"
+RESULTS_CSV = "results.csv"
+
+
+@dataclass(frozen=True)
+class Split:
+    """How data is assigned to workers: one language each, or a Dirichlet(α) mixture."""
+
+    assignment: str = "language"
+    alpha: float | None = None
+
+    @property
+    def label(self) -> str:
+        return self.assignment if self.alpha is None else f"{self.assignment}-a{self.alpha:g}"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of a grid."""
+
+    regime: str  # preset name (``heloco/configs/<regime>.toml``)
+    paces: tuple[float, ...]
+    method: str
+    seed: int
+    split: Split = Split()
+
+    @property
+    def paces_label(self) -> str:
+        return "-".join(f"{p:g}" for p in self.paces)
+
+    @property
+    def key(self) -> str:
+        """A folder-safe unique name: ``regime/p1-1-2/language/heloco+ab/s0``."""
+        method = self.method.replace("+", "_")
+        return f"{self.regime}/p{self.paces_label}/{self.split.label}/{method}/s{self.seed}"
+
+
+@dataclass(frozen=True)
+class CellResult:
+    """What one cell produced (the row of results.jsonl / results.csv)."""
+
+    regime: str
+    paces: list[float]
+    split: str
+    method: str
+    seed: int
+    token_budget: int
+    time_budget: float
+    cycle_seconds: float
+    loss_at_tokens: float
+    loss_at_time: float
+    cycle_loss_at_tokens: float
+    cycle_loss_at_time: float
+    initial_loss: float
+    per_language_at_tokens: dict[str, float]
+    per_language_at_time: dict[str, float]
+    tokens: int
+    sim_time: float
+    updates: int
+    worker_shares: list[float]
+    language_shares: dict[str, float]
+    staleness_mean: list[float | None]
+    staleness_max: list[int | None]
+    correction: dict[str, float | None]
+    wall_seconds: float
+    run_dir: str = ""
+
+    @property
+    def paces_label(self) -> str:
+        return "-".join(f"{p:g}" for p in self.paces)
+
+
+CSV_COLUMNS = (
+    "regime",
+    "paces",
+    "split",
+    "method",
+    "seed",
+    "loss_at_tokens",
+    "loss_at_time",
+    "cycle_loss_at_tokens",
+    "cycle_loss_at_time",
+    "initial_loss",
+    "tokens",
+    "sim_time",
+    "time_budget",
+    "updates",
+    "wall_seconds",
+)
+
+
+# -- budgets and curve readings -------------------------------------------------------------
+def tokens_per_step(cfg: SimConfig) -> int:
+    """Training tokens of one inner step: batch size × sequence length."""
+    return cfg.inner.batch_size * cfg.inner.seq_len
+
+
+def time_budget_for(token_budget: int, paces: Sequence[float], step_tokens: int) -> float:
+    """S = T / (b · Σ 1/p_i): when asynchronous workers have trained on T tokens (seconds)."""
+    return token_budget / (step_tokens * sum(1.0 / p for p in paces))
+
+
+def interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """Piecewise-linear y(x) on sorted ``xs``; clamps outside the range."""
+    if x <= xs[0]:
+        return ys[0]
+    for i in range(1, len(xs)):
+        if x <= xs[i]:
+            x0, x1 = xs[i - 1], xs[i]
+            if x1 == x0:
+                return ys[i]
+            return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - x0) / (x1 - x0)
+    return ys[-1]
+
+
+def window_mean(xs: Sequence[float], ys: Sequence[float], end: float, width: float) -> float:
+    """Mean of the piecewise-linear curve over [end − width, end] (trapezoid rule, exact for
+    piecewise-linear curves); the window is clipped at the first point."""
+    start = max(xs[0], end - width)
+    if end <= start:
+        return interpolate(xs, ys, end)
+    knots = [start] + [x for x in xs if start < x < end] + [end]
+    vals = [interpolate(xs, ys, x) for x in knots]
+    area = sum(
+        (knots[i + 1] - knots[i]) * (vals[i] + vals[i + 1]) / 2 for i in range(len(knots) - 1)
+    )
+    return area / (end - start)
+
+
+def _axis(points: Sequence[EvalPoint], key: str) -> list[float]:
+    return [float(getattr(p, key)) for p in points]
+
+
+def language_losses_at(points: Sequence[EvalPoint], key: str, x: float) -> dict[str, float]:
+    """Per-language loss interpolated at ``x`` along ``key``."""
+    xs = _axis(points, key)
+    langs = points[0].per_language.keys()
+    return {lang: interpolate(xs, [p.per_language[lang] for p in points], x) for lang in langs}
+
+
+def cycle_seconds(cfg: SimConfig, paces: Sequence[float]) -> float:
+    """W = H · max_i p_i: one round of the slowest worker without DyLU (same for every method
+    of a setting, so windows are comparable)."""
+    return cfg.inner_steps * max(paces)
+
+
+def readings(
+    points: Sequence[EvalPoint], token_budget: int, time_budget: float, cycle: float
+) -> dict[str, Any]:
+    """Loss at T and at S, and their cycle averages, from an eval curve."""
+    if len(points) < 2:
+        raise ValueError("a curve needs at least two evaluations")
+    tok, sec = _axis(points, "tokens"), _axis(points, "time")
+    loss = [p.loss for p in points]
+    if tok[-1] < token_budget or sec[-1] < time_budget:
+        raise ValueError(
+            f"run stopped at {tok[-1]:.0f} tokens / {sec[-1]:.1f} s, before the budgets "
+            f"({token_budget} tokens / {time_budget:.1f} s)"
+        )
+    token_window = cycle * token_budget / time_budget
+    return {
+        "loss_at_tokens": interpolate(tok, loss, token_budget),
+        "loss_at_time": interpolate(sec, loss, time_budget),
+        "cycle_loss_at_tokens": window_mean(tok, loss, token_budget, token_window),
+        "cycle_loss_at_time": window_mean(sec, loss, time_budget, cycle),
+        "per_language_at_tokens": language_losses_at(points, "tokens", token_budget),
+        "per_language_at_time": language_losses_at(points, "time", time_budget),
+        "initial_loss": loss[0],
+    }
+
+
+# -- one cell -------------------------------------------------------------------------------
+def cell_overrides(cell: Cell, data_dir: Path | None) -> dict[str, Any]:
+    """Dotted-key overrides that turn the regime preset into this cell's config."""
+    out: dict[str, Any] = {
+        "method": cell.method,
+        "seed": cell.seed,
+        "workers": len(cell.paces),
+        "paces": list(cell.paces),
+        "data.assignment": cell.split.assignment,
+    }
+    if cell.split.alpha is not None:
+        out["data.dirichlet_alpha"] = cell.split.alpha
+    if data_dir is not None:
+        out["data.data_dir"] = str(data_dir)
+    return out
+
+
+def cell_config(
+    cell: Cell, out_root: Path, data_dir: Path | None, extra: Mapping[str, Any] | None = None
+) -> SimConfig:
+    """The SimConfig of a cell (regime preset + cell overrides + extra overrides)."""
+    values = {**cell_overrides(cell, data_dir), **(extra or {})}
+    values["out_dir"] = str(out_root / "runs" / cell.key)
+    values["time_budget"] = "null"
+    return load_config(preset=cell.regime, overrides=values)
+
+
+def summarize_cell(cell: Cell, cfg: SimConfig, result: RunResult) -> CellResult:
+    """Budget readings and diagnostics of a finished run."""
+    assert cfg.token_budget is not None
+    s = result.summary
+    tbud = time_budget_for(cfg.token_budget, cell.paces, tokens_per_step(cfg))
+    cyc = cycle_seconds(cfg, cell.paces)
+    return CellResult(
+        regime=cell.regime,
+        paces=list(cell.paces),
+        split=cell.split.label,
+        method=cell.method,
+        seed=cell.seed,
+        token_budget=cfg.token_budget,
+        time_budget=tbud,
+        cycle_seconds=cyc,
+        **readings(result.evals, cfg.token_budget, tbud, cyc),
+        tokens=s.tokens,
+        sim_time=s.time,
+        updates=s.updates,
+        worker_shares=list(s.worker_shares),
+        language_shares=dict(s.language_shares),
+        staleness_mean=list(s.staleness_mean),
+        staleness_max=list(s.staleness_max),
+        correction=asdict(s.correction),
+        wall_seconds=s.wall_seconds,
+        run_dir=str(cfg.out_dir),
+    )
+
+
+def run_cell(
+    cell: Cell, out_root: Path, data_dir: Path | None, extra: Mapping[str, Any] | None = None
+) -> CellResult:
+    """Run one cell from scratch (a half-written run folder is cleared first)."""
+    from heloco.sim import run_simulation
+
+    cfg = cell_config(cell, out_root, data_dir, extra)
+    assert cfg.out_dir is not None
+    if cfg.out_dir.exists():
+        shutil.rmtree(cfg.out_dir)
+    result = run_simulation(cfg)
+    row = summarize_cell(cell, cfg, result)
+    atomic_write_json(cfg.out_dir / CELL_FILE, asdict(row))
+    return row
+
+
+def load_cell_result(path: Path) -> CellResult:
+    return CellResult(**json.loads(path.read_text(encoding="utf-8")))
+
+
+def done_result(cell: Cell, out_root: Path) -> CellResult | None:
+    """The stored result of a finished cell, or None."""
+    path = out_root / "runs" / cell.key / CELL_FILE
+    return load_cell_result(path) if path.is_file() else None
+
+
+# -- the grid -------------------------------------------------------------------------------
+@dataclass
+class GridRun:
+    """Settings shared by every cell of one grid invocation."""
+
+    out_root: Path
+    data_dir: Path | None
+    jobs: int = 2
+    threads_per_job: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)  # overrides applied to every cell
+
+
+def _init_worker(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _run_task(args: tuple[Cell, Path, Path | None, dict[str, Any]]) -> tuple[Cell, Any]:
+    cell, out_root, data_dir, extra = args
+    try:
+        return cell, run_cell(cell, out_root, data_dir, extra)
+    except Exception as exc:  # reported per cell; the grid keeps going
+        return cell, f"{type(exc).__name__}: {exc}"
+
+
+def run_grid(
+    cells: Sequence[Cell],
+    grid: GridRun,
+    on_result: Callable[[Cell, CellResult | str, bool], None] | None = None,
+) -> list[CellResult]:
+    """Run the cells not yet done (``jobs`` processes, ``threads_per_job`` torch threads each);
+    rewrite results.jsonl/csv after each finished cell. Returns every finished result."""
+    grid.out_root.mkdir(parents=True, exist_ok=True)
+    results: dict[str, CellResult] = {}
+    todo: list[Cell] = []
+    for cell in cells:
+        prev = done_result(cell, grid.out_root)
+        if prev is None:
+            todo.append(cell)
+        else:
+            results[cell.key] = prev
+            if on_result is not None:
+                on_result(cell, prev, True)
+    tasks = [(c, grid.out_root, grid.data_dir, grid.extra) for c in todo]
+
+    def record(cell: Cell, outcome: CellResult | str) -> None:
+        if isinstance(outcome, CellResult):
+            results[cell.key] = outcome
+            write_results(grid.out_root, [results[c.key] for c in cells if c.key in results])
+        if on_result is not None:
+            on_result(cell, outcome, False)
+
+    if grid.jobs <= 1 or len(tasks) <= 1:
+        _init_worker(grid.threads_per_job)
+        for task in tasks:
+            record(*_run_task(task))
+    else:
+        ctx = mp.get_context("spawn")
+        with ctx.Pool(grid.jobs, _init_worker, (grid.threads_per_job,)) as pool:
+            for cell, outcome in pool.imap_unordered(_run_task, tasks):
+                record(cell, outcome)
+    return [results[c.key] for c in cells if c.key in results]
+
+
+def write_results(out_root: Path, rows: Sequence[CellResult]) -> None:
+    """results.jsonl (full rows) and results.csv (headline columns), both atomically."""
+    jsonl = "".join(json.dumps(asdict(r), allow_nan=False) + "\n" for r in rows)
+    atomic_write_text(out_root / RESULTS_JSONL, jsonl)
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(CSV_COLUMNS)
+    for r in rows:
+        writer.writerow([r.paces_label if c == "paces" else getattr(r, c) for c in CSV_COLUMNS])
+    atomic_write_text(out_root / RESULTS_CSV, buf.getvalue())
+
+
+def read_results(out_root: Path) -> list[CellResult]:
+    """Every finished cell under ``out_root/runs`` (the source of truth, not the CSV)."""
+    return [load_cell_result(p) for p in sorted((out_root / "runs").rglob(CELL_FILE))]
+
+
+# -- aggregation ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Spread:
+    """Mean ± sample standard deviation over seeds (std 0 with one seed)."""
+
+    mean: float
+    std: float
+    n: int
+
+    def fmt(self, spec: str = ".4f", scale: float = 1.0, suffix: str = "") -> str:
+        if self.n == 0 or not math.isfinite(self.mean):
+            return "-"
+        m, s = self.mean * scale, self.std * scale
+        if self.n == 1:
+            return f"{m:{spec}}{suffix}"
+        return f"{m:{spec}} ± {s:{spec}}{suffix}"
+
+
+def spread(values: Iterable[float]) -> Spread:
+    xs = [v for v in values if math.isfinite(v)]
+    if not xs:
+        return Spread(math.nan, math.nan, 0)
+    return Spread(statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0, len(xs))
+
+
+def relative_improvement(baseline: float, method: float) -> float:
+    """(L_base − L_method) / L_base: positive when ``method`` has the lower loss."""
+    return (baseline - method) / baseline
+
+
+def paired_improvement(
+    rows: Sequence[CellResult], method: str, baseline: str, metric: str
+) -> Spread:
+    """Per-seed relative improvement of ``method`` over ``baseline`` (same setting)."""
+    by_seed: dict[str, dict[int, float]] = {method: {}, baseline: {}}
+    for r in rows:
+        if r.method in by_seed:
+            by_seed[r.method][r.seed] = float(getattr(r, metric))
+    seeds = sorted(set(by_seed[method]) & set(by_seed[baseline]))
+    return spread(relative_improvement(by_seed[baseline][s], by_seed[method][s]) for s in seeds)
+
+
+def elapsed(t0: float) -> str:
+    return f"{time.perf_counter() - t0:,.0f} s"
