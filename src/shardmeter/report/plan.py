@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
@@ -252,13 +253,19 @@ def plot_result(res: PlanSearchResult, path: Path) -> Path:
 
     day = 86400.0
     fig, ax = plt.subplots(figsize=(7.5, 5))
-    if res.cloud_wall_s.size:
+    groups = res.cloud_labels or ("evaluated plans",)
+    colors = plt.get_cmap("tab10" if len(groups) <= 10 else "viridis")
+    for g, label in enumerate(groups):
+        sel = res.cloud_group == g if res.cloud_labels else slice(None)
+        if not np.any(res.cloud_wall_s[sel].size):
+            continue
         ax.scatter(
-            res.cloud_wall_s / day,
-            res.cloud_cost_usd,
+            res.cloud_wall_s[sel] / day,
+            res.cloud_cost_usd[sel],
             s=4,
-            c="0.75",
-            label=f"evaluated plans (sample of {res.cloud_wall_s.size:,})",
+            color=colors(g / max(len(groups) - 1, 1)) if len(groups) > 10 else colors(g),
+            alpha=0.35,
+            label=label,
             rasterized=True,
         )
     if res.pareto:
@@ -266,7 +273,7 @@ def plot_result(res: PlanSearchResult, path: Path) -> Path:
             [c.wall_s / day for c in res.pareto],
             [c.cost_usd for c in res.pareto],
             "o-",
-            color="tab:red",
+            color="black",
             ms=4,
             label=f"Pareto front ({len(res.pareto)} plans)",
         )
@@ -290,7 +297,13 @@ def plot_result(res: PlanSearchResult, path: Path) -> Path:
         ax.set_yscale("log")
     ax.set_xlabel(f"wall-clock for {res.tokens:.3g} tokens (days)")
     ax.set_ylabel("cost (USD)")
-    ax.set_title(f"{res.model} on {res.target}: time vs cost")
+    st = res.stats
+    what = (
+        f"{st.outer_combinations:,} composed plans"
+        if st.outer_combinations
+        else (f"{st.fitting:,} fitting plans")
+    )
+    ax.set_title(f"{res.model} on {res.target}: {what} ({res.cloud_wall_s.size:,} shown)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     _atomic_savefig(fig, path)

@@ -53,7 +53,7 @@ class FrontPolicy:
     top_k: int
     constraints: Constraints
     pool: PlanTable = field(default_factory=PlanTable.empty)
-    cloud: list[tuple[FloatArray, FloatArray]] = field(default_factory=list)
+    cloud: list[tuple[FloatArray, FloatArray, NDArray[np.int64]]] = field(default_factory=list)
     _threshold: float = math.inf
     _front_wall: FloatArray = field(default_factory=lambda: np.zeros(0))
     _front_cost: FloatArray = field(default_factory=lambda: np.zeros(0))
@@ -96,7 +96,7 @@ class FrontPolicy:
             return
         wall, cost = self.wall_cost(table.step_time_s, table.n_gpus, table.global_batch)
         stride = max(1, len(table) // CLOUD_PER_OFFER)
-        self.cloud.append((wall[::stride], cost[::stride]))
+        self.cloud.append((wall[::stride], cost[::stride], table.n_gpus[::stride]))
         self._keep_layouts(table, self.meets(wall, cost))
         useful = (wall <= self._threshold) | ~dominated(
             wall, cost, self._front_wall, self._front_cost
@@ -263,6 +263,10 @@ def _result(
         )
     cloud_w = np.concatenate([c[0] for c in policy.cloud]) if policy.cloud else np.zeros(0)
     cloud_c = np.concatenate([c[1] for c in policy.cloud]) if policy.cloud else np.zeros(0)
+    cloud_n = (
+        np.concatenate([c[2] for c in policy.cloud]) if policy.cloud else np.zeros(0, np.int64)
+    )
+    gpu_values, cloud_g = np.unique(cloud_n, return_inverse=True)
     stats = SearchStats(
         space=counts.space,
         pruned_memory=counts.pruned_memory,
@@ -290,4 +294,6 @@ def _result(
         stats=stats,
         cloud_wall_s=cloud_w,
         cloud_cost_usd=cloud_c,
+        cloud_group=cloud_g.reshape(-1).astype(np.int64),
+        cloud_labels=tuple(f"{int(n)} GPUs" for n in gpu_values),
     )

@@ -62,10 +62,13 @@ def explain(
     diffs.sort(key=lambda d: -abs(d.saved))
     speedup = runner_up.wall_s / winner.wall_s
     changes = candidate_diffs(winner, runner_up)
-    shown = diffs[:3] or sorted(
-        (TermDiff(k, winner_terms[k], runner_terms.get(k, 0.0)) for k in winner_terms),
-        key=lambda d: -abs(d.saved),
-    )[:2]
+    shown = (
+        diffs[:3]
+        or sorted(
+            (TermDiff(k, winner_terms[k], runner_terms.get(k, 0.0)) for k in winner_terms),
+            key=lambda d: -abs(d.saved),
+        )[:2]
+    )
     parts = [
         f"{d.term} {'−' if d.saved > 0 else '+'}{abs(d.saved):.3g} s/Mtok "
         f"({d.runner_up:.3g} → {d.winner:.3g})"

@@ -131,3 +131,5 @@ class PlanSearchResult:
     top_estimate: TopologyEstimate | None = None  # the top plan composed (topology search)
     cloud_wall_s: FloatArray = field(default_factory=lambda: np.zeros(0))
     cloud_cost_usd: FloatArray = field(default_factory=lambda: np.zeros(0))
+    cloud_group: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    cloud_labels: tuple[str, ...] = ()  # label of each cloud_group value (outer mode, GPUs)

@@ -59,6 +59,7 @@ from shardmeter.specs.topology import OuterSpec, Topology, resolve_cluster, reso
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 DEFAULT_BATCH_PER_GPU = 8
+MODE_LABELS = {"single": "one island", "sync": "sync DP over the WAN"}
 
 
 @dataclass
@@ -564,6 +565,10 @@ def _topology_result(
         jobs=jobs,
     )
     stride = max(1, wall.size // 20000)
+    labels = tuple(dict.fromkeys(b.mode for b in blocks))
+    group = np.concatenate(
+        [np.full(b.wall_s.size, labels.index(b.mode), dtype=np.int64) for b in blocks]
+    )
     return PlanSearchResult(
         kind="topology",
         model=model.name,
@@ -581,6 +586,8 @@ def _topology_result(
         top_estimate=top_est,
         cloud_wall_s=wall[finite][::stride],
         cloud_cost_usd=cost[finite][::stride],
+        cloud_group=group[finite][::stride],
+        cloud_labels=tuple(MODE_LABELS.get(m, m) for m in labels),
     )
 
 
