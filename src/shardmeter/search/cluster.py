@@ -43,6 +43,12 @@ FloatArray = NDArray[np.float64]
 CLOUD_PER_OFFER = 256  # plans sampled from each evaluated chunk for the plot's cloud
 
 
+def layout_key(t: PlanTable) -> NDArray[np.int64]:
+    """One integer per (tp, pp, vpp, cp, ep): 12 + 12 + 6 + 12 + 12 bits."""
+    key = ((t.tp * 4096 + t.pp) * 64 + t.vpp) * 4096 + t.cp
+    return np.asarray(key * 4096 + t.ep, dtype=np.int64)
+
+
 @dataclass
 class FrontPolicy:
     """Keep the top-K by wall-clock (meeting the constraints) and the time-cost front."""
@@ -112,17 +118,17 @@ class FrontPolicy:
 
     def _keep_layouts(self, table: PlanTable, meets: NDArray[np.bool_]) -> None:
         """Update the two fastest layouts (tp, pp, vpp, cp, ep) per (GPUs, batch)."""
-        for n, g in {
-            (int(a), int(b)) for a, b in zip(table.n_gpus, table.global_batch, strict=True)
-        }:
-            sel = meets & (table.n_gpus == n) & (table.global_batch == g)
+        pair = table.n_gpus * (1 << 32) + table.global_batch
+        for p in np.unique(pair):
+            n, g = int(p >> 32), int(p & ((1 << 32) - 1))
             old = self.layouts.get((n, g), PlanTable.empty())
+            sel = meets & (pair == p)
+            if len(old) >= 2:
+                sel &= table.step_time_s < old.step_time_s.max()
             both = PlanTable.concat([old, table.take(np.flatnonzero(sel))])
             if not len(both):
                 continue
-            cols = np.stack([both.tp, both.pp, both.vpp, both.cp, both.ep], axis=1)
-            _, key = np.unique(cols, axis=0, return_inverse=True)
-            key = key.reshape(-1)
+            key = layout_key(both)
             order = np.lexsort((both.step_time_s, key))
             first = order[np.r_[True, key[order][1:] != key[order][:-1]]]
             best = first[np.argsort(both.step_time_s[first], kind="stable")[:2]]
