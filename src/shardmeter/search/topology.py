@@ -332,7 +332,6 @@ def _meets(wall: FloatArray, cost: FloatArray, con: Constraints) -> NDArray[np.b
 
 
 def _island_inputs(
-    model: TransformerSpec,
     islands: Sequence[IslandOptions],
     members: Sequence[int],
     gpus: Sequence[int],
@@ -371,9 +370,7 @@ def _settings(run: OuterSpec, block: Block, s: int) -> OuterSpec:
 
 
 def _candidate(
-    model: TransformerSpec,
     islands: Sequence[IslandOptions],
-    wan_all: WanPaths,
     block: Block,
     c: int,
     s: int,
@@ -381,10 +378,15 @@ def _candidate(
     con: Constraints,
 ) -> Candidate:
     gpus = [int(n) for n in block.gpus[c]]
-    inputs = _island_inputs(model, islands, block.members, gpus, block.per_gpu)
     choices = tuple(
-        IslandChoice(inp.name, inp.accelerator, n, inp.plan, inp.step)  # type: ignore[arg-type]
-        for inp, n in zip(inputs, gpus, strict=True)
+        IslandChoice(
+            islands[i].name,
+            islands[i].cluster.accelerator.name,
+            n,
+            islands[i].plans[(n, block.per_gpu)],
+            islands[i].steps[(n, block.per_gpu)],
+        )
+        for i, n in zip(block.members, gpus, strict=True)
     )
     wall, cost = float(block.wall_s[c, s]), float(block.cost_usd[c, s])
     return Candidate(
@@ -420,7 +422,7 @@ def compose_candidate(
 ) -> TopologyEstimate:
     """The full TopologyEstimate of one composed plan (islands' own compose)."""
     gpus = [int(n) for n in block.gpus[c]]
-    inputs = _island_inputs(model, islands, block.members, gpus, block.per_gpu)
+    inputs = _island_inputs(islands, block.members, gpus, block.per_gpu)
     wan = wan_all.subset(list(block.members))
     return compose(inputs, wan, model.params_total, _settings(run, block, s), tokens, name=name)
 
@@ -519,7 +521,7 @@ def _topology_result(
 
     def cand(flat: int) -> Candidate:
         blk, c, s = locate(int(flat))
-        return _candidate(model, islands, wan_all, blk, c, s, tokens, con)
+        return _candidate(islands, blk, c, s, tokens, con)
 
     meets = _meets(wall, cost, con)
     ok = np.flatnonzero(meets)
