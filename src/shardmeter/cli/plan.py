@@ -29,6 +29,7 @@ from shardmeter.search.options import (
 )
 from shardmeter.search.result import PlanSearchResult
 
+ALL_PLANS = 10**12  # --top 0: keep every feasible plan (no time-bound pruning of the ranking)
 DURATION_UNITS = {"s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
 
 
@@ -71,7 +72,9 @@ def add_parser(subparsers: Any) -> None:
     space.add_argument("--fragments", default="1,2,4,8", help="Streaming DiLoCo P values")
     space.add_argument("--overlap-steps", help="Streaming DiLoCo τ values")
     out = p.add_argument_group("output")
-    out.add_argument("--top", type=int, default=20, help="plans in the ranked list")
+    out.add_argument(
+        "--top", type=int, default=20, help="plans in the ranked list (0: every feasible plan)"
+    )
     out.add_argument("--json", action="store_true", help="print the result as JSON")
     out.add_argument("--plot", type=Path, help="write the Pareto front and plan cloud (.png/.svg)")
     out.add_argument("--jobs", type=int, default=1, help="processes (0: all cores)")
@@ -228,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
             constraints=constraints,
             options=space,
             outer=outer,
-            top_k=args.top,
+            top_k=args.top if args.top > 0 else ALL_PLANS,
             prune=not args.no_prune,
             jobs=args.jobs,
             progress=advance,
@@ -240,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
         json.dump(result_json(res), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        render_result(res, Console(), top=min(args.top, 10))
+        render_result(res, Console(), top=min(args.top, 10) if args.top > 0 else 10)
         if args.plot is not None:
             Console().print(f"wrote {args.plot}")
     return 0 if res.infeasible is None else 1
