@@ -18,7 +18,7 @@ import numpy as np
 from shardmeter.errors import UserInputError
 from shardmeter.estimate.result import StepEstimate
 from shardmeter.estimate.step import estimate_step
-from shardmeter.predict import cluster_for_gpu, resolve_recompute
+from shardmeter.predict import cluster_for_gpu
 from shardmeter.specs.hardware import Cluster
 from shardmeter.specs.loader import load_cluster
 from shardmeter.specs.model import MoESpec, TransformerSpec
@@ -47,19 +47,19 @@ class FrameworkDefaults:
     """What a framework does when the source leaves a plan column blank."""
 
     sharding: str  # Megatron/NeMo: distributed optimizer (zero1); FSDP stacks: zero3
-    recompute: str  # "auto" = the lightest mode that fits in HBM
+    recompute: str
     overlap_tp: bool  # NeMo recipes enable TP comm-GEMM overlap (userbuffers) with TP+SP
 
 
 FRAMEWORK_DEFAULTS: dict[str, FrameworkDefaults] = {
-    "nemo": FrameworkDefaults("zero1", "auto", True),
-    "megatron": FrameworkDefaults("none", "auto", False),
+    "nemo": FrameworkDefaults("zero1", "none", True),
+    "megatron": FrameworkDefaults("none", "none", False),
     "torchtitan": FrameworkDefaults("zero3", "selective", False),  # its default is op-level SAC
-    "llm-foundry": FrameworkDefaults("zero3", "auto", False),
-    "maxtext": FrameworkDefaults("zero3", "auto", False),
-    "deepspeed": FrameworkDefaults("zero3", "auto", False),
+    "llm-foundry": FrameworkDefaults("zero3", "none", False),
+    "maxtext": FrameworkDefaults("zero3", "none", False),
+    "deepspeed": FrameworkDefaults("zero3", "none", False),
 }
-GENERIC_DEFAULTS = FrameworkDefaults("none", "auto", False)
+GENERIC_DEFAULTS = FrameworkDefaults("none", "none", False)
 
 
 def framework_key(framework: str) -> str:
@@ -268,8 +268,7 @@ def plan_from_row(row: Mapping[str, str]) -> Plan:
             shard_degree=int(float(shard_degree)) if shard_degree else None,
             micro_batch=_int(row, "micro_batch", 1),
             global_batch=_int(row, "global_batch"),
-            recompute=_alias(row, "recompute", RECOMPUTE_ALIASES)
-            or defaults.recompute.replace("auto", "none"),
+            recompute=_alias(row, "recompute", RECOMPUTE_ALIASES) or defaults.recompute,
             precision=_precision(_cell(row, "precision")),
             overlap_tp=defaults.overlap_tp and tp > 1,
         )
@@ -292,9 +291,6 @@ def run_from_row(row: Mapping[str, str]) -> RunSpec:
         if not (exc.field == "plan.pp" and "divide n_layers" in exc.allowed):
             raise
         uneven = True
-    defaults = FRAMEWORK_DEFAULTS.get(framework_key(_cell(row, "framework")), GENERIC_DEFAULTS)
-    if not _cell(row, "recompute") and defaults.recompute == "auto":
-        plan = resolve_recompute(model, cluster, plan)
     measured = _float(row, "tokens_per_sec_per_gpu")
     if measured is None or measured <= 0:
         raise UserInputError("tokens_per_sec_per_gpu", measured, "must be a positive number")
@@ -400,15 +396,15 @@ class Bound:
 # efficiency (FlashAttention-2 vs -3 on Hopper); FP8 GEMMs gain 1.2-2x; overlapped
 # communication takes at most a fifth of the SMs (Calculon: 0.15 NVLink, 0.02 IB).
 FREE_PARAMETERS: tuple[Bound, ...] = (
-    Bound("matmul_max.ampere", 0.3, 0.98, 0.7459),
-    Bound("matmul_max.hopper", 0.3, 0.98, 0.6553),
-    Bound("matmul_max.hopper-500w", 0.2, 0.98, 0.5278),
-    Bound("matmul_half_gflop", 0.5, 50.0, 22.44),
-    Bound("attention_ratio", 0.4, 1.0, 0.4202),
-    Bound("memory", 0.6, 0.95, 0.6007),
-    Bound("fp8_speedup", 1.2, 2.0, 1.715),
-    Bound("nvlink_efficiency", 0.6, 0.95, 0.6036),
-    Bound("nic_efficiency", 0.7, 0.95, 0.7024),
+    Bound("matmul_max.ampere", 0.3, 0.98, 0.729),
+    Bound("matmul_max.hopper", 0.3, 0.98, 0.6285),
+    Bound("matmul_max.hopper-500w", 0.2, 0.98, 0.5066),
+    Bound("matmul_half_gflop", 0.5, 50.0, 8.6711),
+    Bound("attention_ratio", 0.4, 1.0, 0.4484),
+    Bound("memory", 0.6, 0.95, 0.6006),
+    Bound("fp8_speedup", 1.2, 2.0, 1.7014),
+    Bound("nvlink_efficiency", 0.6, 0.95, 0.6014),
+    Bound("nic_efficiency", 0.7, 0.95, 0.7061),
     Bound("overlap_slowdown", 0.0, 0.2, 0.2),
 )
 

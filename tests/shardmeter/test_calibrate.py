@@ -78,11 +78,11 @@ def test_plan_defaults_by_framework() -> None:
     assert (titan.sharding, titan.recompute, titan.sp) == ("zero3", "selective", False)
 
 
-def test_run_from_row_resolves_auto_recompute_and_checks_gpus() -> None:
+def test_run_from_row_blank_recompute_and_gpu_check() -> None:
     run = run_from_row({**BASE, "model": "Llama 70B", "n_layers": "80", "hidden": "8192",
                         "n_heads": "64", "ffn": "28672", "tp": "1", "dp": "16",
                         "sharding": "zero3"})  # fmt: skip
-    assert run.plan.recompute in ("selective", "full")
+    assert run.plan.recompute == "none"  # NeMo recipes: no recompute unless stated
     with pytest.raises(UserInputError, match="GPU count"):
         run_from_row({**BASE, "n_gpus": "32"})
 
