@@ -160,8 +160,8 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     # Per micro-batch: ZeRO-2 reduce-scatters grads, ZeRO-3 also gathers params fwd and bwd.
     rs_mb = where(zero2_up, rs, 0.0)
     ag_mb = where(zero3, ag, 0.0)
-    fwd_ag = _overlap(ag_mb, where(opg, fwd_window, 0.0), u)
     first_unit = ag_mb / maximum(sc.layers, 1.0)  # the first unit's gather cannot prefetch
+    fwd_ag = _overlap(ag_mb - first_unit, where(opg, fwd_window, 0.0), u)
     bwd_hideable = ag_mb * opg + rs_mb * odp
     bwd = _overlap(bwd_hideable, bwd_window, u)
     bwd_exposed = ag_mb * logical_not(opg) + rs_mb * logical_not(odp) + bwd.cost
