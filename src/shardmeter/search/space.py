@@ -208,19 +208,26 @@ class GridPlanArrays(PlanArrays):
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(np.broadcast_shapes(*(getattr(self, f.name).shape for f in fields(self))))
+        return tuple(np.broadcast_shapes(*(np.shape(getattr(self, f.name)) for f in fields(self))))
 
 
 def grid_plans(rows: Shapes, sync: SyncChoices, global_batch: int, overlap_tp: bool) -> PlanArrays:
     """A (K, R) PlanArrays: sync choices down the first axis, shapes along the second.
 
     Shape columns are (1, R) and sync columns (K, 1): the estimator broadcasts them, so
-    per-shape compute runs R times, not K·R.
+    per-shape compute runs R times, not K·R. Columns constant over the grid are Python
+    scalars (as in `PlanArrays.scalar`), so the estimator's scalar fast paths skip them.
     """
 
     def row(a: NDArray[Any]) -> Any:
         return a[None, :]
 
+    scalar: dict[str, Any] = {
+        "global_batch": int(global_batch),
+        "overlap_dp": True,
+        "overlap_param_gather": True,
+        "overlap_tp": row(rows.tp > 1) if overlap_tp else False,
+    }
     return GridPlanArrays(
         dp=row(rows.dp),
         tp=row(rows.tp),
@@ -232,12 +239,9 @@ def grid_plans(rows: Shapes, sync: SyncChoices, global_batch: int, overlap_tp: b
         sharding=sync.sharding[:, None],
         shard_group=sync.shard_group[:, None],
         micro_batch=row(rows.micro_batch),
-        global_batch=np.asarray([[global_batch]], dtype=np.int64),
         recompute=row(rows.recompute),
         precision=row(rows.precision),
-        overlap_dp=np.asarray([[True]]),
-        overlap_param_gather=np.asarray([[True]]),
-        overlap_tp=row((rows.tp > 1) & overlap_tp),
+        **scalar,
     )
 
 
