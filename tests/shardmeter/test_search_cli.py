@@ -53,6 +53,7 @@ def test_unmet_deadline_exits_1_with_reason(capsys: pytest.CaptureFixture[str]) 
         ["--precision", "int4"],
         ["--gpus", "32:8"],
         ["--plot", "front.pdf"],
+        ["--topology", "two-clouds"],
     ],
 )
 def test_bad_input_is_one_line_exit_2(extra: list[str], capsys: pytest.CaptureFixture[str]) -> None:

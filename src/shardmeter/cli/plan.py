@@ -212,6 +212,16 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.topology is None and args.cluster is None:
         raise UserInputError("--cluster", None, "give --cluster NAME --gpus N, or --topology FILE")
+    if args.topology is not None:
+        for flag, value in (("--cluster", args.cluster), ("--gpus", args.gpus)):
+            if value is not None:
+                raise UserInputError(
+                    flag, value, "not with --topology (islands come from the file)"
+                )
+        if args.global_batch is not None:
+            raise UserInputError(
+                "--global-batch", args.global_batch, "with --topology use --batch-per-gpu"
+            )
     gpus: tuple[int, ...] | None = None
     if args.topology is None:
         cluster = resolve_cluster(args.cluster)
