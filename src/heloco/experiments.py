@@ -9,7 +9,9 @@ asynchronous run's completed tokens never exceed b·t·Σ 1/p_i, and a synchrono
 so both pass S before (or at) reaching T.
 
 Each loss is read twice (spec §3 "Metrics"; the brief's cycle average):
-  * at the budget point, linearly interpolated between the evaluations around it;
+  * at the budget point, linearly interpolated between the evaluations around it (for a
+    synchronous method, whose model changes only at round ends and which is evaluated after
+    every round, the last evaluation at or before it);
   * averaged over the last full cycle of the slowest worker before it — the time window
     W = H·max_i p_i for the time budget, the token window W·T/S (the tokens the asynchronous
     system trains on in W) for the token budget — as the mean of the piecewise-linear loss
@@ -35,6 +37,7 @@ from typing import Any
 
 from heloco.config import atomic_write_text, load_config
 from heloco.metrics import EvalPoint, atomic_write_json
+from heloco.outer import resolve_method
 from heloco.sim import RunResult, SimConfig
 
 CELL_FILE = "cell.json"
@@ -140,30 +143,41 @@ def time_budget_for(token_budget: int, paces: Sequence[float], step_tokens: int)
     return token_budget / (step_tokens * sum(1.0 / p for p in paces))
 
 
-def interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
-    """Piecewise-linear y(x) on sorted ``xs``; clamps outside the range."""
+def interpolate(xs: Sequence[float], ys: Sequence[float], x: float, step: bool = False) -> float:
+    """y(x) on sorted ``xs``: piecewise linear, or (``step``) the last value at or before x —
+    exact for a synchronous run, whose model only changes when a round ends and which is
+    evaluated after every round. Clamps outside the range."""
     if x <= xs[0]:
         return ys[0]
     for i in range(1, len(xs)):
-        if x <= xs[i]:
+        if x < xs[i] or (x == xs[i] and not step):
+            if step:
+                return ys[i - 1]
             x0, x1 = xs[i - 1], xs[i]
             if x1 == x0:
                 return ys[i]
             return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - x0) / (x1 - x0)
+        if x == xs[i] and step and (i + 1 == len(xs) or xs[i + 1] > x):
+            return ys[i]
     return ys[-1]
 
 
-def window_mean(xs: Sequence[float], ys: Sequence[float], end: float, width: float) -> float:
-    """Mean of the piecewise-linear curve over [end − width, end] (trapezoid rule, exact for
-    piecewise-linear curves); the window is clipped at the first point."""
+def window_mean(
+    xs: Sequence[float], ys: Sequence[float], end: float, width: float, step: bool = False
+) -> float:
+    """Mean of the curve over [end − width, end], exact for a piecewise-linear (trapezoid rule)
+    or step curve; the window is clipped at the first point."""
     start = max(xs[0], end - width)
     if end <= start:
-        return interpolate(xs, ys, end)
+        return interpolate(xs, ys, end, step)
     knots = [start] + [x for x in xs if start < x < end] + [end]
-    vals = [interpolate(xs, ys, x) for x in knots]
-    area = sum(
-        (knots[i + 1] - knots[i]) * (vals[i] + vals[i + 1]) / 2 for i in range(len(knots) - 1)
-    )
+    vals = [interpolate(xs, ys, x, step) for x in knots]
+    if step:
+        area = sum((knots[i + 1] - knots[i]) * vals[i] for i in range(len(knots) - 1))
+    else:
+        area = sum(
+            (knots[i + 1] - knots[i]) * (vals[i] + vals[i + 1]) / 2 for i in range(len(knots) - 1)
+        )
     return area / (end - start)
 
 
@@ -171,11 +185,15 @@ def _axis(points: Sequence[EvalPoint], key: str) -> list[float]:
     return [float(getattr(p, key)) for p in points]
 
 
-def language_losses_at(points: Sequence[EvalPoint], key: str, x: float) -> dict[str, float]:
-    """Per-language loss interpolated at ``x`` along ``key``."""
+def language_losses_at(
+    points: Sequence[EvalPoint], key: str, x: float, step: bool = False
+) -> dict[str, float]:
+    """Per-language loss at ``x`` along ``key``."""
     xs = _axis(points, key)
     langs = points[0].per_language.keys()
-    return {lang: interpolate(xs, [p.per_language[lang] for p in points], x) for lang in langs}
+    return {
+        lang: interpolate(xs, [p.per_language[lang] for p in points], x, step) for lang in langs
+    }
 
 
 def cycle_seconds(cfg: SimConfig, paces: Sequence[float]) -> float:
@@ -185,9 +203,14 @@ def cycle_seconds(cfg: SimConfig, paces: Sequence[float]) -> float:
 
 
 def readings(
-    points: Sequence[EvalPoint], token_budget: int, time_budget: float, cycle: float
+    points: Sequence[EvalPoint],
+    token_budget: int,
+    time_budget: float,
+    cycle: float,
+    step: bool = False,
 ) -> dict[str, Any]:
-    """Loss at T and at S, and their cycle averages, from an eval curve."""
+    """Loss at T and at S, and their cycle averages, from an eval curve (``step`` for a
+    synchronous run)."""
     if len(points) < 2:
         raise ValueError("a curve needs at least two evaluations")
     tok, sec = _axis(points, "tokens"), _axis(points, "time")
@@ -199,12 +222,12 @@ def readings(
         )
     token_window = cycle * token_budget / time_budget
     return {
-        "loss_at_tokens": interpolate(tok, loss, token_budget),
-        "loss_at_time": interpolate(sec, loss, time_budget),
-        "cycle_loss_at_tokens": window_mean(tok, loss, token_budget, token_window),
-        "cycle_loss_at_time": window_mean(sec, loss, time_budget, cycle),
-        "per_language_at_tokens": language_losses_at(points, "tokens", token_budget),
-        "per_language_at_time": language_losses_at(points, "time", time_budget),
+        "loss_at_tokens": interpolate(tok, loss, token_budget, step),
+        "loss_at_time": interpolate(sec, loss, time_budget, step),
+        "cycle_loss_at_tokens": window_mean(tok, loss, token_budget, token_window, step),
+        "cycle_loss_at_time": window_mean(sec, loss, time_budget, cycle, step),
+        "per_language_at_tokens": language_losses_at(points, "tokens", token_budget, step),
+        "per_language_at_time": language_losses_at(points, "time", time_budget, step),
         "initial_loss": loss[0],
     }
 
@@ -241,6 +264,7 @@ def summarize_cell(cell: Cell, cfg: SimConfig, result: RunResult) -> CellResult:
     assert cfg.token_budget is not None
     s = result.summary
     tbud = time_budget_for(cfg.token_budget, cell.paces, tokens_per_step(cfg))
+    synchronous = resolve_method(cell.method).spec.synchronous
     cyc = cycle_seconds(cfg, cell.paces)
     return CellResult(
         regime=cell.regime,
@@ -251,7 +275,7 @@ def summarize_cell(cell: Cell, cfg: SimConfig, result: RunResult) -> CellResult:
         token_budget=cfg.token_budget,
         time_budget=tbud,
         cycle_seconds=cyc,
-        **readings(result.evals, cfg.token_budget, tbud, cyc),
+        **readings(result.evals, cfg.token_budget, tbud, cyc, step=synchronous),
         tokens=s.tokens,
         sim_time=s.time,
         updates=s.updates,

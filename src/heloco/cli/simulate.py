@@ -130,30 +130,38 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_with_progress(cfg: SimConfig, quiet: bool = False) -> RunResult:
-    """Run with a rich progress bar over the token (or time) budget."""
+    """Run with a rich progress bar over the token (or time) budget. The bar appears at the
+    first evaluation, so errors while building data or model stay one line."""
     if quiet:
         return run_simulation(cfg)
     by_tokens = cfg.token_budget is not None
     budget = cfg.token_budget if cfg.token_budget is not None else cfg.time_budget
     total = float(budget or 1.0)
-    columns = (
+    done_col = (
+        MofNCompleteColumn() if by_tokens else TextColumn("{task.completed:.0f}/{task.total:.0f} s")
+    )
+    bar = Progress(
         TextColumn(f"[bold]{cfg.method}[/]"),
         BarColumn(),
-        MofNCompleteColumn()
-        if by_tokens
-        else TextColumn("{task.completed:.0f}/{task.total:.0f} s"),
+        done_col,
         TextColumn("loss {task.fields[loss]}"),
         TimeElapsedColumn(),
+        console=Console(stderr=True),
     )
-    with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
-        task = bar.add_task("run", total=total, loss="-")
+    task = bar.add_task("run", total=total, loss="-")
 
-        def progress(point: EvalPoint) -> None:
-            done = point.tokens if by_tokens else point.time
-            bar.update(task, completed=min(float(done), total), loss=f"{point.loss:.4f}")
+    def progress(point: EvalPoint) -> None:
+        if not bar.live.is_started:
+            bar.start()
+        done = point.tokens if by_tokens else point.time
+        bar.update(task, completed=min(float(done), total), loss=f"{point.loss:.4f}")
 
+    try:
         result = run_simulation(cfg, progress)
         bar.update(task, completed=total)
+    finally:
+        if bar.live.is_started:
+            bar.stop()
     return result
 
 

@@ -1,0 +1,125 @@
+"""`heloco simulate`: end to end on the default preset, flag overrides, one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from heloco.cli import build_parser, main
+from heloco.cli.simulate import build_config
+from heloco.config import load_config
+
+# A few seconds on 2 cores: tiny rounds, a small synthetic corpus, a handful of eval windows.
+FAST = [
+    "--inner-steps", "2",
+    "--token-budget", "5120",
+    "--threads", "1",
+    "--set", "eval_windows=4",
+    "--set", "data.synthetic_chars_per_language=30000",
+    "--set", "data.val_chars_per_language=5000",
+]  # fmt: skip
+
+
+def parse(*argv: str) -> object:
+    return build_parser().parse_args(["simulate", *argv])
+
+
+def test_default_preset_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    rc = main(["simulate", *FAST, "--out-dir", str(out), "--json"])
+    assert rc == 0
+    printed = json.loads(capsys.readouterr().out)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tokens"] >= 5120
+    assert summary["method"] == "heloco" == printed["method"]
+    assert printed["final_loss"] < printed["initial_loss"]
+    assert (out / "events.jsonl").stat().st_size > 0
+    # the written config reloads to the config that ran
+    assert load_config(out / "config.toml").token_budget == 5120
+
+
+def test_progress_bar_run_prints_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", *FAST, "--method", "mla"]) == 0
+    out = capsys.readouterr().out
+    assert "validation loss" in out and "mla" in out
+
+
+def test_flags_override_preset_and_set() -> None:
+    args = parse(
+        "--method", "dn-dylu", "--workers", "3", "--paces", "1,2,4", "--inner-steps", "7",
+        "--seed", "9", "--token-budget", "1000", "--time-budget", "50", "--model", "small",
+        "--eval-every", "100", "--assignment", "dirichlet", "--dirichlet-alpha", "0.3",
+        "--set", "inner.lr=0.01", "--set", "seed=3", "--set", "outer.correction.kappa=2.0",
+    )  # fmt: skip
+    cfg = build_config(args)  # type: ignore[arg-type]
+    assert cfg.method == "dn-dylu"
+    assert cfg.workers == 3 and cfg.paces == [1.0, 2.0, 4.0]
+    assert cfg.inner_steps == 7 and cfg.token_budget == 1000 and cfg.time_budget == 50
+    assert cfg.model == "small" and cfg.eval_every == 100
+    assert cfg.data.assignment == "dirichlet" and cfg.data.dirichlet_alpha == 0.3
+    assert cfg.inner.lr == 0.01
+    assert cfg.seed == 9  # the dedicated flag wins over --set
+    assert cfg.outer.correction.kappa == 2.0
+    # untouched keys keep the preset's values
+    assert cfg.inner.batch_size == load_config().inner.batch_size
+
+
+def test_preset_flag_and_config_file(tmp_path: Path) -> None:
+    cfg = build_config(parse("--preset", "converged"))  # type: ignore[arg-type]
+    assert cfg.model == "tiny" and cfg.inner.lr == 1e-3
+    path = tmp_path / "mine.toml"
+    path.write_text('preset = "paper-regime"\nmethod = "mla"\n[inner]\nbatch_size = 3\n')
+    cfg = build_config(parse(str(path), "--seed", "5"))  # type: ignore[arg-type]
+    assert (cfg.method, cfg.inner.batch_size, cfg.seed) == ("mla", 3, 5)
+    assert cfg.data.tokenizer == "bpe"  # inherited from the preset
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    rc = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert "Traceback" not in err
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def test_unknown_method(capsys: pytest.CaptureFixture[str]) -> None:
+    err = one_line_error(capsys, ["simulate", "--method", "adam-async"])
+    assert "adam-async" in err and "heloco" in err
+
+
+def test_paces_of_wrong_length(capsys: pytest.CaptureFixture[str]) -> None:
+    err = one_line_error(capsys, ["simulate", "--workers", "5", "--paces", "1,2,3"])
+    assert "paces" in err and "5" in err
+
+
+def test_paces_not_numbers(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "paces" in one_line_error(capsys, ["simulate", "--paces", "1,fast,2"])
+
+
+def test_missing_data_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nowhere"
+    err = one_line_error(capsys, ["simulate", *FAST, "--data-dir", str(missing)])
+    assert "data_dir" in err and "nowhere" in err
+
+
+def test_language_without_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for lang in ("de", "en", "fr", "it"):
+        (corpus / f"{lang}.txt").write_text("lorem ipsum dolor sit amet " * 2000)
+    (corpus / "es.txt").write_text("")
+    err = one_line_error(capsys, ["simulate", *FAST, "--data-dir", str(corpus)])
+    assert "'es'" in err
+
+
+def test_unknown_preset_and_bad_set(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "preset" in one_line_error(capsys, ["simulate", "--preset", "nope"])
+    assert "--set" in one_line_error(capsys, ["simulate", "--set", "novalue"])
+    assert "bogus" in one_line_error(capsys, ["simulate", "--set", "bogus=1"])
+
+
+def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert "config" in one_line_error(capsys, ["simulate", str(tmp_path / "absent.toml")])
