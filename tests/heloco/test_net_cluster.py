@@ -19,9 +19,11 @@ import pytest
 import torch
 
 from heloco.cli.serve import status
+from heloco.config import save_config
 from heloco.net import checkpoint, wire
 from heloco.net.client import Client, ClientConfig, ServerUnreachable
 from heloco.net.launcher import LaunchConfig, LocalCluster
+from heloco.sim import parse_sim_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
@@ -47,7 +49,7 @@ def tiny_config(path: Path, **over: Any) -> Path:
         "inner": {"batch_size": 2, "seq_len": 32, "total_steps": 200},
     }
     values.update(over)
-    path.write_text(json.dumps(values))
+    save_config(parse_sim_config(values), path)
     return path
 
 
@@ -115,7 +117,7 @@ def start(
 
 def test_sync_run_survives_worker_sigkill_and_replacement(tmp_path: Path) -> None:
     """3 workers, sync barrier: worker 1 is SIGKILLed mid-round, evicted, replaced; run completes."""
-    config = tiny_config(tmp_path / "run.json", method="sync", token_budget=3 * 5 * ROUND_TOKENS)
+    config = tiny_config(tmp_path / "run.toml", method="sync", token_budget=3 * 5 * ROUND_TOKENS)
     cluster = start(tmp_path, config, 3, sps=0.25, serve=[])
     try:
         wait_until(lambda: server_status(cluster)["revision"] >= 2, 60, "two sync updates")
@@ -141,7 +143,7 @@ def test_sync_run_survives_worker_sigkill_and_replacement(tmp_path: Path) -> Non
 
 def test_async_run_survives_server_sigkill_and_restart(tmp_path: Path) -> None:
     """3 async workers; the server is SIGKILLed and restarted from its (durable) checkpoint."""
-    config = tiny_config(tmp_path / "run.json", token_budget=24 * ROUND_TOKENS)
+    config = tiny_config(tmp_path / "run.toml", token_budget=24 * ROUND_TOKENS)
     cluster = start(tmp_path, config, 3, sps=0.1, serve=["--durable"])
     try:
         wait_until(lambda: server_status(cluster)["revision"] >= 4, 60, "four updates")
@@ -163,7 +165,7 @@ def test_async_run_survives_server_sigkill_and_restart(tmp_path: Path) -> None:
 
 def test_adversarial_client(tmp_path: Path) -> None:
     """Replays, duplicates, a wrong secret, NaN and oversized messages against `heloco serve`."""
-    config = tiny_config(tmp_path / "run.json", workers=2, token_budget=10**9)
+    config = tiny_config(tmp_path / "run.toml", workers=2, token_budget=10**9)
     cfg = LaunchConfig(
         config=config, out_dir=tmp_path / "run", workers=2, serve_args=["--max-mb", "1"]
     )
@@ -200,12 +202,12 @@ def test_adversarial_client(tmp_path: Path) -> None:
         assert first is not None and first.type == "ack" and first.body["revision"] == 1
 
         client.send_frames(list(frames))  # byte-for-byte replay: dropped, counted, not applied
-        assert client.receive(msg.id, 1.0) is None
+        assert client.receive(msg.id, 0.5) is None
         dup = client.call(push_msg(d, small))  # same round, fresh message (a retry): acked once
         assert dup.type == "ack" and dup.body["duplicate"] and dup.body["revision"] == 1
 
         intruder = Client(
-            ClientConfig(address, timeout_s=1, deadline_s=1.5), b"not-the-secret-0123456789"
+            ClientConfig(address, timeout_s=0.5, deadline_s=0.8), b"not-the-secret-0123456789"
         )
         with pytest.raises(ServerUnreachable):
             intruder.request("status")
@@ -225,7 +227,7 @@ def test_adversarial_client(tmp_path: Path) -> None:
         assert too_big.type == "error" and too_big.body["reason"] == "too_large"
         one_frame = wire.make("push", me, {"t": torch.zeros(400_000)})  # > MAXMSGSIZE: cut off
         client.send(one_frame)
-        assert client.receive(one_frame.id, 1.0) is None
+        assert client.receive(one_frame.id, 0.5) is None
         client.close()
 
         ok = Client(ClientConfig(address, timeout_s=5, deadline_s=10), SECRET)

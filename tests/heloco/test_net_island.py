@@ -27,6 +27,11 @@ SECRET = b"island-test-secret-0123456789abcdef"
 ROUND_TOKENS = 2 * 2 * 32
 
 
+def on_ready(address: str, out: list[str], ready: threading.Event) -> None:
+    out.append(address)
+    ready.set()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -60,7 +65,7 @@ def test_torchrun_island_with_two_gloo_ranks(tmp_path: Path) -> None:
     ready = threading.Event()
     address: list[str] = []
     server = threading.Thread(
-        target=session.serve, args=(lambda a: (address.append(a), ready.set()),), daemon=True
+        target=session.serve, args=(lambda a: on_ready(a, address, ready),), daemon=True
     )
     server.start()
     assert ready.wait(30)

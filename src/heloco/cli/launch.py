@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from heloco.config import load_config, parse_assignment, preset_names, save_config
 from heloco.metrics import SUMMARY_FILE
 from heloco.net.launcher import LaunchConfig, launch
-from heloco.net.runconfig import apply_override, read_values
 from shardmeter.errors import UserInputError
 
 
@@ -21,7 +21,8 @@ def add_parser(sub: Any) -> None:
         description="Start `heloco serve` on 127.0.0.1 (free port) and N "
         "`heloco work` processes; results go to OUT (read by `heloco report`).",
     )
-    p.add_argument("--config", type=Path, required=True)
+    p.add_argument("--config", type=Path, help="run config TOML (as for `heloco simulate`)")
+    p.add_argument("--preset", choices=preset_names(), help="start from a shipped preset instead")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--workers", type=int, help="default: the config's workers")
@@ -43,21 +44,20 @@ def _floats(text: str | None, name: str) -> list[float] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    values = read_values(args.config)
-    for item in args.set:
-        apply_override(values, item)
+    paces = _floats(args.paces, "--paces")
+    seconds_per_step = _floats(args.seconds_per_step, "--seconds-per-step")
+    overrides = dict(parse_assignment(x) for x in args.set)
     if args.workers is not None:
-        values["workers"] = args.workers
-    workers = int(values.get("workers", 5))
-    args.out.mkdir(parents=True, exist_ok=True)
-    resolved = args.out / "launch-config.json"
-    resolved.write_text(json.dumps(values, indent=1, default=str))
+        overrides["workers"] = args.workers
+    run_cfg = load_config(args.config, args.preset, overrides)
+    resolved = args.out / "launch-config.toml"
+    save_config(run_cfg, resolved)
     cfg = LaunchConfig(
         config=resolved,
         out_dir=args.out,
-        workers=workers,
-        paces=_floats(args.paces, "--paces"),
-        seconds_per_step=_floats(args.seconds_per_step, "--seconds-per-step"),
+        workers=run_cfg.workers,
+        paces=paces,
+        seconds_per_step=seconds_per_step,
         serve_args=list(args.serve_arg),
         work_args=["--codec", args.codec],
         threads=args.threads,

@@ -10,10 +10,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from heloco.config import load_config, parse_assignment, preset_names
 from heloco.net import auth
 from heloco.net.client import Client, ClientConfig, ServerUnreachable
 from heloco.net.endpoint import EndpointConfig
-from heloco.net.runconfig import load_run_config
 from heloco.net.session import Liveness, Session
 from shardmeter.errors import UserInputError
 
@@ -28,7 +28,10 @@ def add_parser(sub: Any) -> None:
         "The shared secret comes from $HELOCO_SECRET, $HELOCO_SECRET_FILE or "
         "--secret-file, never from the command line.",
     )
-    p.add_argument("--config", type=Path, help="run config (.toml/.json, the simulator's fields)")
+    p.add_argument(
+        "--config", type=Path, help="run config TOML (the same file `heloco simulate` takes)"
+    )
+    p.add_argument("--preset", choices=preset_names(), help="start from a shipped preset instead")
     p.add_argument(
         "--set",
         action="append",
@@ -94,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             return 1
         return 0
     _check(args)
-    cfg = load_run_config(args.config, args.set)
+    cfg = load_config(args.config, args.preset, dict(parse_assignment(x) for x in args.set))
     out = args.out if args.out is not None else cfg.out_dir
     ckpt = args.checkpoint_dir or (out / "checkpoints" if out is not None else None)
     endpoint = EndpointConfig(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,7 +82,7 @@ class Client:
         self.traffic.sent_bytes += wire.wire_bytes(frames)
         self._socket().send_multipart(frames, copy=False)
 
-    def send_frames(self, frames: list[bytes]) -> None:
+    def send_frames(self, frames: Sequence[wire.Frame]) -> None:
         """Send raw frames as they are (tests: replay a captured message byte for byte)."""
         self._socket().send_multipart(frames, copy=False)
 

@@ -68,6 +68,13 @@ def n_blocks(numel: int, block: int) -> int:
     return math.ceil(numel / block) if numel else 0
 
 
+def _blocks(flat: torch.Tensor, block: int) -> torch.Tensor:
+    """``flat`` as (n_blocks, block), zero-padded only when the last block is short."""
+    nb = n_blocks(flat.numel(), block)
+    pad = nb * block - flat.numel()
+    return (torch.nn.functional.pad(flat, (0, pad)) if pad else flat).view(nb, block)
+
+
 def quantize_int8(x: torch.Tensor, block: int = DEFAULT_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
     """Blockwise absmax int8 of the flattened ``x``: (q int8 [numel], scales fp32 [n_blocks]).
 
@@ -77,20 +84,20 @@ def quantize_int8(x: torch.Tensor, block: int = DEFAULT_BLOCK) -> tuple[torch.Te
         raise UserInputError("block", block, "an integer >= 1")
     flat = x.detach().reshape(-1).to(torch.float32)
     numel = flat.numel()
-    nb = n_blocks(numel, block)
-    padded = torch.nn.functional.pad(flat, (0, nb * block - numel)).view(nb, block)
-    scales = padded.abs().amax(dim=1) / INT8_MAX
-    safe = torch.where(scales > 0, scales, torch.ones_like(scales))
-    q = torch.round(padded / safe[:, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+    blocks = _blocks(flat, block)
+    lo, hi = torch.aminmax(blocks, dim=1)
+    scales = torch.maximum(hi, -lo) / INT8_MAX
+    inv = torch.where(scales > 0, 1.0 / scales, torch.zeros_like(scales))
+    y = blocks * inv[:, None]
+    q = y.round_().clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
     return q.reshape(-1)[:numel], scales
 
 
 def dequantize_int8(q: torch.Tensor, scales: torch.Tensor, block: int) -> torch.Tensor:
     """Inverse of :func:`quantize_int8` as a flat fp32 tensor."""
     numel = q.numel()
-    nb = scales.numel()
-    padded = torch.nn.functional.pad(q.to(torch.float32), (0, nb * block - numel)).view(nb, block)
-    return (padded * scales[:, None]).reshape(-1)[:numel]
+    out = _blocks(q.to(torch.float32), block).mul_(scales[:, None])
+    return out.reshape(-1)[:numel]
 
 
 def int8_error_bound(x: torch.Tensor, block: int = DEFAULT_BLOCK) -> torch.Tensor:
@@ -100,9 +107,7 @@ def int8_error_bound(x: torch.Tensor, block: int = DEFAULT_BLOCK) -> torch.Tenso
     is stored in fp32 and the rounding error of ``x / s_b`` in fp32 is far below half a step.
     """
     flat = x.detach().reshape(-1).to(torch.float32)
-    nb = n_blocks(flat.numel(), block)
-    padded = torch.nn.functional.pad(flat, (0, nb * block - flat.numel())).view(nb, block)
-    per_block = padded.abs().amax(dim=1) / (2 * INT8_MAX)
+    per_block = _blocks(flat, block).abs().amax(dim=1) / (2 * INT8_MAX)
     return per_block.repeat_interleave(block)[: flat.numel()].view_as(flat)
 
 

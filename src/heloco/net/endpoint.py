@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -148,7 +148,7 @@ class Endpoint:
         assert self._sock is not None
         self._sock.send_multipart([identity, *wire.encode(msg, self.secret)], copy=False)
 
-    def handle_frames(self, frames: list[bytes]) -> Message | None:
+    def handle_frames(self, frames: Sequence[wire.Frame]) -> Message | None:
         """Authenticate, de-duplicate and answer one inbound message (None: dropped)."""
         counters = self.coord.counters
         try:
@@ -159,7 +159,7 @@ class Endpoint:
                 return None
             if exc.reason == "too_large":
                 counters.too_large += 1
-                return error(Message("?", id=_peek_id(frames[0])), "too_large", str(exc))
+                return error(Message("?", id=_peek_id(bytes(frames[0]))), "too_large", str(exc))
             counters.malformed += 1
             return None
         why = self.guard.check(msg.id, msg.ts)

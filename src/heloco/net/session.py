@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from heloco.config import save_config
 from heloco.metrics import (
     EvalPoint,
     MetricsWriter,
@@ -158,6 +159,7 @@ class Session:
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_json(self.out_dir / CONFIG_FILE, self.cfg.model_dump(mode="json"))
+            save_config(self.cfg, self.out_dir / "config.toml")
             (self.out_dir / ADDRESS_FILE).write_text(address + "\n")
         return address
 

@@ -1,0 +1,59 @@
+"""The serve/work/launch CLIs reject bad input with one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from heloco.cli import main
+from heloco.net.auth import SECRET_ENV, SECRET_FILE_ENV
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["work", "--connect", "tcp://127.0.0.1:9", "--worker", "0"], "secret"),
+        (["serve", "--status", "tcp://127.0.0.1:9"], "secret"),
+    ],
+)
+def test_missing_secret_is_a_one_line_error(
+    argv: list[str],
+    needle: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    monkeypatch.delenv(SECRET_FILE_ENV, raising=False)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["work", "--connect", "http://127.0.0.1:9", "--worker", "0"],
+        ["work", "--connect", "tcp://127.0.0.1:9", "--worker", "0", "--pace", "0.5"],
+        [
+            "work",
+            "--connect",
+            "tcp://127.0.0.1:9",
+            "--worker",
+            "0",
+            "--timeout-s",
+            "5",
+            "--deadline-s",
+            "1",
+        ],
+        ["serve", "--heartbeat-s", "5", "--evict-after-s", "2"],
+        ["serve", "--bind", "127.0.0.1:5555"],
+        ["serve", "--config", "/nonexistent/run.toml"],
+        ["launch", "--out", "/tmp/x", "--paces", "1,fast"],
+    ],
+)
+def test_bad_flags_exit_2(
+    argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(SECRET_ENV, "a-test-secret-of-enough-bytes")
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("heloco: error:") and len(err.splitlines()) == 1
