@@ -118,6 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps-per-worker", type=int, default=120, help="token budget / (K·batch)")
     ap.add_argument("--eval-windows", type=int, default=24, help="validation windows per language")
     ap.add_argument("--target-loss", type=float, help="default: the lowest loss every run reaches")
+    ap.add_argument(
+        "--loss-key",
+        choices=("loss", "cycle_loss"),
+        default="loss",
+        help="eval field raced to the target (cycle_loss smooths async oscillation)",
+    )
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path("runs/plan_to_train"))
@@ -141,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"simulating {', '.join(methods)} on {len(pm.islands)} workers:")
     run_dirs = [simulate(m, pm, args, data_dir) for m in methods]
 
-    result = plan_to_train(run_dirs, pm, args.target_loss)
+    result = plan_to_train(run_dirs, pm, args.target_loss, args.loss_key)
     render(result)
     write_result(result, args.out)
     for path in plot(result, args.out):
@@ -155,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{m} on the simulated clock {v:,.0f}" for m, v in simulated.items())
     )
 
-    quality = quality_factors(args.out, result.target_loss)
+    quality = quality_factors(args.out, result.target_loss, loss_key=args.loss_key)
     modes = best_per_mode(args.topology, args.inner_steps, ("diloco", "async"), top=3)
     ranked: list[RankedPlan] = rank_by_time_to_target(modes["diloco"], quality, "sync")
     for method in methods:
@@ -169,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         f"fastest in tokens/s: {by_tps.mode} ({by_tps.method}); "
         f"fastest to loss {quality.target_loss:.4f}: {ranked[0].mode} ({ranked[0].method})"
     )
+    used = {i.name for i in ranked[0].candidate.islands}
+    dropped = [i.name for i in pm.islands if i.name not in used]
+    console.print(f"the top plan leaves out: {', '.join(dropped) or 'no island'}")
     console.print(json.dumps({"out": str(args.out)}))
     return 0
 

@@ -208,6 +208,8 @@ class PlanLike(Protocol):
     def cost_usd(self) -> float: ...
     @property
     def tokens_per_s(self) -> float: ...
+    @property
+    def n_gpus(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -333,6 +335,8 @@ def ranked_json(ranked: Sequence[RankedPlan], quality: QualityFactors) -> dict[s
                 "rank": k + 1,
                 "mode": r.mode,
                 "method": r.method,
+                "islands": [i.name for i in getattr(r.candidate, "islands", ())],
+                "n_gpus": r.candidate.n_gpus,
                 "quality_factor": _finite(r.quality_factor),
                 "tokens_per_s": r.candidate.tokens_per_s,
                 "wall_s": r.candidate.wall_s,
@@ -354,7 +358,8 @@ def render_ranked(ranked: Sequence[RankedPlan], quality: QualityFactors, top: in
         f"(q from {quality.source}, reference {quality.reference!r})"
     )
     table = Table(title=title)
-    cols = ("#", "mode", "method", "q", "tokens/s", "budget wall", "to target", "cost to target")
+    cols = ("#", "mode", "method", "islands", "GPUs", "q", "tokens/s", "budget wall", "to target",
+            "cost to target")  # fmt: skip
     for col in cols:
         table.add_column(col, justify="left" if col in ("mode", "method") else "right")
     for k, r in enumerate(ranked[:top], 1):
@@ -362,6 +367,8 @@ def render_ranked(ranked: Sequence[RankedPlan], quality: QualityFactors, top: in
             str(k),
             r.mode,
             r.method,
+            str(len(getattr(r.candidate, "islands", ()))),
+            str(r.candidate.n_gpus),
             f"{r.quality_factor:.3f}",
             f"{r.candidate.tokens_per_s:,.0f}",
             f"{r.candidate.wall_s / 3600:,.1f} h",
