@@ -321,3 +321,17 @@ def test_pruning_keeps_the_runner_up_layout(gpt17: TransformerSpec) -> None:
     assert pruned.explanation is not None and full.explanation is not None
     assert pruned.explanation.text == full.explanation.text
     assert pruned.explanation.plan_diffs
+
+
+def test_topology_constraints_no_plan_meets_are_named() -> None:
+    small = SpaceOptions(recompute=("none",), micro_batches=(1,), max_cp=1)
+    outer = OuterOptions(modes=("diloco",))
+    free = plan(topology="two-clouds", tokens=1e10, options=small, outer=outer)
+    assert free.best_time is not None
+    tight = Constraints(deadline_s=free.best_time.wall_s * 0.5)
+    res = plan(topology="two-clouds", tokens=1e10, options=small, outer=outer, constraints=tight)
+    assert res.infeasible is not None and res.infeasible.binding == "deadline"
+    assert res.infeasible.closest is not None
+    assert res.infeasible.closest.wall_s == pytest.approx(free.best_time.wall_s)
+    huge = plan("llama-3.1-405b", topology="two-clouds", options=small, outer=outer)
+    assert huge.infeasible is not None and huge.infeasible.binding == "memory"

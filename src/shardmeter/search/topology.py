@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from shardmeter.errors import UserInputError
 from shardmeter.estimate.islands import IslandInput, TopologyEstimate, compose
 from shardmeter.estimate.outer import (
     WanPaths,
@@ -46,6 +45,7 @@ from shardmeter.search.options import Constraints, OuterOptions, SpaceOptions
 from shardmeter.search.pareto import pareto_front
 from shardmeter.search.result import (
     Candidate,
+    Infeasibility,
     IslandChoice,
     OuterChoice,
     PlanSearchResult,
@@ -503,11 +503,7 @@ def _topology_result(
     jobs: int,
 ) -> PlanSearchResult:
     if not blocks:
-        raise UserInputError(
-            "topology",
-            topo.name,
-            "no island has a plan that fits in memory; add GPUs or shard more",
-        )
+        return _no_fit(topo, model, counts, con, tokens, start, jobs)
     wall = np.concatenate([b.wall_s.reshape(-1) for b in blocks])
     cost = np.concatenate([b.cost_usd.reshape(-1) for b in blocks])
     sizes = np.array([b.wall_s.size for b in blocks])
@@ -590,6 +586,49 @@ def _topology_result(
         cloud_cost_usd=cost[finite][::stride],
         cloud_group=group[finite][::stride],
         cloud_labels=tuple(MODE_LABELS.get(m, m) for m in labels),
+    )
+
+
+def _no_fit(
+    topo: Topology,
+    model: TransformerSpec,
+    counts: SearchCounts,
+    con: Constraints,
+    tokens: float,
+    start: float,
+    jobs: int,
+) -> PlanSearchResult:
+    """No island has an inner plan that fits: the memory constraint binds."""
+    stats = SearchStats(
+        space=counts.space,
+        pruned_memory=counts.pruned_memory,
+        pruned_bound=counts.pruned_bound,
+        evaluated=counts.evaluated,
+        runnable=counts.runnable,
+        fitting=counts.fitting,
+        elapsed_s=time.perf_counter() - start,
+        eval_cpu_s=counts.eval_cpu_s,
+        jobs=jobs,
+    )
+    text = (
+        f"No runnable plan fits in memory: no island of {topo.name} can hold {model.name} "
+        "with the allowed sharding and recompute; add nodes, allow zero3/full recompute or "
+        "lower --headroom."
+    )
+    return PlanSearchResult(
+        kind="topology",
+        model=model.name,
+        target=topo.name,
+        tokens=tokens,
+        constraints=con,
+        ranked=(),
+        pareto=(),
+        best_time=None,
+        best_cost=None,
+        best_usd_per_mtok=None,
+        explanation=None,
+        infeasible=Infeasibility("memory", None, text),
+        stats=stats,
     )
 
 
