@@ -20,6 +20,7 @@ from shardmeter.estimate.result import StepEstimate
 from shardmeter.estimate.step import estimate_step
 from shardmeter.predict import cluster_for_gpu
 from shardmeter.specs.hardware import Cluster
+from shardmeter.specs.hf import gqa_equivalent, mla_attention_params
 from shardmeter.specs.loader import load_cluster
 from shardmeter.specs.model import MoESpec, TransformerSpec
 from shardmeter.specs.plan import Plan, validate_plan
@@ -155,9 +156,22 @@ def _dense_layers(notes: str, model_name: str) -> tuple[int, int | None]:
         match = pattern.search(notes)
         if match and int(match.group(1)) < 1000:
             return int(match.group(1)), dense_ffn
-    if "deepseek-v3" in model_name.lower().replace(" ", "-"):
+    if _is_deepseek_v3(model_name):
         return 3, dense_ffn or 18432
     return 0, dense_ffn
+
+
+def _is_deepseek_v3(model_name: str) -> bool:
+    return "deepseek-v3" in model_name.lower().replace(" ", "-")
+
+
+def _mla_as_gqa(hidden: int, n_heads: int) -> dict[str, int]:
+    """DeepSeek-V3's multi-head latent attention (q_lora 1536, kv_lora 512, qk 128 + 64 rope,
+    v 128; arXiv:2412.19437 §2.1) as the GQA shape with the same weight count, as the
+    Hugging Face import does: exact projection FLOPs, approximate score FLOPs."""
+    attn = mla_attention_params(hidden, n_heads, 1536, 512, 128, 64, 128)
+    head_dim, kv_heads = gqa_equivalent(hidden, n_heads, attn)
+    return {"head_dim": head_dim, "n_kv_heads": kv_heads}
 
 
 def model_from_row(row: Mapping[str, str]) -> TransformerSpec:
@@ -192,6 +206,8 @@ def model_from_row(row: Mapping[str, str]) -> TransformerSpec:
         "seq_len": _int(row, "seq_len"),
         "moe": moe,
     }
+    if _is_deepseek_v3(_cell(row, "model")):
+        kwargs.update(_mla_as_gqa(_int(row, "hidden"), _int(row, "n_heads")))
     try:
         untied = TransformerSpec(**kwargs)
     except ValueError as exc:

@@ -47,11 +47,14 @@ def test_model_from_row_and_tied_embeddings() -> None:
 
 
 def test_moe_dense_layers_from_notes() -> None:
-    row = {**BASE, "model": "DeepSeek-V3", "moe_experts": "256", "moe_topk": "8",
-           "moe_shared_experts": "1", "ffn": "2048", "notes": ""}  # fmt: skip
+    row = {**BASE, "model": "DeepSeek-V3", "n_layers": "61", "hidden": "7168", "n_heads": "128",
+           "n_kv_heads": "128", "head_dim": "192", "vocab": "129280", "moe_experts": "256",
+           "moe_topk": "8", "moe_shared_experts": "1", "ffn": "2048", "notes": ""}  # fmt: skip
     spec = model_from_row(row)
     assert spec.moe is not None
     assert (spec.moe.dense_layers, spec.dense_ffn, spec.expert_ffn) == (3, 18432, 2048)
+    assert spec.params_total / 1e9 == pytest.approx(671, rel=0.01)  # MLA as same-weight GQA
+    assert spec.params_active / 1e9 == pytest.approx(37, rel=0.03)
     row["notes"] = "first 1 dense layers, dense FFN 10944"
     spec = model_from_row(row)
     assert spec.moe is not None and (spec.moe.dense_layers, spec.dense_ffn) == (1, 10944)
