@@ -139,6 +139,8 @@ def layer_forward(
 
     n_mat = model.mlp_matrices
     act_bytes_per_width = 3.0 if model.mlp == "swiglu" else 2.0  # read (2 or 1)·F, write F
+    # Two norms (read + write h, 2 B each) and two residual adds (2 reads + 1 write), then RoPE
+    # on q and k (read + write).
     elem_bytes = (8.0 + 12.0) * sh.norm_tokens * h + 2.0 * t * (sh.q_local + sh.kv_local) * 2.0
     if moe and model.moe is not None:
         spec = model.moe
