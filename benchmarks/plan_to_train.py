@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         f"fastest in tokens/s: {by_tps.mode} ({by_tps.method}); "
         f"fastest to loss {quality.target_loss:.4f}: {ranked[0].mode} ({ranked[0].method})"
     )
-    used = {i.name for i in ranked[0].candidate.islands}
+    used = {i.name for i in getattr(ranked[0].candidate, "islands", ())}
     dropped = [i.name for i in pm.islands if i.name not in used]
     console.print(f"the top plan leaves out: {', '.join(dropped) or 'no island'}")
     console.print(json.dumps({"out": str(args.out)}))
