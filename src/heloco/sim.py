@@ -38,7 +38,7 @@ from heloco.metrics import (
 from heloco.model import ModelConfig, TinyGPT, preset_config
 from heloco.outer import OuterConfig, build_optimizer, resolve_method
 from heloco.outer.base import RhoMode
-from heloco.server import Server, ServerConfig, UpdateRecord
+from heloco.server import Dispatch, Server, ServerConfig, UpdateRecord, dylu_steps
 from heloco.types import Params, RoundResult
 from heloco.worker import InnerConfig, Worker
 from shardmeter.errors import UserInputError, from_pydantic
@@ -286,7 +286,7 @@ class _Sim:
     # -- async ------------------------------------------------------------------------------
     def run_async(self) -> Trajectory:
         heap: list[tuple[float, int]] = []
-        inflight: dict[int, tuple[Any, float, float]] = {}
+        inflight: dict[int, tuple[Dispatch, float, float]] = {}
         grace = self.server.cfg.grace_window
         tbud = self.clock.time_budget
 
@@ -428,10 +428,12 @@ def run_simulation(
     comm = [float(c) for c in cfg.comm_delays] if cfg.comm_delays else [0.0] * cfg.workers
     method = resolve_method(cfg.method)
     dylu = cfg.use_dylu()
-    rates = [
-        1.0 / (_dylu_steps_static(paces, w, cfg.inner_steps, dylu) * paces[w] + comm[w])
+    speeds: list[float | None] = [1.0 / p for p in paces]
+    steps = [
+        dylu_steps(speeds, w, cfg.inner_steps) if dylu else cfg.inner_steps
         for w in range(cfg.workers)
     ]
+    rates = [1.0 / (steps[w] * paces[w] + comm[w]) for w in range(cfg.workers)]
     optimizer = build_optimizer(cfg.method, init, cfg.outer_config(), cfg.workers, rates)
     server_cfg = ServerConfig(
         n_workers=cfg.workers,
@@ -467,13 +469,6 @@ def run_simulation(
         summary = summarize(cfg, traj, stats, paces, wall)
         writer.write_summary(summary)
     return RunResult(cfg, traj.evals, summary, server.params, paces)
-
-
-def _dylu_steps_static(paces: list[float], w: int, h: int, dylu: bool) -> int:
-    """DyLU steps from configured paces (for expected arrival rates)."""
-    if not dylu:
-        return h
-    return max(1, math.floor(min(paces) / paces[w] * h + 1e-9))
 
 
 def summarize(

@@ -185,6 +185,16 @@ def test_balanced_weights_by_hand() -> None:
     close(theta["x"], before - 2.0)
 
 
+def test_balanced_shares_from_known_rates() -> None:
+    p = {"x": t(0.0)}
+    ab = build_optimizer("heloco+ab", p, OuterConfig(ab_shares="paces"), 3, rates=[1.0, 1.0, 0.5])
+    assert isinstance(ab, ArrivalBalanced)
+    assert ab.shares() == pytest.approx([0.4, 0.4, 0.2])
+    assert ab.weights() == pytest.approx([5 / 6, 5 / 6, 5 / 3])
+    ab.step(p, [Arrival({"x": t(1.0)}, 0, 0)])
+    assert ab.shares() == pytest.approx([0.4, 0.4, 0.2])  # known rates ignore the counts
+
+
 def test_balanced_weights_respect_the_cap() -> None:
     w = balanced_weights([0.98, 0.01, 0.01], max_weight=4)
     assert max(w) / min(w) <= 16 + 1e-9
