@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from shardmeter.errors import UserInputError
+from shardmeter.estimate.plan_arrays import PlanArrays
 from shardmeter.estimate.result import StepEstimate
-from shardmeter.estimate.step import estimate_step
+from shardmeter.estimate.step import estimate_step_arrays, view
 from shardmeter.predict import cluster_for_gpu
 from shardmeter.specs.hardware import Cluster
 from shardmeter.specs.hf import gqa_equivalent, mla_attention_params
@@ -83,7 +84,8 @@ class RunSpec:
     cluster: Cluster
     plan: Plan
     measured: float  # tokens/s per GPU
-    uneven_layers: bool  # pp·vpp does not divide n_layers (framework splits unevenly)
+    relaxed: tuple[str, ...]  # schedule checks the source's framework does not need (see
+    # `validate_relaxed`): the estimate then uses the fullest stage / whole micro-batches
 
 
 @dataclass(frozen=True)
@@ -295,18 +297,42 @@ def plan_from_row(row: Mapping[str, str]) -> Plan:
         raise UserInputError(f"plan.{loc}", detail.get("input"), str(detail.get("msg"))) from None
 
 
+def validate_relaxed(plan: Plan, model: TransformerSpec, n_gpus: int) -> tuple[str, ...]:
+    """`validate_plan`, except three schedule rules some frameworks do not impose (torchtitan
+    splits layers unevenly; not every stack needs micro-batches divisible by pp when
+    interleaving, or a global batch that is a whole number of micro-batches). Returns the
+    rules relaxed; any other violation raises UserInputError."""
+    relaxed: list[str] = []
+    check_model, check_plan = model, plan
+    for _ in range(4):
+        try:
+            validate_plan(check_plan, check_model, n_gpus)
+            return tuple(relaxed)
+        except UserInputError as exc:
+            chunks = check_plan.pp * check_plan.vpp
+            if exc.field == "plan.pp" and "divide n_layers" in exc.allowed:
+                layers = -(-check_model.n_layers // chunks) * chunks
+                check_model = check_model.model_copy(update={"n_layers": layers})
+                relaxed.append("uneven pipeline stages")
+            elif exc.field == "plan.global_batch" and "interleaved" in exc.allowed:
+                check_plan = check_plan.model_copy(update={"vpp": 1})
+                relaxed.append("interleaving with micro-batches not divisible by pp")
+            elif exc.field == "plan.global_batch" and "multiple" in exc.allowed:
+                per_step = check_plan.dp * check_plan.micro_batch
+                whole = max(check_plan.global_batch // per_step, 1) * per_step
+                check_plan = check_plan.model_copy(update={"global_batch": whole})
+                relaxed.append("global batch not a whole number of micro-batches")
+            else:
+                raise
+    raise UserInputError("plan", plan, "violates the schedule rules")
+
+
 def run_from_row(row: Mapping[str, str]) -> RunSpec:
     """All inputs of one CSV row; raises UserInputError naming what cannot be mapped."""
     model = model_from_row(row)
     cluster = cluster_from_row(row)
     plan = plan_from_row(row)
-    uneven = False
-    try:
-        validate_plan(plan, model, _int(row, "n_gpus"))
-    except UserInputError as exc:
-        if not (exc.field == "plan.pp" and "divide n_layers" in exc.allowed):
-            raise
-        uneven = True
+    relaxed = validate_relaxed(plan, model, _int(row, "n_gpus"))
     measured = _float(row, "tokens_per_sec_per_gpu")
     if measured is None or measured <= 0:
         raise UserInputError("tokens_per_sec_per_gpu", measured, "must be a positive number")
@@ -318,7 +344,7 @@ def run_from_row(row: Mapping[str, str]) -> RunSpec:
         cluster=cluster,
         plan=plan,
         measured=measured,
-        uneven_layers=uneven,
+        relaxed=relaxed,
     )
 
 
@@ -333,8 +359,11 @@ def read_rows(path: str | Path) -> list[dict[str, str]]:
 
 
 def predict_run(run: RunSpec, cluster: Cluster | None = None) -> StepEstimate:
-    """Estimate one run (optionally on a cluster with other efficiencies, for fitting)."""
-    return estimate_step(run.model, cluster or run.cluster, run.plan, check_layers=False)
+    """Estimate one run (optionally on a cluster with other efficiencies, for fitting); its
+    plan was checked by `validate_relaxed` when the run was built."""
+    island = cluster or run.cluster
+    arrays = estimate_step_arrays(run.model, island, PlanArrays.scalar(run.plan))
+    return view(arrays, 0, island, run.plan)
 
 
 def evaluate_rows(rows: Iterable[Mapping[str, str]]) -> list[RowResult]:

@@ -140,3 +140,17 @@ def test_shipped_presets_meet_accuracy_targets_on_calibration_runs() -> None:
     assert overall.median_ape <= 0.10
     assert overall.p90_ape <= 0.25
     assert all(s.median_ape <= 0.20 for s in per_source.values())
+
+
+def test_relaxed_schedule_rules_still_predict() -> None:
+    row = {**BASE, "tp": "1", "pp": "3", "dp": "4", "n_gpus": "12", "vpp": "2",
+           "global_batch": "10", "framework": "torchtitan"}  # fmt: skip
+    run = run_from_row(row)  # 32 layers over 3x2 chunks, 10 sequences over dp 4, m % pp != 0
+    assert set(run.relaxed) == {
+        "uneven pipeline stages",
+        "global batch not a whole number of micro-batches",
+        "interleaving with micro-batches not divisible by pp",
+    }
+    assert evaluate_rows([row])[0].predicted is not None
+    with pytest.raises(UserInputError, match="cp"):
+        run_from_row({**row, "cp": "3", "n_gpus": "36", "seq_len": "8192"})
