@@ -95,7 +95,15 @@ def _read_events(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / EVENTS_FILE
     if not path.is_file():
         raise UserInputError("run", str(run_dir), "a run folder with events.jsonl")
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise UserInputError(f"{path}:{n}", line[:40], "one JSON object per line") from None
+    return out
 
 
 def _method(run_dir: Path) -> str:
@@ -195,8 +203,8 @@ def loss_within(
     evals; None when the run stopped before the budget."""
     if (wall_s is None) == (usd is None):
         raise UserInputError("budget", (wall_s, usd), "give exactly one of wall_s or usd")
-    key = "wall_s" if wall_s is not None else "usd"
-    budget = float(wall_s if wall_s is not None else usd)  # type: ignore[arg-type]
+    key, budget = ("wall_s", wall_s) if wall_s is not None else ("usd", usd)
+    assert budget is not None
     pts = curve.points
     if budget < getattr(pts[0], key):
         return None

@@ -113,6 +113,12 @@ def test_cycle_loss_and_bad_runs(tmp_path: Path) -> None:
         load_curve(tmp_path, PM)
     with pytest.raises(UserInputError, match="at least one"):
         plan_to_train([])
+    (tmp_path / "summary.json").write_text('{"method": "sync"}')
+    (tmp_path / "events.jsonl").write_text('{"type": "eval"\n')
+    with pytest.raises(UserInputError, match="one JSON object per line"):
+        load_curve(tmp_path, PM)
+    with pytest.raises(UserInputError, match=r"topology\.json"):
+        load_curve(tmp_path)
 
 
 def two_islands() -> dict[str, Any]:
