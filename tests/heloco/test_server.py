@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import safetensors.torch
 import torch
 
 from heloco.outer import OuterConfig, build_optimizer
@@ -136,8 +137,9 @@ def test_state_dict_round_trip_through_json(method: str) -> None:
     s.submit(result(s, 0, scale=0.7))  # leaves a buffered arrival in the checkpoint
     state = s.state_dict()
     meta = json.loads(json.dumps(state.meta))
+    tensors = safetensors.torch.load(safetensors.torch.save(state.tensors))
     twin = make(method, k=2, synchronous=sync, grace_window=0.0 if sync else 1.0)
-    twin.load_state_dict(type(state)({k: v.clone() for k, v in state.tensors.items()}, meta))
+    twin.load_state_dict(type(state)(tensors, meta))
     assert twin.revision == s.revision and twin.pending_workers == s.pending_workers
     for srv in (s, twin):
         r = result(srv, 1, scale=-0.2)
