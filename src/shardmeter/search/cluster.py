@@ -31,6 +31,7 @@ from shardmeter.search.explain import explain, infeasibility
 from shardmeter.search.options import Constraints, SpaceOptions
 from shardmeter.search.pareto import dominated, pareto_front
 from shardmeter.search.result import (
+    CLOUD_POINTS,
     Candidate,
     IslandChoice,
     PlanSearchResult,
@@ -272,6 +273,8 @@ def _result(
     cloud_n = (
         np.concatenate([c[2] for c in policy.cloud]) if policy.cloud else np.zeros(0, np.int64)
     )
+    step = max(1, cloud_w.size // CLOUD_POINTS)
+    cloud_w, cloud_c, cloud_n = cloud_w[::step], cloud_c[::step], cloud_n[::step]
     gpu_values, cloud_g = np.unique(cloud_n, return_inverse=True)
     stats = SearchStats(
         space=counts.space,

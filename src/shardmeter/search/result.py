@@ -19,6 +19,7 @@ from shardmeter.specs.plan import Plan
 FloatArray = NDArray[np.float64]
 
 SCHEMA_VERSION = 1
+CLOUD_POINTS = 8000  # evaluated plans kept for the plot's cloud (a strided sample)
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from shardmeter.search.explain import explain, infeasibility
 from shardmeter.search.options import Constraints, OuterOptions, SpaceOptions
 from shardmeter.search.pareto import pareto_front
 from shardmeter.search.result import (
+    CLOUD_POINTS,
     Candidate,
     Infeasibility,
     IslandChoice,
@@ -562,7 +563,7 @@ def _topology_result(
         outer_combinations=int(wall.size),
         jobs=jobs,
     )
-    stride = max(1, wall.size // 20000)
+    stride = max(1, wall.size // CLOUD_POINTS)
     labels = tuple(dict.fromkeys(b.mode for b in blocks))
     group = np.concatenate(
         [np.full(b.wall_s.size, labels.index(b.mode), dtype=np.int64) for b in blocks]
