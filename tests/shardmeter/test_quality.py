@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from shardmeter.errors import UserInputError
 from shardmeter.estimate.islands import predict_topology
@@ -220,3 +222,33 @@ def test_rank_from_args_and_json(runs: Path) -> None:
     assert {m["method"] for m in doc["methods"]} == {"sync", "heloco", "async-nesterov"}
     json.dumps(doc, allow_nan=False)
     assert rank_from_args(parse([]), [a, b]) == []
+
+
+def decreasing_curve(drops: list[float]) -> list[tuple[int, float]]:
+    losses = [6.0]
+    for d in drops:
+        losses.append(losses[-1] - d)
+    return [(100 * k, loss) for k, loss in enumerate(losses)]
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(st.floats(0.01, 0.5), min_size=2, max_size=8),
+    st.lists(st.floats(0.01, 0.5), min_size=2, max_size=8),
+    st.integers(2, 5),
+)
+def test_default_target_is_reached_and_q_scales_with_tokens(
+    tmp_path_factory: pytest.TempPathFactory, sync: list[float], other: list[float], c: int
+) -> None:
+    root = tmp_path_factory.mktemp("q")
+    curve = decreasing_curve(other)
+    write_run(root / "s", "sync", decreasing_curve(sync))
+    write_run(root / "h", "heloco", curve)
+    write_run(root / "n", "async-nesterov", [(t * c, loss) for t, loss in curve])
+    q = quality_factors(root)
+    assert q.factor("sync") == 1.0
+    assert all(math.isfinite(m.factor) for m in q.methods)
+    # the same curve stretched c times along tokens needs c times the tokens
+    assert q.factor("async-nesterov") == pytest.approx(c * q.factor("heloco"))
