@@ -177,20 +177,27 @@ class MemoryArrays:
         return dict(self.__dict__)
 
 
-def memory_breakdown(model: TransformerSpec, cluster: Cluster, plans: PlanArrays) -> MemoryArrays:
+def memory_breakdown(
+    model: TransformerSpec,
+    cluster: Cluster,
+    plans: PlanArrays,
+    params: LocalParams | None = None,
+) -> MemoryArrays:
     """Weights, grads, optimizer (ZeRO), activations (in-flight micro-batches), buffers
-    (FSDP all-gather of two units with prefetch, logits), and the cluster's fixed overhead."""
-    params = local_params(model, plans)
+    (FSDP all-gather of two units with prefetch, logits), and the cluster's fixed overhead.
+    `params` may pass `local_params(model, plans)` when the caller has it already."""
+    params = params if params is not None else local_params(model, plans)
     d_dense, d_expert = shard_divisors(plans)
     states_dense = model_state_bytes(params.dense, d_dense, plans.sharding)
     states_expert = model_state_bytes(params.expert, d_expert, plans.sharding)
 
     n_stage = stage_layers(model, plans)
-    per_layer = activation_bytes_per_layer(model, plans)
+    full_set, selective_set, layer_input = _activation_sets(model, plans)
+    full = plans.recompute == RECOMPUTE_CODES["full"]
+    partial = where(plans.recompute == RECOMPUTE_CODES["selective"], selective_set, full_set)
+    per_layer = where(full, layer_input, partial)
     # Under full recompute one layer's activations are rebuilt at a time during backward.
-    working = where(
-        plans.recompute == RECOMPUTE_CODES["full"], _activation_sets(model, plans)[0], 0.0
-    )
+    working = where(full, full_set, 0.0)
     stage0 = per_layer * n_stage * in_flight_micro_batches(plans) + working
 
     tokens = plans.micro_batch * model.seq_len / as_float(plans.cp)

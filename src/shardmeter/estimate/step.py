@@ -227,7 +227,7 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     fp8 = plans.precision == PRECISION_CODES["fp8"]
     fp16 = plans.precision == PRECISION_CODES["fp16"]
     peak = where(fp8, acc.peak("fp8"), where(fp16, acc.peak("fp16"), acc.peak("bf16")))
-    memory = memory_breakdown(model, cluster, plans).as_dict()
+    memory = memory_breakdown(model, cluster, plans, params).as_dict()
     return StepArrays(
         time=time,
         memory={k: _finish(memory[k], shape) for k in MEMORY_COMPONENTS},
