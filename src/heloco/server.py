@@ -20,7 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from heloco.outer.base import Arrival, OptimizerState, OuterOptimizer, StepStats
 from heloco.types import Params, RoundResult, clone_params
 
-RejectReason = Literal["duplicate", "superseded", "unknown", "revision_mismatch", "bad_worker"]
+RejectReason = Literal[
+    "duplicate", "superseded", "unknown", "revision_mismatch", "bad_worker", "bad_delta"
+]
 
 
 class ServerConfig(BaseModel):
@@ -161,12 +163,16 @@ class Server:
             return "superseded" if rid < out.round_id else "unknown"
         if result.base_revision != out.revision:
             return "revision_mismatch"
+        if not _valid_delta(self.params, result.delta):
+            return "bad_delta"
         return None
 
     def submit(self, result: RoundResult) -> UpdateRecord | None:
         """Accept one round. Returns the update it caused, or None while buffered (sync/grace).
 
-        Raises :class:`SubmissionRejected` for a replayed, superseded or unknown round.
+        Raises :class:`SubmissionRejected` for a replayed, superseded or unknown round, or a
+        pseudo-gradient with the wrong tensors or a non-finite entry (the round stays
+        outstanding; the driver re-dispatches the worker).
         """
         reason = self.check(result)
         if reason is not None:
@@ -291,6 +297,16 @@ class Server:
             )
             self._pending.append((result, int(p["round_id"])))
         self.log = [_record_from_json(r) for r in meta["log"]]
+
+
+def _valid_delta(params: Params, delta: Params) -> bool:
+    """Same names and shapes as the model and every entry finite (one foreach-norm pass)."""
+    if delta.keys() != params.keys():
+        return False
+    if any(delta[k].shape != v.shape for k, v in params.items()):
+        return False
+    norms = torch._foreach_norm([delta[k] for k in params])
+    return bool(torch.isfinite(torch.stack(norms)).all())
 
 
 def _json_float(x: float) -> float | None:

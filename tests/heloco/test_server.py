@@ -73,6 +73,20 @@ def test_duplicates_and_replays_are_rejected() -> None:
     assert s.revision == 2
 
 
+def test_bad_deltas_are_rejected_before_touching_the_model() -> None:
+    s = make()
+    d = s.dispatch(0)
+    nan = delta(1.0)
+    nan["b"][1] = float("nan")
+    for bad in (nan, {"w": torch.zeros(2, 3)}, {"w": torch.zeros(3, 2), "b": torch.zeros(3)}):
+        r = RoundResult(0, bad, 1, 1, 1.0, d.revision, d.round_id)
+        with pytest.raises(SubmissionRejected) as exc:
+            s.submit(r)
+        assert exc.value.reason == "bad_delta"
+    assert s.revision == 0 and torch.equal(s.params["b"], torch.zeros(3))
+    assert s.submit(RoundResult(0, delta(1.0), 1, 1, 1.0, d.revision, d.round_id)) is not None
+
+
 def test_round_id_may_be_omitted_for_the_outstanding_round() -> None:
     s = make()
     r = result(s, 0, round_id=None)
