@@ -30,15 +30,15 @@ class LinkRate:
 
 
 def ring_all_reduce_time(m: Num, n: Num, link: LinkRate) -> Num:
-    """Ring all-reduce: 2(n−1)·α + 2(n−1)/n · M/W (Thakur et al. 2005, Eq. for ring AR)."""
-    steps = maximum(n - 1.0, 0.0)
-    return 2.0 * steps * link.latency_s + 2.0 * steps / maximum(n, 1.0) * m / link.bytes_per_s
+    """Ring all-reduce over n ≥ 1 ranks: 2(n−1)·α + 2(n−1)/n · M/W (Thakur et al. 2005)."""
+    steps = n - 1.0
+    return 2.0 * steps * (link.latency_s + m / (n * link.bytes_per_s))
 
 
 def ring_all_gather_time(m: Num, n: Num, link: LinkRate) -> Num:
-    """Ring all-gather (= reduce-scatter): (n−1)·α + (n−1)/n · M/W (Thakur et al. 2005)."""
-    steps = maximum(n - 1.0, 0.0)
-    return steps * link.latency_s + steps / maximum(n, 1.0) * m / link.bytes_per_s
+    """Ring all-gather (= reduce-scatter) over n ≥ 1 ranks: (n−1)·α + (n−1)/n · M/W."""
+    steps = n - 1.0
+    return steps * (link.latency_s + m / (n * link.bytes_per_s))
 
 
 ring_reduce_scatter_time = ring_all_gather_time

@@ -134,7 +134,7 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     # reduce-scatters and all-gathers, replicas all-reduce the 1/d shard (HSDP, C.5).
     params = local_params(model, plans)
     d_dense, d_expert = shard_divisors(plans)
-    rep_dense = dp * cp / d_dense
+    rep_dense = maximum(dp * cp / d_dense, 1.0)
     rep_expert = maximum(dp * cp / ep / d_expert, 1.0)
     stride_exp = tp * cp * ep
 
