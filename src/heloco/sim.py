@@ -87,7 +87,7 @@ class SimConfig(BaseModel):
     eval_unit: Literal["tokens", "steps"] = Field("tokens", description="unit of eval_every")
     eval_batch_size: int = Field(64, ge=1)
     eval_windows: int | None = Field(64, ge=1, description="windows per language (None: all)")
-    seed: int = 42
+    seed: int = Field(42, ge=0)
     out_dir: Path | None = None
     device: str = "cpu"
 
