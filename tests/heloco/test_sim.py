@@ -201,6 +201,7 @@ def test_paces_from_a_distribution_are_seeded() -> None:
         {"paces": [1.0, 0.0, 1.0, 1.0, 1.0]},
         {"token_budget": None},
         {"comm_delays": [0.1]},
+        {"seed": -1},
     ],
 )
 def test_bad_config_is_one_user_input_error(bad: dict[str, object]) -> None:
