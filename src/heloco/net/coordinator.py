@@ -260,6 +260,9 @@ class Coordinator:
             return wire.make("wait", {"retry_s": 0.05, "revision": self.server.revision}, re=msg.id)
         d = self.server.dispatch(w)
         info.pulls += 1
+        # A new dispatch supersedes the worker's older rounds: forget their start times.
+        for key in [k for k in self._dispatch_time if k[0] == w]:
+            del self._dispatch_time[key]
         self._dispatch_time[(w, d.round_id)] = self.elapsed()
         body = {"revision": d.revision, "steps": d.steps, "round_id": d.round_id}
         return wire.make("dispatch", body, d.params, codec="fp32", re=msg.id)

@@ -188,8 +188,11 @@ class Session:
             self.eval_now()
             self.endpoint.save_checkpoint()
         self.traj.time = self.coord.elapsed()
+        # Paces as measured: wall seconds per inner step of each worker's latest round.
+        speeds = self.side.server.speeds
+        paces = [1.0 / v if v else p for v, p in zip(speeds, self.side.paces, strict=True)]
         summary = summarize(
-            self.cfg, self.traj, self.stats, self.side.paces, time.perf_counter() - self.wall0
+            self.cfg, self.traj, self.stats, paces, time.perf_counter() - self.wall0
         )
         self.writer.write_summary(summary)
         if self.out_dir is not None:
