@@ -15,6 +15,13 @@ import torch
 from shardmeter.errors import UserInputError
 
 
+def gather_windows(
+    tokens: torch.Tensor, starts: torch.Tensor, offsets: torch.Tensor
+) -> torch.Tensor:
+    """``(N, len(offsets))`` int64 windows ``tokens[s + offsets]`` for each start ``s``."""
+    return tokens[starts.unsqueeze(1) + offsets].long()
+
+
 @dataclass(frozen=True, eq=False)
 class TokenStream:
     """One worker's training data: shared token storage plus its language mixture.
@@ -88,7 +95,7 @@ class BatchSampler:
         lang = torch.multinomial(self._weights, self.batch_size, replacement=True, generator=g)
         u = torch.rand(self.batch_size, dtype=torch.float64, generator=g)
         offsets = self._starts[lang] + (u * self._spans[lang]).long()
-        window = self._tokens[offsets.unsqueeze(1) + self._arange].long()
+        window = gather_windows(self._tokens, offsets, self._arange)
         return window[:, :-1], window[:, 1:]
 
     def get_state(self) -> torch.Tensor:

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from heloco.data.stream import gather_windows
 from shardmeter.errors import UserInputError
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -102,7 +103,7 @@ class ValidationSet:
         arange = torch.arange(self.seq_len + 1)
         total = torch.zeros((), dtype=torch.float64, device=device)
         for chunk in starts.split(batch_size):
-            window = tokens[chunk.unsqueeze(1) + arange].long().to(device)
+            window = gather_windows(tokens, chunk, arange).to(device)
             loss = loss_fn(model, window[:, :-1], window[:, 1:])
             total += loss.double() * chunk.numel()
         return float(total.item()) / starts.numel()
