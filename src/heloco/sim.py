@@ -14,7 +14,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -81,6 +81,11 @@ class SimConfig(BaseModel):
     data: DataConfig = DataConfig()
     model: str | ModelConfig = "tiny"
     inner: InnerConfig = InnerConfig()
+    inner_schedule: Literal["budget", "config"] = Field(
+        "config",
+        description="cosine length per worker: its expected steps under the budget, or "
+        "inner.total_steps",
+    )
     token_budget: int | None = Field(None, ge=1)
     time_budget: float | None = Field(None, gt=0)
     eval_every: int = Field(0, ge=0, description="eval_unit between evaluations (0: start, end)")
@@ -422,18 +427,15 @@ def run_simulation(
     model = TinyGPT(model_config_for(cfg, data.vocab_size), seed=derive_seed(cfg.seed, MODEL_KEY))
     model.to(device)
     init = {k: v.detach().to("cpu", torch.float32).clone() for k, v in model.named_parameters()}
-    # One model object serves every worker and the evaluator: each round loads its start first.
-    workers = [Worker(w, model, data.streams[w], cfg.inner, cfg.seed) for w in range(cfg.workers)]
     paces = resolve_paces(cfg)
     comm = [float(c) for c in cfg.comm_delays] if cfg.comm_delays else [0.0] * cfg.workers
     method = resolve_method(cfg.method)
     dylu = cfg.use_dylu()
-    speeds: list[float | None] = [1.0 / p for p in paces]
-    steps = [
-        dylu_steps(speeds, w, cfg.inner_steps) if dylu else cfg.inner_steps
-        for w in range(cfg.workers)
-    ]
+    steps = round_steps(cfg, paces)
     rates = [1.0 / (steps[w] * paces[w] + comm[w]) for w in range(cfg.workers)]
+    inner = worker_inner_configs(cfg, paces, comm)
+    # One model object serves every worker and the evaluator: each round loads its start first.
+    workers = [Worker(w, model, data.streams[w], inner[w], cfg.seed) for w in range(cfg.workers)]
     optimizer = build_optimizer(cfg.method, init, cfg.outer_config(), cfg.workers, rates)
     server_cfg = ServerConfig(
         n_workers=cfg.workers,
@@ -469,6 +471,57 @@ def run_simulation(
         summary = summarize(cfg, traj, stats, paces, wall)
         writer.write_summary(summary)
     return RunResult(cfg, traj.evals, summary, server.params, paces)
+
+
+def round_steps(cfg: SimConfig, paces: list[float]) -> list[int]:
+    """Steps per round of each worker from the configured paces (H, or DyLU's H_w)."""
+    if not cfg.use_dylu():
+        return [cfg.inner_steps] * cfg.workers
+    speeds: list[float | None] = [1.0 / p for p in paces]
+    return [dylu_steps(speeds, w, cfg.inner_steps) for w in range(cfg.workers)]
+
+
+def worker_inner_configs(
+    cfg: SimConfig, paces: list[float], comm: list[float] | None = None
+) -> list[InnerConfig]:
+    """Each worker's inner config: ``cfg.inner``, or with ``inner_schedule='budget'`` a cosine
+    as long as the worker's expected steps (the network runtime should build the same)."""
+    if cfg.inner_schedule == "config":
+        return [cfg.inner] * cfg.workers
+    comm = comm if comm is not None else [0.0] * cfg.workers
+    sync = resolve_method(cfg.method).spec.synchronous
+    planned = expected_worker_steps(cfg, paces, comm, round_steps(cfg, paces), sync)
+    return [replace(cfg.inner, total_steps=max(n, cfg.inner.warmup_steps, 1)) for n in planned]
+
+
+def expected_worker_steps(
+    cfg: SimConfig, paces: list[float], comm: list[float], steps: list[int], synchronous: bool
+) -> list[int]:
+    """Inner steps each worker is expected to take before the first budget stops the run.
+
+    A worker with H_w steps per round of H_w·pace_w + comm_w seconds runs H_w/(H_w·pace_w +
+    comm_w) steps per second; async workers share the token budget in proportion to that
+    rate, sync workers advance one round of max_w(round time) together. Used as the length of
+    each worker's cosine schedule, so no worker sits at min_lr for most of the run.
+    """
+    k = len(paces)
+    round_s = [steps[w] * paces[w] + comm[w] for w in range(k)]
+    tokens_per_step = cfg.inner.batch_size * cfg.inner.seq_len
+    limits: list[list[float]] = []
+    if cfg.token_budget is not None:
+        total = math.ceil(cfg.token_budget / tokens_per_step)
+        if synchronous:
+            limits.append([total * steps[w] / sum(steps) for w in range(k)])
+        else:
+            speed = [steps[w] / round_s[w] for w in range(k)]
+            limits.append([total * v / sum(speed) for v in speed])
+    if cfg.time_budget is not None:
+        if synchronous:
+            rounds = math.floor(cfg.time_budget / max(round_s))
+            limits.append([float(rounds * steps[w]) for w in range(k)])
+        else:
+            limits.append([cfg.time_budget * steps[w] / round_s[w] for w in range(k)])
+    return [max(1, math.ceil(min(lim[w] for lim in limits))) for w in range(k)]
 
 
 def summarize(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +15,15 @@ from heloco.data import ValLoss
 from heloco.metrics import EVENTS_FILE, SUMMARY_FILE, MetricsWriter, RunStats
 from heloco.outer import OuterConfig, build_optimizer, resolve_method
 from heloco.server import Server, ServerConfig
-from heloco.sim import Clock, SimConfig, parse_sim_config, resolve_paces, run_simulation, simulate
+from heloco.sim import (
+    Clock,
+    SimConfig,
+    parse_sim_config,
+    resolve_paces,
+    run_simulation,
+    simulate,
+    worker_inner_configs,
+)
 from heloco.types import Params, RoundResult
 from shardmeter.errors import UserInputError
 
@@ -179,6 +188,32 @@ def test_eval_every_counts_steps_when_asked() -> None:
     clock = Clock([1.0, 1.0], [0.0, 0.0], 0.0, 0, None, 5.0, 4, "steps")
     traj = simulate(server, [FakeWorker(w) for w in range(k)], clock, evaluate)
     assert [e.steps for e in traj.evals] == [0, 4, 8, 10]  # 2 steps per second, to t = 5
+
+
+def test_budget_schedule_matches_each_workers_expected_steps() -> None:
+    tokens = 400 * 2 * 16  # 400 inner steps of batch 2 x 16 tokens
+    base = {
+        "workers": 2,
+        "paces": [1.0, 3.0],
+        "inner_steps": 10,
+        "token_budget": tokens,
+        "inner": {"batch_size": 2, "seq_len": 16, "warmup_steps": 5},
+        "inner_schedule": "budget",
+    }
+    cfg = SimConfig.model_validate({**base, "method": "mla"})
+    assert [c.total_steps for c in worker_inner_configs(cfg, [1.0, 3.0])] == [300, 100]
+    cfg = SimConfig.model_validate({**base, "method": "sync"})
+    assert [c.total_steps for c in worker_inner_configs(cfg, [1.0, 3.0])] == [200, 200]
+    cfg = SimConfig.model_validate({**base, "method": "sync", "time_budget": 95.0})
+    assert [c.total_steps for c in worker_inner_configs(cfg, [1.0, 3.0])] == [30, 30]
+    cfg = SimConfig.model_validate({**base, "method": "dn-dylu", "comm_delays": [5.0, 5.0]})
+    # DyLU (H = 10 and 3): 10/15 and 3/14 steps per second once the comm delay is counted
+    speed = [10 / 15, 3 / 14]
+    expected = [math.ceil(400 * v / sum(speed)) for v in speed]
+    comm = [5.0, 5.0]
+    assert [c.total_steps for c in worker_inner_configs(cfg, [1.0, 3.0], comm)] == expected
+    cfg = SimConfig.model_validate({**base, "method": "mla", "inner_schedule": "config"})
+    assert worker_inner_configs(cfg, [1.0, 3.0]) == [cfg.inner, cfg.inner]
 
 
 def test_paces_from_a_distribution_are_seeded() -> None:
