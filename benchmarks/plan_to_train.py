@@ -38,12 +38,12 @@ from shardmeter.estimate.islands import predict_topology
 from shardmeter.paths import missing_shared_reason, shared_path
 from shardmeter.quality import (
     RankedPlan,
+    plan_to_target,
     quality_factors,
-    rank_by_time_to_target,
     ranked_json,
     render_ranked,
 )
-from shardmeter.search import OuterOptions, plan
+from shardmeter.search import OuterOptions
 from shardmeter.specs.topology import load_topology
 
 METHODS = ("heloco", "async-nesterov", "sync")
@@ -95,17 +95,6 @@ def simulate(method: str, pm: PaceMap, args: argparse.Namespace, data_dir: Path 
         f"  {method:15s} loss {result.evals[0].loss:.3f} -> {s.final_loss:.3f}, "
         f"{s.updates} updates, simulated {s.time:,.0f} s, {time.perf_counter() - t0:.0f} s real"
     )
-    return out
-
-
-def best_per_mode(topology: str, h: int, modes: tuple[str, ...], top: int) -> dict[str, list[Any]]:
-    """The planner's top plans of each outer mode, with H fixed to the simulated H."""
-    out = {}
-    for mode in modes:
-        res = plan(
-            topology=topology, outer=OuterOptions(modes=(mode,), inner_steps=(h,)), top_k=top
-        )
-        out[mode] = list(res.ranked)
     return out
 
 
@@ -162,11 +151,15 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     quality = quality_factors(args.out, result.target_loss, loss_key=args.loss_key)
-    modes = best_per_mode(args.topology, args.inner_steps, ("diloco", "async"), top=3)
-    ranked: list[RankedPlan] = rank_by_time_to_target(modes["diloco"], quality, "sync")
+
+    def search(mode: str, method: str | None) -> list[RankedPlan]:
+        outer = OuterOptions(modes=(mode,), inner_steps=(args.inner_steps,))
+        return plan_to_target(quality, method, top_k=3, topology=args.topology, outer=outer)
+
+    ranked = search("diloco", None)  # synchronous: the reference run, q = 1
     for method in methods:
         if method != "sync":
-            ranked += rank_by_time_to_target(modes["async"], quality, method)
+            ranked += search("async", method)
     ranked.sort(key=lambda r: (r.time_to_target_s, r.cost_to_target_usd))
     render_ranked(ranked, quality, top=12)
     atomic_write_json(args.out / "quality_ranking.json", ranked_json(ranked, quality))

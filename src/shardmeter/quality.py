@@ -79,11 +79,12 @@ class QualityFactors:
         raise UserInputError("quality method", method, f"runs here: {', '.join(self.names())}")
 
     def method_for(self, mode: str, method: str | None = None) -> str:
-        """The HeLoCo method standing for a ShardMeter outer mode: `method` if given, else
-        HeLoCo for async and the synchronous reference for sync, diloco, streaming, single."""
-        if method is not None:
-            return method
-        return DEFAULT_ASYNC_METHOD if mode == "async" else self.reference
+        """The HeLoCo method standing for a ShardMeter outer mode: for async, `method` (default
+        HeLoCo); for sync, diloco, streaming and single-cluster plans, the synchronous
+        reference."""
+        if mode == "async":
+            return method or DEFAULT_ASYNC_METHOD
+        return self.reference
 
     def for_mode(self, mode: str, method: str | None = None) -> float:
         """q for a ShardMeter outer mode (see `method_for`); the reference's q is 1."""
@@ -258,8 +259,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--quality-method",
         metavar="METHOD",
-        help=f"HeLoCo method whose q applies (default: {DEFAULT_ASYNC_METHOD} for async, "
-        "1 for synchronous modes)",
+        help=f"HeLoCo method whose q applies to async plans (default: {DEFAULT_ASYNC_METHOD}); "
+        "synchronous modes use the sync run (q = 1)",
     )
     group.add_argument(
         "--target-loss",
@@ -303,15 +304,41 @@ def apply(args: argparse.Namespace) -> QualityFactors | None:
     return quality
 
 
-def rank_from_args(args: argparse.Namespace, candidates: Sequence[PlanLike]) -> list[RankedPlan]:
-    """`shardmeter plan --quality-from`: the candidates ranked by time to the target loss
-    (empty without the flag)."""
+def plan_to_target(
+    quality: QualityFactors, method: str | None = None, top_k: int = 20, **plan_kwargs: Any
+) -> list[RankedPlan]:
+    """`shardmeter.search.plan(...)` ranked by time to the target loss, best first.
+
+    The planner keeps its top_k by raw wall-clock, where a slower-per-token mode (DiLoCo next
+    to async) may not appear at all; so each allowed outer mode is searched on its own and the
+    union is ranked by q × wall-clock. A single-cluster search has no outer mode (q = 1).
+    """
+    from dataclasses import replace
+
+    from shardmeter.search import OuterOptions, plan
+
+    if plan_kwargs.get("topology") is None:
+        found = plan(top_k=top_k, **plan_kwargs).ranked
+        return rank_by_time_to_target(found, quality, method)[:top_k]
+    outer: OuterOptions = plan_kwargs.pop("outer", None) or OuterOptions()
+    ranked: list[RankedPlan] = []
+    for mode in outer.modes:
+        found = plan(outer=replace(outer, modes=(mode,)), top_k=top_k, **plan_kwargs).ranked
+        ranked += rank_by_time_to_target(found, quality, method)
+    ranked.sort(key=lambda r: (r.time_to_target_s, r.cost_to_target_usd))
+    return ranked[:top_k]
+
+
+def rank_from_args(
+    args: argparse.Namespace, top_k: int = 20, **plan_kwargs: Any
+) -> list[RankedPlan]:
+    """`shardmeter plan --quality-from`: `plan_to_target` with the plan call's keyword
+    arguments (empty without the flag); the factors used are left on `args.quality`."""
     quality = from_args(args)
     if quality is None:
         return []
-    ranked = rank_by_time_to_target(candidates, quality, getattr(args, "quality_method", None))
     args.quality = quality
-    return ranked
+    return plan_to_target(quality, getattr(args, "quality_method", None), top_k, **plan_kwargs)
 
 
 def ranked_json(ranked: Sequence[RankedPlan], quality: QualityFactors) -> dict[str, Any]:

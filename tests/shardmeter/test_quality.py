@@ -8,6 +8,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -21,12 +22,14 @@ from shardmeter.quality import (
     add_arguments,
     apply,
     find_runs,
+    plan_to_target,
     quality_factors,
     rank_by_time_to_target,
     rank_from_args,
     ranked_json,
     tokens_to_loss,
 )
+from shardmeter.search import OuterOptions, plan
 from shardmeter.search.result import Candidate, OuterChoice
 from shardmeter.specs.topology import load_topology
 
@@ -67,6 +70,7 @@ def test_quality_factor_is_tokens_relative_to_sync(runs: Path) -> None:
     assert q.factor("async-nesterov") == pytest.approx(2.0)
     assert q.for_mode("async") == pytest.approx(1.5)  # HeLoCo stands for async by default
     assert q.for_mode("async", "async-nesterov") == pytest.approx(2.0)
+    assert q.for_mode("diloco", "async-nesterov") == 1.0
     assert q.for_mode("diloco") == q.for_mode("sync") == q.for_mode("single") == 1.0
 
 
@@ -152,10 +156,15 @@ def test_quality_factor_changes_the_ranking() -> None:
     assert rank_by_time_to_target([a, b], factors(1.2))[0].candidate is a
 
 
-def test_planner_plans_reranked_by_time_to_target() -> None:
-    from shardmeter.search import OuterOptions, plan
+PLAN_KW: dict[str, Any] = {
+    "topology": "eight-heterogeneous",
+    "outer": OuterOptions(modes=("diloco", "async"), inner_steps=(20,)),
+}
 
-    best = {
+
+@pytest.fixture(scope="module")
+def best_per_mode() -> dict[str, Candidate]:
+    return {
         mode: plan(
             topology="eight-heterogeneous",
             outer=OuterOptions(modes=(mode,), inner_steps=(20,)),
@@ -163,14 +172,35 @@ def test_planner_plans_reranked_by_time_to_target() -> None:
         ).ranked[0]
         for mode in ("diloco", "async")
     }
+
+
+def flip_and_keep(best: dict[str, Candidate]) -> tuple[Candidate, Candidate, float, float]:
+    """(faster, slower, q that flips their order, q that keeps it) for HeLoCo standing for
+    async: penalise the faster plan's mode just enough, then not quite enough."""
     fast, slow = sorted(best.values(), key=lambda c: c.wall_s)
     ratio = slow.wall_s / fast.wall_s
-    slow_is_async = slow.outer is not None and slow.outer.mode == "async"
-    # penalise the faster plan's mode just enough to flip the order, then not quite enough
-    flip = factors(1.0 / ratio * 0.9 if slow_is_async else ratio * 1.1)
-    keep = factors(1.0 / ratio * 1.1 if slow_is_async else ratio * 0.9)
-    assert rank_by_time_to_target([fast, slow], flip)[0].candidate is slow
-    assert rank_by_time_to_target([fast, slow], keep)[0].candidate is fast
+    if slow.outer is not None and slow.outer.mode == "async":
+        return fast, slow, 0.9 / ratio, 1.1 / ratio
+    return fast, slow, 1.1 * ratio, 0.9 * ratio
+
+
+def test_planner_plans_reranked_by_time_to_target(best_per_mode: dict[str, Candidate]) -> None:
+    fast, slow, flip, keep = flip_and_keep(best_per_mode)
+    assert rank_by_time_to_target([fast, slow], factors(flip))[0].candidate is slow
+    assert rank_by_time_to_target([fast, slow], factors(keep))[0].candidate is fast
+
+
+def test_plan_to_target_searches_every_mode(best_per_mode: dict[str, Candidate]) -> None:
+    fast, slow, flip, keep = flip_and_keep(best_per_mode)
+    assert plan(top_k=1, **PLAN_KW).ranked[0].outer == fast.outer  # by tokens/s
+    top = plan_to_target(factors(flip), top_k=3, **PLAN_KW)
+    assert top[0].candidate.outer == slow.outer  # by time to the target loss
+    assert top[0].time_to_target_s == pytest.approx(top[0].quality_factor * slow.wall_s)
+    times = [r.time_to_target_s for r in top]
+    assert times == sorted(times) and len(top) == 3
+    assert plan_to_target(factors(keep), top_k=1, **PLAN_KW)[0].candidate.outer == fast.outer
+    one = plan_to_target(factors(1.5), top_k=2, model="llama-3-8b", cluster="dgx-h100", gpus=8)
+    assert [r.mode for r in one] == ["single", "single"] and one[0].quality_factor == 1.0
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -195,9 +225,13 @@ def test_apply_sets_the_predict_quality_factor(runs: Path) -> None:
     apply(args)
     assert args.quality_factor == 1.0
     args = parse(["--quality-from", str(runs), "--target-loss", "3.0",
-                  "--mode", "diloco", "--quality-method", "async-nesterov"])  # fmt: skip
+                  "--mode", "async", "--quality-method", "async-nesterov"])  # fmt: skip
     apply(args)
     assert args.quality_factor == pytest.approx(2.0)
+    args = parse(["--quality-from", str(runs), "--target-loss", "3.0",
+                  "--mode", "diloco", "--quality-method", "async-nesterov"])  # fmt: skip
+    apply(args)
+    assert args.quality_factor == 1.0  # the method stands for async plans only
 
 
 def test_apply_without_the_flag_and_conflicts(runs: Path) -> None:
@@ -213,15 +247,16 @@ def test_apply_without_the_flag_and_conflicts(runs: Path) -> None:
 
 
 def test_rank_from_args_and_json(runs: Path) -> None:
-    a, b = candidate("async", 1.3e6), candidate("diloco", 1.0e6)
     args = parse(["--quality-from", str(runs), "--target-loss", "3.0"])
-    ranked = rank_from_args(args, [a, b])
-    assert [r.candidate for r in ranked] == [b, a]
+    ranked = rank_from_args(args, top_k=2, **PLAN_KW)
+    assert len(ranked) == 2 and args.quality.factor("heloco") == pytest.approx(1.5)
     doc = ranked_json(ranked, args.quality)
-    assert [r["mode"] for r in doc["ranked"]] == ["diloco", "async"]
+    assert [r["rank"] for r in doc["ranked"]] == [1, 2]
+    assert doc["ranked"][0]["time_to_target_s"] <= doc["ranked"][1]["time_to_target_s"]
+    assert len(doc["ranked"][0]["islands"]) >= 1
     assert {m["method"] for m in doc["methods"]} == {"sync", "heloco", "async-nesterov"}
     json.dumps(doc, allow_nan=False)
-    assert rank_from_args(parse([]), [a, b]) == []
+    assert rank_from_args(parse([]), **PLAN_KW) == []
 
 
 def decreasing_curve(drops: list[float]) -> list[tuple[int, float]]:
