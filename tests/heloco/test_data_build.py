@@ -170,6 +170,11 @@ def test_bpe_data_round_trip(tmp_path: Path) -> None:
     assert 256 < data.vocab_size <= 300
     assert max(int(t.max()) for t in data.validation.tokens) < data.vocab_size
     assert len(data.tokenizer.decode(data.validation.tokens[0].numpy())) == 2000
+    cached = sorted((tmp_path / "tokens").iterdir())
+    assert len(cached) == 10  # train and validation ids of 5 languages
+    again = small_data(2, tokenizer="bpe", bpe_vocab_size=300, cache_dir=tmp_path)
+    assert sorted((tmp_path / "tokens").iterdir()) == cached
+    assert torch.equal(again.streams[0].tokens, data.streams[0].tokens)
 
 
 def test_real_multilingual_corpus_in_place() -> None:

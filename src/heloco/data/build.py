@@ -15,7 +15,7 @@ from heloco.data.partition import Assignment, partition
 from heloco.data.seeding import derive_seed
 from heloco.data.stream import TokenStream
 from heloco.data.synthetic import synthetic_corpus
-from heloco.data.tokenizer import ByteTokenizer, Tokenizer, cached_bpe
+from heloco.data.tokenizer import ByteTokenizer, Tokenizer, cached_bpe, cached_encode
 from heloco.data.validation import ValidationSet
 from shardmeter.errors import UserInputError, from_pydantic
 
@@ -32,7 +32,7 @@ class DataConfig(BaseModel):
     data_dir: Path | None = None  # None: the built-in synthetic multilingual corpus
     tokenizer: Literal["byte", "bpe"] = "byte"
     bpe_vocab_size: int = Field(default=4096, ge=257, le=1 << 20)
-    cache_dir: Path | None = None  # where trained BPE tokenizers are kept (None: ~/.cache/heloco)
+    cache_dir: Path | None = None  # trained BPE tokenizers and BPE ids (None: ~/.cache/heloco)
     assignment: Assignment = "language"
     dirichlet_alpha: float = Field(default=0.5, gt=0, allow_inf_nan=False)
     val_chars_per_language: int = Field(default=40_000, ge=1)  # spec §3: 40,000 chars each
@@ -69,10 +69,11 @@ def make_tokenizer(cfg: DataConfig, splits: list[LanguageSplit]) -> Tokenizer:
 
 
 def encode_checked(
-    tokenizer: Tokenizer, text: str, language: str, part: str, seq_len: int
+    tokenizer: Tokenizer, text: str, language: str, part: str, cfg: DataConfig
 ) -> torch.Tensor:
     """Tokens of one text as int32, which must hold at least one ``seq_len + 1`` window."""
-    ids = tokenizer.encode(text)
+    seq_len = cfg.seq_len
+    ids = cached_encode(tokenizer, text, cfg.cache_dir)
     if ids.size < seq_len + 1:
         raise UserInputError(
             f"language {language!r} ({part})",
@@ -96,12 +97,9 @@ def build_data(cfg: DataConfig, n_workers: int, seed: int) -> WorkerData:
         for lang, text in zip(corpus.languages, corpus.texts, strict=True)
     ]
     tokenizer = make_tokenizer(cfg, splits)
-    train = [
-        encode_checked(tokenizer, s.train, s.language, "training", cfg.seq_len) for s in splits
-    ]
+    train = [encode_checked(tokenizer, s.train, s.language, "training", cfg) for s in splits]
     val = tuple(
-        encode_checked(tokenizer, s.validation, s.language, "validation", cfg.seq_len)
-        for s in splits
+        encode_checked(tokenizer, s.validation, s.language, "validation", cfg) for s in splits
     )
 
     lengths = torch.tensor([t.numel() for t in train], dtype=torch.int64)

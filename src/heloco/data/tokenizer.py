@@ -7,6 +7,7 @@ only, and cached as JSON under a key of (corpus hash, vocab size) so a run train
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -113,20 +114,44 @@ def default_cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "heloco"
 
 
-def cached_bpe(texts: Sequence[str], vocab_size: int, cache_dir: Path | None) -> BpeTokenizer:
-    """Load the BPE trained on ``texts`` from the cache, or train it and cache it atomically."""
-    folder = (cache_dir or default_cache_dir()) / "tokenizers"
-    path = folder / f"bpe-{corpus_hash(texts)[:24]}-{vocab_size}.json"
-    if path.is_file():
-        return BpeTokenizer(HFTokenizer.from_file(str(path)))
-    bpe = train_bpe(texts, vocab_size)
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=path.name, suffix=".tmp")
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file and ``os.replace`` (never half-written)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(bpe.to_json())
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def cached_bpe(texts: Sequence[str], vocab_size: int, cache_dir: Path | None) -> BpeTokenizer:
+    """Load the BPE trained on ``texts`` from the cache, or train it and cache it atomically."""
+    path = (
+        (cache_dir or default_cache_dir())
+        / "tokenizers"
+        / f"bpe-{corpus_hash(texts)[:24]}-{vocab_size}.json"
+    )
+    if path.is_file():
+        return BpeTokenizer(HFTokenizer.from_file(str(path)))
+    bpe = train_bpe(texts, vocab_size)
+    atomic_write(path, bpe.to_json().encode("utf-8"))
     return bpe
+
+
+def cached_encode(tokenizer: Tokenizer, text: str, cache_dir: Path | None) -> np.ndarray:
+    """``tokenizer.encode(text)``; BPE ids are cached as ``.npy`` under a key of (tokenizer,
+    text), since encoding the 15 MB multilingual corpus takes about a minute."""
+    if not isinstance(tokenizer, BpeTokenizer):
+        return tokenizer.encode(text)
+    key = corpus_hash([tokenizer.to_json(), text])[:32]
+    path = (cache_dir or default_cache_dir()) / "tokens" / f"bpe-{key}.npy"
+    if path.is_file():
+        return np.load(path, allow_pickle=False)
+    ids = tokenizer.encode(text)
+    buffer = io.BytesIO()
+    np.save(buffer, ids, allow_pickle=False)
+    atomic_write(path, buffer.getvalue())
+    return ids
