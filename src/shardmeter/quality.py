@@ -381,12 +381,11 @@ def render_ranked(ranked: Sequence[RankedPlan], quality: QualityFactors, top: in
     from rich.table import Table
 
     title = (
-        f"Plans by time to loss {quality.target_loss:.4f} "
-        f"(q from {quality.source}, reference {quality.reference!r})"
+        f"Plans by time to loss {quality.target_loss:.4f} (q = tokens to it relative to the "
+        f"{quality.reference!r} run in {quality.source})"
     )
     table = Table(title=title)
-    cols = ("#", "mode", "method", "islands", "GPUs", "q", "tokens/s", "budget wall", "to target",
-            "cost to target")  # fmt: skip
+    cols = ("#", "mode", "method", "isl", "GPUs", "q", "Mtok/s", "wall h", "target h", "target $")
     for col in cols:
         table.add_column(col, justify="left" if col in ("mode", "method") else "right")
     for k, r in enumerate(ranked[:top], 1):
@@ -397,10 +396,10 @@ def render_ranked(ranked: Sequence[RankedPlan], quality: QualityFactors, top: in
             str(len(getattr(r.candidate, "islands", ()))),
             str(r.candidate.n_gpus),
             f"{r.quality_factor:.3f}",
-            f"{r.candidate.tokens_per_s:,.0f}",
-            f"{r.candidate.wall_s / 3600:,.1f} h",
-            f"{r.time_to_target_s / 3600:,.1f} h",
-            f"${r.cost_to_target_usd:,.0f}",
+            f"{r.candidate.tokens_per_s / 1e6:.3f}",
+            f"{r.candidate.wall_s / 3600:,.0f}",
+            f"{r.time_to_target_s / 3600:,.0f}",
+            f"{r.cost_to_target_usd:,.0f}",
         )
     Console().print(table)
 
