@@ -167,3 +167,13 @@ def test_endpoint_checkpoint_restore_roundtrip(tmp_path: Path) -> None:
     # The restored revision log still recognises the last accepted round as a duplicate.
     assert push(fresh, 0, d).body["duplicate"]
     consistent(fresh)
+
+
+def test_older_process_is_fenced_newer_takes_over() -> None:
+    coord = make_coord()
+    assert coord.handle(wire.make("hello", {"worker": 0, "incarnation": "0002"})).type == "welcome"
+    stale = coord.handle(wire.make("pull", {"worker": 0, "incarnation": "0001"}))
+    assert stale.type == "error" and stale.body["reason"] == "replaced"
+    newer = coord.handle(wire.make("pull", {"worker": 0, "incarnation": "0003"}))
+    assert newer.type == "dispatch" and coord.workers[0].incarnation == "0003"
+    assert coord.counters.fenced == 1 and coord.counters.rejoins == 1

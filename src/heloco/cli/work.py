@@ -11,7 +11,7 @@ import torch
 
 from heloco.net import auth, compress
 from heloco.net.client import ClientConfig, ServerUnreachable
-from heloco.net.worker_loop import NetWorker, WorkerOptions
+from heloco.net.worker_loop import NetWorker, Replaced, WorkerOptions
 from shardmeter.errors import UserInputError
 
 MB = 1 << 20
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         report = NetWorker(client, secret, opts).run()
-    except ServerUnreachable as exc:
+    except (ServerUnreachable, Replaced) as exc:
         print(f"heloco work: {exc}", file=sys.stderr)
         return 1
     if report.rank == 0:

@@ -40,6 +40,7 @@ class Counters:
     malformed: int = 0
     bad_update: int = 0
     rejected: int = 0
+    fenced: int = 0
     duplicate: int = 0
     accepted: int = 0
     evictions: int = 0
@@ -139,7 +140,17 @@ class Coordinator:
 
     # -- liveness ---------------------------------------------------------------------------
     def _seen(self, worker: int, incarnation: str) -> WorkerInfo:
+        """Mark ``worker`` alive; a newer incarnation (process) of its slot takes over.
+
+        Incarnations start with the process's start time (zero-padded nanoseconds), so they
+        order by age: a message from an *older* process than the registered one is fenced off
+        with ``error: replaced`` (two live processes never share a slot), while a newer one
+        takes the slot over even if the server lost its hello in a crash.
+        """
         info = self.workers[worker]
+        if info.incarnation and incarnation and incarnation < info.incarnation:
+            self.counters.fenced += 1
+            raise WireError("replaced", f"a newer process serves worker {worker}")
         if info.incarnation and incarnation and incarnation != info.incarnation:
             self.counters.rejoins += 1
             self._emit(
@@ -216,7 +227,7 @@ class Coordinator:
         except WireError as exc:
             if exc.reason == "bad_update":
                 self.counters.bad_update += 1
-            else:
+            elif exc.reason != "replaced":
                 self.counters.malformed += 1
             return error(msg, exc.reason, str(exc))
 
@@ -245,7 +256,8 @@ class Coordinator:
         return wire.make("pong", {"revision": self.server.revision, "done": self.done}, re=msg.id)
 
     def _bye(self, msg: Message) -> Message:
-        w, _ = self._worker_of(msg)
+        w, inc = self._worker_of(msg)
+        self._seen(w, inc)
         self.workers[w].active = False
         self._emit({"type": "worker", "event": "left", "worker": w, "time": self.elapsed()})
         return wire.make("pong", {"revision": self.server.revision, "done": self.done}, re=msg.id)

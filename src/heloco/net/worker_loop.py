@@ -37,6 +37,10 @@ ISLAND_KEY = 20  # derive_seed key of the data streams of ranks > 0 inside an is
 _DISPATCH, _DONE = 0, 1
 
 
+class Replaced(RuntimeError):
+    """The server handed this worker's slot to a newer process."""
+
+
 @dataclass(frozen=True)
 class WorkerOptions:
     """How this worker trains and talks.
@@ -220,7 +224,8 @@ class NetWorker:
         self.rank, self.world = init_island(opts.device)
         self.client = Client(client_cfg, secret) if self.rank == 0 else None
         self.secret = secret
-        self.incarnation = os.urandom(8).hex()
+        # Ordered by process start, so the server can tell a replacement from a stale process.
+        self.incarnation = f"{time.time_ns():020d}-{os.urandom(4).hex()}"
         self.report = WorkerReport(opts.worker, self.rank, self.world)
         self.worker: Worker | None = None
         self.heartbeat: Heartbeat | None = None
@@ -282,6 +287,8 @@ class NetWorker:
                     head = torch.tensor([_DISPATCH, b["revision"], b["steps"], b["round_id"]])
                 elif reply.type == "done":
                     head[0] = _DONE
+                elif reply.body.get("reason") == "replaced":
+                    raise Replaced(f"worker {self.opts.worker}: {reply.body.get('detail')}")
                 else:
                     raise RuntimeError(f"unexpected reply to pull: {reply.type} {reply.body}")
                 break
