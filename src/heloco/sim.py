@@ -165,6 +165,7 @@ class Trajectory:
     time: float = 0.0
     eval_seconds: float = 0.0
     loop_seconds: float = 0.0
+    stopped_by: Literal["", "tokens", "time"] = ""
 
 
 @dataclass(frozen=True)
@@ -309,6 +310,7 @@ class _Sim:
         while True:
             if window_end is not None and (not heap or heap[0][0] > window_end):
                 if tbud is not None and window_end > tbud:
+                    self.traj.stopped_by = "time"
                     break
                 self.traj.time = window_end
                 for rec in self.server.flush():
@@ -319,6 +321,7 @@ class _Sim:
                 self.maybe_eval()
                 continue
             if not heap or (tbud is not None and heap[0][0] > tbud):
+                self.traj.stopped_by = "time"
                 break
             t, w = heapq.heappop(heap)
             self.traj.time = t
@@ -338,6 +341,7 @@ class _Sim:
             if self.budget_reached():
                 for rec in self.server.flush():
                     self.record_update(rec)
+                self.traj.stopped_by = "tokens"
                 break
         return self.finish()
 
@@ -353,6 +357,7 @@ class _Sim:
             ends = [now + c + self.clock.comm_delays[w] for w, c in enumerate(computes)]
             round_end = max(ends)
             if tbud is not None and round_end > tbud:
+                self.traj.stopped_by = "time"
                 break
             record = None
             for w in sorted(range(k), key=lambda i: (ends[i], i)):
@@ -367,6 +372,8 @@ class _Sim:
                 raise RuntimeError("sync round ended without an update")
             self.record_update(record)
             self.maybe_eval()
+        if self.budget_reached():
+            self.traj.stopped_by = "tokens"
         return self.finish()
 
 
@@ -524,6 +531,18 @@ def expected_worker_steps(
     return [max(1, math.ceil(min(lim[w] for lim in limits))) for w in range(k)]
 
 
+def loss_at_time_budget(cfg: SimConfig, traj: Trajectory) -> float | None:
+    """Loss at the time budget: interpolated between evals, or the final loss when the run
+    stopped because the next event fell past the budget (the model is then unchanged from the
+    last arrival up to the budget)."""
+    if cfg.time_budget is None or not traj.evals:
+        return None
+    at = loss_at(traj.evals, cfg.time_budget, "time")
+    if at is None and traj.stopped_by == "time":
+        return traj.evals[-1].loss
+    return at
+
+
 def summarize(
     cfg: SimConfig, traj: Trajectory, stats: RunStats, paces: list[float], wall: float
 ) -> RunSummary:
@@ -538,9 +557,7 @@ def summarize(
         loss_at_token_budget=(
             None if cfg.token_budget is None else loss_at(traj.evals, cfg.token_budget, "tokens")
         ),
-        loss_at_time_budget=(
-            None if cfg.time_budget is None else loss_at(traj.evals, cfg.time_budget, "time")
-        ),
+        loss_at_time_budget=loss_at_time_budget(cfg, traj),
         cycle_loss=None if last is None else last.cycle_loss,
         tokens=traj.tokens,
         steps=traj.steps,

@@ -18,6 +18,7 @@ from heloco.server import Server, ServerConfig
 from heloco.sim import (
     Clock,
     SimConfig,
+    loss_at_time_budget,
     parse_sim_config,
     resolve_paces,
     run_simulation,
@@ -105,12 +106,14 @@ def test_sync_round_takes_h_times_the_slowest_pace() -> None:
     assert server.revision == 4  # rounds end at 12, 24, 36, 48; the 5th would end at 60
     assert traj.time == pytest.approx(48.0)  # type: ignore[attr-defined]
     assert traj.tokens == 4 * 3 * 40  # type: ignore[attr-defined]
+    assert traj.stopped_by == "time"  # type: ignore[attr-defined]
     assert [len(r.arrivals) for r in server.log] == [3, 3, 3, 3]
 
 
 def test_token_budget_stops_at_the_arrival_that_reaches_it() -> None:
     server, traj = run_fake("heloco", [1.0, 1.5], h=2, tokens=100)
     assert traj.tokens == 100 and server.revision == 5  # type: ignore[attr-defined]
+    assert traj.stopped_by == "tokens"  # type: ignore[attr-defined]
 
 
 def test_time_and_token_budget_whichever_first() -> None:
@@ -118,6 +121,16 @@ def test_time_and_token_budget_whichever_first() -> None:
     assert by_time.tokens == 60  # type: ignore[attr-defined]
     _, by_tokens = run_fake("mla", [1.0, 1.0], tokens=40, seconds=100.0)
     assert by_tokens.time == 2.0  # type: ignore[attr-defined]
+
+
+def test_loss_at_time_budget_when_stopped_by_time() -> None:
+    _, traj = run_fake("mla", [1.0, 3.0], seconds=7.5, eval_every=20)
+    cfg = SimConfig.model_validate({"time_budget": 7.5})
+    assert traj.time == 7.0 and traj.stopped_by == "time"  # type: ignore[attr-defined]
+    assert loss_at_time_budget(cfg, traj) == traj.evals[-1].loss  # type: ignore[arg-type,attr-defined]
+    longer = SimConfig.model_validate({"time_budget": 100.0})
+    traj.stopped_by = "tokens"  # type: ignore[attr-defined]
+    assert loss_at_time_budget(longer, traj) is None  # type: ignore[arg-type]
 
 
 def test_dylu_gives_slow_workers_fewer_steps() -> None:
