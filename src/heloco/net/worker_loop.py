@@ -20,8 +20,10 @@ from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from heloco.data.seeding import derive_seed
+from heloco.data.validation import LossFn
 from heloco.net import compress
 from heloco.net.build import build_worker
 from heloco.net.client import Client, ClientConfig, ServerUnreachable
@@ -45,9 +47,8 @@ class Replaced(RuntimeError):
 class WorkerOptions:
     """How this worker trains and talks.
 
-    Pacing emulates a slower machine: after a round that took ``c`` seconds of compute the
-    worker sleeps ``c·(pace − 1)`` (the simulator's pace ratio), or, with
-    ``seconds_per_step``, until the round took ``steps · seconds_per_step`` in total.
+    Pacing emulates a slower machine (:class:`Pacer`): each inner step of ``t`` seconds is
+    followed by a sleep of ``t·(pace − 1)``, or, with ``seconds_per_step``, lasts that long.
     """
 
     worker: int
@@ -208,11 +209,35 @@ def _average_result(result: RoundResult, mode: IslandMode) -> RoundResult:
 
 
 # -- the loop ----------------------------------------------------------------------------------
-def _pace_sleep(opts: WorkerOptions, steps: int, compute_s: float) -> float:
-    """Seconds to sleep after a round so this worker runs at its emulated speed."""
-    if opts.seconds_per_step is not None:
-        return max(0.0, steps * opts.seconds_per_step - compute_s)
-    return compute_s * (opts.pace - 1.0)
+class Pacer:
+    """Wraps the worker's loss function so every inner step lasts as long as a slower machine's.
+
+    A step runs from one loss call to the next (forward, backward, optimizer step). Before the
+    next step starts, the pacer sleeps ``step·(pace − 1)``, or until the step took
+    ``seconds_per_step``; :meth:`end_round` paces the round's last step.
+    """
+
+    def __init__(self, loss_fn: LossFn, pace: float, seconds_per_step: float | None) -> None:
+        self.loss_fn = loss_fn
+        self.pace = pace
+        self.seconds_per_step = seconds_per_step
+        self._start: float | None = None
+
+    def __call__(
+        self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
+        self.end_round()
+        self._start = time.perf_counter()
+        return self.loss_fn(model, inputs, targets)
+
+    def end_round(self) -> None:
+        """Sleep for the step in progress, if any."""
+        if self._start is None:
+            return
+        step = time.perf_counter() - self._start
+        target = self.seconds_per_step if self.seconds_per_step is not None else step * self.pace
+        time.sleep(max(0.0, target - step))
+        self._start = None
 
 
 class NetWorker:
@@ -229,6 +254,7 @@ class NetWorker:
         self.report = WorkerReport(opts.worker, self.rank, self.world)
         self.worker: Worker | None = None
         self.heartbeat: Heartbeat | None = None
+        self.pacer: Pacer | None = None
 
     @property
     def ident(self) -> dict[str, Any]:
@@ -268,6 +294,9 @@ class NetWorker:
         self.worker.step = int(welcome.get("worker_steps", 0))
         # Pay torch.optim's one-off lazy imports now rather than inside the first round.
         self.worker.new_optimizer()
+        if self.opts.pace != 1.0 or self.opts.seconds_per_step is not None:
+            self.pacer = Pacer(self.worker.loss_fn, self.opts.pace, self.opts.seconds_per_step)
+            self.worker.loss_fn = self.pacer
         if self.world > 1 and self.opts.island_mode == "grads":
             average_grads_each_step(self.worker)
 
@@ -333,9 +362,9 @@ class NetWorker:
                 assert params is not None
                 t0 = time.perf_counter()
                 result = self.worker.run_round(params, steps, rev, rid)
+                if self.pacer is not None:
+                    self.pacer.end_round()
                 result = _average_result(result, self.opts.island_mode)
-                compute = time.perf_counter() - t0
-                time.sleep(_pace_sleep(self.opts, steps, compute))
                 compute_total = time.perf_counter() - t0
                 self.report.compute_s += compute_total
                 self.report.rounds += 1
