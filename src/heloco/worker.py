@@ -215,10 +215,10 @@ class Worker:
         count, sampler RNG and (when kept across rounds) the inner AdamW moments. No pickle:
         the tensors can go to safetensors and the meta to JSON."""
         tensors: dict[str, torch.Tensor] = {"sampler_rng": self.sampler.get_state()}
-        keep = not self.cfg.reset_each_round and self._optimizer is not None
-        if keep and self._optimizer is not None:
+        kept = None if self.cfg.reset_each_round else self._optimizer
+        if kept is not None:
             for name, p in self._named:
-                for key, value in self._optimizer.state.get(p, {}).items():
+                for key, value in kept.state.get(p, {}).items():
                     tensors[f"optimizer.{name}.{key}"] = (
                         torch.as_tensor(value).detach().cpu().clone()
                     )
@@ -226,7 +226,7 @@ class Worker:
             "worker": self.worker_id,
             "step": self.step,
             "rounds": self.rounds,
-            "has_optimizer": keep,
+            "has_optimizer": kept is not None,
         }
         return {"meta": meta, "tensors": tensors}
 
