@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint typecheck unit bench clean
+.PHONY: setup demo plots test lint typecheck unit clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,8 +15,14 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m shardmeter predict
-	$(BIN)/python -m heloco simulate
+	mkdir -p out
+	$(BIN)/shardmeter predict
+	$(BIN)/shardmeter plan --topology eight-heterogeneous --plot out/plan-eight-heterogeneous.png
+	$(BIN)/heloco simulate --out-dir out/heloco-default
+
+plots: $(STAMP)
+	$(BIN)/python benchmarks/islands_plots.py
+	$(BIN)/shardmeter plan --topology eight-heterogeneous --plot docs/img/plan-eight-heterogeneous.png
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
