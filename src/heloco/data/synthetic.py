@@ -39,63 +39,16 @@ class PseudoLanguage:
     end_marks: str
 
 
+# fmt: off
 LANGUAGES: tuple[PseudoLanguage, ...] = (
-    PseudoLanguage(
-        "synth_a", "ptkmnsh", "aiueo", ("CV",), (1, 4), 1200, 1.05, 0.5, (4, 10), (2, 5), "."
-    ),
-    PseudoLanguage(
-        "synth_b",
-        "bdgkrstvwz",
-        "aeiou",
-        ("CVC", "CCVC", "VC"),
-        (1, 3),
-        1600,
-        1.0,
-        0.4,
-        (6, 14),
-        (3, 6),
-        ".!",
-    ),
-    PseudoLanguage(
-        "synth_c",
-        "lmnrstcdv",
-        "aeioàéèó",
-        ("CV", "CVV", "V"),
-        (2, 4),
-        1400,
-        1.1,
-        0.6,
-        (5, 12),
-        (2, 4),
-        ".?",
-    ),
-    PseudoLanguage(
-        "synth_d",
-        "kqxjzhrf",
-        "äöüeiy",
-        ("CVC", "CV", "CCV"),
-        (1, 3),
-        1000,
-        1.2,
-        0.3,
-        (3, 8),
-        (3, 7),
-        ".;",
-    ),
-    PseudoLanguage(
-        "synth_e",
-        "ptfswylgn",
-        "aoåøu",
-        ("VCV", "CVC", "CV"),
-        (1, 3),
-        1800,
-        0.95,
-        0.5,
-        (7, 16),
-        (1, 3),
-        "!.",
-    ),
+    # name       consonants    vowels      syllable shapes         syll/word lexicon zipf  follow words/sent sent/para end
+    PseudoLanguage("synth_a", "ptkmnsh",    "aiueo",    ("CV",),                (1, 4), 1200, 1.05, 0.5, (4, 10), (2, 5), "."),
+    PseudoLanguage("synth_b", "bdgkrstvwz", "aeiou",    ("CVC", "CCVC", "VC"),  (1, 3), 1600, 1.0,  0.4, (6, 14), (3, 6), ".!"),
+    PseudoLanguage("synth_c", "lmnrstcdv",  "aeioàéèó", ("CV", "CVV", "V"),     (2, 4), 1400, 1.1,  0.6, (5, 12), (2, 4), ".?"),
+    PseudoLanguage("synth_d", "kqxjzhrf",   "äöüeiy",   ("CVC", "CV", "CCV"),   (1, 3), 1000, 1.2,  0.3, (3, 8),  (3, 7), ".;"),
+    PseudoLanguage("synth_e", "ptfswylgn",  "aoåøu",    ("VCV", "CVC", "CV"),   (1, 3), 1800, 0.95, 0.5, (7, 16), (1, 3), "!."),
 )
+# fmt: on
 
 
 def make_word(lang: PseudoLanguage, rng: np.random.Generator) -> str:
