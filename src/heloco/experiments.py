@@ -23,6 +23,7 @@ and to ``<out>/results.jsonl`` / ``results.csv``; a cell whose cell.json exists 
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import math
@@ -325,12 +326,28 @@ class GridRun:
     jobs: int = 2
     threads_per_job: int = 1
     extra: dict[str, Any] = field(default_factory=dict)  # overrides applied to every cell
+    regime_extra: dict[str, dict[str, Any]] = field(default_factory=dict)  # per regime, on top
+
+    def overrides_for(self, cell: Cell) -> dict[str, Any]:
+        return {**self.extra, **self.regime_extra.get(cell.regime, {})}
 
 
 def _init_worker(threads: int) -> None:
+    """Pool-process setup: torch threads, and a small cache of built data.
+
+    Tokenising the corpus is the largest fixed cost of a short cell, and every method of a
+    (regime, paces, seed) setting builds identical data (it depends only on the data config,
+    the worker count and the seed; samplers are created per worker from the frozen streams).
+    ``heloco.sim.run_simulation`` has no parameter for prebuilt data, so its module-level
+    ``build_data`` is wrapped in an LRU cache here, in the grid's own processes only.
+    """
     import torch
 
+    import heloco.sim
+
     torch.set_num_threads(threads)
+    if not hasattr(heloco.sim.build_data, "cache_info"):
+        heloco.sim.build_data = functools.lru_cache(maxsize=4)(heloco.sim.build_data)
 
 
 def _run_task(args: tuple[Cell, Path, Path | None, dict[str, Any]]) -> tuple[Cell, Any]:
@@ -359,7 +376,7 @@ def run_grid(
             results[cell.key] = prev
             if on_result is not None:
                 on_result(cell, prev, True)
-    tasks = [(c, grid.out_root, grid.data_dir, grid.extra) for c in todo]
+    tasks = [(c, grid.out_root, grid.data_dir, grid.overrides_for(c)) for c in todo]
 
     def record(cell: Cell, outcome: CellResult | str) -> None:
         if isinstance(outcome, CellResult):
@@ -368,8 +385,7 @@ def run_grid(
         if on_result is not None:
             on_result(cell, outcome, False)
 
-    if grid.jobs <= 1 or len(tasks) <= 1:
-        _init_worker(grid.threads_per_job)
+    if grid.jobs <= 1 or len(tasks) <= 1:  # in this process, its torch settings untouched
         for task in tasks:
             record(*_run_task(task))
     else:
