@@ -206,3 +206,15 @@ def test_grad_clip_bounds_the_first_step(data: WorkerData) -> None:
     clipped = make_worker(data, grad_clip=1e-3).run_round(start, 2, 0)
     free = make_worker(data).run_round(start, 2, 0)
     assert not all(torch.equal(clipped.delta[n], free.delta[n]) for n in start)
+
+
+def test_workers_sharing_one_model_match_separate_models(data: WorkerData) -> None:
+    cfg = InnerConfig(lr=1e-2, batch_size=4, seq_len=SEQ, total_steps=40, reset_each_round=False)
+    shared = tiny_model(data)
+    pair = [Worker(i, shared, data.streams[i], cfg, 0) for i in range(2)]
+    alone = [Worker(i, tiny_model(data), data.streams[i], cfg, 0) for i in range(2)]
+    start = params_of(shared)
+    for revision in range(2):
+        for i in range(2):
+            a, b = pair[i].run_round(start, 3, revision), alone[i].run_round(start, 3, revision)
+            assert all(torch.equal(a.delta[n], b.delta[n]) for n in start)
