@@ -15,6 +15,7 @@ Malformed or invalid requests get ``error`` {reason, detail}; nothing invalid is
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -279,24 +280,24 @@ class Coordinator:
         body = {"revision": d.revision, "steps": d.steps, "round_id": d.round_id}
         return wire.make("dispatch", body, d.params, codec="fp32", re=msg.id)
 
-    def _result(self, msg: Message) -> RoundResult:
-        b = msg.body
+    def _header_result(self, msg: Message) -> RoundResult:
+        """The push's round without its pseudo-gradient (enough for the revision-log check)."""
         w, _ = self._worker_of(msg)
-        ints = {k: b.get(k) for k in ("round_id", "base_revision", "steps", "tokens")}
-        if not all(
-            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints.values()
-        ):
-            raise WireError("malformed", f"push needs non-negative integers {sorted(ints)}")
-        loss = b.get("mean_loss")
-        delta = self._checked_delta(msg)
+        fields = {}
+        for key in ("round_id", "base_revision", "steps", "tokens"):
+            value = msg.body.get(key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise WireError("malformed", f"push field {key!r} must be an integer >= 0")
+            fields[key] = value
+        loss = msg.body.get("mean_loss")
         return RoundResult(
             worker=w,
-            delta=delta,
-            steps=int(ints["steps"]),  # type: ignore[arg-type]
-            tokens=int(ints["tokens"]),  # type: ignore[arg-type]
+            delta={},
+            steps=fields["steps"],
+            tokens=fields["tokens"],
             mean_loss=float(loss) if isinstance(loss, int | float) else math.nan,
-            base_revision=int(ints["base_revision"]),  # type: ignore[arg-type]
-            round_id=int(ints["round_id"]),  # type: ignore[arg-type]
+            base_revision=fields["base_revision"],
+            round_id=fields["round_id"],
         )
 
     def _checked_delta(self, msg: Message) -> Params:
@@ -320,7 +321,7 @@ class Coordinator:
     def _push(self, msg: Message) -> Message:
         w, inc = self._worker_of(msg)
         info = self._seen(w, inc)
-        result = self._result(msg)
+        probe = self._header_result(msg)
         if self.budget_reached() and not (
             self.server.cfg.synchronous and self.server.pending_workers
         ):
@@ -329,6 +330,11 @@ class Coordinator:
                 "rejected", {"reason": "done", "revision": self.server.revision}, re=msg.id
             )
         try:
+            # Check the revision log before paying for decoding a rejected or replayed round.
+            reason = self.server.check(probe)
+            if reason is not None and reason != "bad_delta":  # the probe carries no delta yet
+                raise SubmissionRejected(reason, w, probe.round_id)
+            result = dataclasses.replace(probe, delta=self._checked_delta(msg))
             record = self.server.submit(result)
         except SubmissionRejected as exc:
             if exc.reason == "duplicate":
@@ -344,6 +350,8 @@ class Coordinator:
                     },
                     re=msg.id,
                 )
+            if exc.reason == "bad_delta":  # the server's own validation, after ours
+                raise WireError("bad_update", str(exc)) from exc
             self.counters.rejected += 1
             return wire.make(
                 "rejected", {"reason": exc.reason, "revision": self.server.revision}, re=msg.id

@@ -185,18 +185,24 @@ def average_grads_each_step(worker: Worker) -> None:
             p.register_post_accumulate_grad_hook(hook)
 
 
-def _average_result(result: RoundResult, mode: IslandMode) -> RoundResult:
-    """Island totals: tokens × world, mean loss averaged, deltas averaged in ``deltas`` mode."""
+def _average_result(result: RoundResult, mode: IslandMode, device: str) -> RoundResult:
+    """Island totals: tokens × world, mean loss averaged, deltas averaged in ``deltas`` mode.
+
+    Collectives run on ``device`` (NCCL needs GPU tensors); the result stays fp32 on the CPU.
+    """
     _, world = _world()
     if world == 1:
         return result
-    loss = torch.tensor([result.mean_loss], dtype=torch.float64)
+    loss = torch.tensor([result.mean_loss], dtype=torch.float64, device=device)
     dist.all_reduce(loss)
     delta = result.delta
     if mode == "deltas":
-        for t in delta.values():
-            dist.all_reduce(t)
-            t.div_(world)
+        summed = {}
+        for name, t in delta.items():
+            buf = t.to(device)
+            dist.all_reduce(buf)
+            summed[name] = buf.div_(world).cpu()
+        delta = summed
     return RoundResult(
         result.worker,
         delta,
@@ -322,6 +328,7 @@ class NetWorker:
                     raise RuntimeError(f"unexpected reply to pull: {reply.type} {reply.body}")
                 break
         if self.world > 1:
+            head = head.to(self.opts.device)
             dist.broadcast(head, 0)
             if head[0] == _DISPATCH:
                 assert self.worker is not None
@@ -364,7 +371,7 @@ class NetWorker:
                 result = self.worker.run_round(params, steps, rev, rid)
                 if self.pacer is not None:
                     self.pacer.end_round()
-                result = _average_result(result, self.opts.island_mode)
+                result = _average_result(result, self.opts.island_mode, self.opts.device)
                 compute_total = time.perf_counter() - t0
                 self.report.compute_s += compute_total
                 self.report.rounds += 1
