@@ -148,3 +148,40 @@ def test_plan_arrays_default_shard_group_is_dp_when_sharded() -> None:
     assert cols.shard_group.tolist() == [1, 4, 8]
     plans = [Plan(dp=4), Plan(dp=4, sharding="zero3"), Plan(dp=8, sharding="zero1")]
     assert PlanArrays.from_plans(plans).shard_group.tolist() == [1, 4, 8]
+
+
+def _llama405_short() -> TransformerSpec:
+    return TransformerSpec(
+        name="llama-405b-2k", n_layers=126, hidden=16384, n_heads=128, n_kv_heads=8,
+        ffn=53248, mlp="swiglu", vocab=128256, seq_len=2048,
+    )  # fmt: skip
+
+
+def test_context_parallel_does_not_pay_at_short_sequences() -> None:
+    """405B at seq 2048 on 16k H100s: with the other degrees fixed (tp 8, pp 9, global batch
+    constant), moving GPUs from dp into cp makes the step slower, not faster: ring attention
+    runs cp tiny block kernels per layer and its K/V ring crosses nodes (tp·cp > 8)."""
+    from shardmeter.specs.loader import load_cluster
+
+    model, cluster = _llama405_short(), load_cluster("dgx-h100")
+    rates = {}
+    for cp in (1, 2, 4, 16):
+        plan = Plan(
+            dp=16128 // (8 * 9 * cp), tp=8, pp=9, cp=cp, sp=True, sharding="zero1",
+            global_batch=224 * 64, overlap_tp=True,
+        )  # fmt: skip
+        rates[cp] = estimate_step(model, cluster, plan).tokens_per_s_per_gpu
+    assert rates[1] > rates[2] > rates[4] > rates[16]
+    assert rates[16] < 0.5 * rates[1]
+
+
+def test_context_parallel_ring_crosses_nodes_when_tp_cp_exceeds_domain() -> None:
+    """tp 4 · cp 4 = 16 > 8 GPUs per NVLink domain: the K/V ring pays the NIC, so the same
+    plan's cp communication is slower than with tp 2 · cp 4 = 8 inside one node."""
+    from shardmeter.estimate.comm import ring_hop_time
+    from shardmeter.specs.loader import load_cluster
+
+    cluster = load_cluster("dgx-h100")
+    inside = ring_hop_time(1e6, 4, 2, cluster)
+    across = ring_hop_time(1e6, 4, 4, cluster)
+    assert across > 3.0 * inside

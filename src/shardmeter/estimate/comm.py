@@ -92,6 +92,13 @@ def all_to_all_time(m: Num, n: Num, stride: Num, cluster: Cluster) -> Num:
     return maximum(t_intra, t_inter)
 
 
+def ring_hop_time(m: Num, n: Num, stride: Num, cluster: Cluster) -> Num:
+    """One step of a ring of n ranks at `stride` (ring attention): α + M/W over the NIC when
+    the ring spans NVLink domains (its slowest hop sets the pace), else over NVLink."""
+    intra, inter = LinkRate.of(cluster.intra), LinkRate.of(cluster.inter)
+    return where(crosses_domain(n, stride, cluster), p2p_time(m, inter), p2p_time(m, intra))
+
+
 def send_recv_time(m: Num, stride: Num, cluster: Cluster) -> Num:
     """Point-to-point between neighbours `stride` ranks apart (pipeline / ring-attention hop)."""
     across = stride >= cluster.nvlink_domain

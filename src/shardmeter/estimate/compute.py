@@ -134,8 +134,11 @@ def layer_forward(
     gemm_flops = 2.0 * t * h * (2.0 * sh.q_local + 2.0 * sh.kv_local)
 
     attn_flops = 4.0 * t * model.seq_len * sh.q_local * CAUSAL_FRACTION
-    attn_bytes = t * (2.0 * sh.q_local + 2.0 * sh.kv_local) * ACT_BYTES
-    attention_s = attention_core_time(attn_flops, attn_bytes, acc)
+    # Ring attention (cp > 1) runs one flash kernel per K/V block: cp kernels of 1/cp of the
+    # work, each re-reading Q and the output (Liu et al. 2023, Ring Attention, Alg. 1).
+    cp = as_float(plans.cp)
+    block_bytes = t * (2.0 * sh.q_local + 2.0 * sh.kv_local / cp) * ACT_BYTES
+    attention_s = cp * attention_core_time(attn_flops / cp, block_bytes, acc)
 
     n_mat = model.mlp_matrices
     act_bytes_per_width = 3.0 if model.mlp == "swiglu" else 2.0  # read (2 or 1)·F, write F

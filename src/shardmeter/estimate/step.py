@@ -115,11 +115,12 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     tp_window = where(plans.overlap_tp, sc.gemm_forward_s * (3.0 + full), 0.0)
     tp_mb = _overlap(tp_total, tp_window, u)
 
-    # Context parallel (ring attention): c−1 K,V blocks per layer forward, twice that backward,
-    # hidden behind the attention core of the same layer (C.5).
+    # Context parallel (ring attention): c−1 K,V blocks per layer forward, twice that backward
+    # (K,V and their gradients), hidden only behind the attention core of the same layer
+    # (C.5); the ring runs over the NIC once tp·cp spans NVLink domains.
     kv_local = maximum(model.kv_heads / tp, 1.0) * model.dim_head
     kv_block = 2.0 * tokens_mb * kv_local * ACT_BYTES
-    hop = comm.send_recv_time(kv_block, tp, cluster) * (cp - 1.0)
+    hop = comm.ring_hop_time(kv_block, cp, tp, cluster) * (cp - 1.0)
     cp_fwd = _overlap(sc.layers * hop * (1.0 + full), sc.attention_forward_s * (1.0 + full), u)
     cp_bwd = _overlap(sc.layers * hop * 2.0, sc.attention_forward_s * BWD_ATTN, u)
     cp_mb = cp_fwd.cost + cp_bwd.cost
