@@ -18,9 +18,11 @@ from typing import Any
 import pytest
 import torch
 
+from heloco.cli import main
 from heloco.cli.serve import status
 from heloco.config import save_config
 from heloco.net import checkpoint, wire
+from heloco.net.auth import SECRET_ENV
 from heloco.net.client import Client, ClientConfig, ServerUnreachable
 from heloco.net.launcher import LaunchConfig, LocalCluster
 from heloco.sim import parse_sim_config
@@ -164,7 +166,9 @@ def test_async_run_survives_server_sigkill_and_restart(tmp_path: Path) -> None:
     assert len(restarts) == 1 and restarts[0]["revision"] >= killed_at
 
 
-def test_adversarial_client(tmp_path: Path) -> None:
+def test_adversarial_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Replays, duplicates, a wrong secret, NaN and oversized messages against `heloco serve`."""
     config = tiny_config(tmp_path / "run.toml", workers=2, token_budget=10**9)
     cfg = LaunchConfig(
@@ -239,6 +243,9 @@ def test_adversarial_client(tmp_path: Path) -> None:
         assert s["revision"] == s["log_length"] == 2 and c["accepted"] == 2
         assert c["replay"] == 1 and c["duplicate"] == 1 and c["bad_mac"] >= 1
         assert c["bad_update"] == 4 and c["too_large"] == 1
+        monkeypatch.setenv(SECRET_ENV, SECRET.decode())
+        assert main(["serve", "--status", address]) == 0  # the CLI's status query
+        assert json.loads(capsys.readouterr().out)["revision"] == 2
         cluster.kill_server(signal.SIGTERM)  # clean shutdown writes a final checkpoint
     finally:
         cluster.stop()

@@ -25,7 +25,7 @@ from heloco.net.coordinator import Coordinator, Counters, UpdateEvent, WorkerInf
 from heloco.net.wire import Message, WireError
 from heloco.server import ServerState
 
-MAX_BATCH = 64  # messages handled per poll wake-up before housekeeping runs
+MAX_BATCH = 4096  # messages handled per wake-up: drain the queue (heartbeats too) before evicting
 
 
 @dataclass(frozen=True)
