@@ -79,6 +79,9 @@ def test_plan_defaults_by_framework() -> None:
     )  # fmt: skip
     titan = plan_from_row({**BASE, "framework": "torchtitan", "tp": "1", "dp": "16"})
     assert (titan.sharding, titan.recompute, titan.sp) == ("zero3", "selective", False)
+    assert titan.overlap_param_gather
+    deepspeed = plan_from_row({**BASE, "framework": "DeepSpeed ZeRO-3", "tp": "1", "dp": "16"})
+    assert (deepspeed.sharding, deepspeed.overlap_param_gather) == ("zero3", False)
 
 
 def test_run_from_row_blank_recompute_and_gpu_check() -> None:
