@@ -185,3 +185,12 @@ def test_context_parallel_ring_crosses_nodes_when_tp_cp_exceeds_domain() -> None
     inside = ring_hop_time(1e6, 4, 2, cluster)
     across = ring_hop_time(1e6, 4, 4, cluster)
     assert across > 3.0 * inside
+
+
+def test_plan_arrays_shape_is_broadcast_of_all_columns() -> None:
+    """A (K, 1) column with (1, R) columns gives a (K, R) grid; take() indexes that grid."""
+    base = PlanArrays.from_columns(dp=np.array([8]), tp=np.array([1]), global_batch=64)
+    grid = PlanArrays(**{**base.__dict__, "dp": np.array([[8], [16]]), "tp": np.array([[1, 2, 4]])})
+    assert grid.shape == (2, 3)
+    one = grid.take(5)
+    assert (int(one.dp[0]), int(one.tp[0])) == (16, 4)

@@ -110,7 +110,8 @@ class PlanArrays:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return np.shape(self.dp)
+        """Broadcast shape of all columns (a column may be a scalar or a (1, R) row)."""
+        return tuple(np.broadcast_shapes(*(np.shape(getattr(self, f.name)) for f in fields(self))))
 
     @property
     def n_gpus(self) -> IntArray:
@@ -123,6 +124,10 @@ class PlanArrays:
 
     def take(self, index: int) -> PlanArrays:
         """The plan at flat position `index`, as a one-element PlanArrays."""
+        shape = self.shape
         return PlanArrays(
-            **{f.name: getattr(self, f.name).reshape(-1)[index : index + 1] for f in fields(self)}
+            **{
+                f.name: np.broadcast_to(getattr(self, f.name), shape).reshape(-1)[index : index + 1]
+                for f in fields(self)
+            }
         )

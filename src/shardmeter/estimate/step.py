@@ -146,9 +146,10 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
         ar = comm.all_reduce_time(grads / d, rep, stride * d, cluster)
         return rs, ag, ar
 
-    rs_d, ag_d, ar_d = sync(params.dense, d_dense, rep_dense, tp)
-    rs_e, ag_e, ar_e = sync(params.expert, d_expert, rep_expert, stride_exp)
-    rs, ag, ar = rs_d + rs_e, ag_d + ag_e, ar_d + ar_e
+    rs, ag, ar = sync(params.dense, d_dense, rep_dense, tp)
+    if model.moe is not None:  # routed experts sync over their own (dp·cp/ep) groups
+        rs_e, ag_e, ar_e = sync(params.expert, d_expert, rep_expert, stride_exp)
+        rs, ag, ar = rs + rs_e, ag + ag_e, ar + ar_e
 
     stage = plans.sharding
     zero2_up = stage >= SHARDING_CODES["zero2"]
