@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from heloco.net import wire
 from heloco.net.coordinator import Budget, Coordinator
@@ -177,3 +180,53 @@ def test_older_process_is_fenced_newer_takes_over() -> None:
     newer = coord.handle(wire.make("pull", {"worker": 0, "incarnation": "0003"}))
     assert newer.type == "dispatch" and coord.workers[0].incarnation == "0003"
     assert coord.counters.fenced == 1 and coord.counters.rejoins == 1
+
+
+_value = st.none() | st.booleans() | st.integers(-3, 3) | st.floats() | st.text(max_size=3)
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    kind=st.sampled_from(["hello", "pull", "push", "heartbeat", "bye", "status", "nope"]),
+    body=st.dictionaries(
+        st.sampled_from(
+            [
+                "worker",
+                "incarnation",
+                "round_id",
+                "base_revision",
+                "steps",
+                "tokens",
+                "mean_loss",
+                "compute_s",
+            ]
+        ),
+        _value,
+    ),
+)
+def test_any_authenticated_request_gets_a_reply_and_keeps_state_consistent(
+    kind: str, body: dict[str, object]
+) -> None:
+    coord = make_coord()
+    reply = coord.handle(wire.make(kind, body, {"w": torch.zeros(3, 4), "b": torch.zeros(5)}))
+    assert isinstance(reply, wire.Message) and reply.type
+    consistent(coord)
+
+
+@pytest.mark.parametrize("compute_s", [float("inf"), float("nan"), -1.0, 0.0, "x", None])
+def test_bad_compute_time_does_not_break_an_accepted_push(compute_s: object) -> None:
+    coord = make_coord()
+    d = pull(coord, 0)
+    body = {
+        "worker": 0,
+        "incarnation": "a",
+        "round_id": d.body["round_id"],
+        "steps": 3,
+        "tokens": 30,
+        "base_revision": 0,
+        "compute_s": compute_s,
+    }
+    delta = {"w": torch.zeros(3, 4), "b": torch.zeros(5)}
+    assert coord.handle(wire.make("push", body, delta)).type == "ack"
+    assert coord.server.speeds[0] is None
+    consistent(coord)

@@ -363,7 +363,7 @@ class Coordinator:
         info.last_loss = result.mean_loss
         self.tokens += result.tokens
         compute_s = msg.body.get("compute_s")
-        if isinstance(compute_s, int | float) and compute_s > 0 and result.steps > 0:
+        if isinstance(compute_s, int | float) and 0 < compute_s < math.inf and result.steps > 0:
             self.server.observe_speed(w, result.steps / float(compute_s))
         staleness = self.server.revision - result.base_revision
         info.staleness_sum += staleness

@@ -182,7 +182,11 @@ class Endpoint:
                 self._reply(frames[0], reply)
 
     def serve(self) -> None:
-        """Run until done (and drained) or stopped; always ends with a checkpoint."""
+        """Run until done (and drained) or stopped, then write a final checkpoint.
+
+        An exception ends the loop *without* a checkpoint (the state may be mid-update); the
+        last good checkpoint stays the one to resume from.
+        """
         if self._sock is None:
             self.open()
         assert self._sock is not None
@@ -201,9 +205,11 @@ class Endpoint:
                     idle = not self.coord.active_workers()
                     if idle or time.monotonic() - done_since > self.cfg.drain_s:
                         break
-        finally:
-            self.save_checkpoint()
+        except BaseException:
             self.close()
+            raise
+        self.save_checkpoint()
+        self.close()
 
 
 def _peek_id(header: bytes) -> str:

@@ -117,10 +117,15 @@ def wire_bytes(frames: Sequence[Frame]) -> int:
     return sum(len(f) for f in frames)
 
 
+def _reject_constant(name: str) -> Any:
+    """Strict JSON: NaN and ±Infinity are not numbers a peer may send."""
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
 def _parse_header(raw: Frame) -> dict[str, Any]:
     try:
-        head = json.loads(bytes(raw))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        head = json.loads(bytes(raw), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
         raise WireError("bad_header", str(exc)) from exc
     if not isinstance(head, dict) or head.get("v") != PROTOCOL_VERSION:
         raise WireError("bad_version", f"expected protocol v{PROTOCOL_VERSION}")
