@@ -75,6 +75,16 @@ def test_recount_matches_korthikanti_without_dropout_and_scores() -> None:
     )
 
 
+def test_fp8_saves_gemm_inputs_in_one_byte() -> None:
+    """FP8 (Transformer Engine) keeps the two norm outputs and the GELU output as 1-byte casts:
+    a GPT layer with SP saves (32 − 2·1 − 4·1)·sbh/t = 26·sbh/t bytes instead of 32·sbh/t
+    (norm outputs h each, GELU output 4h per token, all /t with SP or tp)."""
+    s, h, t = 2048, 12288, 8
+    plans = PlanArrays.from_columns(tp=t, sp=True, precision=np.array([0, 2]))
+    got = activation_bytes_per_layer(GPT3, plans)
+    np.testing.assert_allclose(got, [32 * s * h / t, 26 * s * h / t])
+
+
 def test_pipeline_in_flight() -> None:
     """1F1B: stage 0 holds p micro-batches; interleaving multiplies by 1 + (p−1)/(p·v)."""
     plans = PlanArrays.from_columns(

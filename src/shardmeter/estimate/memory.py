@@ -12,7 +12,12 @@ from dataclasses import dataclass
 
 from shardmeter.estimate._xp import Num, as_float, full_like, maximum, minimum, where
 from shardmeter.estimate.compute import ACT_BYTES, stage_layers
-from shardmeter.estimate.plan_arrays import RECOMPUTE_CODES, SHARDING_CODES, PlanArrays
+from shardmeter.estimate.plan_arrays import (
+    PRECISION_CODES,
+    RECOMPUTE_CODES,
+    SHARDING_CODES,
+    PlanArrays,
+)
 from shardmeter.specs.hardware import Cluster
 from shardmeter.specs.model import TransformerSpec
 
@@ -134,8 +139,12 @@ def _activation_sets(model: TransformerSpec, plans: PlanArrays) -> tuple[Num, Nu
         mlp_copies = moe_share * model.moe.top_k * model.hidden
     replicated = 4.0 * model.hidden * norm_tokens  # two norm inputs, QKV and MLP inputs
     split = tokens * (q_l + 2.0 * kv_l + q_l + per_width * mlp_width + mlp_copies)
-    full_set = ACT_BYTES * (replicated + split)
-    selective_set = full_set - ACT_BYTES * tokens * (q_l + mlp_width)
+    # FP8 GEMMs save their inputs as the 1-byte FP8 casts (Transformer Engine keeps them for
+    # the weight gradient): the two norm outputs and the activation-function output.
+    fp8_half = where(plans.precision == PRECISION_CODES["fp8"], 0.5 * ACT_BYTES, 0.0)
+    norm_out_saving = fp8_half * 2.0 * model.hidden * norm_tokens
+    full_set = ACT_BYTES * (replicated + split) - norm_out_saving - fp8_half * tokens * mlp_width
+    selective_set = ACT_BYTES * (replicated + split - tokens * (q_l + mlp_width)) - norm_out_saving
     return full_set, selective_set, ACT_BYTES * model.hidden * norm_tokens
 
 
