@@ -169,7 +169,7 @@ def window_mean(
     """Mean of the curve over [end − width, end], exact for a piecewise-linear (trapezoid rule)
     or step curve; the window is clipped at the first point."""
     start = max(xs[0], end - width)
-    if end <= start:
+    if end - start <= 1e-12 * max(1.0, abs(end)):  # empty (or denormal) window: the point
         return interpolate(xs, ys, end, step)
     knots = [start] + [x for x in xs if start < x < end] + [end]
     vals = [interpolate(xs, ys, x, step) for x in knots]
