@@ -81,10 +81,13 @@ def _share(part: Num, whole: Num) -> Num:
     return where(whole > 0, part / maximum(whole, 1e-300), 0.0)
 
 
-def _finish(value: Num, shape: tuple[int, ...]) -> FloatArray:
-    """A float64 array of the plans' shape (scalars become 0-d arrays)."""
-    arr = np.asarray(value, dtype=np.float64)
-    return arr if arr.shape == shape else np.broadcast_to(arr, shape).copy()
+def _finish(value: Num, zeros: FloatArray) -> FloatArray:
+    """A float64 array of the plans' shape (`zeros` has it; scalars become 0-d arrays).
+
+    Adding to zeros broadcasts into a fresh writable array in one ufunc call."""
+    if isinstance(value, np.ndarray) and value.shape == zeros.shape:
+        return value if value.dtype == np.float64 else value.astype(np.float64)
+    return np.add(value, zeros)
 
 
 def pipeline_bubble_fraction(p: Num, v: Num, m: Num) -> Num:
@@ -209,8 +212,9 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
         "ep_comm": m * ep_mb,
     }
     shape = plans.shape
-    time = {k: _finish(v, shape) for k, v in time.items()}
-    step = sum(time.values(), start=np.zeros(shape))
+    zeros = np.zeros(shape)
+    time = {k: _finish(v, zeros) for k, v in time.items()}
+    step = sum(time.values(), start=zeros)
 
     grad_bytes = params.total * GRAD_BYTES
     comm_bytes = {
@@ -221,7 +225,7 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
         "cp": m * sc.layers * 3.0 * kv_block * (cp - 1.0),
         "ep": m * ep_count * a2a_msg * (ep - 1.0) / ep,
     }
-    comm_bytes = {k: _finish(v, shape) for k, v in comm_bytes.items()}
+    comm_bytes = {k: _finish(v, zeros) for k, v in comm_bytes.items()}
 
     tokens_step = as_float(plans.global_batch) * model.seq_len
     model_flops = model_flops_per_token(model, causal=True) * tokens_step
@@ -232,13 +236,13 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     memory = memory_breakdown(model, cluster, plans, params).as_dict()
     return StepArrays(
         time=time,
-        memory={k: _finish(memory[k], shape) for k in MEMORY_COMPONENTS},
+        memory={k: _finish(memory[k], zeros) for k in MEMORY_COMPONENTS},
         step_time_s=step,
-        tokens_per_step=_finish(tokens_step, shape),
-        n_gpus=_finish(as_float(plans.n_gpus), shape),
-        model_flops_per_step=_finish(model_flops, shape),
-        hardware_flops_per_step=_finish(hw_flops, shape),
-        peak_flops_per_gpu=_finish(peak * 1e12, shape),
+        tokens_per_step=_finish(tokens_step, zeros),
+        n_gpus=_finish(as_float(plans.n_gpus), zeros),
+        model_flops_per_step=_finish(model_flops, zeros),
+        hardware_flops_per_step=_finish(hw_flops, zeros),
+        peak_flops_per_gpu=_finish(peak * 1e12, zeros),
         hbm_bytes=np.full(shape, acc.hbm_gb * 1e9),
         comm_bytes=comm_bytes,
     )
