@@ -71,7 +71,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--outer-lr", type=float, help="outer learning rate (default: Table 3)")
     p.add_argument("--out-dir", help="run folder for metrics (default: none written)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any config key")
-    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: these small models gain little from intra-op "
+        "threads, and oversubscribed cores slow them down sharply)",
+    )
     p.add_argument("--print-config", action="store_true", help="print the TOML and exit")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
