@@ -3,6 +3,8 @@
     python benchmarks/calibration.py              # error table with the shipped presets
     python benchmarks/calibration.py --fit        # refit, print parameters and the new table
     python benchmarks/calibration.py --fit --write  # also store them in the preset TOML files
+    python benchmarks/calibration.py --cv         # leave-one-source-out cross-validation over
+                                                  # runs.csv and benchmarks/holdout_runs.csv
 
 The fit minimises the source-weighted mean |log(predicted/measured)| over few, physical
 parameters (matmul efficiency per accelerator family, its size scale, attention/matmul ratio,
@@ -28,15 +30,18 @@ from shardmeter.calibrate import (
     RowResult,
     RunSpec,
     fit,
+    leave_one_source_out,
     predictions,
     read_rows,
     run_from_row,
+    summarize,
     summarize_results,
 )
 from shardmeter.errors import UserInputError
 from shardmeter.paths import shared_path
 
 DATA = Path(__file__).resolve().parents[1] / "src" / "shardmeter" / "data"
+HOLDOUT = Path(__file__).resolve().parent / "holdout_runs.csv"
 
 
 def load_runs(path: Path) -> tuple[list[RunSpec], list[RowResult]]:
@@ -177,6 +182,30 @@ def write_presets(cal: Calibration, note: str) -> list[Path]:
     return written
 
 
+def print_cv(runs: Sequence[RunSpec], iterations: int) -> None:
+    """Leave-one-source-out table: each source predicted by a fit on all the others."""
+    folds = leave_one_source_out(runs, iterations=iterations)
+    print("leave-one-source-out cross-validation (fit on the other sources, predict this one)")
+    print(f"{'held out':<9} {'n':>4} {'median':>8} {'mean':>7} {'p90':>7} {'signed median':>14}")
+    every: list[RowResult] = []
+    for fold in folds:
+        apes = [r.ape for r in fold.rows if r.ape is not None]
+        signed = [100 * (r.predicted / r.measured - 1) for r in fold.rows
+                  if r.predicted is not None and r.measured]  # fmt: skip
+        s = summarize(apes)
+        print(f"{fold.source_id:<9} {s.n:>4} {100 * s.median_ape:>7.1f}% {100 * s.mean_ape:>6.1f}% "
+              f"{100 * s.p90_ape:>6.1f}% {sorted(signed)[len(signed) // 2]:>+13.1f}%")  # fmt: skip
+        every.extend(fold.rows)
+    per_source = [summarize([r.ape for r in f.rows if r.ape is not None]) for f in folds]
+    overall = summarize([r.ape for r in every if r.ape is not None])
+    print(f"{'all rows':<9} {overall.n:>4} {100 * overall.median_ape:>7.1f}% "
+          f"{100 * overall.mean_ape:>6.1f}% {100 * overall.p90_ape:>6.1f}%")  # fmt: skip
+    medians = sorted(s.median_ape for s in per_source)
+    print(f"median of the {len(medians)} per-source medians: "
+          f"{100 * medians[len(medians) // 2]:.1f}%; worst source median "
+          f"{100 * medians[-1]:.1f}%")  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="?", help="CSV in the calibration schema")
@@ -185,6 +214,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--iterations", type=int, default=300, help="Nelder-Mead iterations (0: reuse the last fit)"
     )
     parser.add_argument("--write", action="store_true", help="store the fit in the presets")
+    parser.add_argument(
+        "--cv", action="store_true", help="leave-one-source-out cross-validation table"
+    )
+    parser.add_argument(
+        "--holdout", default=str(HOLDOUT), help="second CSV used by --cv ('' for none)"
+    )
     args = parser.parse_args(argv)
     path = Path(args.runs) if args.runs else shared_path("calibration", "runs.csv")
     if path is None:
@@ -193,6 +228,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs, skipped = load_runs(path)
     for r in skipped:
         print(f"skipped run {r.run_id}: {r.skipped}")
+    if args.cv:
+        extra, _ = load_runs(Path(args.holdout)) if args.holdout else ([], [])
+        print_cv(runs + extra, args.iterations)
+        return 0
     calibration = None
     if args.fit and args.iterations == 0:
         calibration = Calibration.from_vector([b.start for b in FREE_PARAMETERS])

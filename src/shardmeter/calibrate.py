@@ -604,3 +604,32 @@ def fit(
     z, value = nelder_mead(loss, z0, step=0.5, iterations=iterations)
     values = [_from_unit(zi, b) for zi, b in zip(z, FREE_PARAMETERS, strict=True)]
     return Calibration.from_vector(values), value
+
+
+@dataclass(frozen=True)
+class FoldResult:
+    """One leave-one-source-out fold: the held-out source's rows predicted by a fit on the
+    other sources."""
+
+    source_id: str
+    rows: list[RowResult]
+    train_loss: float
+
+
+def leave_one_source_out(
+    runs: Sequence[RunSpec], iterations: int = 300, start: Calibration | None = None
+) -> list[FoldResult]:
+    """For each source, fit on every other source and predict the held-out one: the honest
+    estimate of accuracy on a source the fit has never seen."""
+    folds: list[FoldResult] = []
+    for source in sorted({r.source_id for r in runs}):
+        train = [r for r in runs if r.source_id != source]
+        test = [r for r in runs if r.source_id == source]
+        calibration, loss = fit(train, start=start, iterations=iterations)
+        pred = predictions(test, calibration)
+        rows = [
+            RowResult(r.run_id, r.source_id, r.measured, float(p), abs(float(p) / r.measured - 1))
+            for r, p in zip(test, pred, strict=True)
+        ]
+        folds.append(FoldResult(source, rows, loss))
+    return folds
