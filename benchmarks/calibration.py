@@ -23,13 +23,16 @@ from pathlib import Path
 
 from shardmeter.calibrate import (
     FAMILIES,
-    FREE_PARAMETERS,
     NIC_PREFIXES,
     NVLINK_PREFIXES,
+    PRIOR_EXCLUDED,
     Calibration,
     RowResult,
     RunSpec,
+    families_of,
     fit,
+    free_parameters,
+    has_moe,
     leave_one_source_out,
     predictions,
     read_rows,
@@ -39,6 +42,7 @@ from shardmeter.calibrate import (
 )
 from shardmeter.errors import UserInputError
 from shardmeter.paths import shared_path
+from shardmeter.specs.loader import load_accelerator
 
 DATA = Path(__file__).resolve().parents[1] / "src" / "shardmeter" / "data"
 HOLDOUT = Path(__file__).resolve().parent / "holdout_runs.csv"
@@ -101,45 +105,30 @@ def _set_keys(text: str, table: str, values: dict[str, object]) -> str:
     return text[:start] + section + text[end:]
 
 
-HOPPER_PRIOR = {"matmul_max": 0.8, "matmul_half_gflop": 3.0}  # h100-sxm before calibration
-
-
-def _prior(text: str, key: str) -> float:
-    """An accelerator's uncalibrated value of `key`: from an earlier fit's source note, else
-    the current value (so rewriting is idempotent)."""
-    noted = re.search(rf"prior {key} ([\d.]+)", text)
-    current = re.search(rf"^{key}\s*=\s*([\d.]+)", text, re.M)
-    if noted:
-        return float(noted.group(1))
-    if current is None:
-        raise ValueError(f"accelerator preset without [efficiency] {key}")
-    return float(current.group(1))
-
-
-def _accelerator_values(text: str, name: str, cal: Calibration, note: str) -> dict[str, object]:
-    """[efficiency] entries: fitted for calibrated families; for other accelerators their
-    priors scaled by the Hopper fit over its prior (same software generation)."""
-    if name in FAMILIES:
-        eta, half, src = cal.matmul_max[FAMILIES[name]], cal.matmul_half_gflop, note
+def _accelerator_values(name: str, cal: Calibration, note: str) -> dict[str, object]:
+    """[efficiency] entries of one accelerator preset under the calibration, with provenance:
+    its family's fitted matmul_max, or the mean over fitted families for a family without runs."""
+    acc = load_accelerator(name)
+    eff = cal.efficiency(acc)
+    family = FAMILIES.get(name, "")
+    if family in cal.matmul_max:
+        src = f"{family} family {note}"
     else:
-        prior_eta, prior_half = _prior(text, "matmul_max"), _prior(text, "matmul_half_gflop")
-        eta_scale = cal.matmul_max["hopper"] / HOPPER_PRIOR["matmul_max"]
-        half_scale = cal.matmul_half_gflop / HOPPER_PRIOR["matmul_half_gflop"]
-        eta, half = min(0.95, prior_eta * eta_scale), prior_half * half_scale
+        fitted = ", ".join(f for f in sorted(cal.matmul_max) if f not in PRIOR_EXCLUDED)
         src = (
-            f"no calibration runs: prior matmul_max {prior_eta} x {eta_scale:.3f} and prior "
-            f"matmul_half_gflop {prior_half} x {half_scale:.2f} (Hopper fit / its prior); "
-            f"shared terms {note}"
+            f"no runs of the {family or name} family: matmul_max = mean achieved/peak of the "
+            f"fitted families ({fitted}); shared terms {note}"
         )
     values: dict[str, object] = {
-        "matmul_max": round(eta, 4),
-        "matmul_half_gflop": round(half, 4),
-        "memory": round(cal.memory, 4),
-        "attention": round(min(1.0, eta * cal.attention_ratio), 4),
+        "matmul_max": round(eff.matmul_max, 4),
+        "matmul_half_gflop": round(eff.matmul_half_gflop, 4),
+        "memory": round(eff.memory, 4),
+        "moe_expert_overhead_us": round(eff.moe_expert_overhead_us, 2),
+        "attention": round(eff.attention, 4),
         "source": src,
     }
-    if _prior(text, "fp8_speedup") > 1.0:  # accelerators with FP8 tensor cores
-        values["fp8_speedup"] = round(cal.fp8_speedup, 4)
+    if "fp8" in acc.peak_tflops:
+        values["fp8_speedup"] = round(eff.fp8_speedup, 4)
     return values
 
 
@@ -162,7 +151,7 @@ def write_presets(cal: Calibration, note: str) -> list[Path]:
     written: list[Path] = []
     for path in sorted((DATA / "accelerators").glob("*.toml")):
         text = path.read_text()
-        values = _accelerator_values(text, path.stem, cal, note)
+        values = _accelerator_values(path.stem, cal, note)
         path.write_text(_set_keys(text, "efficiency", values))
         written.append(path)
     for path in sorted((DATA / "clusters").glob("*.toml")):
@@ -218,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--cv", action="store_true", help="leave-one-source-out cross-validation table"
     )
     parser.add_argument(
-        "--holdout", default=str(HOLDOUT), help="second CSV used by --cv ('' for none)"
+        "--holdout", default=str(HOLDOUT), help="second CSV fitted and cross-validated ('' none)"
     )
     args = parser.parse_args(argv)
     path = Path(args.runs) if args.runs else shared_path("calibration", "runs.csv")
@@ -228,30 +217,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs, skipped = load_runs(path)
     for r in skipped:
         print(f"skipped run {r.run_id}: {r.skipped}")
+    extra, _ = load_runs(Path(args.holdout)) if args.holdout else ([], [])
     if args.cv:
-        extra, _ = load_runs(Path(args.holdout)) if args.holdout else ([], [])
         print_cv(runs + extra, args.iterations)
         return 0
     calibration = None
+    fit_runs = runs + extra
+    bounds = free_parameters(families_of(fit_runs), has_moe(fit_runs))
     if args.fit and args.iterations == 0:
-        calibration = Calibration.from_vector([b.start for b in FREE_PARAMETERS])
-        print("the last fit's values (FREE_PARAMETERS starts), not refitted:")
-        for bound, value in zip(FREE_PARAMETERS, calibration.vector(), strict=True):
-            print(f"  {bound.name:<24} {value:.4f}   [{bound.low}, {bound.high}]")
+        calibration = Calibration.start(families_of(fit_runs), has_moe(fit_runs))
+        print("the last fit's values (the Bound starts), not refitted:")
     elif args.fit:
-        calibration, loss = fit(runs, iterations=args.iterations)
-        print(f"fitted on {len(runs)} runs (source-weighted mean |log error| {loss:.4f}):")
-        for bound, value in zip(FREE_PARAMETERS, calibration.vector(), strict=True):
+        calibration, loss = fit(fit_runs, iterations=args.iterations)
+        print(f"fitted on {len(fit_runs)} runs (source-weighted mean |log error| {loss:.4f}):")
+    if calibration is not None:
+        fitted = dict(zip(calibration.names(), calibration.vector(), strict=True))
+        for bound in bounds:
+            value = fitted[bound.name]
             print(f"  {bound.name:<24} {value:.4f}   [{bound.low}, {bound.high}]")
+        print(f"  prior matmul_max (families without runs) {calibration.prior_matmul_max:.4f}")
     if calibration is not None and args.write:
-        sources = ",".join(sorted({r.source_id for r in runs}))
         note = (
-            f"fitted on calibration runs {sources} by benchmarks/calibration.py --fit, "
-            f"{dt.date.today().isoformat()}"
+            f"fitted on runs.csv {','.join(sorted({r.source_id for r in runs}))} + "
+            f"benchmarks/holdout_runs.csv {','.join(sorted({r.source_id for r in extra}))} by "
+            f"benchmarks/calibration.py --fit --write, {dt.date.today().isoformat()}"
         )
         for p in write_presets(calibration, note):
             print(f"wrote {p.relative_to(DATA.parents[2])}")
     print_table(runs, results(runs, calibration))
+    if extra:
+        print(f"\n{args.holdout}:")
+        print_table(extra, results(extra, calibration))
     return 0
 
 

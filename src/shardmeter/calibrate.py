@@ -20,7 +20,7 @@ from shardmeter.estimate.plan_arrays import PlanArrays
 from shardmeter.estimate.result import StepEstimate
 from shardmeter.estimate.step import estimate_step_arrays, view
 from shardmeter.predict import cluster_for_gpu
-from shardmeter.specs.hardware import Cluster
+from shardmeter.specs.hardware import Accelerator, Cluster, Efficiency
 from shardmeter.specs.hf import gqa_equivalent, mla_attention_params
 from shardmeter.specs.loader import load_cluster
 from shardmeter.specs.model import MoESpec, TransformerSpec
@@ -418,16 +418,30 @@ def summarize_results(results: Sequence[RowResult]) -> tuple[ErrorSummary, dict[
 
 
 # --- fitting ------------------------------------------------------------------------------------
-# Accelerator -> family whose matmul efficiency is one shared free parameter.
+# Accelerator preset -> family. A family shares one achieved fraction of dense matmul peak (same
+# tensor-core generation and software stack era); H100 at 500 W is a power-capped variant.
 FAMILIES: dict[str, str] = {
     "a100-40gb": "ampere",
     "a100-80gb": "ampere",
     "h100-sxm": "hopper",
+    "h100-pcie": "hopper",
     "h200": "hopper",
+    "h20": "hopper",
     "h100-sxm-96gb-500w": "hopper-500w",
+    "b200": "blackwell",
+    "gb200": "blackwell",
+    "gb300": "blackwell",
+    "tpu-v4": "tpu",
+    "tpu-v5p": "tpu",
+    "mi250x": "cdna",
+    "mi300x": "cdna",
+    "mi325x": "cdna",
+    "l40s": "ada",
 }
+# Families that do not enter the prior of unfitted families (a power cap is not a generation).
+PRIOR_EXCLUDED: frozenset[str] = frozenset({"hopper-500w"})
 NVLINK_PREFIXES: tuple[str, ...] = ("nvlink",)
-NIC_PREFIXES: tuple[str, ...] = ("ib-", "roce-")
+NIC_PREFIXES: tuple[str, ...] = ("ib-", "roce-", "cx8-")  # InfiniBand / RoCE rails
 
 
 @dataclass(frozen=True)
@@ -443,12 +457,21 @@ class Bound:
 # Bounds keep every parameter physically plausible: achieved NCCL bus bandwidth is 60-95% of
 # nominal on NVSwitch and 70-95% on IB/RoCE rails; flash attention reaches 40-100% of the GEMM
 # efficiency (FlashAttention-2 vs -3 on Hopper); FP8 GEMMs gain 1.2-2x; overlapped
-# communication takes at most a fifth of the SMs (Calculon: 0.15 NVLink, 0.02 IB).
-FREE_PARAMETERS: tuple[Bound, ...] = (
-    Bound("matmul_max.ampere", 0.3, 0.98, 0.729),
-    Bound("matmul_max.hopper", 0.3, 0.98, 0.6285),
-    Bound("matmul_max.hopper-500w", 0.2, 0.98, 0.5066),
-    Bound("matmul_half_gflop", 0.5, 50.0, 8.6711),
+# communication takes at most a fifth of the SMs (Calculon: 0.15 NVLink, 0.02 IB). The GEMM
+# size at half efficiency is a time at peak (launch, wave quantisation and tail), so faster
+# chips need proportionally bigger GEMMs: F_half = matmul_half_us · peak_bf16.
+FAMILY_BOUND: tuple[float, float] = (0.2, 0.98)
+FAMILY_START: dict[str, float] = {
+    "ampere": 0.729,
+    "hopper": 0.6285,
+    "hopper-500w": 0.5066,
+    "blackwell": 0.6,
+    "tpu": 0.6,
+    "cdna": 0.6,
+    "ada": 0.6,
+}
+SHARED_PARAMETERS: tuple[Bound, ...] = (
+    Bound("matmul_half_us", 0.5, 50.0, 8.76),
     Bound("attention_ratio", 0.4, 1.0, 0.4484),
     Bound("memory", 0.6, 0.95, 0.6006),
     Bound("fp8_speedup", 1.2, 2.0, 1.7014),
@@ -458,60 +481,100 @@ FREE_PARAMETERS: tuple[Bound, ...] = (
 )
 
 
+# Host cost per local expert and MoE layer forward when no MoE run is fitted: about three
+# eager PyTorch dispatches (two GEMMs and the activation, ~10 µs each) that the dropless
+# routing's host synchronisation leaves un-hidden.
+MOE_OVERHEAD_PRIOR_US = 30.0
+MOE_OVERHEAD = Bound("moe_expert_overhead_us", 0.0, 1000.0, MOE_OVERHEAD_PRIOR_US)
+
+
+def families_of(runs: Sequence[RunSpec]) -> list[str]:
+    """Accelerator families with at least one run (only these get a fitted matmul_max)."""
+    return sorted({FAMILIES[r.cluster.accelerator.name] for r in runs
+                   if r.cluster.accelerator.name in FAMILIES})  # fmt: skip
+
+
+def has_moe(runs: Sequence[RunSpec]) -> bool:
+    return any(r.model.moe is not None for r in runs)
+
+
+def free_parameters(families: Sequence[str], moe: bool = False) -> tuple[Bound, ...]:
+    """matmul_max of each family with data, the shared parameters, and the MoE host overhead
+    when MoE runs are fitted (else it keeps its prior)."""
+    fam = tuple(Bound(f"matmul_max.{f}", *FAMILY_BOUND, FAMILY_START[f]) for f in families)
+    return fam + SHARED_PARAMETERS + ((MOE_OVERHEAD,) if moe else ())
+
+
 @dataclass(frozen=True)
 class Calibration:
-    """Fitted physical parameters: efficiencies per accelerator family and per link kind."""
+    """Fitted physical parameters: matmul efficiency per accelerator family with data, shared
+    kernel and link efficiencies. Families without data take `prior_matmul_max`."""
 
     matmul_max: dict[str, float]  # family -> asymptotic fraction of dense peak
-    matmul_half_gflop: float  # GEMM size at half of matmul_max
+    matmul_half_us: float  # GEMM size at half of matmul_max, as seconds·1e-6 at bf16 peak
     attention_ratio: float  # flash-attention efficiency / matmul efficiency
     memory: float  # achieved fraction of HBM bandwidth
     fp8_speedup: float  # FP8 over BF16 GEMM time
     nvlink_efficiency: float  # achieved / nominal NVLink bus bandwidth
     nic_efficiency: float  # achieved / nominal IB or RoCE bandwidth per GPU
     overlap_slowdown: float  # compute lost while communication overlaps
+    moe_expert_overhead_us: float = MOE_OVERHEAD_PRIOR_US  # host µs per local expert forward
 
     @classmethod
-    def from_vector(cls, values: Sequence[float]) -> Calibration:
-        named = dict(zip((b.name for b in FREE_PARAMETERS), values, strict=True))
+    def from_values(cls, names: Sequence[str], values: Sequence[float]) -> Calibration:
+        named = dict(zip(names, values, strict=True))
         families = {k.split(".", 1)[1]: v for k, v in named.items() if k.startswith("matmul_max.")}
-        return cls(
-            matmul_max=families,
-            matmul_half_gflop=named["matmul_half_gflop"],
-            attention_ratio=named["attention_ratio"],
-            memory=named["memory"],
-            fp8_speedup=named["fp8_speedup"],
-            nvlink_efficiency=named["nvlink_efficiency"],
-            nic_efficiency=named["nic_efficiency"],
-            overlap_slowdown=named["overlap_slowdown"],
-        )
+        shared = {b.name: named[b.name] for b in SHARED_PARAMETERS}
+        moe = named.get(MOE_OVERHEAD.name, MOE_OVERHEAD_PRIOR_US)
+        return cls(matmul_max=families, moe_expert_overhead_us=moe, **shared)
+
+    @classmethod
+    def start(cls, families: Sequence[str], moe: bool = True) -> Calibration:
+        """The last fit's values (the Bound starts) for these families."""
+        bounds = free_parameters(families, moe)
+        return cls.from_values([b.name for b in bounds], [b.start for b in bounds])
 
     def vector(self) -> list[float]:
-        out = []
-        for b in FREE_PARAMETERS:
-            if b.name.startswith("matmul_max."):
-                out.append(self.matmul_max[b.name.split(".", 1)[1]])
-            else:
-                out.append(float(getattr(self, b.name)))
-        return out
+        fam = [self.matmul_max[f] for f in sorted(self.matmul_max)]
+        shared = [float(getattr(self, b.name)) for b in SHARED_PARAMETERS]
+        return fam + shared + [self.moe_expert_overhead_us]
+
+    def names(self) -> list[str]:
+        fam = [f"matmul_max.{f}" for f in sorted(self.matmul_max)]
+        return fam + [b.name for b in SHARED_PARAMETERS] + [MOE_OVERHEAD.name]
+
+    @property
+    def prior_matmul_max(self) -> float:
+        """Prior for a family without runs: the mean achieved/peak of the fitted families
+        (never one family's value scaled by another's software losses)."""
+        vals = [v for f, v in self.matmul_max.items() if f not in PRIOR_EXCLUDED]
+        return float(np.mean(vals)) if vals else FAMILY_START["hopper"]
+
+    def family_matmul_max(self, family: str) -> float:
+        return self.matmul_max.get(family, self.prior_matmul_max)
+
+    def efficiency(self, acc: Accelerator) -> Efficiency:
+        """The accelerator's [efficiency] under this calibration (its family's matmul_max or
+        the prior; F_half from the bf16 peak; fp8_speedup only where FP8 tensor cores exist)."""
+        eta = self.family_matmul_max(FAMILIES.get(acc.name, ""))
+        update: dict[str, float] = {
+            "matmul_max": eta,
+            "matmul_half_gflop": self.matmul_half_us * acc.peak("bf16") * 1e-3,
+            "attention": min(1.0, eta * self.attention_ratio),
+            "memory": self.memory,
+            "moe_expert_overhead_us": self.moe_expert_overhead_us,
+        }
+        if "fp8" in acc.peak_tflops:
+            update["fp8_speedup"] = self.fp8_speedup
+        return acc.efficiency.model_copy(update=update)
 
     def apply(self, cluster: Cluster) -> Cluster:
-        """The cluster with these efficiencies (accelerators outside FAMILIES keep theirs)."""
+        """The cluster with these efficiencies (links other than NVLink and IB/RoCE keep theirs)."""
         acc = cluster.accelerator
-        family = FAMILIES.get(acc.name)
-        update: dict[str, object] = {"overlap_slowdown": self.overlap_slowdown}
-        if family is not None:
-            eta = self.matmul_max[family]
-            eff = acc.efficiency.model_copy(
-                update={
-                    "matmul_max": eta,
-                    "matmul_half_gflop": self.matmul_half_gflop,
-                    "attention": min(1.0, eta * self.attention_ratio),
-                    "memory": self.memory,
-                    "fp8_speedup": self.fp8_speedup,
-                }
-            )
-            update["accelerator"] = acc.model_copy(update={"efficiency": eff})
+        update: dict[str, object] = {
+            "overlap_slowdown": self.overlap_slowdown,
+            "accelerator": acc.model_copy(update={"efficiency": self.efficiency(acc)}),
+        }
         if cluster.intra.name.startswith(NVLINK_PREFIXES):
             update["intra"] = cluster.intra.model_copy(
                 update={"efficiency": self.nvlink_efficiency}
@@ -591,19 +654,23 @@ def nelder_mead(
 def fit(
     runs: Sequence[RunSpec], start: Calibration | None = None, iterations: int = 300
 ) -> tuple[Calibration, float]:
-    """Fit FREE_PARAMETERS on the runs (bounded via a logistic transform); returns the
-    calibration and its loss."""
+    """Fit matmul_max of every family with runs plus the shared parameters (bounded via a
+    logistic transform); returns the calibration and its loss."""
     weights = source_weights(runs)
-    x0 = start.vector() if start else [b.start for b in FREE_PARAMETERS]
-    z0 = np.array([_to_unit(x, b) for x, b in zip(x0, FREE_PARAMETERS, strict=True)])
+    bounds = free_parameters(families_of(runs), has_moe(runs))
+    names = [b.name for b in bounds]
+    starts = dict(zip(start.names(), start.vector(), strict=True)) if start else {}
+    x0 = [starts.get(b.name, b.start) for b in bounds]
+    z0 = np.array([_to_unit(x, b) for x, b in zip(x0, bounds, strict=True)])
 
-    def loss(z: np.ndarray) -> float:
-        values = [_from_unit(zi, b) for zi, b in zip(z, FREE_PARAMETERS, strict=True)]
-        return fit_loss(runs, Calibration.from_vector(values), weights)
+    def calibration(z: np.ndarray) -> Calibration:
+        values = [_from_unit(zi, b) for zi, b in zip(z, bounds, strict=True)]
+        return Calibration.from_values(names, values)
 
-    z, value = nelder_mead(loss, z0, step=0.5, iterations=iterations)
-    values = [_from_unit(zi, b) for zi, b in zip(z, FREE_PARAMETERS, strict=True)]
-    return Calibration.from_vector(values), value
+    z, value = nelder_mead(
+        lambda z: fit_loss(runs, calibration(z), weights), z0, step=0.5, iterations=iterations
+    )
+    return calibration(z), value
 
 
 @dataclass(frozen=True)

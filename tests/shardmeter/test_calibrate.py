@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from shardmeter.calibrate import (
-    FREE_PARAMETERS,
     Calibration,
     cluster_from_row,
     evaluate_rows,
+    leave_one_source_out,
     model_from_row,
     nelder_mead,
     plan_from_row,
@@ -116,13 +116,33 @@ def test_nelder_mead_finds_quadratic_minimum() -> None:
 
 
 def test_calibration_vector_roundtrip_and_apply() -> None:
-    values = [b.start for b in FREE_PARAMETERS]
-    cal = Calibration.from_vector(values)
-    assert cal.vector() == pytest.approx(values)
+    cal = Calibration.start(["ampere", "hopper"])
+    again = Calibration.from_values(cal.names(), cal.vector())
+    assert again == cal
     cluster = cal.apply(cluster_from_row(BASE))
-    assert cluster.accelerator.efficiency.matmul_max == pytest.approx(cal.matmul_max["hopper"])
+    eff = cluster.accelerator.efficiency
+    assert eff.matmul_max == pytest.approx(cal.matmul_max["hopper"])
+    # F_half is a time at bf16 peak: 989.4 TFLOP/s · matmul_half_us µs
+    assert eff.matmul_half_gflop == pytest.approx(cal.matmul_half_us * 989.4e-3)
     assert cluster.intra.efficiency == pytest.approx(cal.nvlink_efficiency)
     assert cluster.inter.efficiency == pytest.approx(cal.nic_efficiency)
+
+
+def test_unfitted_family_takes_mean_of_fitted_families_not_a_scaled_hopper() -> None:
+    cal = Calibration.start(["ampere", "hopper", "hopper-500w"])
+    b200 = cal.apply(cluster_from_row({**BASE, "gpu": "b200"})).accelerator.efficiency
+    mean = (cal.matmul_max["ampere"] + cal.matmul_max["hopper"]) / 2  # power cap excluded
+    assert b200.matmul_max == pytest.approx(mean)
+    assert cal.prior_matmul_max == pytest.approx(mean)
+
+
+def test_leave_one_source_out_never_fits_on_the_held_out_source() -> None:
+    runs = [run_from_row({**BASE, "run_id": str(i), "source_id": s}) for i, s in
+            enumerate(["A", "B"])]  # fmt: skip
+    folds = leave_one_source_out(runs, iterations=2)
+    assert [f.source_id for f in folds] == ["A", "B"]
+    assert all(len(f.rows) == 1 and f.rows[0].source_id == f.source_id for f in folds)
+    assert all(f.rows[0].ape is not None for f in folds)
 
 
 def test_source_weights_equal_per_source() -> None:
