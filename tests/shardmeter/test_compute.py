@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from shardmeter.estimate.compute import (
+    ep_load_imbalance,
     gemm_time,
     layer_forward,
     matmul_efficiency,
@@ -101,3 +102,33 @@ def test_stage_compute_splits_layers_and_adds_logits() -> None:
     layers, layer_fwd = float(full.layers[()]), float(full.layer_forward_s[()])
     assert float(full.recompute_s[()]) == pytest.approx(layers * layer_fwd)
     assert float(full.forward_s[()]) > layers * layer_fwd  # plus the logits
+
+
+def test_ep_load_imbalance_is_one_without_ep_and_shrinks_with_tokens() -> None:
+    assert ep_load_imbalance(4096.0, 8, 1.0) == pytest.approx(1.0)
+    few, many = ep_load_imbalance(1024.0, 8, 8.0), ep_load_imbalance(65536.0, 8, 8.0)
+    assert 1.0 < many < few
+    # Monte Carlo of uniform top-k routing: mean max/mean tokens per rank over 8 ranks.
+    rng = np.random.default_rng(0)
+    counts = rng.multinomial(1024 * 8, [1 / 8] * 8, size=2000)
+    simulated = float(np.mean(counts.max(axis=1) / (1024 * 8 / 8)))
+    assert few == pytest.approx(simulated, rel=0.03)
+
+
+def test_moe_small_experts_pay_size_curve_and_host_dispatch_dense_layers_do_not() -> None:
+    """Same active FLOPs split over many small experts run slower (smaller per-expert GEMMs
+    and one host dispatch per local expert); the dense layer has no host term."""
+    base = TransformerSpec(
+        n_layers=8, hidden=2048, n_heads=16, ffn=6144, mlp="swiglu", vocab=32000, seq_len=4096
+    )
+    eff = ACC.efficiency.model_copy(update={"moe_expert_overhead_us": 30.0})
+    acc = ACC.model_copy(update={"efficiency": eff})
+    plans = PlanArrays.from_columns(ep=1, micro_batch=1)
+    coarse = base.model_copy(update={"moe": MoESpec(experts=8, top_k=1)})
+    fine = base.model_copy(update={"ffn": 768, "moe": MoESpec(experts=64, top_k=8)})
+    c, f = layer_forward(coarse, plans, acc, True), layer_forward(fine, plans, acc, True)
+    assert float(f.host_s) == pytest.approx(64 * 30e-6) and float(c.host_s) == pytest.approx(
+        8 * 30e-6
+    )
+    assert float(f.forward_s) > float(c.forward_s)
+    assert float(layer_forward(base, plans, acc, False).host_s) == 0.0

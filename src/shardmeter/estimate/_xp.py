@@ -47,6 +47,14 @@ def floor(a: Num) -> Num:
     return np.floor(a) if isinstance(a, _ND) else float(math.floor(a))
 
 
+def sqrt(a: Num) -> Num:
+    return np.sqrt(a) if isinstance(a, _ND) else math.sqrt(a)
+
+
+def log(a: Num) -> Num:
+    return np.log(a) if isinstance(a, _ND) else math.log(a)
+
+
 def logical_not(a: Num) -> Num:
     return np.logical_not(a) if isinstance(a, _ND) else not a
 

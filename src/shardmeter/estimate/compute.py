@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardmeter.estimate._xp import Num, as_float, ceil, maximum, where
+from shardmeter.estimate._xp import Num, as_float, ceil, log, maximum, sqrt, where
 from shardmeter.estimate.plan_arrays import PRECISION_CODES, RECOMPUTE_CODES, PlanArrays
 from shardmeter.specs.hardware import Accelerator, Efficiency
 from shardmeter.specs.model import TransformerSpec
@@ -67,15 +67,16 @@ class LayerCost:
     elementwise_s: Num  # norms, residual adds, activation function, RoPE, routing
     gemm_flops: Num
     attention_flops: Num
+    host_s: Num = 0.0  # un-hidden host dispatch (MoE expert loop); backward launches twice
 
     @property
     def forward_s(self) -> Num:
-        return self.gemm_s + self.attention_s + self.elementwise_s
+        return self.gemm_s + self.attention_s + self.elementwise_s + self.host_s
 
     @property
     def backward_s(self) -> Num:
         return (
-            BWD_GEMM * self.gemm_s
+            BWD_GEMM * (self.gemm_s + self.host_s)
             + BWD_ATTN * self.attention_s
             + BWD_ELEMENTWISE * self.elementwise_s
         )
@@ -115,6 +116,14 @@ def _mlp_cost(
     return up + down, 2.0 * rows * h * width * n_mat
 
 
+def ep_load_imbalance(tokens: Num, top_k: int, ep: Num) -> Num:
+    """Tokens on the busiest of `ep` expert-parallel ranks over the mean, for uniformly
+    random (ideally balanced) top-k routing of `tokens` tokens: the rank counts are
+    Binomial(T·k, 1/ep), sd/mean = sqrt((ep−1)/(T·k)), and the expected maximum of ep such
+    counts is ≈ mean + sqrt(2·ln ep)·sd (Gaussian extreme value). 1 when ep = 1."""
+    return 1.0 + sqrt(2.0 * log(ep)) * sqrt((ep - 1.0) / (tokens * top_k))
+
+
 def layer_forward(
     model: TransformerSpec, plans: PlanArrays, acc: Accelerator, moe: bool
 ) -> LayerCost:
@@ -145,13 +154,17 @@ def layer_forward(
     # Two norms (read + write h, 2 B each) and two residual adds (2 reads + 1 write), then RoPE
     # on q and k (read + write).
     elem_bytes = (8.0 + 12.0) * sh.norm_tokens * h + 2.0 * t * (sh.q_local + sh.kv_local) * 2.0
+    host_s = 0.0
     if moe and model.moe is not None:
         spec = model.moe
         width = model.expert_ffn / tp
         ep = as_float(plans.ep)
+        # Each local expert's grouped-GEMM slice sees T·k·ep/E rows, so small experts run low
+        # on the size-dependent curve; the busiest EP rank sets the pace.
         rows_per_expert = t * spec.top_k * ep / spec.experts
         expert_s, _ = _mlp_cost(sh, h, width, n_mat, rows_per_expert, acc)
-        routed_s = expert_s * spec.experts / ep
+        local_experts = spec.experts / ep
+        routed_s = expert_s * local_experts * ep_load_imbalance(t, spec.top_k, ep)
         routed_flops = 2.0 * t * spec.top_k * h * width * n_mat
         router_s = gemm_time(t, h, spec.experts, acc, False)
         gemm_s = gemm_s + routed_s + router_s
@@ -161,7 +174,11 @@ def layer_forward(
             gemm_s = gemm_s + shared_s
             gemm_flops = gemm_flops + shared_flops
         active_width = width * (spec.top_k + spec.shared_experts)
-        elem_bytes = elem_bytes + 8.0 * t * spec.top_k * h  # token permute/unpermute
+        # Router softmax + top-k over fp32 logits (write, read, write T·E·4 B); token permute
+        # (read T·h, write T·k·h) and unpermute (read T·k·h, write T·h), bf16 (Megatron-Core
+        # moe_utils.permute/unpermute).
+        elem_bytes = elem_bytes + 12.0 * t * spec.experts + 4.0 * t * h * (1.0 + spec.top_k)
+        host_s = acc.efficiency.moe_expert_overhead_us * 1e-6 * local_experts
     else:
         width = model.dense_ffn / tp
         mlp_s, mlp_flops = _mlp_cost(sh, h, width, n_mat, t, acc)
@@ -175,6 +192,7 @@ def layer_forward(
         elementwise_s=memory_time(elem_bytes, acc),
         gemm_flops=gemm_flops,
         attention_flops=attn_flops,
+        host_s=host_s,
     )
 
 

@@ -21,6 +21,7 @@ from shardmeter.estimate._xp import Num, as_float, logical_not, maximum, minimum
 from shardmeter.estimate.compute import (
     ACT_BYTES,
     BWD_ATTN,
+    ep_load_imbalance,
     model_flops_per_token,
     optimizer_time,
     recompute_flops_per_token,
@@ -128,9 +129,12 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     cp_bwd = _overlap(sc.layers * hop * 2.0, sc.attention_forward_s * BWD_ATTN, u)
     cp_mb = cp_fwd.cost + cp_bwd.cost
 
-    # Expert parallel: dispatch + combine all-to-all of T·k·h bytes, forward and backward.
+    # Expert parallel: dispatch + combine all-to-all of T·k·h bytes, forward and backward; the
+    # busiest rank (routing load imbalance) sets the time.
     top_k = model.moe.top_k if model.moe is not None else 0
     a2a_msg = tokens_mb * top_k * model.hidden * ACT_BYTES
+    if top_k:
+        a2a_msg = a2a_msg * ep_load_imbalance(tokens_mb, top_k, ep)
     ep_count = moe_layers * (4.0 + 2.0 * full)
     ep_mb = ep_count * comm.all_to_all_time(a2a_msg, ep, tp * cp, cluster)
 

@@ -27,6 +27,10 @@ class Efficiency(BaseModel):
     memory: float = Field(default=0.8, gt=0, le=1)  # achieved fraction of HBM bandwidth
     attention: float = Field(default=0.6, gt=0, le=1)  # flash-attention fraction of peak
     fp8_speedup: float = Field(default=1.5, ge=1)  # achieved end-to-end GEMM gain of fp8 over bf16
+    # host-side cost per local routed expert, MoE layer and micro-batch forward (µs; backward
+    # twice that): dropless routing syncs expert token counts to the host, then dispatches
+    # each local expert's GEMMs, so launch time is not hidden behind GPU work
+    moe_expert_overhead_us: float = Field(default=0.0, ge=0)
     source: str = ""
 
 
