@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from heloco.data import DataConfig, ValLoss, build_data, derive_seed
+from heloco.data import DataConfig, ValLoss, WorkerData, build_data, derive_seed
 from heloco.metrics import (
     EvalPoint,
     MetricsWriter,
@@ -222,9 +222,8 @@ class _Sim:
         ]
         self.traj = Trajectory()
         self.next_eval = clock.eval_every
-        self.cycle = max(
-            server.steps_for(w) * clock.paces[w] + clock.comm_delays[w] for w in range(k)
-        )
+        steps = [server.steps_for(w) for w in range(k)]
+        self.cycle = max(round_seconds(steps, clock.paces, clock.comm_delays))
 
     # -- helpers ----------------------------------------------------------------------------
     def compute_seconds(self, worker: int, steps: int) -> float:
@@ -423,38 +422,97 @@ def model_config_for(cfg: SimConfig, vocab_size: int) -> ModelConfig:
     return cfg.model
 
 
-def run_simulation(
-    cfg: SimConfig, progress: Callable[[EvalPoint], None] | None = None
-) -> RunResult:
-    """Build data, model, workers and server from ``cfg``; run; write metrics; summarise."""
-    wall0 = time.perf_counter()
-    seed_everything(cfg.seed)
-    device = torch.device(cfg.device)
-    data = build_data(cfg.data, cfg.workers, cfg.seed)
+def resolve_comm(cfg: SimConfig) -> list[float]:
+    """Per-worker communication seconds added to each round (None: all 0)."""
+    if cfg.comm_delays is None:
+        return [0.0] * cfg.workers
+    return [float(c) for c in cfg.comm_delays]
+
+
+def round_seconds(
+    steps: Sequence[int], paces: Sequence[float], comm: Sequence[float]
+) -> list[float]:
+    """Seconds of one round of each worker: H_w·pace_w + comm_w (spec 3, speed heterogeneity)."""
+    return [steps[w] * paces[w] + comm[w] for w in range(len(steps))]
+
+
+def initial_model(
+    cfg: SimConfig, data: WorkerData, device: torch.device | str | None = None
+) -> TinyGPT:
+    """The run's initial model, seeded by the run seed (identical in every process)."""
     model = TinyGPT(model_config_for(cfg, data.vocab_size), seed=derive_seed(cfg.seed, MODEL_KEY))
-    model.to(device)
-    init = {k: v.detach().to("cpu", torch.float32).clone() for k, v in model.named_parameters()}
-    paces = resolve_paces(cfg)
-    comm = [float(c) for c in cfg.comm_delays] if cfg.comm_delays else [0.0] * cfg.workers
-    method = resolve_method(cfg.method)
-    dylu = cfg.use_dylu()
-    steps = round_steps(cfg, paces)
-    rates = [1.0 / (steps[w] * paces[w] + comm[w]) for w in range(cfg.workers)]
-    inner = worker_inner_configs(cfg, paces, comm)
-    # One model object serves every worker and the evaluator: each round loads its start first.
-    workers = [Worker(w, model, data.streams[w], inner[w], cfg.seed) for w in range(cfg.workers)]
+    return model.to(torch.device(cfg.device if device is None else device))
+
+
+@dataclass(eq=False)
+class RunParts:
+    """Everything a run of ``cfg`` is built from, identical in the simulator, the network
+    server and every network worker (same seeds, data split, initial model, optimizer)."""
+
+    cfg: SimConfig
+    data: WorkerData
+    model: TinyGPT  # initial model; the simulator's workers and evaluator share it
+    paces: list[float]  # configured seconds per inner step
+    comm: list[float]  # configured seconds added to each round
+    steps: list[int]  # steps per round from the configured paces (H or DyLU's H_w)
+    inner: list[InnerConfig]  # each worker's inner config (its cosine length)
+    server: Server
+
+    def worker(self, w: int, batch_seed: int | None = None) -> Worker:
+        """Worker ``w`` on :attr:`model`; ``batch_seed`` replaces the run seed for its batch
+        order only (island ranks > 0 draw other batches from the same stream)."""
+        seed = self.cfg.seed if batch_seed is None else batch_seed
+        return Worker(w, self.model, self.data.streams[w], self.inner[w], seed)
+
+    @torch.no_grad()
+    def evaluate(self, params: Params) -> ValLoss:
+        """Validation loss of ``params``, loaded into :attr:`model`."""
+        for name, p in self.model.named_parameters():
+            p.copy_(params[name])
+        return self.data.validation.evaluate(
+            self.model, self.cfg.eval_batch_size, self.cfg.eval_windows
+        )
+
+
+def build_server(cfg: SimConfig, init: Params, rates: list[float]) -> Server:
+    """The method's outer optimizer (``rates``: expected rounds per second of each worker)
+    behind a server with the method's policy (sync barrier, DyLU, grace window)."""
     optimizer = build_optimizer(cfg.method, init, cfg.outer_config(), cfg.workers, rates)
     server_cfg = ServerConfig(
         n_workers=cfg.workers,
         inner_steps=cfg.inner_steps,
-        synchronous=method.spec.synchronous,
-        dylu=dylu,
+        synchronous=resolve_method(cfg.method).spec.synchronous,
+        dylu=cfg.use_dylu(),
         grace_window=cfg.grace_window,
     )
-    server = Server(init, optimizer, server_cfg)
+    return Server(init, optimizer, server_cfg)
+
+
+def build_run(cfg: SimConfig, device: torch.device | str | None = None) -> RunParts:
+    """Seed, build data, initial model (on ``device``, default ``cfg.device``), per-worker
+    schedules and the server of ``cfg``."""
+    seed_everything(cfg.seed)
+    data = build_data(cfg.data, cfg.workers, cfg.seed)
+    model = initial_model(cfg, data, device)
+    init = {k: v.detach().to("cpu", torch.float32).clone() for k, v in model.named_parameters()}
+    paces, comm = resolve_paces(cfg), resolve_comm(cfg)
+    steps = round_steps(cfg, paces)
+    rates = [1.0 / s for s in round_seconds(steps, paces, comm)]
+    inner = worker_inner_configs(cfg, paces, comm)
+    return RunParts(cfg, data, model, paces, comm, steps, inner, build_server(cfg, init, rates))
+
+
+def run_simulation(
+    cfg: SimConfig, progress: Callable[[EvalPoint], None] | None = None
+) -> RunResult:
+    """Build the run's parts from ``cfg``; run on the simulated clock; write metrics; summarise."""
+    wall0 = time.perf_counter()
+    parts = build_run(cfg)
+    # One model object serves every worker and the evaluator: each round loads its start first.
+    workers = [parts.worker(w) for w in range(cfg.workers)]
     clock = Clock(
-        paces=paces,
-        comm_delays=comm,
+        paces=parts.paces,
+        comm_delays=parts.comm,
         jitter=cfg.pace_jitter,
         seed=cfg.seed,
         token_budget=cfg.token_budget,
@@ -462,22 +520,16 @@ def run_simulation(
         eval_every=cfg.eval_every,
         eval_unit=cfg.eval_unit,
     )
-
-    @torch.no_grad()
-    def evaluate(params: Params) -> ValLoss:
-        workers[0].load(params)
-        return data.validation.evaluate(model, cfg.eval_batch_size, cfg.eval_windows)
-
-    stats = RunStats(cfg.workers, data.worker_languages)
+    stats = RunStats(cfg.workers, parts.data.worker_languages)
     if cfg.out_dir is not None:
         cfg.out_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(cfg.out_dir / CONFIG_FILE, cfg.model_dump(mode="json"))
     with MetricsWriter(cfg.out_dir) as writer:
-        traj = simulate(server, workers, clock, evaluate, writer, stats, progress)
+        traj = simulate(parts.server, workers, clock, parts.evaluate, writer, stats, progress)
         wall = time.perf_counter() - wall0
-        summary = summarize(cfg, traj, stats, paces, wall)
+        summary = summarize(cfg, traj, stats, parts.paces, wall)
         writer.write_summary(summary)
-    return RunResult(cfg, traj.evals, summary, server.params, paces)
+    return RunResult(cfg, traj.evals, summary, parts.server.params, parts.paces)
 
 
 def round_steps(cfg: SimConfig, paces: list[float]) -> list[int]:
@@ -492,7 +544,7 @@ def worker_inner_configs(
     cfg: SimConfig, paces: list[float], comm: list[float] | None = None
 ) -> list[InnerConfig]:
     """Each worker's inner config: ``cfg.inner``, or with ``inner_schedule='budget'`` a cosine
-    as long as the worker's expected steps (the network runtime should build the same)."""
+    as long as the worker's expected steps (the network runtime builds the same)."""
     if cfg.inner_schedule == "config":
         return [cfg.inner] * cfg.workers
     comm = comm if comm is not None else [0.0] * cfg.workers
@@ -512,7 +564,7 @@ def expected_worker_steps(
     each worker's cosine schedule, so no worker sits at min_lr for most of the run.
     """
     k = len(paces)
-    round_s = [steps[w] * paces[w] + comm[w] for w in range(k)]
+    round_s = round_seconds(steps, paces, comm)
     tokens_per_step = cfg.inner.batch_size * cfg.inner.seq_len
     limits: list[list[float]] = []
     if cfg.token_budget is not None:

@@ -122,3 +122,14 @@ def test_int8_uplink_stays_close_to_fp32(tmp_path: Path) -> None:
     drift = max(abs(a - b) for (_, a), (_, b) in zip(net, sim, strict=True))
     assert drift < 0.1 * (sim[0][1] - sim[-1][1])
     assert reports[0].sent_bytes < 0.4 * reports[0].recv_bytes  # int8 up, fp32 down
+
+
+def test_budget_schedule_matches_simulator(tmp_path: Path) -> None:
+    """``inner_schedule="budget"`` (cosine as long as the worker's expected steps) is built by
+    the network worker too: the curve matches the simulator's, not the fixed-length one's."""
+    cfg = config(inner_schedule="budget")
+    session, _ = networked(cfg, tmp_path)
+    net, sim = curves(session, cfg)
+    fixed = [e.loss for e in run_simulation(config()).evals]
+    assert max(abs(a - b) for (_, a), (_, b) in zip(net, sim, strict=True)) <= ONE_WORKER_TOL
+    assert max(abs(a - b) for (_, a), b in zip(net, fixed, strict=True)) > 100 * ONE_WORKER_TOL

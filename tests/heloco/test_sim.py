@@ -18,6 +18,7 @@ from heloco.server import Server, ServerConfig
 from heloco.sim import (
     Clock,
     SimConfig,
+    build_run,
     loss_at_time_budget,
     parse_sim_config,
     resolve_paces,
@@ -301,3 +302,22 @@ def test_real_sync_run_waits_for_the_slowest(one_thread: None) -> None:
     per_round = 3 * 3.0  # H × slowest pace
     assert res.summary.time == pytest.approx(per_round * res.summary.updates)
     assert res.summary.worker_shares == pytest.approx([1 / 3] * 3)
+
+
+def test_build_run_gives_workers_their_budget_schedule() -> None:
+    cfg = parse_sim_config(
+        {
+            "workers": 2,
+            "paces": [1.0, 3.0],
+            "token_budget": 4096,
+            "inner_schedule": "budget",
+            "dylu": True,
+            "data": {"synthetic_chars_per_language": 2000, "val_chars_per_language": 500},
+            "inner": {"batch_size": 2, "seq_len": 16},
+        }
+    )
+    parts = build_run(cfg)
+    expected = worker_inner_configs(cfg, [1.0, 3.0])
+    assert [parts.worker(w).cfg for w in range(2)] == parts.inner == expected
+    assert parts.steps == [20, 6]  # DyLU: floor(1/3 · 20)
+    assert parts.server.steps_for(1) == 20  # speeds unknown until the driver reports them

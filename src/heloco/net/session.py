@@ -27,10 +27,9 @@ from heloco.metrics import (
     round_event,
     update_event,
 )
-from heloco.net.build import ServerSide, build_server
 from heloco.net.coordinator import Budget, Coordinator, UpdateEvent
 from heloco.net.endpoint import Endpoint, EndpointConfig
-from heloco.sim import CONFIG_FILE, SimConfig, Trajectory, summarize
+from heloco.sim import CONFIG_FILE, RunParts, SimConfig, Trajectory, build_run, summarize
 
 ADDRESS_FILE = "address.txt"
 STATUS_FILE = "status.json"
@@ -57,7 +56,7 @@ class Session:
     ) -> None:
         self.cfg = cfg
         self.out_dir = out_dir if out_dir is not None else cfg.out_dir
-        self.side: ServerSide = build_server(cfg)
+        self.side: RunParts = build_run(cfg)
         run = cfg.model_dump(mode="json") | {"out_dir": None}
         self.coord = Coordinator(
             self.side.server,

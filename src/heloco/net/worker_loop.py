@@ -25,11 +25,10 @@ from torch import nn
 from heloco.data.seeding import derive_seed
 from heloco.data.validation import LossFn
 from heloco.net import compress
-from heloco.net.build import build_worker
 from heloco.net.client import Client, ClientConfig, ServerUnreachable
 from heloco.net.compress import Codec
 from heloco.net.wire import Message
-from heloco.sim import parse_sim_config
+from heloco.sim import build_run, parse_sim_config
 from heloco.types import Params, RoundResult
 from heloco.worker import Worker
 from shardmeter.errors import UserInputError
@@ -295,7 +294,7 @@ class NetWorker:
         """Build the worker from the run config the server sent."""
         cfg = parse_sim_config(welcome["run"])
         batch_seed = derive_seed(cfg.seed, ISLAND_KEY, self.rank) if self.rank else None
-        self.worker = build_worker(cfg, self.opts.worker, self.opts.device, batch_seed)
+        self.worker = build_run(cfg, self.opts.device).worker(self.opts.worker, batch_seed)
         # A (re)joining worker continues its slot's learning-rate schedule.
         self.worker.step = int(welcome.get("worker_steps", 0))
         # Pay torch.optim's one-off lazy imports now rather than inside the first round.
