@@ -201,6 +201,93 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+class Recorder:
+    """A run's trajectory bookkeeping, shared by the simulated clock and the network session.
+
+    Accepted rounds and applied updates go to the event log and the run statistics;
+    evaluations happen every ``eval_every`` ``eval_unit`` (tokens or inner steps), each with
+    the loss averaged over the last ``cycle`` seconds (the slowest worker's round).
+    """
+
+    def __init__(
+        self,
+        server: Server,
+        evaluate: Evaluator,
+        writer: MetricsWriter,
+        stats: RunStats,
+        cycle: float,
+        eval_every: int,
+        eval_unit: Literal["tokens", "steps"],
+        progress: Callable[[EvalPoint], None] | None = None,
+    ) -> None:
+        self.server, self.evaluate, self.writer, self.stats = server, evaluate, writer, stats
+        self.cycle, self.eval_every, self.eval_unit = cycle, eval_every, eval_unit
+        self.progress = progress
+        self.traj = Trajectory()
+        self.next_eval = eval_every
+
+    def record_round(
+        self,
+        worker: int,
+        round_id: int,
+        steps: int,
+        tokens: int,
+        loss: float,
+        start: float,
+        end: float,
+    ) -> None:
+        """Count an accepted round and log it (``start``/``end`` in run seconds)."""
+        self.traj.tokens += tokens
+        self.traj.steps += steps
+        self.writer.event(round_event(worker, round_id, steps, tokens, loss, start, end))
+
+    def record_update(self, record: UpdateRecord, now: float, tokens: int) -> None:
+        """Count an applied update and log it with the time and tokens it happened at."""
+        self.stats.add(record)
+        self.writer.event(update_event(record, now, tokens))
+
+    def eval_now(self, now: float) -> EvalPoint:
+        """Evaluate the server's current parameters at run time ``now`` (seconds)."""
+        t0 = time.perf_counter()
+        val = self.evaluate(self.server.params)
+        self.traj.eval_seconds += time.perf_counter() - t0
+        point = EvalPoint(
+            tokens=self.traj.tokens,
+            steps=self.traj.steps,
+            time=now,
+            revision=self.server.revision,
+            loss=val.overall,
+            per_language=dict(val.per_language),
+            cycle_loss=cycle_average(self.traj.evals, now, self.cycle, val.overall),
+        )
+        self.traj.evals.append(point)
+        self.writer.event(eval_event(point, self.stats))
+        if self.progress is not None:
+            self.progress(point)
+        return point
+
+    def maybe_eval(self, now: float) -> None:
+        """Evaluate once if the tokens (or steps) done have passed the next eval point."""
+        every = self.eval_every
+        done = self.traj.tokens if self.eval_unit == "tokens" else self.traj.steps
+        if every <= 0 or done < self.next_eval:
+            return
+        while self.next_eval <= done:
+            self.next_eval += every
+        self.eval_now(now)
+
+    def finish(self, now: float) -> bool:
+        """Evaluate the final model unless the last eval saw it; returns whether it did."""
+        last = self.traj.evals[-1] if self.traj.evals else None
+        if last is not None and (last.revision, last.tokens) == (
+            self.server.revision,
+            self.traj.tokens,
+        ):
+            return False
+        self.eval_now(now)
+        return True
+
+
 class _Sim:
     """The event loop shared by async and sync methods."""
 
@@ -209,21 +296,14 @@ class _Sim:
         server: Server,
         workers: Sequence[RoundRunner],
         clock: Clock,
-        evaluate: Evaluator,
-        writer: MetricsWriter,
-        stats: RunStats,
-        progress: Callable[[EvalPoint], None] | None,
+        recorder: Recorder,
     ) -> None:
-        self.server, self.workers, self.clock = server, workers, clock
-        self.evaluate, self.writer, self.stats, self.progress = evaluate, writer, stats, progress
-        k = len(workers)
+        self.server, self.workers, self.clock, self.rec = server, workers, clock, recorder
+        self.traj = recorder.traj
         self.jitter_rngs = [
-            np.random.default_rng(derive_seed(clock.seed, JITTER_KEY, w)) for w in range(k)
+            np.random.default_rng(derive_seed(clock.seed, JITTER_KEY, w))
+            for w in range(len(workers))
         ]
-        self.traj = Trajectory()
-        self.next_eval = clock.eval_every
-        steps = [server.steps_for(w) for w in range(k)]
-        self.cycle = max(round_seconds(steps, clock.paces, clock.comm_delays))
 
     # -- helpers ----------------------------------------------------------------------------
     def compute_seconds(self, worker: int, steps: int) -> float:
@@ -240,52 +320,22 @@ class _Sim:
         return tb is not None and self.traj.tokens >= tb
 
     def record_round(self, result: RoundResult, start: float, end: float) -> None:
-        self.traj.tokens += result.tokens
-        self.traj.steps += result.steps
         rid = -1 if result.round_id is None else result.round_id
-        self.writer.event(
-            round_event(
-                result.worker, rid, result.steps, result.tokens, result.mean_loss, start, end
-            )
+        self.rec.record_round(
+            result.worker, rid, result.steps, result.tokens, result.mean_loss, start, end
         )
 
     def record_update(self, record: UpdateRecord) -> None:
-        self.stats.add(record)
-        self.writer.event(update_event(record, self.traj.time, self.traj.tokens))
+        self.rec.record_update(record, self.traj.time, self.traj.tokens)
 
     def eval_now(self) -> None:
-        t0 = time.perf_counter()
-        val = self.evaluate(self.server.params)
-        self.traj.eval_seconds += time.perf_counter() - t0
-        now = self.traj.time
-        cyc = cycle_average(self.traj.evals, now, self.cycle, val.overall)
-        point = EvalPoint(
-            tokens=self.traj.tokens,
-            steps=self.traj.steps,
-            time=now,
-            revision=self.server.revision,
-            loss=val.overall,
-            per_language=dict(val.per_language),
-            cycle_loss=cyc,
-        )
-        self.traj.evals.append(point)
-        self.writer.event(eval_event(point, self.stats))
-        if self.progress is not None:
-            self.progress(point)
+        self.rec.eval_now(self.traj.time)
 
     def maybe_eval(self) -> None:
-        every = self.clock.eval_every
-        done = self.traj.tokens if self.clock.eval_unit == "tokens" else self.traj.steps
-        if every <= 0 or done < self.next_eval:
-            return
-        while self.next_eval <= done:
-            self.next_eval += every
-        self.eval_now()
+        self.rec.maybe_eval(self.traj.time)
 
     def finish(self) -> Trajectory:
-        last = self.traj.evals[-1] if self.traj.evals else None
-        if last is None or (last.revision, last.tokens) != (self.server.revision, self.traj.tokens):
-            self.eval_now()
+        self.rec.finish(self.traj.time)
         return self.traj
 
     # -- async ------------------------------------------------------------------------------
@@ -396,15 +446,18 @@ def simulate(
     for w, pace in enumerate(clock.paces):
         server.observe_speed(w, 1.0 / pace)
     t0 = time.perf_counter()
-    sim = _Sim(
+    steps = [server.steps_for(w) for w in range(k)]
+    recorder = Recorder(
         server,
-        workers,
-        clock,
         evaluate,
         writer or MetricsWriter(None),
         stats or RunStats(k),
+        max(round_seconds(steps, clock.paces, clock.comm_delays)),
+        clock.eval_every,
+        clock.eval_unit,
         progress,
     )
+    sim = _Sim(server, workers, clock, recorder)
     traj = sim.run_sync() if server.cfg.synchronous else sim.run_async()
     traj.loop_seconds = time.perf_counter() - t0
     return traj

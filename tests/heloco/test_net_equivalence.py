@@ -11,6 +11,7 @@ not the simulator's order; fp32 addition is not associative).
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -124,12 +125,17 @@ def test_int8_uplink_stays_close_to_fp32(tmp_path: Path) -> None:
     assert reports[0].sent_bytes < 0.4 * reports[0].recv_bytes  # int8 up, fp32 down
 
 
-def test_budget_schedule_matches_simulator(tmp_path: Path) -> None:
+def test_budget_schedule_and_step_evals_match_simulator(tmp_path: Path) -> None:
     """``inner_schedule="budget"`` (cosine as long as the worker's expected steps) is built by
-    the network worker too: the curve matches the simulator's, not the fixed-length one's."""
-    cfg = config(inner_schedule="budget")
+    the network worker too, and ``eval_unit="steps"`` is honoured by the session: the curve
+    matches the simulator's at the same step counts, not the fixed-length schedule's."""
+    cfg = config(inner_schedule="budget", eval_unit="steps", eval_every=4)
     session, _ = networked(cfg, tmp_path)
     net, sim = curves(session, cfg)
-    fixed = [e.loss for e in run_simulation(config()).evals]
+    assert [e.steps for e in session.traj.evals] == [0, 4, 8, 12]
+    assert [t for t, _ in net] == [t for t, _ in sim]
     assert max(abs(a - b) for (_, a), (_, b) in zip(net, sim, strict=True)) <= ONE_WORKER_TOL
+    fixed = [e.loss for e in run_simulation(config(eval_unit="steps", eval_every=4)).evals]
     assert max(abs(a - b) for (_, a), b in zip(net, fixed, strict=True)) > 100 * ONE_WORKER_TOL
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["weight_shares"] == pytest.approx([1.0])

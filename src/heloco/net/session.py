@@ -22,14 +22,18 @@ from heloco.metrics import (
     RunStats,
     RunSummary,
     atomic_write_json,
-    cycle_average,
-    eval_event,
-    round_event,
-    update_event,
 )
 from heloco.net.coordinator import Budget, Coordinator, UpdateEvent
 from heloco.net.endpoint import Endpoint, EndpointConfig
-from heloco.sim import CONFIG_FILE, RunParts, SimConfig, Trajectory, build_run, summarize
+from heloco.sim import (
+    CONFIG_FILE,
+    Recorder,
+    RunParts,
+    SimConfig,
+    build_run,
+    round_seconds,
+    summarize,
+)
 
 ADDRESS_FILE = "address.txt"
 STATUS_FILE = "status.json"
@@ -68,11 +72,20 @@ class Session:
         self.endpoint = Endpoint(self.coord, secret, endpoint)
         self.writer = MetricsWriter(self.out_dir)
         self.stats = RunStats(cfg.workers, self.side.data.worker_languages)
-        self.traj = Trajectory()
-        self.next_eval = cfg.eval_every
-        self.cycle = max(cfg.inner_steps * p for p in self.side.paces)
+        # Cycle of the slowest worker, max_w(H_w·pace_w + comm_w), as in the simulator.
+        cycle = max(round_seconds(self.side.steps, self.side.paces, self.side.comm))
+        self.rec = Recorder(
+            self.side.server,
+            self.side.evaluate,
+            self.writer,
+            self.stats,
+            cycle,
+            cfg.eval_every,
+            cfg.eval_unit,
+        )
+        self.traj = self.rec.traj
         self.coord.on_update = self._on_update
-        self.coord.on_round = self._on_round
+        self.coord.on_round = self.rec.record_round
         self.coord.on_event = self.writer.event
         self.wall0 = time.perf_counter()
         self.resumed = False
@@ -88,7 +101,7 @@ class Session:
         self.traj.steps = sum(a.steps for r in self.side.server.log for a in r.arrivals)
         ck_evals = self.endpoint.restored_extra.get("evals", [])
         self.traj.evals = [EvalPoint(**e) for e in ck_evals]
-        self.next_eval = int(self.endpoint.restored_extra.get("next_eval", self.cfg.eval_every))
+        self.rec.next_eval = int(self.endpoint.restored_extra.get("next_eval", self.cfg.eval_every))
         self.writer.event(
             {
                 "type": "restart",
@@ -99,55 +112,18 @@ class Session:
         )
 
     def _extra(self) -> dict[str, Any]:
-        return {"evals": [asdict(e) for e in self.traj.evals], "next_eval": self.next_eval}
+        return {"evals": [asdict(e) for e in self.traj.evals], "next_eval": self.rec.next_eval}
 
     # -- hooks ------------------------------------------------------------------------------
-    def _on_round(
-        self,
-        worker: int,
-        round_id: int,
-        steps: int,
-        tokens: int,
-        loss: float,
-        start: float,
-        end: float,
-    ) -> None:
-        self.traj.tokens += tokens
-        self.traj.steps += steps
-        self.writer.event(round_event(worker, round_id, steps, tokens, loss, start, end))
-
     def _on_update(self, event: UpdateEvent) -> None:
         self.endpoint.after_update(event)  # durable checkpoint before anything is acknowledged
-        self.stats.add(event.record)
         self.traj.time = event.time
-        self.writer.event(update_event(event.record, event.time, event.tokens))
-        self._maybe_eval()
-
-    def _maybe_eval(self) -> None:
-        every = self.cfg.eval_every
-        if every <= 0 or self.traj.tokens < self.next_eval:
-            return
-        while self.next_eval <= self.traj.tokens:
-            self.next_eval += every
-        self.eval_now()
+        self.rec.record_update(event.record, event.time, event.tokens)
+        self.rec.maybe_eval(event.time)
 
     def eval_now(self) -> EvalPoint:
-        t0 = time.perf_counter()
-        val = self.side.evaluate(self.side.server.params)
-        self.traj.eval_seconds += time.perf_counter() - t0
-        now = self.coord.elapsed()
-        point = EvalPoint(
-            tokens=self.traj.tokens,
-            steps=self.traj.steps,
-            time=now,
-            revision=self.side.server.revision,
-            loss=val.overall,
-            per_language=dict(val.per_language),
-            cycle_loss=cycle_average(self.traj.evals, now, self.cycle, val.overall),
-        )
-        self.traj.evals.append(point)
-        self.writer.event(eval_event(point, self.stats))
-        return point
+        """Evaluate the server's current parameters now (wall seconds since the start)."""
+        return self.rec.eval_now(self.coord.elapsed())
 
     # -- run --------------------------------------------------------------------------------
     def open(self) -> str:
@@ -179,12 +155,7 @@ class Session:
                     "time": self.coord.elapsed(),
                 }
             )
-        last = self.traj.evals[-1] if self.traj.evals else None
-        if last is None or (last.revision, last.tokens) != (
-            self.side.server.revision,
-            self.traj.tokens,
-        ):
-            self.eval_now()
+        if self.rec.finish(self.coord.elapsed()):
             self.endpoint.save_checkpoint()
         self.traj.time = self.coord.elapsed()
         # Paces as measured: wall seconds per inner step of each worker's latest round.
