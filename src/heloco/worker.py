@@ -14,6 +14,7 @@ loss is summed on device and read once).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,8 +98,9 @@ class Worker:
     """Runs rounds of inner steps on its own stream and returns pseudo-gradients.
 
     Works with any ``nn.Module``; the default loss is next-token cross-entropy on ``(B, T, V)``
-    logits, ``loss_fn(model, inputs, targets)`` replaces it. Batches are seeded by
-    ``(seed, worker_id)``. Several workers may share one model object: each round loads its
+    logits, ``loss_fn(model, inputs, targets)`` replaces it. ``on_step(i)``, if given, is
+    called after the ``i``-th inner step of a round (0-based), e.g. to pace a slower machine.
+    Batches are seeded by ``(seed, worker_id)``. Several workers may share one model object: each round loads its
     start point first, and each worker keeps its own optimiser state.
     """
 
@@ -110,11 +112,13 @@ class Worker:
         cfg: InnerConfig,
         seed: int,
         loss_fn: LossFn = token_cross_entropy,
+        on_step: Callable[[int], None] | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.model = model
         self.cfg = cfg
         self.loss_fn = loss_fn
+        self.on_step = on_step
         self.sampler = stream.sampler(
             cfg.batch_size, cfg.seq_len, seed=derive_seed(seed, SAMPLER_KEY, worker_id)
         )
@@ -177,7 +181,8 @@ class Worker:
         model.train()
         loss_sum = torch.zeros((), device=self._device)
         on_cpu = self._device.type == "cpu"
-        for _ in range(steps):
+        on_step = self.on_step
+        for i in range(steps):
             lr = cosine_lr(self.step, cfg)
             for group in opt.param_groups:
                 group["lr"] = lr
@@ -193,6 +198,8 @@ class Worker:
             opt.step()
             loss_sum += loss.detach()
             self.step += 1
+            if on_step is not None:
+                on_step(i)
         opt.zero_grad(set_to_none=True)
         self.rounds += 1
         with torch.no_grad():

@@ -151,7 +151,7 @@ def test_any_module_with_loss_fn_hook(data: WorkerData) -> None:
     model = Counts()
 
     def loss_fn(m: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = m.bias.expand(targets.numel(), -1)  # type: ignore[union-attr]
+        logits = m.bias.expand(targets.numel(), -1)  # type: ignore[operator]
         return nn.functional.cross_entropy(logits, targets.reshape(-1))
 
     worker = Worker(
@@ -161,6 +161,16 @@ def test_any_module_with_loss_fn_hook(data: WorkerData) -> None:
     result = worker.run_round(start, 3, 0)
     assert float(result.delta["bias"].abs().sum()) > 0
     assert torch.equal(result.delta["frozen"], torch.zeros(3))
+
+
+def test_on_step_hook_sees_every_step_after_it_is_taken(data: WorkerData) -> None:
+    worker = make_worker(data)
+    start = params_of(worker.model)
+    seen: list[tuple[int, int]] = []
+    worker.on_step = lambda i: seen.append((i, worker.step))
+    worker.run_round(start, 3, 0)
+    worker.run_round(start, 2, 1)
+    assert seen == [(0, 1), (1, 2), (2, 3), (0, 4), (1, 5)]
 
 
 def test_zero_steps_and_bad_inputs(data: WorkerData) -> None:

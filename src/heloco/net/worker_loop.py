@@ -20,10 +20,8 @@ from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from heloco.data.seeding import derive_seed
-from heloco.data.validation import LossFn
 from heloco.net import compress
 from heloco.net.client import Client, ClientConfig, ServerUnreachable
 from heloco.net.compress import Codec
@@ -215,34 +213,27 @@ def _average_result(result: RoundResult, mode: IslandMode, device: str) -> Round
 
 # -- the loop ----------------------------------------------------------------------------------
 class Pacer:
-    """Wraps the worker's loss function so every inner step lasts as long as a slower machine's.
-
-    A step runs from one loss call to the next (forward, backward, optimizer step). Before the
-    next step starts, the pacer sleeps ``step·(pace − 1)``, or until the step took
-    ``seconds_per_step``; :meth:`end_round` paces the round's last step.
+    """A worker's ``on_step`` hook that makes every inner step last as long as a slower
+    machine's: after a step of ``t`` seconds it sleeps ``t·(pace − 1)``, or until the step
+    took ``seconds_per_step``. A step is timed from the previous step's end, or from
+    :meth:`start_round` for a round's first step.
     """
 
-    def __init__(self, loss_fn: LossFn, pace: float, seconds_per_step: float | None) -> None:
-        self.loss_fn = loss_fn
+    def __init__(self, pace: float, seconds_per_step: float | None) -> None:
         self.pace = pace
         self.seconds_per_step = seconds_per_step
-        self._start: float | None = None
-
-    def __call__(
-        self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
-    ) -> torch.Tensor:
-        self.end_round()
         self._start = time.perf_counter()
-        return self.loss_fn(model, inputs, targets)
 
-    def end_round(self) -> None:
-        """Sleep for the step in progress, if any."""
-        if self._start is None:
-            return
-        step = time.perf_counter() - self._start
-        target = self.seconds_per_step if self.seconds_per_step is not None else step * self.pace
-        time.sleep(max(0.0, target - step))
-        self._start = None
+    def start_round(self) -> None:
+        """Start timing the round's first step."""
+        self._start = time.perf_counter()
+
+    def __call__(self, step: int) -> None:
+        """Sleep out step ``step`` of the round, then start timing the next one."""
+        took = time.perf_counter() - self._start
+        target = self.seconds_per_step if self.seconds_per_step is not None else took * self.pace
+        time.sleep(max(0.0, target - took))
+        self._start = time.perf_counter()
 
 
 class NetWorker:
@@ -300,8 +291,8 @@ class NetWorker:
         # Pay torch.optim's one-off lazy imports now rather than inside the first round.
         self.worker.new_optimizer()
         if self.opts.pace != 1.0 or self.opts.seconds_per_step is not None:
-            self.pacer = Pacer(self.worker.loss_fn, self.opts.pace, self.opts.seconds_per_step)
-            self.worker.loss_fn = self.pacer
+            self.pacer = Pacer(self.opts.pace, self.opts.seconds_per_step)
+            self.worker.on_step = self.pacer
         if self.world > 1 and self.opts.island_mode == "grads":
             average_grads_each_step(self.worker)
 
@@ -367,9 +358,9 @@ class NetWorker:
                     break
                 assert params is not None
                 t0 = time.perf_counter()
-                result = self.worker.run_round(params, steps, rev, rid)
                 if self.pacer is not None:
-                    self.pacer.end_round()
+                    self.pacer.start_round()
+                result = self.worker.run_round(params, steps, rev, rid)
                 result = _average_result(result, self.opts.island_mode, self.opts.device)
                 compute_total = time.perf_counter() - t0
                 self.report.compute_s += compute_total
