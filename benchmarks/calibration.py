@@ -6,10 +6,13 @@
     python benchmarks/calibration.py --cv         # leave-one-source-out cross-validation over
                                                   # runs.csv and benchmarks/holdout_runs.csv
 
-The fit minimises the source-weighted mean |log(predicted/measured)| over few, physical
-parameters (matmul efficiency per accelerator family, its size scale, attention/matmul ratio,
-HBM efficiency, FP8 speed-up, NVLink and NIC efficiency, overlap slowdown). No per-row or
-per-model factors.
+The fit (runs.csv and the holdout file together) minimises the source-weighted mean
+|log(predicted/measured)| over few, physical parameters: matmul efficiency per accelerator
+family with runs (families without runs take the mean of the fitted families), the GEMM
+half-efficiency time, attention/matmul ratio, HBM efficiency, FP8 speed-up, NVLink and IB/RoCE
+efficiency, overlap slowdown and the MoE host dispatch cost per local expert. No per-row or
+per-model factors. `--cv` is the accuracy claim: every source predicted by a fit that never saw
+it.
 """
 
 from __future__ import annotations
