@@ -138,6 +138,23 @@ def group(rows: Sequence[CellResult]) -> dict[tuple[str, str, str], list[CellRes
     return out
 
 
+def regime_rank(regime: str) -> tuple[int, str]:
+    return (REGIMES.index(regime) if regime in REGIMES else len(REGIMES), regime)
+
+
+def ordered_groups(
+    rows: Sequence[CellResult],
+) -> list[tuple[tuple[str, str, str], list[CellResult]]]:
+    """Groups in reading order: regime as in REGIMES, then mild to severe paces, then split."""
+
+    def key(item: tuple[tuple[str, str, str], list[CellResult]]) -> tuple[object, ...]:
+        (regime, paces, split), cell_rows = item
+        p = cell_rows[0].paces
+        return (regime_rank(regime), max(p) / min(p), paces, split)
+
+    return sorted(group(rows).items(), key=key)
+
+
 def metric_name(reading: str, budget: str) -> str:
     prefix = dict(READINGS)[reading]
     return f"{prefix}_{budget}"
@@ -178,18 +195,20 @@ def judge(best: Spread, claimed: float, any_positive: bool) -> tuple[str, str]:
     return "not reproduced", "no consistent improvement over the seed spread" + caveat
 
 
-def verdicts(rows: Sequence[CellResult], regime: str, claim: Claim, reading: str) -> Verdict:
-    """Best (largest seed-mean improvement) setting × baseline for one claim."""
+def verdicts(
+    rows: Sequence[CellResult], regime: str, claim: Claim, reading: str, method: str = "heloco"
+) -> Verdict:
+    """Best (largest seed-mean improvement of ``method``) setting × baseline for one claim."""
     metric = metric_name(reading, claim.budget)
     best: tuple[Spread, str, str] | None = None
     any_positive = False
-    for (reg, paces, split), cell_rows in sorted(group(rows).items()):
+    for (reg, paces, split), cell_rows in ordered_groups(rows):
         if reg != regime or split != "language":
             continue
         if claim.severe_only and paces != label(SEVERE):
             continue
         for base in claim.baselines:
-            imp = paired_improvement(cell_rows, "heloco", base, metric)
+            imp = paired_improvement(cell_rows, method, base, metric)
             if imp.n == 0:
                 continue
             any_positive = any_positive or imp.mean > 0
@@ -218,7 +237,7 @@ def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 
 def loss_tables(rows: Sequence[CellResult], methods: Sequence[str]) -> list[str]:
     lines: list[str] = []
-    for (regime, paces, split), cell_rows in sorted(group(rows).items()):
+    for (regime, paces, split), cell_rows in ordered_groups(rows):
         first = cell_rows[0]
         lines.append(
             f"#### {regime}, paces [{paces.replace('-', ', ')}], split {split} — "
@@ -267,7 +286,7 @@ def loss_tables(rows: Sequence[CellResult], methods: Sequence[str]) -> list[str]
 def variant_lines(rows: Sequence[CellResult]) -> list[str]:
     """Arrival-balanced variants against their parents."""
     body = []
-    for (regime, paces, split), cell_rows in sorted(group(rows).items()):
+    for (regime, paces, split), cell_rows in ordered_groups(rows):
         for variant, parent in (("heloco+ab", "heloco"), ("mla+ab", "mla"), ("heloco+ab", "mla")):
             a = paired_improvement(cell_rows, variant, parent, "loss_at_tokens")
             b = paired_improvement(cell_rows, variant, parent, "loss_at_time")
@@ -378,7 +397,7 @@ def render_markdown(
         "## Verdicts",
         "",
     ]
-    regimes = sorted({r.regime for r in rows})
+    regimes = sorted({r.regime for r in rows}, key=regime_rank)
     body = []
     for regime in regimes:
         for claim in CLAIMS:
@@ -399,6 +418,23 @@ def render_markdown(
     lines += md_table(
         ["claim", "regime", "reading", "HeLoCo improvement (best case)", "where", "verdict"], body
     )
+    if any(r.method == "heloco+ab" for r in rows):
+        lines += [
+            "The same claims with the new arrival-balanced HeLoCo (`heloco+ab`) in place of "
+            "HeLoCo (claim 2 then compares with plain MLA):",
+            "",
+        ]
+        body = []
+        for regime in regimes:
+            for claim in CLAIMS:
+                v = verdicts(rows, regime, claim, "point", "heloco+ab")
+                where = (
+                    "-" if v.setting == "-" else f"{v.baseline} @ [{v.setting.replace('-', ', ')}]"
+                )
+                body.append([f"{claim.number}", regime, pct(v.best), where, f"**{v.verdict}**"])
+        lines += md_table(
+            ["claim", "regime", "heloco+ab improvement @ budget", "where", "verdict"], body
+        )
     lines += ["## Validation loss per setting", "", *loss_tables(rows, methods)]
     var = variant_lines(rows)
     if var:
