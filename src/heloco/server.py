@@ -1,9 +1,10 @@
 """The authoritative server state machine, shared by the simulator and the network runtime.
 
 It owns θ and the outer optimizer, hands out dispatches (with DyLU step counts), accepts each
-round exactly once, measures staleness, applies updates immediately (async), per barrier of K
-(sync) or per grace batch (the clock driver calls :meth:`Server.flush` when the window closes),
-and records the diagnostics of every update. It knows no clock and no transport.
+round exactly once, measures staleness, applies updates immediately (async), per barrier of
+the K workers (sync; an evicted worker leaves the barrier until its next dispatch) or per
+grace batch (the clock driver calls :meth:`Server.flush` when the window closes), and records
+the diagnostics of every update. It knows no clock and no transport.
 
 Invariant: ``revision`` equals the number of applied outer updates (len of ``log``).
 """
@@ -21,7 +22,7 @@ from heloco.outer.base import Arrival, OptimizerState, OuterOptimizer, StepStats
 from heloco.types import Params, RoundResult, clone_params
 
 RejectReason = Literal[
-    "duplicate", "superseded", "unknown", "revision_mismatch", "bad_worker", "bad_delta"
+    "duplicate", "superseded", "unknown", "evicted", "revision_mismatch", "bad_worker", "bad_delta"
 ]
 
 
@@ -122,6 +123,7 @@ class Server:
         self._last_accepted = [-1] * cfg.n_workers
         self._outstanding: dict[int, _Outstanding] = {}
         self._pending: list[tuple[RoundResult, int]] = []
+        self._evicted: set[int] = set()
 
     # -- dispatch ---------------------------------------------------------------------------
     def observe_speed(self, worker: int, steps_per_second: float) -> None:
@@ -144,6 +146,7 @@ class Server:
         self._next_round[worker] += 1
         steps = self.steps_for(worker)
         self._outstanding[worker] = _Outstanding(round_id, self.revision, steps)
+        self._evicted.discard(worker)
         params = self.optimizer.dispatch_params(self.params)
         return Dispatch(params, self.revision, steps, round_id, worker)
 
@@ -158,7 +161,7 @@ class Server:
         if rid is not None and rid <= self._last_accepted[w]:
             return "duplicate"
         if out is None:
-            return "unknown"
+            return "evicted" if w in self._evicted else "unknown"
         if rid is not None and rid != out.round_id:
             return "superseded" if rid < out.round_id else "unknown"
         if result.base_revision != out.revision:
@@ -181,12 +184,34 @@ class Server:
         self._last_accepted[result.worker] = out.round_id
         self._pending.append((result, out.round_id))
         if self.cfg.synchronous:
-            if len(self._pending) < self.cfg.n_workers:
-                return None
-            return self._apply(self._take_pending())
+            return self._apply(self._take_pending()) if self._barrier_full() else None
         if self.cfg.grace_window > 0:
             return None
         return self._apply(self._take_pending())
+
+    def evict(self, worker: int) -> UpdateRecord | None:
+        """Cancel ``worker``'s outstanding round and drop it from the sync barrier.
+
+        A later push of the cancelled round is rejected (``evicted``); the worker rejoins the
+        barrier when it is next dispatched. A round it already submitted stays in the barrier.
+        Returns the update when the shrunken barrier is now complete (sync only), else None.
+        """
+        self._check_worker(worker)
+        self._outstanding.pop(worker, None)
+        self._evicted.add(worker)
+        if self.cfg.synchronous and self._pending and self._barrier_full():
+            return self._apply(self._take_pending())
+        return None
+
+    @property
+    def evicted_workers(self) -> list[int]:
+        """Workers evicted and not dispatched since (outside the sync barrier)."""
+        return sorted(self._evicted)
+
+    def _barrier_full(self) -> bool:
+        """Every worker not evicted has a round waiting in the barrier."""
+        waiting = {r.worker for r, _ in self._pending}
+        return all(w in waiting or w in self._evicted for w in range(self.cfg.n_workers))
 
     def flush(self) -> list[UpdateRecord]:
         """Close a grace window: apply buffered async arrivals one by one in arrival order.
@@ -259,6 +284,7 @@ class Server:
             "next_round": self._next_round,
             "last_accepted": self._last_accepted,
             "outstanding": {str(w): asdict(o) for w, o in self._outstanding.items()},
+            "evicted": sorted(self._evicted),
             "pending": pending,
             "log": [_record_to_json(r) for r in self.log],
         }
@@ -283,6 +309,7 @@ class Server:
         self._next_round = [int(x) for x in meta["next_round"]]
         self._last_accepted = [int(x) for x in meta["last_accepted"]]
         self._outstanding = {int(w): _Outstanding(**o) for w, o in meta["outstanding"].items()}
+        self._evicted = {int(w) for w in meta.get("evicted", [])}
         self._pending = []
         for i, p in enumerate(meta["pending"]):
             delta = {k: tensors[f"pending/{i}/{k}"].clone() for k in self.params}

@@ -118,17 +118,24 @@ def start(
 
 
 def test_sync_run_survives_worker_sigkill_and_replacement(tmp_path: Path) -> None:
-    """3 workers, sync barrier: worker 1 is SIGKILLed mid-round, evicted, replaced; run completes."""
-    config = tiny_config(tmp_path / "run.toml", method="sync", token_budget=3 * 5 * ROUND_TOKENS)
+    """3 workers, sync barrier: worker 1 is SIGKILLed mid-round and evicted, the barrier
+    shrinks to the two live workers and goes on; the replacement rejoins; run completes."""
+    budget_rounds = 3 * 6
+    config = tiny_config(
+        tmp_path / "run.toml", method="sync", token_budget=budget_rounds * ROUND_TOKENS
+    )
     cluster = start(tmp_path, config, 3, sps=0.25, serve=[])
     try:
         wait_until(lambda: server_status(cluster)["revision"] >= 2, 60, "two sync updates")
         cluster.kill_worker(1)  # rounds are ~0.5 s of sleep/compute: killed mid-round
         wait_until(lambda: not server_status(cluster)["workers"][1]["active"], 10, "eviction")
-        frozen = server_status(cluster)
-        assert frozen["counters"]["evictions"] >= 1
-        time.sleep(0.5)
-        assert server_status(cluster)["revision"] == frozen["revision"]  # the barrier waits
+        evicted_at = server_status(cluster)
+        assert evicted_at["counters"]["evictions"] >= 1
+        wait_until(
+            lambda: server_status(cluster)["revision"] > evicted_at["revision"] + 1,
+            10,
+            "updates without the evicted worker",
+        )
         cluster.start_worker(1)
         assert cluster.wait(90) == 0
     finally:
@@ -137,8 +144,10 @@ def test_sync_run_survives_worker_sigkill_and_replacement(tmp_path: Path) -> Non
     state = assert_consistent(out, 3)
     counters = state["coordinator"]["counters"]
     assert counters["evictions"] >= 1 and counters["rejoins"] >= 1
-    assert state["server"]["revision"] == 5
-    assert all(len(r["arrivals"]) == 3 for r in state["server"]["log"])
+    barriers = [sorted(a["worker"] for a in r["arrivals"]) for r in state["server"]["log"]]
+    assert barriers[:2] == [[0, 1, 2], [0, 1, 2]]
+    assert [0, 2] in barriers and all(b in ([0, 1, 2], [0, 2]) for b in barriers)
+    assert sum(map(len, barriers)) >= budget_rounds
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     assert {"evicted", "replaced"} <= {e["event"] for e in events if e["type"] == "worker"}
 

@@ -139,6 +139,33 @@ def test_eviction_and_rejoin() -> None:
     assert coord.active_workers() == [0] and coord.counters.rejoins == 1
 
 
+def test_sync_eviction_shrinks_the_barrier_and_a_late_push_is_rejected() -> None:
+    now = [100.0]
+    coord = make_coord("sync", workers=3)
+    coord.clock = lambda: now[0]
+    coord.evict_after_s = 5.0
+    updates: list[int] = []
+    coord.on_update = lambda e: updates.append(len(e.record.arrivals))
+    ds = [pull(coord, w) for w in range(3)]
+    assert push(coord, 0, ds[0]).body["applied"] is False
+    assert push(coord, 2, ds[2]).body["applied"] is False
+    assert pull(coord, 0).type == "wait"  # the barrier waits for worker 1
+    now[0] += 3
+    coord.handle(wire.make("heartbeat", {"worker": 0, "incarnation": "a"}))
+    coord.handle(wire.make("heartbeat", {"worker": 2, "incarnation": "a"}))
+    now[0] += 3  # worker 1 silent for 6 s
+    assert coord.evict_silent() == [1]
+    assert updates == [2] and coord.server.revision == 1  # the barrier of {0, 2} was applied
+    late = push(coord, 1, ds[1])
+    assert late.type == "rejected" and late.body["reason"] == "evicted"
+    # Worker 1 comes back: its next pull puts it into the barrier again.
+    ds = [pull(coord, w) for w in range(3)]
+    assert all(d.type == "dispatch" and d.body["revision"] == 1 for d in ds)
+    assert [push(coord, w, ds[w]).body["applied"] for w in range(3)] == [False, False, True]
+    assert updates == [2, 3]
+    consistent(coord)
+
+
 def test_endpoint_drops_bad_mac_and_replays(tmp_path: Path) -> None:
     coord = make_coord()
     ep = Endpoint(coord, SECRET, EndpointConfig(checkpoint_dir=tmp_path, max_bytes=10_000))

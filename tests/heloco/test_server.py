@@ -16,7 +16,7 @@ from heloco.types import Params, RoundResult
 def make(method: str = "heloco", k: int = 3, **cfg: object) -> Server:
     init = {"w": torch.zeros(2, 3), "b": torch.zeros(3)}
     opt = build_optimizer(method, init, OuterConfig(), k)
-    return Server(init, opt, ServerConfig(n_workers=k, inner_steps=8, **cfg))  # type: ignore[arg-type]
+    return Server(init, opt, ServerConfig(n_workers=k, inner_steps=8, **cfg))
 
 
 def delta(scale: float) -> Params:
@@ -105,6 +105,49 @@ def test_sync_barrier_applies_one_averaged_step() -> None:
     assert all(a.staleness == 0 for a in rec.arrivals)
     # mean Δ = 2 (w) and −2 (b); first Nesterov step: θ = −lr(1+μ)·mean = −0.7·1.9·2
     torch.testing.assert_close(s.params["w"], torch.full((2, 3), -0.7 * 1.9 * 2.0))
+
+
+def test_evict_shrinks_the_sync_barrier_until_the_worker_is_dispatched_again() -> None:
+    s = make("sync", k=3, synchronous=True)
+    rs = [result(s, w) for w in range(3)]
+    assert s.evict(1) is None  # nothing has arrived yet: the barrier of {0, 2} is still open
+    assert s.submit(rs[0]) is None
+    rec = s.submit(rs[2])
+    assert rec is not None and [a.worker for a in rec.arrivals] == [0, 2]
+    assert s.check(rs[1]) == "evicted" and s.evicted_workers == [1]
+    with pytest.raises(SubmissionRejected):
+        s.submit(rs[1])
+    # Evicting the last missing worker applies the barrier of those that arrived.
+    r0, r2 = result(s, 0), result(s, 2)
+    assert s.submit(r0) is None
+    rec = s.evict(2)
+    assert rec is not None and [a.worker for a in rec.arrivals] == [0] and s.revision == 2
+    assert s.check(r2) == "evicted"
+    twin = make("sync", k=3, synchronous=True)
+    twin.load_state_dict(s.state_dict())  # evictions survive a checkpoint
+    assert twin.evicted_workers == [1, 2] and twin.check(r2) == "evicted"
+    # A new dispatch puts a worker back into the barrier.
+    r0, r1 = result(s, 0), result(s, 1)
+    assert s.evicted_workers == [2]
+    assert s.submit(r0) is None
+    rec = s.submit(r1)
+    assert rec is not None and [a.worker for a in rec.arrivals] == [0, 1]
+    rs = [result(s, w) for w in range(3)]
+    assert s.evicted_workers == []
+    assert s.submit(rs[0]) is None and s.submit(rs[1]) is None
+    assert s.submit(rs[2]) is not None and s.revision == 4
+
+
+def test_evict_keeps_a_submitted_round_and_cancels_async_rounds() -> None:
+    s = make("sync", k=2, synchronous=True)
+    r0, r1 = result(s, 0), result(s, 1)
+    assert s.submit(r0) is None
+    assert s.evict(0) is None and s.pending_workers == [0]  # still waiting for worker 1
+    rec = s.submit(r1)
+    assert rec is not None and [a.worker for a in rec.arrivals] == [0, 1]
+    a = make("heloco", k=2)
+    r = result(a, 0)
+    assert a.evict(0) is None and a.revision == 0 and a.check(r) == "evicted"
 
 
 def test_grace_window_buffers_then_applies_sequentially() -> None:

@@ -174,8 +174,10 @@ class Coordinator:
     def evict_silent(self) -> list[int]:
         """Mark workers silent for longer than ``evict_after_s`` as gone; returns their ids.
 
-        Their outstanding round stays valid in the server: a worker that comes back may still
-        push it, and a replacement's first pull supersedes it.
+        Async: their outstanding round stays valid in the server, so a worker that comes back
+        may still push it, and a replacement's first pull supersedes it. Sync: the server
+        cancels the round (:meth:`Server.evict`) so the barrier shrinks to the live workers
+        and is applied if they have all arrived; the worker rejoins at its next pull.
         """
         now = self.clock()
         gone = []
@@ -193,6 +195,10 @@ class Coordinator:
                         "silent_s": now - info.last_seen,
                     }
                 )
+                if self.server.cfg.synchronous:
+                    record = self.server.evict(info.worker)
+                    if record is not None:
+                        self._applied(record)
         return gone
 
     def active_workers(self) -> list[int]:
