@@ -57,20 +57,11 @@ def networked(cfg: Any, tmp: Path, codec: str = "fp32") -> tuple[Session, list[W
     session = Session(
         cfg, SECRET, EndpointConfig(checkpoint_dir=tmp / "ck", drain_s=2.0), out_dir=tmp
     )
-    ready = threading.Event()
-    address: list[str] = []
-
-    def on_ready(a: str) -> None:
-        address.append(a)
-        ready.set()
-
-    server = threading.Thread(target=session.serve, args=(on_ready,), daemon=True)
-    server.start()
-    assert ready.wait(30)
+    server, address = session.serve_in_thread()
     reports: list[WorkerReport] = []
 
     def work(w: int) -> None:
-        client = ClientConfig(address[0], timeout_s=20, deadline_s=60)
+        client = ClientConfig(address, timeout_s=20, deadline_s=60)
         reports.append(NetWorker(client, SECRET, WorkerOptions(worker=w, codec=codec)).run())  # type: ignore[arg-type]
 
     threads = [threading.Thread(target=work, args=(w,), daemon=True) for w in range(cfg.workers)]

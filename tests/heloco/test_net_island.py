@@ -11,7 +11,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -25,11 +24,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
 SECRET = b"island-test-secret-0123456789abcdef"
 ROUND_TOKENS = 2 * 2 * 32
-
-
-def on_ready(address: str, out: list[str], ready: threading.Event) -> None:
-    out.append(address)
-    ready.set()
 
 
 def free_port() -> int:
@@ -62,13 +56,7 @@ def test_torchrun_island_with_two_gloo_ranks(tmp_path: Path) -> None:
         EndpointConfig(checkpoint_dir=tmp_path / "ck", drain_s=2.0),
         out_dir=tmp_path / "run",
     )
-    ready = threading.Event()
-    address: list[str] = []
-    server = threading.Thread(
-        target=session.serve, args=(lambda a: on_ready(a, address, ready),), daemon=True
-    )
-    server.start()
-    assert ready.wait(30)
+    server, address = session.serve_in_thread()
     report = tmp_path / "island.json"
     env = os.environ | {
         SECRET_ENV: SECRET.decode(),
@@ -91,7 +79,7 @@ def test_torchrun_island_with_two_gloo_ranks(tmp_path: Path) -> None:
         "heloco",
         "work",
         "--connect",
-        address[0],
+        address,
         "--worker",
         "0",
         "--timeout-s",

@@ -50,6 +50,23 @@ def evaluate(params: Params) -> ValLoss:
     return ValLoss(loss, {"xx": loss})
 
 
+def fake_server(method: str, k: int, h: int = 1, grace: float = 0.0) -> Server:
+    """A server of ``method``'s policy over one 3-vector parameter."""
+    init = {"w": torch.zeros(3)}
+    spec = resolve_method(method).spec
+    return Server(
+        init,
+        build_optimizer(method, init, OuterConfig(), k),
+        ServerConfig(
+            n_workers=k,
+            inner_steps=h,
+            synchronous=spec.synchronous,
+            dylu=spec.dylu,
+            grace_window=grace,
+        ),
+    )
+
+
 def run_fake(
     method: str,
     paces: list[float],
@@ -64,20 +81,7 @@ def run_fake(
     out: Path | None = None,
 ) -> tuple[Server, object]:
     k = len(paces)
-    init = {"w": torch.zeros(3)}
-    spec = resolve_method(method).spec
-    opt = build_optimizer(method, init, OuterConfig(), k)
-    server = Server(
-        init,
-        opt,
-        ServerConfig(
-            n_workers=k,
-            inner_steps=h,
-            synchronous=spec.synchronous,
-            dylu=spec.dylu,
-            grace_window=grace,
-        ),
-    )
+    server = fake_server(method, k, h, grace)
     clock = Clock(paces, comm or [0.0] * k, jitter, seed, tokens, seconds, eval_every)
     with MetricsWriter(out) as writer:
         traj = simulate(
@@ -157,12 +161,7 @@ def test_grace_window_batches_arrivals() -> None:
 
 def test_arrival_balancing_equalises_effective_contributions() -> None:
     k = 3
-    init = {"w": torch.zeros(3)}
-    server = Server(
-        init,
-        build_optimizer("mla+ab", init, OuterConfig(), k),
-        ServerConfig(n_workers=k, inner_steps=1),
-    )
+    server = fake_server("mla+ab", k)
     stats = RunStats(k)
     clock = Clock([1.0, 1.0, 4.0], [0.0] * k, 0.0, 0, None, 200.0, 0)
     simulate(server, [FakeWorker(w) for w in range(k)], clock, evaluate, None, stats)
@@ -193,12 +192,7 @@ def test_evals_every_n_tokens_and_cycle_average(tmp_path: Path) -> None:
 
 def test_eval_every_counts_steps_when_asked() -> None:
     k = 2
-    init = {"w": torch.zeros(3)}
-    server = Server(
-        init,
-        build_optimizer("mla", init, OuterConfig(), k),
-        ServerConfig(n_workers=k, inner_steps=1),
-    )
+    server = fake_server("mla", k)
     clock = Clock([1.0, 1.0], [0.0, 0.0], 0.0, 0, None, 5.0, 4, "steps")
     traj = simulate(server, [FakeWorker(w) for w in range(k)], clock, evaluate)
     assert [e.steps for e in traj.evals] == [0, 4, 8, 10]  # 2 steps per second, to t = 5

@@ -9,6 +9,7 @@ revision that precede it describe updates that were lost with the crash.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -169,3 +170,19 @@ class Session:
             atomic_write_json(self.out_dir / STATUS_FILE, self.coord.status())
         self.writer.close()
         return summary
+
+    def serve_in_thread(self, timeout_s: float = 30.0) -> tuple[threading.Thread, str]:
+        """Serve in a daemon thread (in-process runs: tests, benchmarks); returns the thread
+        and the bound address once the server listens."""
+        ready = threading.Event()
+        address: list[str] = []
+
+        def on_ready(a: str) -> None:
+            address.append(a)
+            ready.set()
+
+        thread = threading.Thread(target=self.serve, args=(on_ready,), daemon=True)
+        thread.start()
+        if not ready.wait(timeout_s):
+            raise TimeoutError(f"the server did not listen within {timeout_s} s")
+        return thread, address[0]
