@@ -174,9 +174,9 @@ def write_presets(cal: Calibration, note: str) -> list[Path]:
     return written
 
 
-def print_cv(runs: Sequence[RunSpec], iterations: int) -> None:
+def print_cv(runs: Sequence[RunSpec], iterations: int, only: Sequence[str] | None) -> None:
     """Leave-one-source-out table: each source predicted by a fit on all the others."""
-    folds = leave_one_source_out(runs, iterations=iterations)
+    folds = leave_one_source_out(runs, iterations=iterations, only=only)
     print("leave-one-source-out cross-validation (fit on the other sources, predict this one)")
     print(f"{'held out':<9} {'n':>4} {'median':>8} {'mean':>7} {'p90':>7} {'signed median':>14}")
     every: list[RowResult] = []
@@ -209,6 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--cv", action="store_true", help="leave-one-source-out cross-validation table"
     )
+    parser.add_argument("--cv-sources", default="", help="only these held-out folds (S1,H4,...)")
     parser.add_argument(
         "--holdout", default=str(HOLDOUT), help="second CSV fitted and cross-validated ('' none)"
     )
@@ -222,7 +223,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"skipped run {r.run_id}: {r.skipped}")
     extra, _ = load_runs(Path(args.holdout)) if args.holdout else ([], [])
     if args.cv:
-        print_cv(runs + extra, args.iterations)
+        only = args.cv_sources.split(",") if args.cv_sources else None
+        print_cv(runs + extra, args.iterations, only)
         return 0
     calibration = None
     fit_runs = runs + extra

@@ -440,6 +440,9 @@ FAMILIES: dict[str, str] = {
 }
 # Families that do not enter the prior of unfitted families (a power cap is not a generation).
 PRIOR_EXCLUDED: frozenset[str] = frozenset({"hopper-500w"})
+# A power-capped variant without runs follows its parent family at the clock its power cap
+# allows: dynamic power ∝ C·V²·f with V ∝ f under DVFS, so f ∝ P^(1/3).
+POWER_CAPPED: dict[str, tuple[str, float]] = {"hopper-500w": ("hopper", 500.0 / 700.0)}
 NVLINK_PREFIXES: tuple[str, ...] = ("nvlink",)
 NIC_PREFIXES: tuple[str, ...] = ("ib-", "roce-", "cx8-")  # InfiniBand / RoCE rails
 
@@ -553,7 +556,13 @@ class Calibration:
         return float(np.mean(vals)) if vals else FAMILY_START["hopper"]
 
     def family_matmul_max(self, family: str) -> float:
-        return self.matmul_max.get(family, self.prior_matmul_max)
+        """Fitted value; else a power-capped variant's parent at its cap; else the prior."""
+        if family in self.matmul_max:
+            return self.matmul_max[family]
+        parent, power_ratio = POWER_CAPPED.get(family, ("", 1.0))
+        if parent in self.matmul_max:
+            return self.matmul_max[parent] * power_ratio ** (1.0 / 3.0)
+        return self.prior_matmul_max
 
     def efficiency(self, acc: Accelerator) -> Efficiency:
         """The accelerator's [efficiency] under this calibration (its family's matmul_max or
@@ -687,12 +696,17 @@ class FoldResult:
 
 
 def leave_one_source_out(
-    runs: Sequence[RunSpec], iterations: int = 300, start: Calibration | None = None
+    runs: Sequence[RunSpec],
+    iterations: int = 300,
+    start: Calibration | None = None,
+    only: Sequence[str] | None = None,
 ) -> list[FoldResult]:
-    """For each source, fit on every other source and predict the held-out one: the honest
-    estimate of accuracy on a source the fit has never seen."""
+    """For each source (or each of `only`), fit on every other source and predict the held-out
+    one: the honest estimate of accuracy on a source the fit has never seen."""
     folds: list[FoldResult] = []
     for source in sorted({r.source_id for r in runs}):
+        if only and source not in only:
+            continue
         train = [r for r in runs if r.source_id != source]
         test = [r for r in runs if r.source_id == source]
         calibration, loss = fit(train, start=start, iterations=iterations)

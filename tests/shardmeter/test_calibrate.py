@@ -177,3 +177,10 @@ def test_relaxed_schedule_rules_still_predict() -> None:
     assert evaluate_rows([row])[0].predicted is not None
     with pytest.raises(UserInputError, match="cp"):
         run_from_row({**row, "cp": "3", "n_gpus": "36", "seq_len": "8192"})
+
+
+def test_power_capped_variant_without_runs_follows_its_parent_at_the_capped_clock() -> None:
+    cal = Calibration.start(["ampere", "hopper"])
+    capped = cal.apply(cluster_from_row({**BASE, "gpu": "h100-sxm-96gb-500w"}))
+    expected = cal.matmul_max["hopper"] * (500 / 700) ** (1 / 3)
+    assert capped.accelerator.efficiency.matmul_max == pytest.approx(expected)
