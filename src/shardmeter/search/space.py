@@ -200,22 +200,11 @@ def sync_choices(dp: int, opts: SpaceOptions) -> SyncChoices:
     return SyncChoices(np.asarray(stages, np.int64), np.asarray(sizes, np.int64))
 
 
-@dataclass(frozen=True)
-class GridPlanArrays(PlanArrays):
-    """PlanArrays whose `shape` is the broadcast shape of all columns, so `dp` can stay a
-    (1, R) row like the other shape columns and the estimator keeps every term that does not
-    involve the sync choice at (1, R) (PlanArrays.shape is dp's shape)."""
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(np.broadcast_shapes(*(np.shape(getattr(self, f.name)) for f in fields(self))))
-
-
 def grid_plans(rows: Shapes, sync: SyncChoices, global_batch: int, overlap_tp: bool) -> PlanArrays:
     """A (K, R) PlanArrays: sync choices down the first axis, shapes along the second.
 
-    Shape columns are (1, R) and sync columns (K, 1): the estimator broadcasts them, so
-    per-shape compute runs R times, not K·R. Columns constant over the grid are Python
+    Shape columns are (1, R) and sync columns (K, 1): the estimator broadcasts them (and
+    `PlanArrays.shape` is their broadcast shape), so per-shape compute runs R times, not K·R. Columns constant over the grid are Python
     scalars (as in `PlanArrays.scalar`), so the estimator's scalar fast paths skip them.
     """
 
@@ -228,7 +217,7 @@ def grid_plans(rows: Shapes, sync: SyncChoices, global_batch: int, overlap_tp: b
         "overlap_param_gather": True,
         "overlap_tp": row(rows.tp > 1) if overlap_tp else False,
     }
-    return GridPlanArrays(
+    return PlanArrays(
         dp=row(rows.dp),
         tp=row(rows.tp),
         pp=row(rows.pp),
