@@ -35,7 +35,6 @@ from shardmeter.search.result import (
     Candidate,
     IslandChoice,
     PlanSearchResult,
-    SearchStats,
 )
 from shardmeter.specs.hardware import Cluster
 from shardmeter.specs.model import TransformerSpec
@@ -276,17 +275,7 @@ def _result(
     step = max(1, cloud_w.size // CLOUD_POINTS)
     cloud_w, cloud_c, cloud_n = cloud_w[::step], cloud_c[::step], cloud_n[::step]
     gpu_values, cloud_g = np.unique(cloud_n, return_inverse=True)
-    stats = SearchStats(
-        space=counts.space,
-        pruned_memory=counts.pruned_memory,
-        pruned_bound=counts.pruned_bound,
-        evaluated=counts.evaluated,
-        runnable=counts.runnable,
-        fitting=counts.fitting,
-        elapsed_s=time.perf_counter() - start,
-        eval_cpu_s=counts.eval_cpu_s,
-        jobs=jobs,
-    )
+    stats = counts.stats(start, jobs)
     return PlanSearchResult(
         kind="cluster",
         model=model.name,

@@ -25,6 +25,7 @@ from shardmeter.estimate.memory import memory_breakdown
 from shardmeter.estimate.plan_arrays import SHARDING_CODES
 from shardmeter.estimate.step import estimate_step_arrays
 from shardmeter.search.options import SpaceOptions
+from shardmeter.search.result import SearchStats
 from shardmeter.search.space import (
     Shapes,
     SyncChoices,
@@ -150,6 +151,21 @@ class SearchCounts:
     def add(self, other: SearchCounts) -> None:
         for f in fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def stats(self, start: float, jobs: int, outer_combinations: int = 0) -> SearchStats:
+        """These counts as a search's SearchStats, timed from `start` (a perf_counter reading)."""
+        return SearchStats(
+            space=self.space,
+            pruned_memory=self.pruned_memory,
+            pruned_bound=self.pruned_bound,
+            evaluated=self.evaluated,
+            runnable=self.runnable,
+            fitting=self.fitting,
+            elapsed_s=time.perf_counter() - start,
+            eval_cpu_s=self.eval_cpu_s,
+            outer_combinations=outer_combinations,
+            jobs=jobs,
+        )
 
 
 PolicyT = TypeVar("PolicyT", bound="Policy")

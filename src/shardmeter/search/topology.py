@@ -50,7 +50,6 @@ from shardmeter.search.result import (
     IslandChoice,
     OuterChoice,
     PlanSearchResult,
-    SearchStats,
 )
 from shardmeter.specs.hardware import Cluster
 from shardmeter.specs.model import TransformerSpec
@@ -551,18 +550,7 @@ def _topology_result(
         infeasible = infeasibility(
             front_all, con, bool(finite.size), f"{model.name} on {topo.name}"
         )
-    stats = SearchStats(
-        space=counts.space,
-        pruned_memory=counts.pruned_memory,
-        pruned_bound=counts.pruned_bound,
-        evaluated=counts.evaluated,
-        runnable=counts.runnable,
-        fitting=counts.fitting,
-        elapsed_s=time.perf_counter() - start,
-        eval_cpu_s=counts.eval_cpu_s,
-        outer_combinations=int(wall.size),
-        jobs=jobs,
-    )
+    stats = counts.stats(start, jobs, outer_combinations=int(wall.size))
     stride = max(1, wall.size // CLOUD_POINTS)
     labels = tuple(dict.fromkeys(b.mode for b in blocks))
     group = np.concatenate(
@@ -600,17 +588,7 @@ def _no_fit(
     jobs: int,
 ) -> PlanSearchResult:
     """No island has an inner plan that fits: the memory constraint binds."""
-    stats = SearchStats(
-        space=counts.space,
-        pruned_memory=counts.pruned_memory,
-        pruned_bound=counts.pruned_bound,
-        evaluated=counts.evaluated,
-        runnable=counts.runnable,
-        fitting=counts.fitting,
-        elapsed_s=time.perf_counter() - start,
-        eval_cpu_s=counts.eval_cpu_s,
-        jobs=jobs,
-    )
+    stats = counts.stats(start, jobs)
     text = (
         f"No runnable plan fits in memory: no island of {topo.name} can hold {model.name} "
         "with the allowed sharding and recompute; add nodes, allow zero3/full recompute or "
