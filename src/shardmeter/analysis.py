@@ -149,6 +149,13 @@ def _estimate(
     return compose(list(inputs), wan_paths(topo), n_params, run, run.tokens, name=topo.name)
 
 
+def _whole(param: str, value: float) -> int:
+    """A sweep value that counts something (steps, GPUs, islands, sequences) as an int."""
+    if not (float(value).is_integer() and value >= 1):
+        raise UserInputError(param, value, "a positive whole number")
+    return int(value)
+
+
 def sweep(
     topology: Topology,
     param: str,
@@ -171,20 +178,24 @@ def sweep(
     for value in grid:
         try:
             if param == "inner_steps":
-                run = with_run(topo, inner_steps=int(value)).run
+                run = with_run(topo, inner_steps=_whole(param, value)).run
                 est = compose(inputs, wan, n_params, run, run.tokens, name=topo.name)
             elif param == "bandwidth":
+                if not value > 0:
+                    raise UserInputError(param, value, "a positive bandwidth in Gbit/s")
                 scale = value / base.wan_gbit if math.isfinite(base.wan_gbit) else 1.0
                 est = compose(inputs, wan.scaled(scale), n_params, topo.run, topo.run.tokens)
             elif param == "islands":
-                k = int(value)
+                k = _whole(param, value)
+                if k > len(inputs):
+                    raise UserInputError(param, value, f"at most the {len(inputs)} islands")
                 keep = list(range(k))
                 est = compose(inputs[:k], wan.subset(keep), n_params, topo.run, topo.run.tokens)
             elif param == "island_size":
-                sized = resize_islands(topo, int(value))
+                sized = resize_islands(topo, _whole(param, value))
                 est = _estimate(sized, island_inputs(sized, model), n_params)
             else:
-                batched = rebatch_islands(topo, int(value))
+                batched = rebatch_islands(topo, _whole(param, value))
                 est = _estimate(batched, island_inputs(batched, model), n_params)
         except UserInputError as exc:
             skipped.append(f"{value:g}: {exc}")

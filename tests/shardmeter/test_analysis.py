@@ -88,6 +88,26 @@ def test_unfit_island_sizes_are_skipped_with_the_reason() -> None:
     assert res.skipped and "no FSDP/HSDP plan fits" in res.skipped[0]
 
 
+@pytest.mark.parametrize(
+    ("knob", "value", "reason"),
+    [
+        ("islands", 0, "a positive whole number"),
+        ("islands", 3, "at most the 2 islands"),
+        ("inner_steps", 1.5, "a positive whole number"),
+        ("batch", 0, "a positive whole number"),
+        ("bandwidth", -5, "a positive bandwidth"),
+        ("bandwidth", float("nan"), "a positive bandwidth"),
+    ],
+)
+def test_nonsense_sweep_values_are_skipped_with_the_reason(
+    knob: str, value: float, reason: str
+) -> None:
+    res = sweep(load_topology("two-clouds"), knob, [value])
+    assert not res.points
+    assert len(res.skipped) == 1 and f"{knob}: got " in res.skipped[0]
+    assert reason in res.skipped[0]
+
+
 def test_unknown_knob() -> None:
     with pytest.raises(UserInputError, match=r"^sweep: got 'colour'"):
         sweep(load_topology("two-clouds"), "colour")
