@@ -302,6 +302,8 @@ def test_bad_inputs_raise_user_input_errors() -> None:
         Constraints(deadline_s=-1)
     with pytest.raises(UserInputError, match="gpus"):
         plan("llama-3-8b", "dgx-h100", gpus=0)
+    with pytest.raises(UserInputError, match=r"^tokens: got -1\.0"):
+        plan(topology="two-clouds", tokens=-1.0)
     with pytest.raises(UserInputError, match="modes"):
         OuterOptions(modes=("gossip",))
 

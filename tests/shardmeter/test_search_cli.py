@@ -54,6 +54,8 @@ def test_unmet_deadline_exits_1_with_reason(capsys: pytest.CaptureFixture[str]) 
         ["--gpus", "32:8"],
         ["--plot", "front.pdf"],
         ["--topology", "two-clouds"],
+        ["--tokens", "-1"],
+        ["--tokens", "nan"],
     ],
 )
 def test_bad_input_is_one_line_exit_2(extra: list[str], capsys: pytest.CaptureFixture[str]) -> None:

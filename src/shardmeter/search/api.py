@@ -66,6 +66,8 @@ def plan(
     opts = options or SpaceOptions()
     if top_k < 1:
         raise UserInputError("top", top_k, "must be ≥ 1")
+    if tokens is not None and not (0 < tokens < math.inf):
+        raise UserInputError("tokens", tokens, "a positive, finite token budget")
     if topology is not None:
         topo = topology if isinstance(topology, Topology) else load_topology(topology)
         if model is not None:
