@@ -353,13 +353,18 @@ def run_from_row(row: Mapping[str, str]) -> RunSpec:
 
 
 def read_rows(path: str | Path) -> list[dict[str, str]]:
-    """Rows of a CSV in the calibration schema (UserInputError if required columns are missing)."""
-    with open(path, newline="", encoding="utf-8") as fh:
-        reader = csv.DictReader(fh)
-        missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise UserInputError("csv", str(path), f"missing columns: {', '.join(missing)}")
-        return [dict(r) for r in reader]
+    """Rows of a CSV in the calibration schema (UserInputError if the file is not a UTF-8 CSV
+    or required columns are missing)."""
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise UserInputError("csv", str(path), f"missing columns: {', '.join(missing)}")
+            return [dict(r) for r in reader]
+    except (IsADirectoryError, UnicodeDecodeError, csv.Error) as exc:
+        reason = "a directory" if isinstance(exc, IsADirectoryError) else "not a UTF-8 CSV"
+        raise UserInputError("csv", str(path), f"{reason}; want a CSV file") from None
 
 
 def predict_run(run: RunSpec, cluster: Cluster | None = None) -> StepEstimate:

@@ -131,3 +131,17 @@ def test_cli_validate_missing_columns(tmp_path: Path, capsys: pytest.CaptureFixt
     bad.write_text("run_id,model\n1,x\n")
     assert main(["validate", str(bad)]) == 2
     assert "missing columns" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", [None, b"\xff\xfe\x00run_id"])
+def test_cli_validate_unreadable_file_is_one_line(
+    content: bytes | None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "runs.csv"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("shardmeter: error: csv: got ") and "\n" not in err
