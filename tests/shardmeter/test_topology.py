@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -147,6 +148,15 @@ def test_streaming_needs_fragments_dividing_h() -> None:
 def test_unknown_topology_lists_examples() -> None:
     with pytest.raises(UserInputError, match=r"shipped examples: .*two-clouds"):
         load_topology("atlantis")
+
+
+def test_directory_or_binary_topology_is_a_user_input_error(tmp_path: Path) -> None:
+    with pytest.raises(UserInputError, match=r"^topology: got .*; not a file"):
+        load_topology(tmp_path)
+    binary = tmp_path / "t.toml"
+    binary.write_bytes(b"\xff\xfe\x00name")
+    with pytest.raises(UserInputError, match=r"^topology: got .*; is not valid TOML"):
+        load_topology(binary)
 
 
 @pytest.mark.parametrize(

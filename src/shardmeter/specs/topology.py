@@ -177,7 +177,7 @@ def topology_from_dict(data: dict[str, Any]) -> Topology:
 def find_topology(name_or_path: str | Path) -> Path:
     """A topology file: an existing path, or a shipped example by name."""
     path = Path(name_or_path)
-    if path.exists():
+    if path.is_file():
         return path
     shipped = TOPOLOGY_DIR / f"{name_or_path}.toml"
     if shipped.exists():
@@ -190,8 +190,8 @@ def load_topology(name_or_path: str | Path) -> Topology:
     """Read a topology TOML file (or a shipped example by name) and validate it."""
     path = find_topology(name_or_path)
     try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UserInputError("topology", str(path), f"is not valid TOML ({exc})") from None
     return topology_from_dict(data)
 
