@@ -44,6 +44,7 @@ from shardmeter.calibrate import (
     summarize_results,
 )
 from shardmeter.errors import UserInputError
+from shardmeter.io import atomic_write_text
 from shardmeter.paths import shared_path
 from shardmeter.specs.loader import load_accelerator
 
@@ -155,7 +156,7 @@ def write_presets(cal: Calibration, note: str) -> list[Path]:
     for path in sorted((DATA / "accelerators").glob("*.toml")):
         text = path.read_text()
         values = _accelerator_values(path.stem, cal, note)
-        path.write_text(_set_keys(text, "efficiency", values))
+        atomic_write_text(path, _set_keys(text, "efficiency", values))
         written.append(path)
     for path in sorted((DATA / "clusters").glob("*.toml")):
         text = path.read_text()
@@ -169,7 +170,7 @@ def write_presets(cal: Calibration, note: str) -> list[Path]:
                 new = _set_keys(new, table, {"efficiency": (round(value, 4), note)})
         new = _set_top_level(new, "overlap_slowdown", round(cal.overlap_slowdown, 4), note)
         if new != text:
-            path.write_text(new)
+            atomic_write_text(path, new)
             written.append(path)
     return written
 

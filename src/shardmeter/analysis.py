@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +23,7 @@ from shardmeter.estimate.islands import (
     island_inputs,
     with_run,
 )
+from shardmeter.io import atomic_savefig
 from shardmeter.specs.topology import Topology, resolve_cluster, resolve_model, wan_paths
 
 SWEEP_PARAMS: dict[str, str] = {
@@ -288,18 +287,6 @@ def find_knees(
     return (regime_flip(param, points, base),)
 
 
-def _atomic_savefig(fig: Any, path: Path, fmt: str, dpi: int) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format=fmt, dpi=dpi)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 def plot_sweep(
     result: SweepResult, out_dir: Path, dpi: int = 72, formats: Sequence[str] = ("png", "svg")
 ) -> list[Path]:
@@ -337,6 +324,6 @@ def plot_sweep(
     stem = f"{result.topology}-{result.mode}-{result.param}"
     paths = [out_dir / f"{stem}.{fmt}" for fmt in formats]
     for path, fmt in zip(paths, formats, strict=True):
-        _atomic_savefig(fig, path, fmt, dpi)
+        atomic_savefig(fig, path, format=fmt, dpi=dpi)
     plt.close(fig)
     return paths

@@ -17,8 +17,6 @@ JSON schema `shardmeter.plan/1` (stable; fields are only ever added):
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shardmeter.errors import UserInputError
+from shardmeter.io import atomic_savefig
 from shardmeter.report.islands import fmt_time, fmt_usd
 from shardmeter.report.step import plan_summary
 from shardmeter.search.result import Candidate, PlanSearchResult
@@ -230,18 +229,6 @@ def render_result(res: PlanSearchResult, console: Console | None = None, top: in
         console.print(f"[bold]Why #1 wins:[/] {res.explanation.text}")
 
 
-def _atomic_savefig(fig: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=path.suffix)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format=path.suffix[1:], dpi=110, bbox_inches="tight")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def plot_result(res: PlanSearchResult, path: Path) -> Path:
     """Scatter the evaluated plans (time vs cost), draw the Pareto front and mark the bests."""
     if path.suffix.lower() not in PLOT_FORMATS:
@@ -306,6 +293,6 @@ def plot_result(res: PlanSearchResult, path: Path) -> Path:
     ax.set_title(f"{res.model} on {res.target}: {what} ({res.cloud_wall_s.size:,} shown)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="best")
-    _atomic_savefig(fig, path)
+    atomic_savefig(fig, path, format=path.suffix[1:], dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path

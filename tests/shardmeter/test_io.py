@@ -1,0 +1,35 @@
+"""Atomic writes (shardmeter.io): whole file or none, no temp files left behind."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardmeter.io import atomic_savefig, atomic_write_text
+
+
+def test_atomic_write_text_replaces_whole_file(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "out.toml"
+    atomic_write_text(path, "a = 1\n")
+    atomic_write_text(path, "a = 2\n")
+    assert path.read_text() == "a = 2\n"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert [p.name for p in path.parent.iterdir()] == ["out.toml"]
+
+
+class _FailingFigure:
+    def savefig(self, fname: str, **kwargs: Any) -> None:
+        Path(fname).write_text("partial")
+        raise RuntimeError("disk full")
+
+
+def test_failed_savefig_leaves_the_old_file_and_no_temp(tmp_path: Path) -> None:
+    path = tmp_path / "plot.png"
+    path.write_text("old")
+    with pytest.raises(RuntimeError, match="disk full"):
+        atomic_savefig(_FailingFigure(), path, format="png")
+    assert path.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["plot.png"]
