@@ -105,10 +105,12 @@ def cluster_for_gpu(gpu: str, cluster: ClusterRef | None = None) -> Cluster:
 
 
 def resolve_model(model: ModelRef | None) -> TransformerSpec:
+    """A spec, preset name or file as a TransformerSpec (None: the default model)."""
     return load_model(model if model is not None else DEFAULT_MODEL)
 
 
 def resolve_cluster(cluster: ClusterRef | None) -> Cluster:
+    """A spec, preset name, file or table as a Cluster (None: the default cluster)."""
     return load_cluster(cluster if cluster is not None else DEFAULT_CLUSTER)
 
 

@@ -56,30 +56,38 @@ class StepArrays:
 
     @property
     def tokens_per_s(self) -> FloatArray:
+        """Training throughput of the whole job, tokens/s."""
         return self.tokens_per_step / self.step_time_s
 
     @property
     def tokens_per_s_per_gpu(self) -> FloatArray:
+        """Throughput per GPU, tokens/s."""
         return self.tokens_per_s / self.n_gpus
 
     @property
     def mfu(self) -> FloatArray:
+        """Model FLOPs utilization (fraction): model FLOP / (step s × GPUs × peak FLOP/s),
+        PaLM (Chowdhery et al. 2022, Sec. 4.1), without recompute."""
         return self.model_flops_per_step / (
             self.step_time_s * self.n_gpus * self.peak_flops_per_gpu
         )
 
     @property
     def hfu(self) -> FloatArray:
+        """Hardware FLOPs utilization (fraction): as `mfu` but counting recomputed FLOP
+        (PaLM, Chowdhery et al. 2022, Sec. 4.1)."""
         return self.hardware_flops_per_step / (
             self.step_time_s * self.n_gpus * self.peak_flops_per_gpu
         )
 
     @property
     def memory_bytes(self) -> FloatArray:
+        """Peak memory per GPU, bytes: the sum of the MEMORY_COMPONENTS."""
         return sum(self.memory.values(), start=np.zeros_like(self.step_time_s))
 
     @property
     def fits(self) -> NDArray[np.bool_]:
+        """True where the peak memory per GPU is within its HBM capacity."""
         return self.memory_bytes <= self.hbm_bytes
 
 
@@ -105,4 +113,5 @@ class StepEstimate:
 
     @property
     def memory_headroom_bytes(self) -> float:
+        """HBM left per GPU at peak, bytes (negative when the plan does not fit)."""
         return self.hbm_bytes - self.memory_bytes

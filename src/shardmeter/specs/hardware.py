@@ -77,10 +77,12 @@ class Link(BaseModel):
 
     @property
     def effective_bytes_per_s(self) -> float:
+        """Achieved bandwidth per GPU per direction, bytes/s (GB/s × 1e9 × efficiency)."""
         return self.bandwidth_gbps * 1e9 * self.efficiency
 
     @property
     def latency_s(self) -> float:
+        """Per-message latency, seconds."""
         return self.latency_us * 1e-6
 
 
@@ -109,4 +111,5 @@ class Cluster(BaseModel):
 
     @property
     def n_gpus(self) -> int | None:
+        """GPUs in the cluster (n_nodes × gpus_per_node); None when unbounded."""
         return None if self.n_nodes is None else self.n_nodes * self.gpus_per_node
