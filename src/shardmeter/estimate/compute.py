@@ -32,7 +32,7 @@ def matmul_efficiency(flops: Num, eff: Efficiency) -> Num:
 
 def memory_time(n_bytes: Num, acc: Accelerator) -> Num:
     """Time to stream `n_bytes` through HBM at the calibrated achieved bandwidth."""
-    return n_bytes / (acc.hbm_gbps * 1e9 * acc.efficiency.memory)
+    return n_bytes / acc.hbm_bytes_per_s
 
 
 def gemm_time(m: Num, k: Num, n: Num, acc: Accelerator, fp8: Num) -> Num:

@@ -450,7 +450,7 @@ def island_inputs(topo: Topology, model: TransformerSpec) -> list[IslandInput]:
                 name=island.name,
                 step=step,
                 price_per_gpu_hour=cluster.price_per_gpu_hour,
-                hbm_Bps=acc.hbm_gbps * 1e9 * acc.efficiency.memory,
+                hbm_Bps=acc.hbm_bytes_per_s,
                 accelerator=acc.name,
                 plan=plan,
             )

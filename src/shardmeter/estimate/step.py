@@ -247,7 +247,7 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
         model_flops_per_step=_finish(model_flops, zeros),
         hardware_flops_per_step=_finish(hw_flops, zeros),
         peak_flops_per_gpu=_finish(peak * 1e12, zeros),
-        hbm_bytes=np.full(shape, acc.hbm_gb * 1e9),
+        hbm_bytes=np.full(shape, acc.hbm_bytes),
         comm_bytes=comm_bytes,
     )
 

@@ -205,7 +205,7 @@ def search_cluster(
     """Enumerate, prune and evaluate every inner plan on `cluster` for each GPU count and
     global batch; rank them and build the front. `on_space(n)` receives the space size first."""
     start = time.perf_counter()
-    budget = constraints.memory_budget(cluster.accelerator.hbm_gb * 1e9)
+    budget = constraints.memory_budget(cluster.accelerator.hbm_bytes)
     work, counts = plan_work(model, cluster, gpu_counts, batches, options, budget)
     if on_space is not None:
         on_space(counts.space)

@@ -155,7 +155,7 @@ def inner_searches(
     pending: dict[str, tuple[EvalJob, list[Work]]] = {}
     for cluster, gpus in zip(clusters, gpu_sets, strict=True):
         key = _cluster_key(cluster)
-        budget = constraints.memory_budget(cluster.accelerator.hbm_gb * 1e9)
+        budget = constraints.memory_budget(cluster.accelerator.hbm_bytes)
         job, work = pending.get(
             key, (EvalJob(model, cluster, options.overlap_tp, budget, prune=prune), [])
         )
@@ -269,7 +269,7 @@ def combos(
     k = range(len(members))
     gpus = np.stack([np.asarray(opts[j], dtype=np.int64)[index[:, j]] for j in k], axis=-1)
     accs = [islands[i].cluster.accelerator for i in members]
-    hbm = np.array([a.hbm_gbps * 1e9 * a.efficiency.memory for a in accs])
+    hbm = np.array([a.hbm_bytes_per_s for a in accs])
     return Combos(
         members=members,
         per_gpu=per_gpu,
@@ -348,7 +348,7 @@ def _island_inputs(
                 name=isl.name,
                 step=step,
                 price_per_gpu_hour=isl.cluster.price_per_gpu_hour,
-                hbm_Bps=acc.hbm_gbps * 1e9 * acc.efficiency.memory,
+                hbm_Bps=acc.hbm_bytes_per_s,
                 accelerator=acc.name,
                 plan=plan,
             )

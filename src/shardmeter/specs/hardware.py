@@ -64,6 +64,16 @@ class Accelerator(BaseModel):
                 return table[candidate]
         raise KeyError(dtype)
 
+    @property
+    def hbm_bytes(self) -> float:
+        """HBM capacity, bytes (GB × 1e9)."""
+        return self.hbm_gb * 1e9
+
+    @property
+    def hbm_bytes_per_s(self) -> float:
+        """Achieved HBM bandwidth, bytes/s (GB/s × 1e9 × the calibrated memory efficiency)."""
+        return self.hbm_gbps * 1e9 * self.efficiency.memory
+
 
 class Link(BaseModel):
     """A network link as one GPU sees it: bandwidth per direction, latency, achieved fraction."""
