@@ -31,6 +31,7 @@ from shardmeter.specs.hardware import Cluster
 from shardmeter.specs.model import TransformerSpec
 from shardmeter.specs.plan import Plan, validate_plan
 from shardmeter.specs.topology import (
+    GBIT,
     OuterSpec,
     RunSpec,
     Topology,
@@ -42,7 +43,6 @@ from shardmeter.specs.topology import (
     wan_paths,
 )
 
-GBIT = 1e9 / 8.0  # bytes/s per Gbit/s
 PHASES: tuple[str, ...] = ("straggler wait", "WAN exchange", "outer optimizer")
 
 

@@ -28,6 +28,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 TOPOLOGY_DIR = Path(__file__).resolve().parents[1] / "data" / "topologies"
+GBIT = 1e9 / 8.0  # bytes/s per Gbit/s
 
 
 class WanLinkParams(BaseModel):
@@ -44,7 +45,7 @@ class WanLinkParams(BaseModel):
 
     def bytes_per_s(self) -> float:
         """Effective bytes/s: efficiency × link, capped by streams·window/RTT (design doc C.4)."""
-        link = self.bandwidth_gbit * 1e9 / 8.0 * self.efficiency
+        link = self.bandwidth_gbit * GBIT * self.efficiency
         window = None if self.window_mb is None else self.window_mb * 1e6
         return float(effective_wan_Bps(link, self.latency_ms * 1e-3, self.streams, window))
 
@@ -300,7 +301,7 @@ def _matrix_paths(m: WanMatrix, n: int) -> tuple[FloatArray, FloatArray, FloatAr
     """(bytes/s, RTT s, USD/byte) matrices from a [wan.matrix] table."""
     off = ~np.eye(n, dtype=bool)
     gbit = np.asarray(m.bandwidth_gbit, dtype=np.float64)
-    bw = np.where(off, gbit * 1e9 / 8.0 * m.efficiency, np.inf)
+    bw = np.where(off, gbit * GBIT * m.efficiency, np.inf)
     rtt = np.where(off, np.asarray(m.latency_ms, dtype=np.float64) * 1e-3, 0.0)
     usd = np.zeros((n, n)) if m.egress_usd_per_gb is None else np.asarray(m.egress_usd_per_gb)
     price = np.where(off, usd / 1e9, 0.0)
@@ -366,7 +367,7 @@ def wan_paths(topo: Topology) -> WanPaths:
         egress_usd_per_byte=price,
         ring=best_ring(bw),
         center=center,
-        server_Bps=float("inf") if server is None else server * 1e9 / 8.0,
+        server_Bps=float("inf") if server is None else server * GBIT,
         host_copy_Bps=float("inf") if host is None else host * 1e9,
         hub=star_hub,
     )
