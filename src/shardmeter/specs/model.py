@@ -114,27 +114,26 @@ class TransformerSpec(BaseModel):
         """Parameters of one routed expert MLP."""
         return self._mlp_params(self.expert_ffn)
 
-    @property
-    def mlp_params_total(self) -> int:
-        """All MLP weights: dense layers, and for MoE layers every expert, shared ones and router."""
+    def _mlp_params_counting(self, routed: int) -> int:
+        """MLP weights of all layers with `routed` routed experts per MoE layer, plus its shared
+        experts and its router (h·E)."""
         dense = self.n_dense_layers * self._mlp_params(self.dense_ffn)
         if self.moe is None:
             return dense
         per_layer = (
-            self.moe.experts + self.moe.shared_experts
+            routed + self.moe.shared_experts
         ) * self.expert_params + self.hidden * self.moe.experts
         return dense + self.n_moe_layers * per_layer
 
     @property
+    def mlp_params_total(self) -> int:
+        """All MLP weights: dense layers, and for MoE layers every expert, shared ones and router."""
+        return self._mlp_params_counting(self.moe.experts if self.moe is not None else 0)
+
+    @property
     def mlp_params_active(self) -> int:
         """MLP weights one token touches: top-k plus shared experts, and the router."""
-        dense = self.n_dense_layers * self._mlp_params(self.dense_ffn)
-        if self.moe is None:
-            return dense
-        per_layer = (
-            self.moe.top_k + self.moe.shared_experts
-        ) * self.expert_params + self.hidden * self.moe.experts
-        return dense + self.n_moe_layers * per_layer
+        return self._mlp_params_counting(self.moe.top_k if self.moe is not None else 0)
 
     @property
     def embedding_params(self) -> int:
