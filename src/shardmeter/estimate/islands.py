@@ -57,6 +57,18 @@ class IslandInput:
     accelerator: str = ""
     plan: Plan | None = None
 
+    @classmethod
+    def on(cls, name: str, cluster: Cluster, plan: Plan, step: StepEstimate) -> IslandInput:
+        """The island `name` running `plan` on `cluster` (prices and HBM from the cluster)."""
+        return cls(
+            name=name,
+            step=step,
+            price_per_gpu_hour=cluster.price_per_gpu_hour,
+            hbm_Bps=cluster.accelerator.hbm_bytes_per_s,
+            accelerator=cluster.accelerator.name,
+            plan=plan,
+        )
+
 
 @dataclass(frozen=True)
 class IslandEstimate:
@@ -444,17 +456,7 @@ def island_inputs(topo: Topology, model: TransformerSpec) -> list[IslandInput]:
                 f"needs {step.memory_bytes / 1e9:.1f} GB per GPU, "
                 f"HBM is {step.hbm_bytes / 1e9:.1f} GB",
             )
-        acc = cluster.accelerator
-        out.append(
-            IslandInput(
-                name=island.name,
-                step=step,
-                price_per_gpu_hour=cluster.price_per_gpu_hour,
-                hbm_Bps=acc.hbm_bytes_per_s,
-                accelerator=acc.name,
-                plan=plan,
-            )
-        )
+        out.append(IslandInput.on(island.name, cluster, plan, step))
     return out
 
 

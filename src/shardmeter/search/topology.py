@@ -340,19 +340,8 @@ def _island_inputs(
     out = []
     for i, n in zip(members, gpus, strict=True):
         isl = islands[i]
-        plan = isl.plans[(int(n), per_gpu)]
-        step = isl.steps[(int(n), per_gpu)]
-        acc = isl.cluster.accelerator
-        out.append(
-            IslandInput(
-                name=isl.name,
-                step=step,
-                price_per_gpu_hour=isl.cluster.price_per_gpu_hour,
-                hbm_Bps=acc.hbm_bytes_per_s,
-                accelerator=acc.name,
-                plan=plan,
-            )
-        )
+        key = (int(n), per_gpu)
+        out.append(IslandInput.on(isl.name, isl.cluster, isl.plans[key], isl.steps[key]))
     return out
 
 
