@@ -145,3 +145,17 @@ def test_cli_validate_unreadable_file_is_one_line(
     assert main(["validate", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("shardmeter: error: csv: got ") and "\n" not in err
+
+
+def _reject_constant(name: str) -> None:
+    raise AssertionError(f"{name} is not JSON")
+
+
+def test_cli_validate_json_is_strict_when_no_row_predicts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = tmp_path / "runs.csv"
+    _write_csv(runs)
+    assert main(["validate", str(runs), "--json", "--source", "nobody"]) == 0
+    doc = json.loads(capsys.readouterr().out, parse_constant=_reject_constant)
+    assert doc["summary"] == {"median_ape": None, "mean_ape": None, "p90_ape": None, "n": 0}

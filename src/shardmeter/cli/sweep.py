@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +12,8 @@ from rich.table import Table
 from shardmeter.analysis import SWEEP_PARAMS, SweepResult, plot_sweep, sweep
 from shardmeter.cli.topology_predict import add_arguments, overrides_from
 from shardmeter.errors import UserInputError
-from shardmeter.report.islands import fmt_time, fmt_usd, jsonable
+from shardmeter.report.islands import fmt_time, fmt_usd
+from shardmeter.report.jsonout import jsonable, print_json
 from shardmeter.specs.topology import load_topology
 
 
@@ -93,8 +92,7 @@ def run(args: argparse.Namespace) -> int:
             plots.extend(plot_sweep(result, args.out, formats=formats))
     if getattr(args, "json", False):
         doc = {"sweeps": jsonable(results), "plots": [str(p) for p in plots]}
-        json.dump(doc, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(doc)
         return 0
     console = Console()
     for result in results:

@@ -7,12 +7,11 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import Any
 
 from shardmeter.estimate.islands import predict_topology
 from shardmeter.report.islands import render_topology, topology_json
+from shardmeter.report.jsonout import print_json
 from shardmeter.specs.topology import load_topology
 
 # CLI flag -> RunSpec field overridden by it.
@@ -106,8 +105,7 @@ def run_topology(args: argparse.Namespace) -> int:
     topo = load_topology(args.topology)
     est = predict_topology(topo, **overrides_from(args))
     if getattr(args, "json", False):
-        json.dump(topology_json(est), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(topology_json(est))
     else:
         render_topology(est)
     return 0

@@ -9,7 +9,6 @@ APE values there are fractions (0.1 = 10%).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from shardmeter.calibrate import (
 )
 from shardmeter.errors import UserInputError
 from shardmeter.paths import missing_shared_reason, shared_path
+from shardmeter.report.jsonout import print_json
 from shardmeter.report.step import console_for
 
 DEFAULT_RUNS = ("calibration", "runs.csv")
@@ -120,8 +120,7 @@ def run(args: argparse.Namespace) -> int:
         rows = [r for r in rows if (r.get("source_id") or "").strip() in set(args.source)]
     results = evaluate_rows(rows)
     if args.json:
-        json.dump(results_to_dict(results), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(results_to_dict(results))
     else:
         render(console_for(sys.stdout.isatty()), results)
     return 0

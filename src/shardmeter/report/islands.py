@@ -2,30 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
-from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
 from shardmeter.estimate.islands import IslandEstimate, TopologyEstimate
-
-
-def jsonable(obj: Any) -> Any:
-    """Dataclasses, pydantic models, tuples and non-finite floats -> plain JSON values."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, BaseModel):
-        return jsonable(obj.model_dump())
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
+from shardmeter.report.jsonout import jsonable
 
 
 def topology_json(est: TopologyEstimate) -> dict[str, Any]:
