@@ -157,7 +157,11 @@ def activation_bytes_per_layer(model: TransformerSpec, plans: PlanArrays) -> Num
     GELU: input, output = 2F), MoE per routed copy. Selective recompute drops the attention
     output and the activation-function output; full recompute keeps only the layer input.
     """
-    full_set, selective_set, layer_input = _activation_sets(model, plans)
+    return _saved_per_layer(plans, *_activation_sets(model, plans))
+
+
+def _saved_per_layer(plans: PlanArrays, full_set: Num, selective_set: Num, layer_input: Num) -> Num:
+    """The activation set each plan's recompute mode keeps (none, selective, full)."""
     code = plans.recompute
     partial = where(code == RECOMPUTE_CODES["selective"], selective_set, full_set)
     return where(code == RECOMPUTE_CODES["full"], layer_input, partial)
@@ -202,11 +206,9 @@ def memory_breakdown(
 
     n_stage = stage_layers(model, plans)
     full_set, selective_set, layer_input = _activation_sets(model, plans)
-    full = plans.recompute == RECOMPUTE_CODES["full"]
-    partial = where(plans.recompute == RECOMPUTE_CODES["selective"], selective_set, full_set)
-    per_layer = where(full, layer_input, partial)
+    per_layer = _saved_per_layer(plans, full_set, selective_set, layer_input)
     # Under full recompute one layer's activations are rebuilt at a time during backward.
-    working = where(full, full_set, 0.0)
+    working = where(plans.recompute == RECOMPUTE_CODES["full"], full_set, 0.0)
     stage0 = per_layer * n_stage * in_flight_micro_batches(plans) + working
 
     tokens = plans.micro_batch * model.seq_len / as_float(plans.cp)
