@@ -14,6 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from shardmeter import quality
 from shardmeter.errors import UserInputError
 from shardmeter.estimate.outer import MODES
 from shardmeter.predict import resolve_cluster
@@ -80,6 +81,7 @@ def add_parser(subparsers: Any) -> None:
     out.add_argument("--jobs", type=int, default=1, help="processes (0: all cores)")
     out.add_argument("--no-prune", action="store_true", help="evaluate every plan")
     out.add_argument("--no-progress", action="store_true", help="no progress bar")
+    quality.add_arguments(p)
 
 
 def parse_ints(field: str, text: str | None) -> tuple[int, ...]:
@@ -247,13 +249,33 @@ def run(args: argparse.Namespace) -> int:
             progress=advance,
             on_space=set_total,
         )
+    shown = min(args.top, 10) if args.top > 0 else 10
+    ranked = quality.rank_from_args(
+        args,
+        shown,
+        model=args.model,
+        cluster=args.cluster,
+        gpus=gpus,
+        topology=args.topology,
+        tokens=args.tokens,
+        global_batch=batches,
+        constraints=constraints,
+        options=space,
+        outer=outer,
+        jobs=args.jobs,
+    )
     if args.plot is not None:
         plot_result(res, args.plot)
     if args.json:
-        json.dump(result_json(res), sys.stdout, indent=2)
+        doc = result_json(res)
+        if ranked:
+            doc["quality"] = quality.ranked_json(ranked, args.quality)
+        json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        render_result(res, Console(), top=min(args.top, 10) if args.top > 0 else 10)
+        render_result(res, Console(), top=shown)
+        if ranked:
+            quality.render_ranked(ranked, args.quality)
         if args.plot is not None:
             Console().print(f"wrote {args.plot}")
     return 0 if res.infeasible is None else 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from shardmeter import quality
 from shardmeter.estimate.islands import predict_topology
 from shardmeter.report.islands import render_topology, topology_json
 from shardmeter.report.jsonout import print_json
@@ -84,6 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--threshold", type=float, help="utilization that counts as compute-bound")
     add("--json", action="store_true", help="print JSON instead of tables")
     add("--model", help="model preset or file (overrides run.model)")
+    quality.add_arguments(parser)
     parser.set_defaults(topology_foreign_defaults=foreign)
 
 
@@ -102,6 +104,7 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_topology(args: argparse.Namespace) -> int:
     """Predict the topology in `args.topology` and print tables or JSON."""
+    quality.apply(args)
     topo = load_topology(args.topology)
     est = predict_topology(topo, **overrides_from(args))
     if getattr(args, "json", False):
