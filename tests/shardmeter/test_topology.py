@@ -99,6 +99,8 @@ BAD: list[tuple[str, Any, str]] = [
     ("run/bits", 3, "run.bits: got 3"),
     ("wan/hub", "us-east", "wan.hub: got 'us-east'; only a star WAN has a hub"),
     ("run/server", "moon", "run.server: got 'moon'; known islands"),
+    ("run/tokens", float("inf"), "run.tokens: got inf; Input should be a finite number"),
+    ("run/quality_factor", float("inf"), "run.quality_factor: got inf"),
 ]
 
 

@@ -116,7 +116,7 @@ class OuterSpec(BaseModel):
     overlap_steps: int = Field(default=0, ge=0)  # Streaming DiLoCo τ
     reduce: Literal["ring", "hub"] = "ring"  # outer all-reduce pattern
     server: str | None = None  # hub / parameter-server island (default: WAN hub or first)
-    quality_factor: float = Field(default=1.0, gt=0)  # tokens needed relative to sync training
+    quality_factor: float = Field(default=1.0, gt=0, allow_inf_nan=False)  # tokens needed vs sync
     compute_bound_threshold: float = Field(default=0.9, gt=0, le=1)  # utilization ≥ this
 
 
@@ -124,7 +124,7 @@ class RunSpec(OuterSpec):
     """Global run settings: the model, the token budget, the default per-island batch."""
 
     model: str | dict[str, Any] = "llama-3-8b"
-    tokens: float = Field(default=1e12, gt=0)  # token budget
+    tokens: float = Field(default=1e12, gt=0, allow_inf_nan=False)  # token budget
     global_batch: int | None = Field(default=None, gt=0)  # sequences per island per inner step
 
 
