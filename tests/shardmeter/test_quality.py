@@ -287,3 +287,17 @@ def test_default_target_is_reached_and_q_scales_with_tokens(
     assert all(math.isfinite(m.factor) for m in q.methods)
     # the same curve stretched c times along tokens needs c times the tokens
     assert q.factor("async-nesterov") == pytest.approx(c * q.factor("heloco"))
+
+
+def test_cli_predict_and_plan_take_quality_from(
+    runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from shardmeter.cli import main
+
+    flags = ["--quality-from", str(runs), "--target-loss", "3.0", "--json"]
+    assert main(["predict", "--topology", "eight-heterogeneous", *flags]) == 0
+    assert json.loads(capsys.readouterr().out)["quality_factor"] == pytest.approx(1.5)
+    assert main(["plan", "--topology", "two-clouds", "--top", "3", "--no-progress", *flags]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    times = [r["time_to_target_s"] for r in doc["quality"]["ranked"]]
+    assert times == sorted(times) and len(times) >= 1
