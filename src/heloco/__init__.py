@@ -1,0 +1,51 @@
+"""HeLoCo: asynchronous low-communication training under device and data heterogeneity.
+
+data -> worker -> server -> metrics. One server logic (`server.py` + `outer/`) is driven by a
+deterministic simulated clock (`sim.py`) or by real processes over ZeroMQ (`net/`).
+
+The public API (imported lazily, so `heloco --help` does not pay for torch):
+
+- `SimConfig`, `run_simulation(cfg)` -> `RunResult`; `load_config(path, preset, overrides)`;
+- `Server`, `build_optimizer(method, ...)`, `method_names()`;
+- `Worker`, `InnerConfig`, `TinyGPT`, `ModelConfig`, `DataConfig`, `build_data(...)`;
+- `load_runs(dirs)`, `plot_runs(runs, out_dir)`: the report of `heloco report`;
+- `pace_map(topology)` (ShardMeter topology -> worker paces), `plan_to_train(run_dirs, ...)`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    "SimConfig": "heloco.sim",
+    "RunResult": "heloco.sim",
+    "run_simulation": "heloco.sim",
+    "load_config": "heloco.config",
+    "Server": "heloco.server",
+    "ServerConfig": "heloco.server",
+    "build_optimizer": "heloco.outer.registry",
+    "method_names": "heloco.outer.registry",
+    "Worker": "heloco.worker",
+    "InnerConfig": "heloco.worker",
+    "TinyGPT": "heloco.model",
+    "ModelConfig": "heloco.model",
+    "DataConfig": "heloco.data",
+    "build_data": "heloco.data",
+    "pace_map": "heloco.topology",
+    "PaceMap": "heloco.topology",
+    "plan_to_train": "heloco.plan_to_train",
+    "PlanToTrain": "heloco.plan_to_train",
+    "load_runs": "heloco.report",
+    "plot_runs": "heloco.report",
+}
+
+__all__ = sorted(_EXPORTS)
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'heloco' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

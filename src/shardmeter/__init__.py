@@ -8,7 +8,8 @@ Specs -> estimate -> report. The public API:
 - one island: `predict(model, cluster, plan)` -> `StepEstimate`;
   vectorized `estimate_step_arrays(model, cluster, PlanArrays)` -> `StepArrays`;
 - many islands: `predict_topology(topology)` -> `TopologyEstimate`; `sweep(...)` -> `SweepResult`;
-- search: `plan(...)` -> `PlanSearchResult`;
+- search: `plan(...)` -> `PlanSearchResult`; `plan_to_target(quality_factors(run_dir), ...)`
+  ranks plans by predicted time to a target loss measured in HeLoCo runs;
 - validation: `evaluate_rows(read_rows(path))` against published measurements.
 
 numpy and pydantic only: this package never imports torch or heloco.
@@ -29,6 +30,7 @@ from shardmeter.estimate.plan_arrays import PlanArrays
 from shardmeter.estimate.result import StepArrays, StepEstimate
 from shardmeter.estimate.step import estimate_step, estimate_step_arrays
 from shardmeter.predict import predict
+from shardmeter.quality import plan_to_target, quality_factors
 from shardmeter.search import Constraints, PlanSearchResult, plan
 from shardmeter.specs import Accelerator, Cluster, Efficiency, Link, MoESpec, Plan, TransformerSpec
 from shardmeter.specs.hf import model_from_hf_config
@@ -78,9 +80,11 @@ __all__ = [
     "model_from_hf_config",
     "outer_round",
     "plan",
+    "plan_to_target",
     "plot_sweep",
     "predict",
     "predict_topology",
+    "quality_factors",
     "read_rows",
     "sweep",
 ]
