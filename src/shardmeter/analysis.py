@@ -297,7 +297,6 @@ def plot_sweep(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out_dir.mkdir(parents=True, exist_ok=True)
     xs = [p.value for p in result.points]
     panels = (
         ("tokens/s (total)", [p.tokens_per_s for p in result.points]),

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from shardmeter.errors import UserInputError
 from shardmeter.io import atomic_savefig, atomic_write_text
 
 
@@ -33,3 +34,12 @@ def test_failed_savefig_leaves_the_old_file_and_no_temp(tmp_path: Path) -> None:
         atomic_savefig(_FailingFigure(), path, format="png")
     assert path.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["plot.png"]
+
+
+def test_unwritable_output_paths_are_user_input_errors(tmp_path: Path) -> None:
+    (tmp_path / "folder.txt").mkdir()
+    (tmp_path / "file").write_text("")
+    for bad in (tmp_path / "folder.txt", tmp_path / "file" / "out.txt"):
+        with pytest.raises(UserInputError, match=r"^output: got .*; a writable file path"):
+            atomic_write_text(bad, "x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "folder.txt"]

@@ -98,3 +98,14 @@ def test_sweep_cli_writes_plots_by_default(
         "two-clouds-diloco-islands.png"
     ]
     assert "wrote sweep-plots/two-clouds-diloco-islands.png" in capsys.readouterr().out
+
+
+def test_sweep_cli_out_that_is_a_file_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "taken"
+    out.write_text("")
+    argv = ["sweep", "--topology", "two-clouds", "--over", "inner_steps", "--values", "10"]
+    assert main([*argv, "--formats", "png", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("shardmeter: error: output: got ") and "\n" not in err
