@@ -155,3 +155,16 @@ def test_apply_without_topology_and_conflicts() -> None:
     apply(big, {})
     assert big.pace_map.planned_model == "llama-2-13b"
     assert big.pace_map.n_params > 1.2e10  # predicted for the 13B model, not the file's 8B
+
+
+def test_cli_simulate_takes_paces_from_a_topology(tmp_path: Path) -> None:
+    from heloco.cli import main
+    from heloco.topology import pace_map, read_pace_map
+
+    out = tmp_path / "run"
+    argv = ["simulate", "--topology", "two-clouds", "--token-budget", "2048", "--eval-every",
+            "1024", "--out-dir", str(out), "--quiet", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    recorded = read_pace_map(out)
+    assert recorded is not None and recorded.paces == pace_map("two-clouds").paces
+    assert main([*argv[:3], "--paces", "1,2", *argv[3:]]) == 2  # --topology sets the paces

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from heloco import topology as topology_flags
 from heloco.config import config_to_toml, load_config, parse_assignment, preset_names
 from heloco.metrics import EvalPoint
 from heloco.outer import resolve_method
@@ -81,6 +82,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--print-config", action="store_true", help="print the TOML and exit")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    topology_flags.add_arguments(p)
 
 
 def parse_paces(text: str) -> list[float]:
@@ -112,7 +114,8 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_config(args: argparse.Namespace) -> SimConfig:
-    return load_config(args.config, args.preset, overrides_from_args(args))
+    overrides = topology_flags.apply(args, overrides_from_args(args))
+    return load_config(args.config, args.preset, overrides)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -127,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
     if cfg.out_dir is not None:
         cfg.out_dir.mkdir(parents=True, exist_ok=True)
         (cfg.out_dir / "config.toml").write_text(config_to_toml(cfg), encoding="utf-8")
+        topology_flags.record(args, cfg.out_dir)
     result = run_with_progress(cfg, quiet=args.quiet or args.json)
     if args.json:
         print(json.dumps(summary_dict(result), indent=2))
