@@ -123,9 +123,7 @@ class PlanSearchResult:
     constraints: Constraints
     ranked: tuple[Candidate, ...]
     pareto: tuple[Candidate, ...]  # time-cost front of the plans meeting the constraints
-    best_time: Candidate | None
     best_cost: Candidate | None
-    best_usd_per_mtok: Candidate | None
     explanation: Explanation | None
     infeasible: Infeasibility | None
     stats: SearchStats
@@ -134,3 +132,14 @@ class PlanSearchResult:
     cloud_cost_usd: FloatArray = field(default_factory=lambda: np.zeros(0))
     cloud_group: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     cloud_labels: tuple[str, ...] = ()  # label of each cloud_group value (outer mode, GPUs)
+
+    @property
+    def best_time(self) -> Candidate | None:
+        """The fastest plan meeting the constraints (`ranked[0]`)."""
+        return self.ranked[0] if self.ranked else None
+
+    @property
+    def best_usd_per_mtok(self) -> Candidate | None:
+        """The plan with the lowest USD per million tokens: with one token budget for every
+        plan, $/Mtok = cost / budget, so this is `best_cost`."""
+        return self.best_cost
