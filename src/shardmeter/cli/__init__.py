@@ -3,58 +3,32 @@
 from __future__ import annotations
 
 import argparse
-import importlib
-import sys
 from collections.abc import Sequence
-from types import ModuleType
 
-from shardmeter.errors import UserInputError
+from shardmeter.clikit import build_parser as _build_parser
+from shardmeter.clikit import dispatch
 
 # Subcommands in help order; each is `shardmeter.cli.<name>` exposing
 # `add_parser(subparsers) -> None` and `run(args) -> int`.
 COMMANDS: tuple[str, ...] = ("predict", "plan", "sweep", "validate", "presets")
 
 
-def _load(name: str) -> ModuleType | None:
-    try:
-        return importlib.import_module(f"shardmeter.cli.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name == f"shardmeter.cli.{name}":
-            return None
-        raise
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="shardmeter",
-        description="Analytical performance model and planner for sharded, multi-island "
+    return _build_parser(
+        "shardmeter",
+        "Analytical performance model and planner for sharded, multi-island "
         "and decentralized transformer training.",
+        __name__,
+        COMMANDS,
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
-        module = _load(name)
-        if module is not None:
-            module.add_parser(sub)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command is None:
+    if args.command is None:  # bare `shardmeter` runs the built-in default prediction
         args = parser.parse_args(["predict", *(argv or [])])
-    module = _load(args.command)
-    assert module is not None
-    try:
-        return int(module.run(args))
-    except UserInputError as exc:
-        print(f"shardmeter: error: {exc}", file=sys.stderr)
-        return 2
-    except FileNotFoundError as exc:
-        print(f"shardmeter: error: file not found: {exc.filename}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:
-        return 0
+    return dispatch("shardmeter", __name__, args)
 
 
 if __name__ == "__main__":
