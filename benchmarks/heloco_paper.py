@@ -367,6 +367,7 @@ def render_markdown(
     title: str,
     command: str,
     wall: float | None,
+    note: str = "",
 ) -> str:
     done = {(r.regime, r.paces_label, r.split, r.method, r.seed) for r in rows}
     exp = {(c.regime, c.paces_label, c.split.label, c.method, c.seed) for c in expected}
@@ -383,6 +384,7 @@ def render_markdown(
         + f"; seeds with results: {', '.join(map(str, seeds_done)) or 'none'}."
         + ("" if wall is None else f" Wall time of this invocation: {wall / 60:.1f} min."),
         "",
+        *([note, ""] if note else []),
         "Every cell trains on the regime's token budget T; S is the simulated time at which an "
         "asynchronous method has trained on T tokens (S = T / (b·Σ 1/p_i)). Losses are validation "
         "cross-entropy (nats/token, equal-weight mean over the 5 languages), read at the budget "
@@ -471,6 +473,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--markdown", type=Path, help="markdown file (default <out>/../<name>.md)")
     p.add_argument("--data-dir", type=Path, help="corpus (default: shared data/multilingual)")
     p.add_argument("--report-only", action="store_true", help="only rewrite the tables")
+    p.add_argument("--note", default="", help="a sentence for the results header")
     return p.parse_args(argv)
 
 
@@ -504,9 +507,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.seeds:
         seeds = [int(s) for s in args.seeds.split(",") if s]
     cells = build_cells(regimes, settings, methods, seeds)
-    command = "python benchmarks/heloco_paper.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
+    given = list(sys.argv[1:] if argv is None else argv)
+    if "--note" in given:  # the note is printed on its own line
+        i = given.index("--note")
+        del given[i : i + 2]
+    command = " ".join(["python benchmarks/heloco_paper.py", *given])
     if not args.report_only:
         regime_extra = {r: quick_overrides(r) for r in regimes} if args.quick else {}
         print(f"{len(cells)} cells ({len(regimes)} regimes) -> {out}", flush=True)
@@ -525,7 +530,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_grid(cells, grid, on_result=on_result)
     rows = read_results(out)
     text = render_markdown(
-        rows, cells, _title(args), command, None if args.report_only else time.perf_counter() - t0
+        rows,
+        cells,
+        _title(args),
+        command,
+        None if args.report_only else time.perf_counter() - t0,
+        args.note,
     )
     atomic_write_text(markdown, text)
     print(text)
