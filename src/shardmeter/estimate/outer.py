@@ -264,6 +264,36 @@ def island_steps(h: FloatArray, inner: FloatArray, balance: bool) -> FloatArray:
     return np.maximum(1.0, np.floor(hh * t_max / inner * (1 + 1e-12)))
 
 
+def _local_sgd_round(
+    compute: FloatArray,
+    exposed: FloatArray,
+    opt: FloatArray,
+    steps: FloatArray,
+    inner: FloatArray,
+    *,
+    wan_comm_s: FloatArray,
+    wan_bytes: FloatArray,
+    staleness: FloatArray,
+    hide_Bps: FloatArray,
+) -> OuterRound:
+    """A DiLoCo/Streaming round: H·max_i T_i of local steps, the exposed WAN time, then the
+    slowest island's outer-optimizer step; island i is busy H_i·T_i of it (design doc C.9)."""
+    opt_max = opt.max(axis=-1, keepdims=True)
+    busy = steps * inner
+    return OuterRound(
+        round_s=compute + exposed + opt_max,
+        busy_s=busy,
+        straggler_s=compute - busy + (opt_max - opt),
+        wan_exposed_s=exposed,
+        outer_opt_s=opt,
+        inner_steps=steps,
+        wan_comm_s=wan_comm_s,
+        wan_bytes=wan_bytes,
+        staleness=staleness,
+        hide_Bps=hide_Bps,
+    )
+
+
 def outer_round(
     mode: Mode,
     inner_s: ArrayLike,
@@ -347,23 +377,19 @@ def outer_round(
         )
 
     nbytes = n_params * q / 8.0
+    compute = h[..., None] * t_max  # H·max_i T_i: the local steps of diloco and streaming
     if mode == "diloco":
         comm, moved = _wan_collective_s(nbytes, wan, reduce, scale)
-        compute = h[..., None] * t_max
         comm_i = np.broadcast_to(comm[..., None], (*shape, n))
         exposed = np.maximum(0.0, comm_i - compute) if overlap else comm_i
-        opt_max = opt.max(axis=-1, keepdims=True)
-        steps = island_steps(h, inner, balance)
-        busy = steps * inner
         per_direction = moved if reduce == "ring" else moved / 2.0
         hide = per_direction / compute if overlap else np.full((*shape, n), np.inf)
-        return OuterRound(
-            round_s=compute + exposed + opt_max,
-            busy_s=busy,
-            straggler_s=compute - busy + (opt_max - opt),
-            wan_exposed_s=exposed,
-            outer_opt_s=opt,
-            inner_steps=steps,
+        return _local_sgd_round(
+            compute,
+            exposed,
+            opt,
+            island_steps(h, inner, balance),
+            inner,
             wan_comm_s=comm_i,
             wan_bytes=np.broadcast_to(moved, (*shape, n)),
             staleness=np.full((*shape, n), 1.0 if overlap else 0.0),
@@ -377,20 +403,15 @@ def outer_round(
         frag_comm_i = np.broadcast_to(frag_comm[..., None], (*shape, n))
         window = tau[..., None] * t_max
         exposed = p[..., None] * np.maximum(0.0, frag_comm_i - window)
-        compute = h[..., None] * t_max
-        opt_max = opt.max(axis=-1, keepdims=True)
-        steps = island_steps(h, inner, balance)
-        busy = steps * inner
         frag_dir = frag_moved if reduce == "ring" else frag_moved / 2.0
         with np.errstate(divide="ignore", invalid="ignore"):
             hide = np.where(window > 0, frag_dir / window, np.inf)
-        return OuterRound(
-            round_s=compute + exposed + opt_max,
-            busy_s=busy,
-            straggler_s=compute - busy + (opt_max - opt),
-            wan_exposed_s=exposed,
-            outer_opt_s=opt,
-            inner_steps=steps,
+        return _local_sgd_round(
+            compute,
+            exposed,
+            opt,
+            island_steps(h, inner, balance),
+            inner,
             wan_comm_s=p[..., None] * frag_comm_i,
             wan_bytes=p[..., None] * frag_moved,
             staleness=np.broadcast_to(tau[..., None] / h[..., None], (*shape, n)),
