@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+from pathlib import Path
+
 import pytest
 
 from heloco.cli import main
@@ -57,3 +60,54 @@ def test_bad_flags_exit_2(
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("heloco: error:") and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["launch", "--config", "/nonexistent/run.toml", "--out", "/tmp/x"],
+        ["launch", "--preset", "default", "--out", "/tmp/x", "--paces", "1,2"],
+        ["launch", "--preset", "default", "--out", "/tmp/x", "--set", "method=bogus"],
+        ["serve", "--preset", "default", "--set", "method=bogus"],
+    ],
+)
+def test_bad_run_config_exits_2_before_starting(
+    argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(SECRET_ENV, "a-test-secret-of-enough-bytes")
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("heloco: error:") and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("content", [b"short", b"\xff\xfe\x00"])
+def test_malformed_secret_file_exits_2(
+    content: bytes,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    monkeypatch.delenv(SECRET_FILE_ENV, raising=False)
+    secret = tmp_path / "secret"
+    secret.write_bytes(content)
+    argv = ["work", "--connect", "tcp://127.0.0.1:9", "--worker", "0"]
+    assert main([*argv, "--secret-file", str(secret)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("heloco: error: secret") and len(err.splitlines()) == 1
+
+
+def test_port_in_use_exits_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(SECRET_ENV, "a-test-secret-of-enough-bytes")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = ["serve", "--preset", "default", "--set", "workers=1", "--set", "paces=[1.0]"]
+        code = main([*argv, "--bind", f"tcp://127.0.0.1:{port}", "--out", str(tmp_path)])
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("heloco: error: --bind") and "in use" in err
+    assert len(err.splitlines()) == 1

@@ -24,6 +24,7 @@ from heloco.net import auth, checkpoint, wire
 from heloco.net.coordinator import Coordinator, Counters, UpdateEvent, WorkerInfo, error
 from heloco.net.wire import Message, WireError
 from heloco.server import ServerState
+from shardmeter.errors import UserInputError
 
 MAX_BATCH = 4096  # messages handled per wake-up: drain the queue (heartbeats too) before evicting
 
@@ -134,7 +135,13 @@ class Endpoint:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, self.cfg.max_bytes)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        sock.bind(zmq_address(self.cfg.bind))
+        try:
+            sock.bind(zmq_address(self.cfg.bind))
+        except zmq.ZMQError as exc:
+            sock.close()
+            raise UserInputError(
+                "--bind", self.cfg.bind, f"a free, local tcp://HOST:PORT ({exc.strerror})"
+            ) from None
         self._sock = sock
         self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         return self.address
