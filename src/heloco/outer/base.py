@@ -157,6 +157,40 @@ def plain_dispatch(params: Params) -> Params:
     return clone_params(params)
 
 
+class MomentumRule:
+    """Shared part of the momentum rules: hyperparameters, an fp32 momentum ``m``, the flag
+    ``seeded`` (m has been written at least once), plain dispatch and a momentum checkpoint."""
+
+    name = ""
+
+    def __init__(
+        self, params: Params, *, lr: float, momentum: float, rho: Rho, n_workers: int
+    ) -> None:
+        self.lr = lr
+        self.momentum = momentum
+        self.rho = rho
+        self.n_workers = n_workers
+        self.m = zero_momentum(params)
+        self.seeded = False
+
+    def arrival_weight(self, arrival: Arrival) -> float:
+        """ρ_t (spec 1.5, :func:`rho_weight`) times the arrival's own weight; dimensionless."""
+        return rho_weight(self.rho, self.n_workers, arrival.staleness) * arrival.weight
+
+    def dispatch_params(self, params: Params) -> Params:
+        """Fresh tensors of θ (subclasses with a look-ahead point override this)."""
+        return plain_dispatch(params)
+
+    def state_dict(self) -> OptimizerState:
+        """The momentum as ``momentum/<name>`` tensors plus ``seeded``."""
+        return OptimizerState(prefixed("momentum", self.m), {"seeded": self.seeded})
+
+    def load_state_dict(self, state: OptimizerState) -> None:
+        """Inverse of :meth:`state_dict`; copies into the existing buffers."""
+        copy_into(self.m, unprefixed("momentum", state.tensors))
+        self.seeded = bool(state.meta["seeded"])
+
+
 def weighted_stats(
     names: list[str],
     arrivals: Sequence[Arrival],

@@ -16,14 +16,13 @@ import torch
 
 from heloco.outer.base import (
     Arrival,
+    MomentumRule,
     OptimizerState,
     Rho,
     StepStats,
     check_names,
     copy_into,
-    plain_dispatch,
     prefixed,
-    rho_weight,
     unprefixed,
     weighted_stats,
     zero_momentum,
@@ -32,7 +31,7 @@ from heloco.types import Params
 from shardmeter.errors import UserInputError
 
 
-class DelayedNesterov:
+class DelayedNesterov(MomentumRule):
     """DN: momentum refreshed every ``period`` pushes; plain −ε g/N in between."""
 
     name = "dn"
@@ -52,13 +51,9 @@ class DelayedNesterov:
             raise UserInputError("dn_period", period, "an integer >= 1")
         if not 0.0 <= c <= 1.0 / period:
             raise UserInputError("dn_c", c, f"a number in [0, 1/N] = [0, {1.0 / period:.4g}]")
-        self.lr = lr
-        self.momentum = momentum
-        self.rho = rho
-        self.n_workers = n_workers
+        super().__init__(params, lr=lr, momentum=momentum, rho=rho, n_workers=n_workers)
         self.period = period
         self.c = c
-        self.m = zero_momentum(params)
         self.buf = zero_momentum(params)
         self.pushes = 0
 
@@ -74,7 +69,7 @@ class DelayedNesterov:
 
     def _push(self, params: Params, arrival: Arrival) -> StepStats:
         check_names(params, arrival.delta)
-        w = rho_weight(self.rho, self.n_workers, arrival.staleness) * arrival.weight
+        w = self.arrival_weight(arrival)
         names = list(params)
         stats = weighted_stats(names, [arrival], [w], self.m, self.pushes > 0)
         n, beta, eps, c = self.period, self.momentum, self.lr, self.c
@@ -92,14 +87,13 @@ class DelayedNesterov:
         self.pushes += 1
         return stats
 
-    def dispatch_params(self, params: Params) -> Params:
-        return plain_dispatch(params)
-
     def state_dict(self) -> OptimizerState:
+        """Momentum and push buffer as tensors, the push count as meta (``seeded`` is unused)."""
         tensors = {**prefixed("momentum", self.m), **prefixed("buffer", self.buf)}
         return OptimizerState(tensors, {"pushes": self.pushes})
 
     def load_state_dict(self, state: OptimizerState) -> None:
+        """Inverse of :meth:`state_dict`."""
         copy_into(self.m, unprefixed("momentum", state.tensors))
         copy_into(self.buf, unprefixed("buffer", state.tensors))
         self.pushes = int(state.meta["pushes"])

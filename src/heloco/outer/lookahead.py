@@ -18,19 +18,14 @@ import torch
 
 from heloco.outer.base import (
     Arrival,
-    OptimizerState,
+    MomentumRule,
     Rho,
     StepStats,
     block_dots,
     block_norms,
     check_names,
-    copy_into,
     plain_dispatch,
-    prefixed,
-    rho_weight,
-    unprefixed,
     whole_cosine,
-    zero_momentum,
 )
 from heloco.types import Params
 
@@ -74,7 +69,7 @@ def uncorrected(weight: float, n_blocks: int) -> BlockUpdate:
     )
 
 
-class MomentumLookAhead:
+class MomentumLookAhead(MomentumRule):
     """MLA (Ajanthan et al., ICLR 2025 MCDC workshop, as run by the HeLoCo authors).
 
     ``lookahead_dispatch`` sends θ − ημm to workers (HeLoCo Eq. 5); MLA itself sends θ.
@@ -92,13 +87,8 @@ class MomentumLookAhead:
         n_workers: int,
         lookahead_dispatch: bool = False,
     ) -> None:
-        self.lr = lr
-        self.momentum = momentum
-        self.rho = rho
-        self.n_workers = n_workers
+        super().__init__(params, lr=lr, momentum=momentum, rho=rho, n_workers=n_workers)
         self.lookahead_dispatch = lookahead_dispatch
-        self.m = zero_momentum(params)
-        self.seeded = False
 
     def block_update(self, geometry: BlockGeometry, weight: float) -> BlockUpdate:
         """Coefficients of G per block; overridden by HeLoCo's correction."""
@@ -106,6 +96,7 @@ class MomentumLookAhead:
 
     @torch.no_grad()
     def step(self, params: Params, arrivals: Sequence[Arrival]) -> StepStats:
+        """One outer update from exactly one arrival (Eqs. 18-19 with G from :meth:`block_update`)."""
         if len(arrivals) != 1:
             raise ValueError(
                 f"{type(self).__name__} applies one arrival per step, got {len(arrivals)}"
@@ -120,7 +111,7 @@ class MomentumLookAhead:
             dots=block_dots(deltas, moms) if self.seeded else None,
             momentum_norms=block_norms(moms) if self.seeded else None,
         )
-        weight = rho_weight(self.rho, self.n_workers, arrival.staleness) * arrival.weight
+        weight = self.arrival_weight(arrival)
         upd = self.block_update(geometry, weight)
         self._apply(params, deltas, names, upd)
         self.seeded = True
@@ -144,13 +135,6 @@ class MomentumLookAhead:
             return plain_dispatch(params)
         step = -self.lr * self.momentum
         return {k: torch.add(v, self.m[k], alpha=step) for k, v in params.items()}
-
-    def state_dict(self) -> OptimizerState:
-        return OptimizerState(prefixed("momentum", self.m), {"seeded": self.seeded})
-
-    def load_state_dict(self, state: OptimizerState) -> None:
-        copy_into(self.m, unprefixed("momentum", state.tensors))
-        self.seeded = bool(state.meta["seeded"])
 
 
 def _stats(geometry: BlockGeometry, upd: BlockUpdate, weight: float) -> StepStats:

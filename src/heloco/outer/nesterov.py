@@ -11,52 +11,30 @@ from collections.abc import Sequence
 
 import torch
 
-from heloco.outer.base import (
-    Arrival,
-    OptimizerState,
-    Rho,
-    StepStats,
-    check_names,
-    copy_into,
-    plain_dispatch,
-    prefixed,
-    rho_weight,
-    unprefixed,
-    weighted_stats,
-    zero_momentum,
-)
+from heloco.outer.base import Arrival, MomentumRule, StepStats, check_names, weighted_stats
 from heloco.types import Params
 
 
-class Nesterov:
-    """Nesterov outer optimizer; one ``step`` averages its arrivals (sync) or applies one (async)."""
+class Nesterov(MomentumRule):
+    """Nesterov outer optimizer; one ``step`` averages its arrivals (sync) or applies one (async).
+
+    ``m`` is PyTorch's ``buf`` (momentum_buffer) of the equations above.
+    """
 
     name = "nesterov"
 
-    def __init__(
-        self, params: Params, *, lr: float, momentum: float, rho: Rho, n_workers: int
-    ) -> None:
-        self.lr = lr
-        self.momentum = momentum
-        self.rho = rho
-        self.n_workers = n_workers
-        self.buf = zero_momentum(params)
-        self.seeded = False
-
     @torch.no_grad()
     def step(self, params: Params, arrivals: Sequence[Arrival]) -> StepStats:
+        """One outer update from the mean of ``arrivals`` (sync) or a single arrival (async)."""
         mu, lr = self.momentum, self.lr
-        coefs = [
-            rho_weight(self.rho, self.n_workers, a.staleness) * a.weight / len(arrivals)
-            for a in arrivals
-        ]
+        coefs = [self.arrival_weight(a) / len(arrivals) for a in arrivals]
         for a in arrivals:
             check_names(params, a.delta)
         names = list(params)
-        stats = weighted_stats(names, arrivals, coefs, self.buf, self.seeded)
+        stats = weighted_stats(names, arrivals, coefs, self.m, self.seeded)
         # θ ← θ − η(1+μ)G − ημ²·buf_old  (same as θ − η(G + μ buf_new)); then buf ← μ buf + G.
         for k in names:
-            theta, buf = params[k], self.buf[k]
+            theta, buf = params[k], self.m[k]
             for a, c in zip(arrivals, coefs, strict=True):
                 theta.add_(a.delta[k], alpha=-lr * (1.0 + mu) * c)
             theta.add_(buf, alpha=-lr * mu * mu)
@@ -65,13 +43,3 @@ class Nesterov:
                 buf.add_(a.delta[k], alpha=c)
         self.seeded = True
         return stats
-
-    def dispatch_params(self, params: Params) -> Params:
-        return plain_dispatch(params)
-
-    def state_dict(self) -> OptimizerState:
-        return OptimizerState(prefixed("momentum", self.buf), {"seeded": self.seeded})
-
-    def load_state_dict(self, state: OptimizerState) -> None:
-        copy_into(self.buf, unprefixed("momentum", state.tensors))
-        self.seeded = bool(state.meta["seeded"])
