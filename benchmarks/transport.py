@@ -19,7 +19,6 @@ import argparse
 import multiprocessing as mp
 import statistics
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,11 +140,6 @@ class RoundRow:
         return self.comm_s / (self.comm_s + self.compute_s)
 
 
-def on_ready(address: str, out: list[str], ready: threading.Event) -> None:
-    out.append(address)
-    ready.set()
-
-
 def bench_round(preset: str, codec: str, inner_steps: int, rounds: int) -> RoundRow:
     """Real training rounds over loopback: seconds computing vs seconds in pull + push."""
     cfg = parse_sim_config(
@@ -164,15 +158,9 @@ def bench_round(preset: str, codec: str, inner_steps: int, rounds: int) -> Round
     secret = auth.new_secret()
     with tempfile.TemporaryDirectory() as tmp:
         session = Session(cfg, secret, EndpointConfig(drain_s=1.0), out_dir=Path(tmp))
-        ready = threading.Event()
-        address: list[str] = []
-        server = threading.Thread(
-            target=session.serve, args=(lambda a: on_ready(a, address, ready),), daemon=True
-        )
-        server.start()
-        ready.wait(60)
+        server, address = session.serve_in_thread(timeout_s=60)
         report = NetWorker(
-            ClientConfig(address[0], timeout_s=120, deadline_s=300),
+            ClientConfig(address, timeout_s=120, deadline_s=300),
             secret,
             WorkerOptions(worker=0, codec=compress.check_codec(codec)),
         ).run()
