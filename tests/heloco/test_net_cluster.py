@@ -33,26 +33,23 @@ SECRET = b"cluster-test-secret-0123456789abcdef"
 ROUND_TOKENS = 2 * 2 * 32  # inner_steps · batch_size · seq_len
 
 
-def tiny_config(path: Path, **over: Any) -> Path:
-    values: dict[str, Any] = {
-        "method": "async-nesterov",
-        "workers": 3,
-        "inner_steps": 2,
-        "model": "tiny",
-        "token_budget": 12 * ROUND_TOKENS,
-        "eval_every": 0,
-        "eval_windows": 2,
-        "eval_batch_size": 8,
-        "data": {
-            "seq_len": 32,
-            "synthetic_chars_per_language": 4000,
-            "val_chars_per_language": 1000,
-        },
-        "inner": {"batch_size": 2, "seq_len": 32, "total_steps": 200},
-    }
-    values.update(over)
-    save_config(parse_sim_config(values), path)
-    return path
+@pytest.fixture
+def tiny_config(tiny_net_values: Callable[..., dict[str, Any]]) -> Callable[..., Path]:
+    """Writer of a 3-worker async-nesterov run config (12 rounds, no evals); keywords override."""
+
+    def make(path: Path, **over: Any) -> Path:
+        values = tiny_net_values(
+            method="async-nesterov",
+            workers=3,
+            token_budget=12 * ROUND_TOKENS,
+            eval_every=0,
+            total_steps=200,
+        )
+        values.update(over)
+        save_config(parse_sim_config(values), path)
+        return path
+
+    return make
 
 
 def wait_until(pred: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -117,7 +114,9 @@ def start(
     return cluster
 
 
-def test_sync_run_survives_worker_sigkill_and_replacement(tmp_path: Path) -> None:
+def test_sync_run_survives_worker_sigkill_and_replacement(
+    tmp_path: Path, tiny_config: Callable[..., Path]
+) -> None:
     """3 workers, sync barrier: worker 1 is SIGKILLed mid-round and evicted, the barrier
     shrinks to the two live workers and goes on; the replacement rejoins; run completes."""
     budget_rounds = 3 * 6
@@ -152,7 +151,9 @@ def test_sync_run_survives_worker_sigkill_and_replacement(tmp_path: Path) -> Non
     assert {"evicted", "replaced"} <= {e["event"] for e in events if e["type"] == "worker"}
 
 
-def test_async_run_survives_server_sigkill_and_restart(tmp_path: Path) -> None:
+def test_async_run_survives_server_sigkill_and_restart(
+    tmp_path: Path, tiny_config: Callable[..., Path]
+) -> None:
     """3 async workers; the server is SIGKILLed and restarted from its (durable) checkpoint."""
     config = tiny_config(tmp_path / "run.toml", token_budget=24 * ROUND_TOKENS)
     cluster = start(tmp_path, config, 3, sps=0.1, serve=["--durable"])
@@ -176,7 +177,10 @@ def test_async_run_survives_server_sigkill_and_restart(tmp_path: Path) -> None:
 
 
 def test_adversarial_client(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tiny_config: Callable[..., Path],
 ) -> None:
     """Replays, duplicates, a wrong secret, NaN and oversized messages against `heloco serve`."""
     config = tiny_config(tmp_path / "run.toml", workers=2, token_budget=10**9)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,25 +33,21 @@ SYNC_TOL = 1e-4
 ROUND_TOKENS = 2 * 2 * 32
 
 
-def config(**over: Any) -> Any:
-    values: dict[str, Any] = {
-        "method": "heloco",
-        "workers": 1,
-        "inner_steps": 2,
-        "model": "tiny",
-        "token_budget": 6 * ROUND_TOKENS,
-        "eval_every": 2 * ROUND_TOKENS,
-        "eval_windows": 2,
-        "eval_batch_size": 8,
-        "data": {
-            "seq_len": 32,
-            "synthetic_chars_per_language": 4000,
-            "val_chars_per_language": 1000,
-        },
-        "inner": {"batch_size": 2, "seq_len": 32, "total_steps": 50},
-    }
-    values.update(over)
-    return parse_sim_config(values)
+@pytest.fixture
+def config(tiny_net_values: Callable[..., dict[str, Any]]) -> Callable[..., Any]:
+    """One async HeLoCo worker for 6 rounds, evaluated every 2; keywords override."""
+
+    def make(**over: Any) -> Any:
+        values = tiny_net_values(
+            method="heloco",
+            workers=1,
+            token_budget=6 * ROUND_TOKENS,
+            eval_every=2 * ROUND_TOKENS,
+        )
+        values.update(over)
+        return parse_sim_config(values)
+
+    return make
 
 
 def networked(cfg: Any, tmp: Path, codec: str = "fp32") -> tuple[Session, list[WorkerReport]]:
@@ -85,7 +82,7 @@ def curves(session: Session, cfg: Any) -> tuple[list[tuple[int, float]], list[tu
     return [(e.tokens, e.loss) for e in session.traj.evals], _SIM_CACHE[key]
 
 
-def test_one_async_worker_matches_simulator(tmp_path: Path) -> None:
+def test_one_async_worker_matches_simulator(tmp_path: Path, config: Callable[..., Any]) -> None:
     cfg = config()
     session, _ = networked(cfg, tmp_path)
     net, sim = curves(session, cfg)
@@ -95,7 +92,7 @@ def test_one_async_worker_matches_simulator(tmp_path: Path) -> None:
     assert (tmp_path / "summary.json").is_file() and (tmp_path / "events.jsonl").is_file()
 
 
-def test_sync_two_workers_match_simulator(tmp_path: Path) -> None:
+def test_sync_two_workers_match_simulator(tmp_path: Path, config: Callable[..., Any]) -> None:
     cfg = config(
         method="sync", workers=2, token_budget=8 * ROUND_TOKENS, eval_every=2 * ROUND_TOKENS
     )
@@ -106,7 +103,7 @@ def test_sync_two_workers_match_simulator(tmp_path: Path) -> None:
     assert session.side.server.revision == 4 and all(len(r.acked) == 4 for r in reports)
 
 
-def test_int8_uplink_stays_close_to_fp32(tmp_path: Path) -> None:
+def test_int8_uplink_stays_close_to_fp32(tmp_path: Path, config: Callable[..., Any]) -> None:
     """Blockwise int8 pseudo-gradients: the curve moves by far less than the training signal."""
     cfg = config()
     session, reports = networked(cfg, tmp_path, codec="int8")
@@ -116,7 +113,9 @@ def test_int8_uplink_stays_close_to_fp32(tmp_path: Path) -> None:
     assert reports[0].sent_bytes < 0.4 * reports[0].recv_bytes  # int8 up, fp32 down
 
 
-def test_budget_schedule_and_step_evals_match_simulator(tmp_path: Path) -> None:
+def test_budget_schedule_and_step_evals_match_simulator(
+    tmp_path: Path, config: Callable[..., Any]
+) -> None:
     """``inner_schedule="budget"`` (cosine as long as the worker's expected steps) is built by
     the network worker too, and ``eval_unit="steps"`` is honoured by the session: the curve
     matches the simulator's at the same step counts, not the fixed-length schedule's."""

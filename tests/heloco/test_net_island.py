@@ -11,7 +11,9 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,23 +34,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_torchrun_island_with_two_gloo_ranks(tmp_path: Path) -> None:
+def test_torchrun_island_with_two_gloo_ranks(
+    tmp_path: Path, tiny_net_values: Callable[..., dict[str, Any]]
+) -> None:
     cfg = parse_sim_config(
-        {
-            "method": "async-nesterov",
-            "workers": 1,
-            "inner_steps": 2,
-            "model": "tiny",
-            "token_budget": 4 * 2 * ROUND_TOKENS,  # 4 rounds of an island of 2 ranks
-            "eval_windows": 2,
-            "eval_batch_size": 8,
-            "data": {
-                "seq_len": 32,
-                "synthetic_chars_per_language": 4000,
-                "val_chars_per_language": 1000,
-            },
-            "inner": {"batch_size": 2, "seq_len": 32, "total_steps": 50},
-        }
+        tiny_net_values(
+            method="async-nesterov",
+            workers=1,
+            token_budget=4 * 2 * ROUND_TOKENS,  # 4 rounds of an island of 2 ranks
+        )
     )
     session = Session(
         cfg,

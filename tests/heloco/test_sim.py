@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -250,15 +249,6 @@ def test_paces_from_a_distribution_are_seeded() -> None:
 def test_bad_config_is_one_user_input_error(bad: dict[str, object]) -> None:
     with pytest.raises(UserInputError):
         parse_sim_config({"token_budget": 100, **bad})
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """Tiny models run fastest (and steadiest on a shared machine) on one intra-op thread."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 TINY = {

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -19,13 +18,7 @@ from shardmeter.errors import UserInputError
 SEQ = 16
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny models run fastest on one thread, and a shared CI box stays responsive."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/heloco/conftest.py
 
 
 @pytest.fixture(scope="module")
