@@ -10,14 +10,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from heloco.cli.netargs import add_wire_args, max_bytes
 from heloco.config import load_config, parse_assignment, preset_names
 from heloco.net import auth
 from heloco.net.client import Client, ClientConfig, ServerUnreachable
 from heloco.net.endpoint import EndpointConfig
 from heloco.net.session import Liveness, Session
 from shardmeter.errors import UserInputError
-
-MB = 1 << 20
 
 
 def add_parser(sub: Any) -> None:
@@ -55,8 +54,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--heartbeat-s", type=float, default=2.0)
     p.add_argument("--evict-after-s", type=float, default=10.0)
-    p.add_argument("--max-mb", type=float, default=1024.0, help="largest accepted message (MiB)")
-    p.add_argument("--secret-file", type=Path)
+    add_wire_args(p)
     p.add_argument(
         "--status", metavar="ADDR", help="print the status of the server at ADDR and exit"
     )
@@ -74,7 +72,8 @@ def status(address: str, secret: bytes, timeout_s: float) -> dict[str, Any]:
 
 
 def _check(args: argparse.Namespace) -> None:
-    for name in ("heartbeat_s", "evict_after_s", "max_mb"):
+    max_bytes(args)
+    for name in ("heartbeat_s", "evict_after_s"):
         if not getattr(args, name) > 0:
             raise UserInputError(f"--{name.replace('_', '-')}", getattr(args, name), "a number > 0")
     if args.evict_after_s <= args.heartbeat_s:
@@ -102,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     ckpt = args.checkpoint_dir or (out / "checkpoints" if out is not None else None)
     endpoint = EndpointConfig(
         bind=args.bind,
-        max_bytes=int(args.max_mb * MB),
+        max_bytes=max_bytes(args),
         checkpoint_dir=ckpt,
         checkpoint_every=args.checkpoint_every,
         checkpoint_every_s=args.checkpoint_every_s,

@@ -9,12 +9,11 @@ from typing import Any
 
 import torch
 
+from heloco.cli.netargs import add_wire_args, max_bytes
 from heloco.net import auth, compress
 from heloco.net.client import ClientConfig, ServerUnreachable
 from heloco.net.worker_loop import NetWorker, Replaced, WorkerOptions
 from shardmeter.errors import UserInputError
-
-MB = 1 << 20
 
 
 def add_parser(sub: Any) -> None:
@@ -42,9 +41,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--deadline-s", type=float, default=600.0, help="give up after this long unanswered"
     )
-    p.add_argument("--max-mb", type=float, default=1024.0)
     p.add_argument("--report", type=Path, help="write a JSON report of this worker here")
-    p.add_argument("--secret-file", type=Path)
+    add_wire_args(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserInputError("--connect", args.connect, "a tcp://HOST:PORT address")
     if not (args.timeout_s > 0 and args.deadline_s >= args.timeout_s):
         raise UserInputError("--deadline-s", args.deadline_s, "a number >= --timeout-s > 0")
+    limit = max_bytes(args)
     if args.threads is not None:
         if args.threads < 1:
             raise UserInputError("--threads", args.threads, "an integer >= 1")
@@ -71,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         args.connect,
         timeout_s=args.timeout_s,
         deadline_s=args.deadline_s,
-        max_bytes=int(args.max_mb * MB),
+        max_bytes=limit,
     )
     try:
         report = NetWorker(client, secret, opts).run()
