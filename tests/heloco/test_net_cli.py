@@ -50,6 +50,8 @@ def test_missing_secret_is_a_one_line_error(
         ["serve", "--heartbeat-s", "5", "--evict-after-s", "2"],
         ["serve", "--bind", "127.0.0.1:5555"],
         ["serve", "--max-mb", "0"],
+        ["work", "--connect", "tcp://127.0.0.1:9", "--worker", "0", "--block", "0"],
+        ["work", "--connect", "tcp://127.0.0.1:9", "--worker", "0", "--device", "bogus"],
         ["work", "--connect", "tcp://127.0.0.1:9", "--worker", "0", "--max-mb", "-1"],
         ["serve", "--config", "/nonexistent/run.toml"],
         ["launch", "--out", "/tmp/x", "--paces", "1,fast"],

@@ -64,9 +64,22 @@ class WorkerOptions:
             raise UserInputError("pace", self.pace, "a slowdown factor >= 1")
         if self.seconds_per_step is not None and not self.seconds_per_step > 0:
             raise UserInputError("seconds_per_step", self.seconds_per_step, "a number > 0")
+        if self.block < 1:
+            raise UserInputError("block", self.block, "an integer >= 1 (elements per int8 block)")
         compress.check_codec(self.codec)
+        check_device(self.device)
         if self.island_mode not in ("grads", "deltas"):
             raise UserInputError("island_mode", self.island_mode, "'grads' or 'deltas'")
+
+
+def check_device(device: str) -> None:
+    """Raise a one-line error for a device torch cannot parse or this machine does not have."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise UserInputError("device", device, "a torch device such as cpu or cuda:0") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise UserInputError("device", device, "cpu (no CUDA device is available here)")
 
 
 @dataclass
