@@ -69,17 +69,22 @@ def test_bad_flags_exit_2(
 @pytest.mark.parametrize(
     "argv",
     [
-        ["launch", "--config", "/nonexistent/run.toml", "--out", "/tmp/x"],
-        ["launch", "--preset", "default", "--out", "/tmp/x", "--paces", "1,2"],
-        ["launch", "--preset", "default", "--out", "/tmp/x", "--set", "method=bogus"],
+        ["launch", "--config", "/nonexistent/run.toml", "--out", "OUT"],
+        ["launch", "--preset", "default", "--out", "OUT", "--paces", "1,2"],
+        ["launch", "--preset", "default", "--out", "OUT", "--set", "method=bogus"],
         ["serve", "--preset", "default", "--set", "method=bogus"],
+        ["launch", "--preset", "default", "--out", "OUT", "--threads", "0"],
+        ["launch", "--preset", "default", "--out", "OUT", "--timeout-s", "0"],
     ],
 )
 def test_bad_run_config_exits_2_before_starting(
-    argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    argv: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv(SECRET_ENV, "a-test-secret-of-enough-bytes")
-    assert main(argv) == 2
+    assert main([str(tmp_path / "run") if a == "OUT" else a for a in argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("heloco: error:") and len(err.splitlines()) == 1
 

@@ -69,6 +69,8 @@ class LaunchConfig:
             raise UserInputError("paces", self.paces, "slowdown factors >= 1")
         if self.seconds_per_step is not None and any(not s > 0 for s in self.seconds_per_step):
             raise UserInputError("seconds_per_step", self.seconds_per_step, "numbers > 0")
+        if self.threads is not None and self.threads < 1:
+            raise UserInputError("threads", self.threads, "an integer >= 1")
 
 
 PRELOAD = ["torch", "torch._dynamo", "heloco.cli.serve", "heloco.cli.work"]
@@ -290,6 +292,8 @@ class LocalCluster:
 
 def launch(cfg: LaunchConfig, timeout_s: float) -> int:
     """Start everything, wait for the run to finish; returns the server's exit code."""
+    if not timeout_s > 0:
+        raise UserInputError("timeout_s", timeout_s, "a number of seconds > 0")
     cluster = LocalCluster(cfg)
     try:
         cluster.start()
