@@ -101,6 +101,7 @@ class RunStats:
         self._counts = dict.fromkeys(self.STAT_FIELDS, 0)
 
     def add(self, record: UpdateRecord) -> None:
+        """Count one outer update: arrivals, ρ weight shares, staleness and correction stats."""
         self.updates += 1
         per_arrival = record.stats.rho / len(record.arrivals)
         for a in record.arrivals:
@@ -137,11 +138,13 @@ class RunStats:
         return out
 
     def staleness_mean(self) -> list[float | None]:
+        """Mean staleness (revisions) of each worker's arrivals; None for a worker with none."""
         return [
             s / n if n else None for s, n in zip(self.staleness_sum, self.arrivals, strict=True)
         ]
 
     def correction(self) -> CorrectionSummary:
+        """Run means of the correction diagnostics (None where never recorded)."""
         means = {
             k: (self._sums[k] / self._counts[k] if self._counts[k] else None)
             for k in self.STAT_FIELDS
@@ -220,14 +223,17 @@ class MetricsWriter:
             self._fh = (out_dir / EVENTS_FILE).open("a", buffering=1, encoding="utf-8")
 
     def event(self, payload: dict[str, Any]) -> None:
+        """Append one JSON line to the events file (no-op without an output folder)."""
         if self._fh is not None:
             self._fh.write(json.dumps(payload, allow_nan=False) + "\n")
 
     def write_summary(self, summary: RunSummary) -> None:
+        """Write summary.json atomically (no-op without an output folder)."""
         if self.out_dir is not None:
             atomic_write_json(self.out_dir / SUMMARY_FILE, summary_to_json(summary))
 
     def close(self) -> None:
+        """Close the events file."""
         if self._fh is not None:
             self._fh.close()
             self._fh = None
@@ -240,6 +246,7 @@ class MetricsWriter:
 
 
 def summary_to_json(summary: RunSummary) -> dict[str, Any]:
+    """The summary as strict JSON (non-finite floats become null)."""
     return _scrub(asdict(summary))
 
 

@@ -56,6 +56,7 @@ class MethodCurve:
 
     @property
     def final(self) -> CurvePoint:
+        """The last point of the curve."""
         return self.points[-1]
 
 
@@ -76,6 +77,7 @@ class TargetOutcome:
 
     @property
     def hours(self) -> float:
+        """Wall-clock time to the target, in hours."""
         return self.wall_s / 3600.0
 
 
@@ -291,6 +293,7 @@ def result_json(result: PlanToTrain) -> dict[str, Any]:
 
 
 def write_result(result: PlanToTrain, out_dir: Path) -> Path:
+    """Write the result JSON atomically into ``out_dir``; returns its path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / RESULT_FILE
     atomic_write_json(path, result_json(result))

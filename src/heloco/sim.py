@@ -119,6 +119,7 @@ class SimConfig(BaseModel):
         )
 
     def use_dylu(self) -> bool:
+        """Whether DyLU inner steps apply: the explicit ``dylu`` field, else the method's default."""
         return self.dylu if self.dylu is not None else resolve_method(self.method).spec.dylu
 
 
@@ -180,6 +181,7 @@ class RunResult:
 
     @property
     def losses(self) -> list[float]:
+        """Validation losses (nats/token) of the evaluations, in order."""
         return [e.loss for e in self.evals]
 
 

@@ -66,10 +66,12 @@ class PaceMap:
 
     @property
     def paces(self) -> list[float]:
+        """Simulated seconds per inner step of each island's worker."""
         return [i.pace for i in self.islands]
 
     @property
     def comm_delays(self) -> list[float]:
+        """Simulated seconds each island spends per round on push + pull."""
         return [i.comm_delay for i in self.islands]
 
     @property
@@ -146,6 +148,7 @@ def pace_map(
 
 
 def pace_map_to_json(pm: PaceMap) -> dict[str, Any]:
+    """The pace map as a JSON-able dict (saved in the run folder)."""
     return {"schema_version": PACE_SCHEMA_VERSION, **asdict(pm)}
 
 

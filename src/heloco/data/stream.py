@@ -87,6 +87,7 @@ class BatchSampler:
 
     @property
     def tokens_per_batch(self) -> int:
+        """Training tokens in one batch (batch_size × seq_len)."""
         return self.batch_size * self.seq_len
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,7 +100,9 @@ class BatchSampler:
         return window[:, :-1], window[:, 1:]
 
     def get_state(self) -> torch.Tensor:
+        """The sampling RNG state (for checkpoints)."""
         return self.generator.get_state()
 
     def set_state(self, state: torch.Tensor) -> None:
+        """Restore the sampling RNG state from :meth:`get_state`."""
         self.generator.set_state(state)

@@ -71,6 +71,7 @@ class BpeTokenizer:
         return self._tok.decode(np.asarray(ids, dtype=np.int64).tolist())
 
     def to_json(self) -> str:
+        """The trained BPE tokenizer as a `tokenizers` JSON string."""
         return self._tok.to_str()
 
 

@@ -72,6 +72,7 @@ class Client:
         return self._sock
 
     def close(self) -> None:
+        """Close the socket (pending messages are dropped)."""
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None

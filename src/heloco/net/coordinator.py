@@ -120,6 +120,7 @@ class Coordinator:
 
     # -- state ------------------------------------------------------------------------------
     def budget_reached(self) -> bool:
+        """Whether the run's token, wall-clock or revision budget is used up."""
         b = self.budget
         return (
             (b.tokens is not None and self.tokens >= b.tokens)
@@ -133,6 +134,7 @@ class Coordinator:
         return self.budget_reached() and not self.server.pending_workers
 
     def elapsed(self) -> float:
+        """Seconds since the coordinator started (its own clock)."""
         return self.clock() - self.t0
 
     def _emit(self, payload: dict[str, Any]) -> None:
@@ -202,6 +204,7 @@ class Coordinator:
         return gone
 
     def active_workers(self) -> list[int]:
+        """Slots of the workers currently considered alive."""
         return [w.worker for w in self.workers if w.active]
 
     # -- grace windows ----------------------------------------------------------------------

@@ -147,6 +147,7 @@ class Endpoint:
         return self.address
 
     def close(self) -> None:
+        """Close the ROUTER socket if it is open."""
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None

@@ -224,6 +224,7 @@ class LocalCluster:
         return self.address
 
     def worker_args(self, w: int) -> list[str]:
+        """The `heloco work` command line of worker ``w`` (pace, threads, report path)."""
         args = [
             "work",
             "--connect",
@@ -254,11 +255,13 @@ class LocalCluster:
         self.wait_for_server()
 
     def kill_server(self, sig: int = signal.SIGKILL) -> int:
+        """Send ``sig`` to the server and wait up to 30 s; returns its exit code."""
         assert self.server is not None
         self.server.send_signal(sig)
         return self.server.wait(timeout=30)
 
     def kill_worker(self, w: int, sig: int = signal.SIGKILL) -> int:
+        """Send ``sig`` to worker ``w`` and wait up to 30 s; returns its exit code."""
         proc = self.workers[w]
         proc.send_signal(sig)
         return proc.wait(timeout=30)

@@ -267,6 +267,7 @@ class NetWorker:
 
     @property
     def ident(self) -> dict[str, Any]:
+        """The worker slot and incarnation every request carries."""
         return {"worker": self.opts.worker, "incarnation": self.incarnation}
 
     def _call(

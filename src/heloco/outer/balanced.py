@@ -74,9 +74,11 @@ class ArrivalBalanced:
         return [(c + self.prior) / (n + self.n_workers * self.prior) for c in self.counts]
 
     def weights(self) -> list[float]:
+        """Current per-worker arrival weights w_i (dimensionless, arrival-weighted mean 1)."""
         return balanced_weights(self.shares(), self.max_weight)
 
     def step(self, params: Params, arrivals: Sequence[Arrival]) -> StepStats:
+        """Scale each arrival by its worker's weight, count it, and step the wrapped optimizer."""
         weights = self.weights()
         scaled = [replace(a, weight=a.weight * weights[a.worker]) for a in arrivals]
         for a in arrivals:
@@ -84,6 +86,7 @@ class ArrivalBalanced:
         return self.inner.step(params, scaled)
 
     def dispatch_params(self, params: Params) -> Params:
+        """The wrapped optimizer's dispatch point."""
         return self.inner.dispatch_params(params)
 
     def state_dict(self) -> OptimizerState:

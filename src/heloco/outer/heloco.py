@@ -133,6 +133,7 @@ class HeLoCo(MomentumLookAhead):
         self.rho_order = rho_order
 
     def block_update(self, geometry: BlockGeometry, weight: float) -> BlockUpdate:
+        """G per block: ρ·Δ without correction, else the corrected coefficients (Algorithm 2)."""
         if self.correction is None:
             return uncorrected(weight, geometry.delta_norms.numel())
         pre, post = (weight, 1.0) if self.rho_order == "before" else (1.0, weight)
