@@ -85,6 +85,7 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """softmax(QKᵀ/√d_head)V with a causal mask (Vaswani et al. 2017, Eq. 1); (B, T, C) -> (B, T, C)."""
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
         shape = (b, t, self.n_head, c // self.n_head)
@@ -102,6 +103,7 @@ class MLP(nn.Module):
         self.proj = nn.Linear(4 * cfg.d_model, cfg.d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """W₂ GELU(W₁ x) with a 4x hidden width (GPT-2); (B, T, C) -> (B, T, C)."""
         return self.proj(F.gelu(self.fc(x)))
 
 
@@ -116,6 +118,7 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Pre-LN residual block: x + attn(LN x), then + mlp(LN x) (GPT-2 ordering)."""
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
 
@@ -160,6 +163,7 @@ class TinyGPT(nn.Module):
                 module.reset_parameters()
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T) int64 token ids -> (B, T, vocab_size) logits."""
         t = tokens.shape[1]
         if t > self.cfg.seq_len:
             raise ValueError(f"sequence length {t} exceeds the model's seq_len {self.cfg.seq_len}")

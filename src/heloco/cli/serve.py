@@ -20,6 +20,7 @@ from shardmeter.errors import UserInputError
 
 
 def add_parser(sub: Any) -> None:
+    """Register `heloco serve` and its flags on the subcommand parsers."""
     p = sub.add_parser(
         "serve",
         help="serve a run to networked workers (ZeroMQ, HMAC-authenticated)",
@@ -87,6 +88,7 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run `heloco serve`; bad input raises UserInputError (one line, exit 2)."""
     secret = auth.load_secret(args.secret_file)
     if args.status:
         try:

@@ -17,6 +17,7 @@ from shardmeter.errors import UserInputError
 
 
 def add_parser(sub: Any) -> None:
+    """Register `heloco work` and its flags on the subcommand parsers."""
     p = sub.add_parser(
         "work",
         help="train for a server: pull, H inner steps, push",
@@ -46,6 +47,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run `heloco work`; bad input raises UserInputError (one line, exit 2)."""
     secret = auth.load_secret(args.secret_file)
     if not args.connect.startswith("tcp://"):
         raise UserInputError("--connect", args.connect, "a tcp://HOST:PORT address")
