@@ -58,6 +58,8 @@ def serve_fake(n_params: int, secret: bytes, address: mp.Queue) -> None:
 
 @dataclass(frozen=True)
 class Row:
+    """Pull/push sizes (MB) and throughput (MB/s) of one model size and codec over loopback."""
+
     params_m: int
     codec: str
     pull_mb: float
@@ -68,6 +70,8 @@ class Row:
 
 
 def bench_size(n_params: int, codecs: list[str], reps: int) -> list[Row]:
+    """Median pull and push time of ``n_params`` fp32 parameters per codec (``reps`` each) against
+    a server process over loopback."""
     secret = auth.new_secret()
     ctx = mp.get_context("spawn")
     q: mp.Queue = ctx.Queue()
@@ -128,6 +132,8 @@ def bench_size(n_params: int, codecs: list[str], reps: int) -> list[Row]:
 
 @dataclass(frozen=True)
 class RoundRow:
+    """Seconds computing vs seconds in pull + push over the rounds of one real training run."""
+
     preset: str
     params_m: float
     codec: str
@@ -137,6 +143,7 @@ class RoundRow:
 
     @property
     def share(self) -> float:
+        """Fraction of the round's wall-clock spent communicating (0-1)."""
         return self.comm_s / (self.comm_s + self.compute_s)
 
 
@@ -170,6 +177,7 @@ def bench_round(preset: str, codec: str, inner_steps: int, rounds: int) -> Round
 
 
 def main() -> None:
+    """Print the transport tables (payload sizes, MB/s, comm share of a round)."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
