@@ -218,7 +218,11 @@ def memory_breakdown(
 
     zero3 = plans.sharding == SHARDING_CODES["zero3"]
     unit_bytes = WEIGHT_BYTES * minimum(2.0 * params.layer, params.total)
-    gather = where(zero3, unit_bytes * (1.0 - 1.0 / d_dense), 0.0)
+    # The gathered unit lacks (1 - 1/d) of each part: dense weights shard over d_dense,
+    # routed experts over d_expert (ZeRO paper, Rajbhandari et al. 2020, Sec. 5.3).
+    expert_share = params.expert / params.total
+    missing = (1.0 - expert_share) * (1.0 - 1.0 / d_dense) + expert_share * (1.0 - 1.0 / d_expert)
+    gather = where(zero3, unit_bytes * missing, 0.0)
     return MemoryArrays(
         weights=states_dense.weights + states_expert.weights,
         gradients=states_dense.gradients + states_expert.gradients,
