@@ -50,6 +50,8 @@ def test_missing_secret_is_a_one_line_error(
         ["serve", "--heartbeat-s", "5", "--evict-after-s", "2"],
         ["serve", "--bind", "127.0.0.1:5555"],
         ["serve", "--max-mb", "0"],
+        ["serve", "--status", "tcp://127.0.0.1"],
+        ["work", "--connect", "tcp://127.0.0.1", "--worker", "0"],
         ["work", "--connect", "tcp://127.0.0.1:9", "--worker", "0", "--block", "0"],
         ["work", "--connect", "tcp://127.0.0.1:9", "--worker", "0", "--device", "bogus"],
         ["work", "--connect", "tcp://127.0.0.1:9", "--worker", "0", "--max-mb", "-1"],
@@ -73,6 +75,8 @@ def test_bad_flags_exit_2(
         ["launch", "--preset", "default", "--out", "OUT", "--paces", "1,2"],
         ["launch", "--preset", "default", "--out", "OUT", "--set", "method=bogus"],
         ["serve", "--preset", "default", "--set", "method=bogus"],
+        ["serve", "--preset", "default", "--out", "FILE"],
+        ["serve", "--preset", "default", "--checkpoint-dir", "FILE/sub"],
         ["launch", "--preset", "default", "--out", "OUT", "--threads", "0"],
         ["launch", "--preset", "default", "--out", "OUT", "--timeout-s", "0"],
     ],
@@ -84,7 +88,9 @@ def test_bad_run_config_exits_2_before_starting(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv(SECRET_ENV, "a-test-secret-of-enough-bytes")
-    assert main([str(tmp_path / "run") if a == "OUT" else a for a in argv]) == 2
+    (tmp_path / "file").write_text("x")
+    paths = {"OUT": tmp_path / "run", "FILE": tmp_path / "file", "FILE/sub": tmp_path / "file/sub"}
+    assert main([str(paths[a]) if a in paths else a for a in argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("heloco: error:") and len(err.splitlines()) == 1
 

@@ -72,6 +72,17 @@ def status(address: str, secret: bytes, timeout_s: float) -> dict[str, Any]:
     return reply.body
 
 
+def _check_folder(flag: str, path: Path | None) -> None:
+    """Raise unless ``path`` is a folder or can be created as one (no file in the way)."""
+    if path is None:
+        return
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise UserInputError(flag, str(path), f"a folder ({p} is a file)")
+            return
+
+
 def _check(args: argparse.Namespace) -> None:
     max_bytes(args)
     for name in ("heartbeat_s", "evict_after_s"):
@@ -85,6 +96,8 @@ def _check(args: argparse.Namespace) -> None:
         raise UserInputError("--checkpoint-every", args.checkpoint_every, "values >= 0")
     if not args.bind.startswith("tcp://"):
         raise UserInputError("--bind", args.bind, "a tcp://HOST:PORT address")
+    _check_folder("--out", args.out)
+    _check_folder("--checkpoint-dir", args.checkpoint_dir)
 
 
 def run(args: argparse.Namespace) -> int:

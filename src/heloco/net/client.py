@@ -21,6 +21,7 @@ from heloco.net import compress, wire
 from heloco.net.compress import Codec
 from heloco.net.wire import Message, WireError
 from heloco.types import Params
+from shardmeter.errors import UserInputError
 
 
 class ServerUnreachable(RuntimeError):
@@ -67,7 +68,13 @@ class Client:
             sock = self.ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, self.cfg.max_bytes)
-            sock.connect(self.cfg.address)
+            try:
+                sock.connect(self.cfg.address)
+            except zmq.ZMQError as exc:
+                sock.close(linger=0)
+                raise UserInputError(
+                    "address", self.cfg.address, f"a tcp://HOST:PORT address ({exc.strerror})"
+                ) from None
             self._sock = sock
         return self._sock
 
