@@ -309,7 +309,10 @@ class _Sim:
 
     # -- helpers ----------------------------------------------------------------------------
     def compute_seconds(self, worker: int, steps: int) -> float:
-        """Simulated compute time of a round: steps · pace · mean-1 lognormal jitter."""
+        """Simulated compute time of a round in seconds: steps · pace · e^(σz − σ²/2), z ~ N(0, 1).
+
+        The factor has mean 1 because a lognormal's mean is E[e^(σz)] = e^(σ²/2).
+        """
         sigma = self.clock.jitter
         factor = 1.0
         if sigma > 0:
