@@ -49,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
     overrides = dict(parse_assignment(x) for x in args.set)
     if args.workers is not None:
         overrides["workers"] = args.workers
+        # the run's nominal paces follow the launch's slowdowns, so a preset's K need not match
+        overrides.setdefault("paces", paces or [1.0] * args.workers)
     run_cfg = load_config(args.config, args.preset, overrides)
     resolved = args.out / "launch-config.toml"
     save_config(run_cfg, resolved)
