@@ -112,6 +112,15 @@ def test_malformed_secret_file_exits_2(
     assert err.startswith("heloco: error: secret") and len(err.splitlines()) == 1
 
 
+def test_negative_checkpoint_period_names_its_flag(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(SECRET_ENV, "a-test-secret-of-enough-bytes")
+    assert main(["serve", "--checkpoint-every-s", "-1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("heloco: error: --checkpoint-every-s") and "-1" in err
+
+
 def test_port_in_use_exits_2(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -92,8 +92,11 @@ def _check(args: argparse.Namespace) -> None:
         raise UserInputError(
             "--evict-after-s", args.evict_after_s, f"more than --heartbeat-s ({args.heartbeat_s})"
         )
-    if args.checkpoint_every < 0 or args.checkpoint_every_s < 0:
-        raise UserInputError("--checkpoint-every", args.checkpoint_every, "values >= 0")
+    for name in ("checkpoint_every", "checkpoint_every_s"):
+        if not getattr(args, name) >= 0:
+            raise UserInputError(
+                f"--{name.replace('_', '-')}", getattr(args, name), "a number >= 0"
+            )
     if not args.bind.startswith("tcp://"):
         raise UserInputError("--bind", args.bind, "a tcp://HOST:PORT address")
     _check_folder("--out", args.out)
