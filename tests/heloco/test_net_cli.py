@@ -76,6 +76,7 @@ def test_bad_flags_exit_2(
         ["launch", "--preset", "default", "--out", "OUT", "--set", "method=bogus"],
         ["serve", "--preset", "default", "--set", "method=bogus"],
         ["serve", "--preset", "default", "--out", "FILE"],
+        ["launch", "--preset", "default", "--out", "FILE"],
         ["serve", "--preset", "default", "--checkpoint-dir", "FILE/sub"],
         ["launch", "--preset", "default", "--out", "OUT", "--threads", "0"],
         ["launch", "--preset", "default", "--out", "OUT", "--timeout-s", "0"],

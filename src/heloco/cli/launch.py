@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from heloco.cli.netargs import check_folder
 from heloco.config import load_config, parse_assignment, preset_names, save_config
 from heloco.metrics import SUMMARY_FILE
 from heloco.net.launcher import LaunchConfig, launch
@@ -44,6 +45,8 @@ def _floats(text: str | None, name: str) -> list[float] | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run `heloco launch`; bad input raises UserInputError (one line, exit 2)."""
+    check_folder("--out", args.out)
     paces = _floats(args.paces, "--paces")
     seconds_per_step = _floats(args.seconds_per_step, "--seconds-per-step")
     overrides = dict(parse_assignment(x) for x in args.set)

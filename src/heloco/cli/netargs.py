@@ -1,4 +1,4 @@
-"""Flags that `heloco serve` and `heloco work` share: the secret file and the message-size cap."""
+"""Flags and checks the network commands share: secret file, message-size cap, output folders."""
 
 from __future__ import annotations
 
@@ -27,3 +27,14 @@ def max_bytes(args: argparse.Namespace) -> int:
     if not args.max_mb > 0:
         raise UserInputError("--max-mb", args.max_mb, "a number > 0")
     return int(args.max_mb * MIB)
+
+
+def check_folder(flag: str, path: Path | None) -> None:
+    """Raise unless ``path`` is a folder or can be created as one (no file in the way)."""
+    if path is None:
+        return
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise UserInputError(flag, str(path), f"a folder ({p} is a file)")
+            return

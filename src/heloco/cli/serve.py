@@ -10,7 +10,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from heloco.cli.netargs import add_wire_args, max_bytes
+from heloco.cli.netargs import add_wire_args, check_folder, max_bytes
 from heloco.config import load_config, parse_assignment, preset_names
 from heloco.net import auth
 from heloco.net.client import Client, ClientConfig, ServerUnreachable
@@ -72,17 +72,6 @@ def status(address: str, secret: bytes, timeout_s: float) -> dict[str, Any]:
     return reply.body
 
 
-def _check_folder(flag: str, path: Path | None) -> None:
-    """Raise unless ``path`` is a folder or can be created as one (no file in the way)."""
-    if path is None:
-        return
-    for p in (path, *path.parents):
-        if p.exists():
-            if not p.is_dir():
-                raise UserInputError(flag, str(path), f"a folder ({p} is a file)")
-            return
-
-
 def _check(args: argparse.Namespace) -> None:
     max_bytes(args)
     for name in ("heartbeat_s", "evict_after_s"):
@@ -99,8 +88,8 @@ def _check(args: argparse.Namespace) -> None:
             )
     if not args.bind.startswith("tcp://"):
         raise UserInputError("--bind", args.bind, "a tcp://HOST:PORT address")
-    _check_folder("--out", args.out)
-    _check_folder("--checkpoint-dir", args.checkpoint_dir)
+    check_folder("--out", args.out)
+    check_folder("--checkpoint-dir", args.checkpoint_dir)
 
 
 def run(args: argparse.Namespace) -> int:
