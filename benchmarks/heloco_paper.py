@@ -44,6 +44,7 @@ from heloco.experiments import (
     run_grid,
     spread,
 )
+from heloco.metrics import RunStats
 from shardmeter.errors import UserInputError
 from shardmeter.paths import missing_shared_reason, shared_path
 
@@ -344,15 +345,7 @@ def diagnostics(
         if not mr:
             continue
         vals = []
-        for key in (
-            "cos_delta_momentum",
-            "frac_kept",
-            "frac_shrunk",
-            "frac_rotated",
-            "correction_size",
-            "mean_lambda",
-            "mean_beta",
-        ):
+        for key in RunStats.STAT_FIELDS:
             vals.append(spread(_num(r.correction.get(key)) for r in mr).fmt(".3f"))
         corr.append([m, *vals])
     lines += md_table(
