@@ -232,38 +232,29 @@ def run(args: argparse.Namespace) -> int:
         )
     batches = parse_range("--global-batch", args.global_batch, powers_of_two) or None
     show = not args.no_progress and not args.json and sys.stderr.isatty()
+    # The search as the user asked for it; --quality-from re-ranks the same space.
+    search: dict[str, Any] = {
+        "model": args.model,
+        "cluster": args.cluster,
+        "gpus": gpus,
+        "topology": args.topology,
+        "tokens": args.tokens,
+        "global_batch": batches,
+        "constraints": constraints,
+        "options": space,
+        "outer": outer,
+        "jobs": args.jobs,
+    }
     with progress_bar(show) as (advance, set_total):
         res: PlanSearchResult = plan(
-            args.model,
-            args.cluster,
-            gpus=gpus,
-            topology=args.topology,
-            tokens=args.tokens,
-            global_batch=batches,
-            constraints=constraints,
-            options=space,
-            outer=outer,
+            **search,
             top_k=args.top if args.top > 0 else ALL_PLANS,
             prune=not args.no_prune,
-            jobs=args.jobs,
             progress=advance,
             on_space=set_total,
         )
     shown = min(args.top, 10) if args.top > 0 else 10
-    ranked = quality.rank_from_args(
-        args,
-        shown,
-        model=args.model,
-        cluster=args.cluster,
-        gpus=gpus,
-        topology=args.topology,
-        tokens=args.tokens,
-        global_batch=batches,
-        constraints=constraints,
-        options=space,
-        outer=outer,
-        jobs=args.jobs,
-    )
+    ranked = quality.rank_from_args(args, shown, **search)
     if args.plot is not None:
         plot_result(res, args.plot)
     if args.json:
