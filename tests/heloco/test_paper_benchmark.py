@@ -1,0 +1,80 @@
+"""The paper benchmark's verdicts and generalisation check (benchmarks/heloco_paper.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from heloco.config import load_config
+from heloco.experiments import CellResult, Spread
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "heloco_paper.py"
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("heloco_paper_bench", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _row(paces: list[float], method: str, seed: int, loss: float) -> CellResult:
+    return CellResult(
+        "converged", paces, "language", method, seed, 1, 1.0, 1.0, loss, loss, loss, loss, 5.0,
+        {}, {}, 1, 1.0, 1, [1.0], {}, [0.0], [0], {}, 0.0,
+    )  # fmt: skip
+
+
+def test_judge_thresholds(bench: ModuleType) -> None:
+    assert bench.judge(Spread(0.05, 0.01, 3), 0.075, True)[0] == "reproduced"
+    assert bench.judge(Spread(0.02, 0.01, 3), 0.075, True) == (
+        "not reproduced",
+        "direction holds, magnitude below half the claim",
+    )
+    assert bench.judge(Spread(0.05, 0.08, 3), 0.075, True)[1].startswith("no consistent")
+    assert bench.judge(Spread(-0.05, 0.01, 3), 0.075, False)[0] == "reversed"
+    assert bench.judge(Spread(-0.05, 0.01, 3), 0.075, True)[0] == "not reproduced"
+
+
+def test_direction(bench: ModuleType) -> None:
+    assert bench.direction([0.1, 0.2]) == "+"
+    assert bench.direction([-0.1, -0.2]) == "−"
+    assert bench.direction([-0.1, 0.2]) == "mixed"
+    assert bench.direction([]) == "-"
+
+
+def test_generalisation_holds_only_where_the_sign_agrees(bench: ModuleType) -> None:
+    # grid: heloco beats sync on both heterogeneous settings; homogeneous paces are ignored
+    grid = [
+        _row(p, m, s, loss)
+        for p, better in (([1, 2], True), ([1, 6], True), ([1, 1], False))
+        for s in (0, 1)
+        for m, loss in (("sync", 5.0), ("heloco", 4.0 if better else 6.0))
+    ]
+    check = [
+        _row(p, m, s, loss)
+        for p, h in (([1, 3], 4.5), ([1, 9], 5.5))
+        for s in (3, 4)
+        for m, loss in (("sync", 5.0), ("heloco", h))
+    ]
+    lines = bench.generalisation_lines(check, grid)
+    row = next(line for line in lines if "heloco vs sync" in line)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "+ (20.00..20.00%)"
+    assert cells[3] == "10.00 ± 0.00%" and cells[4] == "-10.00 ± 0.00%"
+    assert cells[-1] == "1/2"
+
+
+def test_paper_scale_preset_is_the_authors_setup() -> None:
+    cfg = load_config(preset="paper-scale")
+    assert cfg.data.bpe_vocab_size == 50257 and cfg.data.tokenizer == "bpe"
+    assert cfg.inner_steps == 20 and cfg.inner.lr == 2e-4
+    steps = cfg.token_budget // (cfg.inner.batch_size * cfg.inner.seq_len)  # type: ignore[operator]
+    assert steps == 10_000
