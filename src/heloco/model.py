@@ -35,9 +35,7 @@ class ModelConfig(BaseModel):
     @model_validator(mode="after")
     def _heads_divide_width(self) -> ModelConfig:
         if self.d_model % self.n_head:
-            raise ValueError(
-                f"d_model ({self.d_model}) must be a multiple of n_head ({self.n_head})"
-            )
+            raise UserInputError("d_model", self.d_model, f"a multiple of n_head ({self.n_head})")
         return self
 
     def param_count(self) -> int:

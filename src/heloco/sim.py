@@ -100,16 +100,17 @@ class SimConfig(BaseModel):
     def _check(self) -> SimConfig:
         resolve_method(self.method)
         if self.token_budget is None and self.time_budget is None:
-            raise ValueError("set token_budget and/or time_budget")
+            raise UserInputError("token_budget", None, "set token_budget and/or time_budget")
         for name in ("paces", "comm_delays"):
             values = getattr(self, name)
             if isinstance(values, list):
                 if len(values) != self.workers:
-                    raise ValueError(f"{name} needs {self.workers} values, got {len(values)}")
+                    need = f"{self.workers} values, one per worker (workers = {self.workers})"
+                    raise UserInputError(name, values, need)
                 if any(not math.isfinite(v) or v < 0 for v in values):
-                    raise ValueError(f"{name} must be finite and >= 0")
+                    raise UserInputError(name, values, "finite values >= 0")
         if isinstance(self.paces, list) and any(p <= 0 for p in self.paces):
-            raise ValueError("paces must be > 0 seconds per step")
+            raise UserInputError("paces", self.paces, "seconds per step > 0")
         return self
 
     def outer_config(self) -> OuterConfig:

@@ -16,13 +16,36 @@ class UserInputError(ValueError):
 
 
 def from_pydantic(exc: Exception, prefix: str = "") -> UserInputError:
-    """Turn the first error of a pydantic ValidationError into a one-line UserInputError."""
+    """Turn the first error of a pydantic ValidationError into a one-line UserInputError.
+
+    A cross-field check that raised a UserInputError names its own field and wins over the
+    other branches of a union; a whole table that failed is named, never printed.
+    """
     errors = getattr(exc, "errors", None)
     if not callable(errors):
         return UserInputError(prefix or "input", None, str(exc))
-    first = errors()[0]
-    loc = ".".join(str(part) for part in first.get("loc", ()))
-    field = f"{prefix}.{loc}" if prefix and loc else (prefix or loc or "input")
-    msg = str(first.get("msg", "invalid value"))
-    msg = msg.removeprefix("Value error, ")
-    return UserInputError(field, first.get("input"), msg)
+    found = errors()
+    first = next((e for e in found if isinstance(_cause(e), UserInputError)), found[0])
+    parts = [str(part) for part in first.get("loc", ()) if not _union_tag(part)]
+    cause = _cause(first)
+    if isinstance(cause, UserInputError):
+        field = ".".join(p for p in (prefix, *parts, cause.field) if p)
+        return UserInputError(field, cause.value, cause.allowed)
+    field = ".".join(p for p in (prefix, *parts) if p) or "input"
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    value = first.get("input")
+    if isinstance(value, dict):
+        name = value.get("name")
+        value = name if isinstance(name, str) else "{...}"
+    return UserInputError(field, value, msg)
+
+
+def _cause(error: Any) -> Any:
+    return (error.get("ctx") or {}).get("error")
+
+
+def _union_tag(part: Any) -> bool:
+    """pydantic's name for a union branch in an error location (``ModelConfig``,
+    ``function-after[...]``), which is no field of the user's input."""
+    text = str(part)
+    return "[" in text or text[:1].isupper()

@@ -195,7 +195,7 @@ def test_unsupported_and_broken_configs_are_one_line(tmp_path: Path) -> None:
         model_from_hf_config(_config(tmp_path, missing))
     with pytest.raises(UserInputError, match=r"config:num_hidden_layers: got 'many'"):
         model_from_hf_config({**LLAMA_31_8B, "num_hidden_layers": "many"})
-    with pytest.raises(UserInputError, match="n_kv_heads 5 must divide"):
+    with pytest.raises(UserInputError, match=r"n_kv_heads: got 5; a divisor of n_heads \(32\)"):
         model_from_hf_config({**LLAMA_31_8B, "num_key_value_heads": 5})
     with pytest.raises(UserInputError, match="file not found"):
         model_from_hf_config(tmp_path / "absent" / "config.json")

@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from shardmeter.errors import UserInputError
+
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 
 
@@ -50,10 +52,10 @@ class Accelerator(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> Accelerator:
         if "bf16" not in self.peak_tflops and "fp16" not in self.peak_tflops:
-            raise ValueError("peak_tflops must give bf16 or fp16")
+            raise UserInputError("peak_tflops", self.peak_tflops, "a bf16 or fp16 entry")
         for dtype, value in self.peak_tflops.items():
             if value <= 0:
-                raise ValueError(f"peak_tflops.{dtype} must be > 0, got {value}")
+                raise UserInputError(f"peak_tflops.{dtype}", value, "> 0 TFLOP/s")
         return self
 
     def peak(self, dtype: Dtype) -> float:
@@ -116,7 +118,8 @@ class Cluster(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> Cluster:
         if self.nvlink_domain < self.gpus_per_node and self.gpus_per_node % self.nvlink_domain:
-            raise ValueError("nvlink_domain must divide gpus_per_node or be a multiple of it")
+            allowed = f"a divisor or multiple of gpus_per_node ({self.gpus_per_node})"
+            raise UserInputError("nvlink_domain", self.nvlink_domain, allowed)
         return self
 
     @property

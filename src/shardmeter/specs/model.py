@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from shardmeter.errors import UserInputError
+
 
 class MoESpec(BaseModel):
     """Mixture-of-experts MLP: `experts` routed experts, `top_k` active per token, plus shared ones."""
@@ -22,7 +24,7 @@ class MoESpec(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> MoESpec:
         if self.top_k > self.experts:
-            raise ValueError(f"top_k {self.top_k} must not exceed experts {self.experts}")
+            raise UserInputError("top_k", self.top_k, f"at most experts ({self.experts})")
         return self
 
 
@@ -47,13 +49,15 @@ class TransformerSpec(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> TransformerSpec:
         if self.head_dim is None and self.hidden % self.n_heads:
-            raise ValueError(
-                f"hidden {self.hidden} must be divisible by n_heads {self.n_heads} (or give head_dim)"
-            )
+            allowed = f"a multiple of n_heads ({self.n_heads}), or give head_dim"
+            raise UserInputError("hidden", self.hidden, allowed)
         if self.n_heads % self.kv_heads:
-            raise ValueError(f"n_kv_heads {self.kv_heads} must divide n_heads {self.n_heads}")
+            raise UserInputError(
+                "n_kv_heads", self.kv_heads, f"a divisor of n_heads ({self.n_heads})"
+            )
         if self.moe is not None and self.moe.dense_layers > self.n_layers:
-            raise ValueError(f"moe.dense_layers {self.moe.dense_layers} exceeds n_layers")
+            allowed = f"at most n_layers ({self.n_layers})"
+            raise UserInputError("moe.dense_layers", self.moe.dense_layers, allowed)
         return self
 
     # --- shapes ---------------------------------------------------------------------------

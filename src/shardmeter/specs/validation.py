@@ -41,12 +41,7 @@ def user_error(exc: ValidationError, cls: type[BaseModel], prefix: str) -> UserI
     if first.get("type") == "missing":
         field = ".".join([prefix, *map(str, loc)]) if prefix else ".".join(map(str, loc))
         return UserInputError(field, None, "required field is missing")
-    err = from_pydantic(exc, prefix)
-    if isinstance(err.value, dict):  # a cross-field check: name the spec, not its whole table
-        shown = err.value.get("name") if isinstance(err.value.get("name"), str) else None
-        if shown is not None or len(repr(err.value)) > 120:
-            return UserInputError(err.field, shown or "{...}", err.allowed)
-    return err
+    return from_pydantic(exc, prefix)
 
 
 def reject_non_finite(data: Any, path: str) -> None:
