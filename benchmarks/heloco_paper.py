@@ -527,6 +527,64 @@ def render_markdown(
     return "\n".join(lines) + "\n"
 
 
+# -- plot -----------------------------------------------------------------------------------
+PLOT_COMPARISONS: tuple[tuple[str, str, str], ...] = (
+    ("heloco", "async-nesterov", "tokens"),
+    ("heloco", "dn-dylu", "tokens"),
+    ("heloco", "mla", "time"),
+    ("heloco", "sync", "time"),
+    ("heloco+ab", "mla", "time"),
+)
+PLOT_LIMIT = 12.0  # % ; bars beyond it are clipped and labelled with their value
+
+
+def plot_improvements(rows: Sequence[CellResult], out_dir: Path, stem: str) -> list[Path]:
+    """Seed-mean ± std improvement per setting (budget point), one panel per regime."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from heloco.report import save_figure
+
+    regimes = sorted({r.regime for r in rows}, key=regime_rank)
+    if not regimes:
+        return []
+    fig, axes = plt.subplots(1, len(regimes), figsize=(7 * len(regimes), 4.5), squeeze=False)
+    width = 0.8 / len(PLOT_COMPARISONS)
+    for ax, regime in zip(axes.flat, regimes, strict=True):
+        groups = [(key, rs) for key, rs in ordered_groups(rows) if key[0] == regime]
+        for i, (method, base, budget) in enumerate(PLOT_COMPARISONS):
+            imps = [
+                paired_improvement(rs, method, base, metric_name("point", budget))
+                for _, rs in groups
+            ]
+            xs = [g + (i - (len(PLOT_COMPARISONS) - 1) / 2) * width for g in range(len(groups))]
+            means = [100 * s.mean if s.n else 0.0 for s in imps]
+            shown = [max(-PLOT_LIMIT, min(PLOT_LIMIT, m)) for m in means]
+            clipped = [m != v for m, v in zip(means, shown, strict=True)]
+            errs = [
+                0.0 if c or not s.n else 100 * s.std for s, c in zip(imps, clipped, strict=True)
+            ]
+            tag = "T" if budget == "tokens" else "S"
+            ax.bar(xs, shown, width, yerr=errs, capsize=2, label=f"{method} vs {base} @{tag}")
+            for x, m, v in zip(xs, means, shown, strict=True):
+                if m != v:
+                    ax.annotate(f"{m:.0f}%", (x, v), ha="center", va="top", fontsize=7)
+        labels = [f"[{paces.replace('-', ',')}]\n{split}" for (_, paces, split), _ in groups]
+        ax.set_xticks(range(len(groups)), labels, fontsize=8)
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_ylim(-PLOT_LIMIT - 1, PLOT_LIMIT + 1)
+        ax.set_title(regime)
+        ax.set_ylabel("loss reduction at the budget (%)")
+        ax.grid(axis="y", alpha=0.3)
+    axes.flat[0].legend(fontsize="x-small", loc="lower left")
+    fig.tight_layout()
+    paths = save_figure(fig, out_dir, stem)
+    plt.close(fig)
+    return paths
+
+
 # -- main -----------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
@@ -544,7 +602,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--markdown", type=Path, help="markdown file (default <out>/../<name>.md)")
     p.add_argument("--data-dir", type=Path, help="corpus (default: shared data/multilingual)")
     p.add_argument("--report-only", action="store_true", help="only rewrite the tables")
-    p.add_argument("--note", default="", help="a sentence for the results header")
+    p.add_argument(
+        "--note", default="", help="'What ran: ...' for the header (--report-only keeps the old)"
+    )
     return p.parse_args(argv)
 
 
@@ -607,19 +667,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_grid(cells, grid, on_result=on_result)
     rows = read_results(out)
     grid_rows = read_results(here / "heloco_paper") if args.check else []
+    note = args.note or (previous_note(markdown) if args.report_only else "")
     text = render_markdown(
         rows,
         cells,
         _title(args),
         command,
         None if args.report_only else time.perf_counter() - t0,
-        args.note,
+        note,
         grid_rows,
     )
     atomic_write_text(markdown, text)
+    plots = plot_improvements(rows, markdown.parent, markdown.stem)
     print(text)
-    print(f"results: {out}  markdown: {markdown}", file=sys.stderr)
+    print(
+        f"results: {out}  markdown: {markdown}  plots: {', '.join(map(str, plots))}",
+        file=sys.stderr,
+    )
     return 0
+
+
+def previous_note(markdown: Path) -> str:
+    """The 'What ran:' paragraph of an earlier report, kept by --report-only."""
+    if not markdown.exists():
+        return ""
+    lines = markdown.read_text(encoding="utf-8").splitlines()
+    return next((line for line in lines if line.startswith("What ran:")), "")
 
 
 def quick_overrides(regime: str) -> dict[str, object]:

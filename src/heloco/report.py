@@ -242,7 +242,8 @@ def language_table(runs: Sequence[RunData]) -> tuple[list[str], list[list[str]]]
 
 
 # -- plots ----------------------------------------------------------------------------------
-def _save(fig: Any, out_dir: Path, stem: str) -> list[Path]:
+def save_figure(fig: Any, out_dir: Path, stem: str) -> list[Path]:
+    """``out_dir/stem.png`` and ``.svg``, each written atomically."""
     paths = []
     for fmt in PLOT_FORMATS:
         path = out_dir / f"{stem}.{fmt}"
@@ -273,7 +274,7 @@ def plot_runs(runs: Sequence[RunData], out_dir: Path) -> list[Path]:
         ax.set_ylabel("validation loss (nats/token)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
-        written += _save(fig, out_dir, stem)
+        written += save_figure(fig, out_dir, stem)
         plt.close(fig)
     langs = sorted({lang for r in runs for lang in r.languages})
     if langs:
@@ -292,7 +293,7 @@ def plot_runs(runs: Sequence[RunData], out_dir: Path) -> list[Path]:
         axes.flat[0].set_ylabel("validation loss")
         axes.flat[0].legend(fontsize="x-small")
         fig.tight_layout()
-        written += _save(fig, out_dir, "loss_per_language")
+        written += save_figure(fig, out_dir, "loss_per_language")
         plt.close(fig)
     return written
 
