@@ -25,7 +25,8 @@ def from_pydantic(exc: Exception, prefix: str = "") -> UserInputError:
     if not callable(errors):
         return UserInputError(prefix or "input", None, str(exc))
     found = errors()
-    first = next((e for e in found if isinstance(_cause(e), UserInputError)), found[0])
+    deepest = max(found, key=lambda e: len(e.get("loc", ())))  # a union's table branch
+    first = next((e for e in found if isinstance(_cause(e), UserInputError)), deepest)
     parts = [str(part) for part in first.get("loc", ()) if not _union_tag(part)]
     cause = _cause(first)
     if isinstance(cause, UserInputError):
@@ -45,7 +46,19 @@ def _cause(error: Any) -> Any:
 
 
 def _union_tag(part: Any) -> bool:
-    """pydantic's name for a union branch in an error location (``ModelConfig``,
+    """pydantic's name for a union branch in an error location (a model's class name, or
     ``function-after[...]``), which is no field of the user's input."""
     text = str(part)
-    return "[" in text or text[:1].isupper()
+    return "[" in text or text in _model_class_names()
+
+
+def _model_class_names() -> set[str]:
+    from pydantic import BaseModel
+
+    names: set[str] = set()
+    todo = list(BaseModel.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        names.add(cls.__name__)
+        todo += cls.__subclasses__()
+    return names

@@ -103,6 +103,9 @@ def test_cross_field_model_error_names_the_field(capsys: pytest.CaptureFixture[s
     shape += ["--set", "model.vocab_size=256", "--set", "model.seq_len=64"]
     err = one_line_error(capsys, ["simulate", *shape])
     assert err == "heloco: error: sim.model.d_model: got 30; a multiple of n_head (4)"
+    shape[1] = "model.d_model=-1"  # a field error inside the table branch of `str | ModelConfig`
+    err = one_line_error(capsys, ["simulate", *shape])
+    assert err.startswith("heloco: error: sim.model.d_model: got -1; ")
 
 
 def test_paces_not_numbers(capsys: pytest.CaptureFixture[str]) -> None:
