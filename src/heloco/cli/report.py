@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
 from heloco.config import atomic_write_text
@@ -27,6 +27,7 @@ from heloco.report import (
     row_cells,
     runs_to_json,
 )
+from shardmeter.report.step import console_for
 
 
 def add_parser(sub: Any) -> None:
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         payload = runs_to_json(runs) | {"files": [str(p) for p in plots]}
         print(json.dumps(payload, indent=2))
         return 0
-    console = Console()
+    console = console_for(sys.stdout.isatty())
     tok, sec = common_budget(runs, "tokens"), common_budget(runs, "time")
     table = Table(title=f"{len(runs)} run(s); common budget {tok:,.0f} tokens, {sec:,.1f} s")
     for name in TABLE_HEADER:

@@ -19,12 +19,19 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from heloco import topology as topology_flags
-from heloco.config import config_to_toml, load_config, parse_assignment, preset_names
+from heloco.config import (
+    atomic_write_text,
+    config_to_toml,
+    load_config,
+    parse_assignment,
+    preset_names,
+)
 from heloco.metrics import EvalPoint
 from heloco.outer import resolve_method
 from heloco.outer.registry import method_names
 from heloco.sim import RunResult, SimConfig, run_simulation
 from shardmeter.errors import UserInputError
+from shardmeter.report.step import console_for
 
 # flag dest -> dotted config key
 FLAG_KEYS: dict[str, str] = {
@@ -129,13 +136,13 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if cfg.out_dir is not None:
         cfg.out_dir.mkdir(parents=True, exist_ok=True)
-        (cfg.out_dir / "config.toml").write_text(config_to_toml(cfg), encoding="utf-8")
+        atomic_write_text(cfg.out_dir / "config.toml", config_to_toml(cfg))
         topology_flags.record(args, cfg.out_dir)
     result = run_with_progress(cfg, quiet=args.quiet or args.json)
     if args.json:
         print(json.dumps(summary_dict(result), indent=2))
     else:
-        Console().print(summary_table(result))
+        console_for(sys.stdout.isatty()).print(summary_table(result))
     return 0
 
 
