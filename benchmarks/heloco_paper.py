@@ -46,6 +46,7 @@ from heloco.experiments import (
     spread,
 )
 from heloco.metrics import RunStats
+from heloco.worker import check_device
 from shardmeter.errors import UserInputError
 from shardmeter.paths import missing_shared_reason, shared_path
 
@@ -615,6 +616,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if data_dir is None:
         print(missing_shared_reason("data", "multilingual"), file=sys.stderr)
         return 2
+    check_device(args.device)
     regimes = [r for r in args.regime.split(",") if r]
     for r in regimes:
         load_config(preset=r)

@@ -40,7 +40,7 @@ from heloco.outer import OuterConfig, build_optimizer, resolve_method
 from heloco.outer.base import RhoMode
 from heloco.server import Dispatch, Server, ServerConfig, UpdateRecord, dylu_steps
 from heloco.types import Params, RoundResult
-from heloco.worker import InnerConfig, Worker
+from heloco.worker import InnerConfig, Worker, check_device
 from shardmeter.errors import UserInputError, from_pydantic
 
 PACE_KEY = 10  # derive_seed keys of the simulator's own random streams
@@ -499,8 +499,11 @@ def initial_model(
     cfg: SimConfig, data: WorkerData, device: torch.device | str | None = None
 ) -> TinyGPT:
     """The run's initial model, seeded by the run seed (identical in every process)."""
+    target = cfg.device if device is None else device
+    if isinstance(target, str):
+        check_device(target)
     model = TinyGPT(model_config_for(cfg, data.vocab_size), seed=derive_seed(cfg.seed, MODEL_KEY))
-    return model.to(torch.device(cfg.device if device is None else device))
+    return model.to(torch.device(target))
 
 
 @dataclass(eq=False)

@@ -31,6 +31,16 @@ SAMPLER_KEY = 2  # derive_seed key of a worker's batch sampler
 ADAMW_STATE_KEYS = ("step", "exp_avg", "exp_avg_sq")
 
 
+def check_device(device: str) -> None:
+    """Raise a one-line error for a device torch cannot parse or this machine does not have."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise UserInputError("device", device, "a torch device such as cpu or cuda:0") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise UserInputError("device", device, "cpu (no CUDA device is available here)")
+
+
 @dataclass(frozen=True)
 class InnerConfig:
     """Inner optimiser and batch shape. Defaults: the authors' prototype (spec §1.8, §3):

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from heloco.cli import build_parser, main
 from heloco.cli.simulate import build_config
@@ -136,3 +137,11 @@ def test_unknown_preset_and_bad_set(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "config" in one_line_error(capsys, ["simulate", str(tmp_path / "absent.toml")])
+
+
+def test_unknown_or_absent_device(capsys: pytest.CaptureFixture[str]) -> None:
+    err = one_line_error(capsys, ["simulate", "--set", "device=gpu", "--quiet"])
+    assert err == "heloco: error: device: got 'gpu'; a torch device such as cpu or cuda:0"
+    if not torch.cuda.is_available():
+        err = one_line_error(capsys, ["simulate", "--set", "device=cuda", "--quiet"])
+        assert err == "heloco: error: device: got 'cuda'; cpu (no CUDA device is available here)"

@@ -28,7 +28,7 @@ from heloco.net.compress import Codec
 from heloco.net.wire import Message
 from heloco.sim import build_run, parse_sim_config
 from heloco.types import Params, RoundResult
-from heloco.worker import Worker
+from heloco.worker import Worker, check_device
 from shardmeter.errors import UserInputError
 
 IslandMode = Literal["grads", "deltas"]
@@ -70,16 +70,6 @@ class WorkerOptions:
         check_device(self.device)
         if self.island_mode not in ("grads", "deltas"):
             raise UserInputError("island_mode", self.island_mode, "'grads' or 'deltas'")
-
-
-def check_device(device: str) -> None:
-    """Raise a one-line error for a device torch cannot parse or this machine does not have."""
-    try:
-        kind = torch.device(device).type
-    except RuntimeError:
-        raise UserInputError("device", device, "a torch device such as cpu or cuda:0") from None
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise UserInputError("device", device, "cpu (no CUDA device is available here)")
 
 
 @dataclass
