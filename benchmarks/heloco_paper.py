@@ -79,8 +79,8 @@ CHECK_SETTINGS: tuple[tuple[tuple[float, ...], Split], ...] = (
 )
 CHECK_METHODS = ("sync", "async-nesterov", "dn-dylu", "mla", "heloco", "heloco+ab")
 CHECK_SEEDS = (3, 4)
-# The grid's directional conclusions, re-tested on the check settings: (method, baseline, budget).
-CHECK_COMPARISONS: tuple[tuple[str, str, str], ...] = (
+# The comparisons the plots draw and the check re-tests: (method, baseline, budget).
+COMPARISONS: tuple[tuple[str, str, str], ...] = (
     ("heloco", "async-nesterov", "tokens"),
     ("heloco", "dn-dylu", "tokens"),
     ("heloco", "mla", "time"),
@@ -365,6 +365,18 @@ def diagnostics(
     return lines
 
 
+def regime_groups(
+    rows: Sequence[CellResult], regime: str
+) -> list[tuple[tuple[str, str, str], list[CellResult]]]:
+    """``ordered_groups`` of one regime."""
+    return [(key, rs) for key, rs in ordered_groups(rows) if key[0] == regime]
+
+
+def comparison_name(method: str, baseline: str, budget: str) -> str:
+    """``heloco vs mla @S``: T is the token budget, S the simulated-time budget."""
+    return f"{method} vs {baseline} @{'T' if budget == 'tokens' else 'S'}"
+
+
 def direction(values: Sequence[float]) -> str:
     """'+' / '−' when every value has that sign, else 'mixed' ('-' with no values)."""
     if not values:
@@ -397,9 +409,9 @@ def generalisation_lines(check: Sequence[CellResult], grid: Sequence[CellResult]
     header: list[str] = []
     body = []
     for regime in regimes:
-        groups = [(key, rs) for key, rs in ordered_groups(check) if key[0] == regime]
+        groups = regime_groups(check, regime)
         header = [f"[{paces.replace('-', ', ')}] {split}" for (_, paces, split), _ in groups]
-        for method, base, budget in CHECK_COMPARISONS:
+        for method, base, budget in COMPARISONS:
             metric = metric_name("point", budget)
             ref = heterogeneous_means(grid, regime, method, base, metric)
             ref_dir = direction(ref)
@@ -411,7 +423,7 @@ def generalisation_lines(check: Sequence[CellResult], grid: Sequence[CellResult]
             else:
                 held = "holds" if agree == len(means) else f"{agree}/{len(means)}"
             span = f"{min(ref) * 100:.2f}..{max(ref) * 100:.2f}%" if ref else "-"
-            name = f"{method} vs {base} @{'T' if budget == 'tokens' else 'S'}"
+            name = comparison_name(method, base, budget)
             body.append([regime, name, f"{ref_dir} ({span})", *map(pct, imps), held])
     if not body:
         return []
@@ -529,13 +541,6 @@ def render_markdown(
 
 
 # -- plot -----------------------------------------------------------------------------------
-PLOT_COMPARISONS: tuple[tuple[str, str, str], ...] = (
-    ("heloco", "async-nesterov", "tokens"),
-    ("heloco", "dn-dylu", "tokens"),
-    ("heloco", "mla", "time"),
-    ("heloco", "sync", "time"),
-    ("heloco+ab", "mla", "time"),
-)
 PLOT_LIMIT = 12.0  # % ; bars beyond it are clipped and labelled with their value
 
 
@@ -552,26 +557,28 @@ def plot_improvements(rows: Sequence[CellResult], out_dir: Path, stem: str) -> l
     if not regimes:
         return []
     fig, axes = plt.subplots(1, len(regimes), figsize=(7 * len(regimes), 4.5), squeeze=False)
-    width = 0.8 / len(PLOT_COMPARISONS)
+    width = 0.8 / len(COMPARISONS)
     for ax, regime in zip(axes.flat, regimes, strict=True):
-        groups = [(key, rs) for key, rs in ordered_groups(rows) if key[0] == regime]
-        for i, (method, base, budget) in enumerate(PLOT_COMPARISONS):
+        groups = regime_groups(rows, regime)
+        for i, (method, base, budget) in enumerate(COMPARISONS):
             imps = [
                 paired_improvement(rs, method, base, metric_name("point", budget))
                 for _, rs in groups
             ]
-            xs = [g + (i - (len(PLOT_COMPARISONS) - 1) / 2) * width for g in range(len(groups))]
+            xs = [g + (i - (len(COMPARISONS) - 1) / 2) * width for g in range(len(groups))]
             means = [100 * s.mean if s.n else 0.0 for s in imps]
             shown = [max(-PLOT_LIMIT, min(PLOT_LIMIT, m)) for m in means]
             clipped = [m != v for m, v in zip(means, shown, strict=True)]
             errs = [
                 0.0 if c or not s.n else 100 * s.std for s, c in zip(imps, clipped, strict=True)
             ]
-            tag = "T" if budget == "tokens" else "S"
-            ax.bar(xs, shown, width, yerr=errs, capsize=2, label=f"{method} vs {base} @{tag}")
-            for x, m, v in zip(xs, means, shown, strict=True):
-                if m != v:
-                    ax.annotate(f"{m:.0f}%", (x, v), ha="center", va="top", fontsize=7)
+            label = comparison_name(method, base, budget)
+            ax.bar(xs, shown, width, yerr=errs, capsize=2, label=label)
+            for x, m, v, c in zip(xs, means, shown, clipped, strict=True):
+                if c:
+                    ax.annotate(
+                        f"{m:.0f}%", (x, v), ha="center", va="bottom", rotation=90, fontsize=7
+                    )
         labels = [f"[{paces.replace('-', ',')}]\n{split}" for (_, paces, split), _ in groups]
         ax.set_xticks(range(len(groups)), labels, fontsize=8)
         ax.axhline(0, color="black", lw=0.8)
