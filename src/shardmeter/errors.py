@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -15,24 +16,31 @@ class UserInputError(ValueError):
         super().__init__(f"{field}: got {value!r}; {allowed}")
 
 
-def from_pydantic(exc: Exception, prefix: str = "") -> UserInputError:
+def from_pydantic(
+    exc: Exception,
+    prefix: str = "",
+    render: Callable[[Sequence[Any]], str] | None = None,
+    whole: str = "input",
+) -> UserInputError:
     """Turn the first error of a pydantic ValidationError into a one-line UserInputError.
 
     A cross-field check that raised a UserInputError names its own field and wins over the
-    other branches of a union; a whole table that failed is named, never printed.
+    other branches of a union; a whole table that failed is named, never printed. ``render``
+    spells an error location (default: dotted), ``whole`` names the input when it has none.
     """
     errors = getattr(exc, "errors", None)
     if not callable(errors):
-        return UserInputError(prefix or "input", None, str(exc))
+        return UserInputError(prefix or whole, None, str(exc))
     found = errors()
     deepest = max(found, key=lambda e: len(e.get("loc", ())))  # a union's table branch
     first = next((e for e in found if isinstance(_cause(e), UserInputError)), deepest)
-    parts = [str(part) for part in first.get("loc", ()) if not _union_tag(part)]
+    parts = [part for part in first.get("loc", ()) if not _union_tag(part)]
+    path = render(parts) if render is not None else ".".join(map(str, parts))
     cause = _cause(first)
     if isinstance(cause, UserInputError):
-        field = ".".join(p for p in (prefix, *parts, cause.field) if p)
+        field = ".".join(p for p in (prefix, path, cause.field) if p)
         return UserInputError(field, cause.value, cause.allowed)
-    field = ".".join(p for p in (prefix, *parts) if p) or "input"
+    field = ".".join(p for p in (prefix, path) if p) or whole
     msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     value = first.get("input")
     if isinstance(value, dict):

@@ -140,6 +140,14 @@ def test_auto_plan_that_cannot_fit() -> None:
         predict_topology(topology_from_dict(data))
 
 
+def test_cross_field_island_error_names_the_field_not_the_table() -> None:
+    data = with_change("islands/0/nvlink_domain", 3)
+    message = "islands[0].nvlink_domain: got 3; a divisor or multiple of gpus_per_node (8)"
+    with pytest.raises(UserInputError) as err:
+        predict_topology(topology_from_dict(data))
+    assert str(err.value) == message
+
+
 def test_streaming_needs_fragments_dividing_h() -> None:
     data = with_change("run/mode", "streaming")
     data["run"].update(inner_steps=10, fragments=3)

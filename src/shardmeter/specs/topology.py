@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from shardmeter.errors import UserInputError
+from shardmeter.errors import UserInputError, from_pydantic
 from shardmeter.estimate.outer import FloatArray, WanPaths, best_ring, effective_wan_Bps
 from shardmeter.specs.hardware import Accelerator, Cluster, Link
 from shardmeter.specs.model import TransformerSpec
@@ -144,7 +145,7 @@ class Topology(BaseModel):
         return [island.name for island in self.islands]
 
 
-def _field_path(loc: tuple[Any, ...]) -> str:
+def _field_path(loc: Sequence[Any]) -> str:
     """('wan', 'links', 2, 'to') -> 'wan.links[2].to'; drops pydantic's union-member tags."""
     out = ""
     for part in loc:
@@ -158,11 +159,8 @@ def _field_path(loc: tuple[Any, ...]) -> str:
 
 
 def validation_error(exc: ValidationError, prefix: str = "") -> UserInputError:
-    first = exc.errors()[0]
-    path = _field_path(tuple(first.get("loc", ())))
-    field = f"{prefix}.{path}" if prefix and path else (prefix or path or "topology")
-    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-    return UserInputError(field, first.get("input"), msg)
+    """One line naming the topology field (``islands[0].plan.tp``) that failed."""
+    return from_pydantic(exc, prefix, render=_field_path, whole="topology")
 
 
 def topology_from_dict(data: dict[str, Any]) -> Topology:
