@@ -1,7 +1,7 @@
 """HeLoCo: asynchronous low-communication training under device and data heterogeneity.
 
 data -> worker -> server -> metrics. One server logic (`server.py` + `outer/`) is driven by a
-deterministic simulated clock (`sim.py`) or by real processes over ZeroMQ (`net/`).
+deterministic simulated clock (`sim/`) or by real processes over ZeroMQ (`net/`).
 
 The public API (imported lazily, so `heloco --help` does not pay for torch):
 

@@ -343,11 +343,11 @@ def _init_worker(threads: int) -> None:
     """
     import torch
 
-    import heloco.sim
+    import heloco.sim.build
 
     torch.set_num_threads(threads)
-    if not hasattr(heloco.sim.build_data, "cache_info"):
-        heloco.sim.build_data = functools.lru_cache(maxsize=4)(heloco.sim.build_data)
+    if not hasattr(heloco.sim.build.build_data, "cache_info"):
+        heloco.sim.build.build_data = functools.lru_cache(maxsize=4)(heloco.sim.build.build_data)
 
 
 def _run_task(args: tuple[Cell, Path, Path | None, dict[str, Any]]) -> tuple[Cell, Any]:

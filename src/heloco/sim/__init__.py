@@ -1,0 +1,73 @@
+"""Simulated clock: workers with paces, rounds processed in order of simulated finish time.
+
+A worker dispatched at time t with H_w steps finishes at t + H_w·pace_w·jitter + comm_w
+(spec 3, "Speed heterogeneity"); arrivals are applied in finish-time order, ties broken by
+worker id. Sync methods wait for the slowest worker every round. Training is real (the
+workers run their inner loops in process); only the clock is simulated, so the same config and
+seed give bit-identical losses. The server and the outer optimizers are the product's own.
+
+Modules, one job each: ``config`` (SimConfig), ``clock`` (paces, steps, schedules),
+``recorder`` (trajectory bookkeeping), ``loop`` (the event loop), ``build`` (a run's parts),
+``run`` (one run end to end).
+"""
+
+from heloco.sim.build import (
+    RunParts,
+    build_run,
+    build_server,
+    initial_model,
+    model_config_for,
+    seed_everything,
+)
+from heloco.sim.clock import (
+    Clock,
+    expected_worker_steps,
+    resolve_comm,
+    resolve_paces,
+    round_seconds,
+    round_steps,
+    worker_inner_configs,
+)
+from heloco.sim.config import (
+    JITTER_KEY,
+    MODEL_KEY,
+    PACE_KEY,
+    PaceDistribution,
+    SimConfig,
+    parse_sim_config,
+)
+from heloco.sim.loop import RoundRunner, simulate
+from heloco.sim.recorder import Evaluator, Recorder, Trajectory
+from heloco.sim.run import CONFIG_FILE, RunResult, loss_at_time_budget, run_simulation, summarize
+
+__all__ = [
+    "CONFIG_FILE",
+    "JITTER_KEY",
+    "MODEL_KEY",
+    "PACE_KEY",
+    "Clock",
+    "Evaluator",
+    "PaceDistribution",
+    "Recorder",
+    "RoundRunner",
+    "RunParts",
+    "RunResult",
+    "SimConfig",
+    "Trajectory",
+    "build_run",
+    "build_server",
+    "expected_worker_steps",
+    "initial_model",
+    "loss_at_time_budget",
+    "model_config_for",
+    "parse_sim_config",
+    "resolve_comm",
+    "resolve_paces",
+    "round_seconds",
+    "round_steps",
+    "run_simulation",
+    "seed_everything",
+    "simulate",
+    "summarize",
+    "worker_inner_configs",
+]

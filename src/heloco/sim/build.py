@@ -1,0 +1,114 @@
+"""A run's parts from its config: data, initial model, per-worker schedules and server
+(identical in the simulator, the network server and every network worker)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from heloco.data import ValLoss, WorkerData, build_data, derive_seed
+from heloco.model import ModelConfig, TinyGPT, preset_config
+from heloco.outer import build_optimizer, resolve_method
+from heloco.server import Server, ServerConfig
+from heloco.sim.clock import (
+    resolve_comm,
+    resolve_paces,
+    round_seconds,
+    round_steps,
+    worker_inner_configs,
+)
+from heloco.sim.config import MODEL_KEY, SimConfig
+from heloco.types import Params
+from heloco.worker import InnerConfig, Worker, check_device
+from shardmeter.errors import UserInputError
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch global RNGs (per-worker generators are seeded apart)."""
+    random.seed(seed)
+    np.random.seed(seed % (1 << 32))
+    torch.manual_seed(seed)
+
+
+def model_config_for(cfg: SimConfig, vocab_size: int) -> ModelConfig:
+    """The model shape: a preset sized to the data's vocabulary and window, or as given."""
+    seq = max(cfg.inner.seq_len, cfg.data.seq_len)
+    if isinstance(cfg.model, str):
+        return preset_config(cfg.model, vocab_size=vocab_size, seq_len=seq)
+    if cfg.model.vocab_size < vocab_size:
+        raise UserInputError("model.vocab_size", cfg.model.vocab_size, f">= {vocab_size}")
+    if cfg.model.seq_len < seq:
+        raise UserInputError("model.seq_len", cfg.model.seq_len, f">= {seq}")
+    return cfg.model
+
+
+def initial_model(
+    cfg: SimConfig, data: WorkerData, device: torch.device | str | None = None
+) -> TinyGPT:
+    """The run's initial model, seeded by the run seed (identical in every process)."""
+    target = cfg.device if device is None else device
+    if isinstance(target, str):
+        check_device(target)
+    model = TinyGPT(model_config_for(cfg, data.vocab_size), seed=derive_seed(cfg.seed, MODEL_KEY))
+    return model.to(torch.device(target))
+
+
+@dataclass(eq=False)
+class RunParts:
+    """Everything a run of ``cfg`` is built from, identical in the simulator, the network
+    server and every network worker (same seeds, data split, initial model, optimizer)."""
+
+    cfg: SimConfig
+    data: WorkerData
+    model: TinyGPT  # initial model; the simulator's workers and evaluator share it
+    paces: list[float]  # configured seconds per inner step
+    comm: list[float]  # configured seconds added to each round
+    steps: list[int]  # steps per round from the configured paces (H or DyLU's H_w)
+    inner: list[InnerConfig]  # each worker's inner config (its cosine length)
+    server: Server
+
+    def worker(self, w: int, batch_seed: int | None = None) -> Worker:
+        """Worker ``w`` on :attr:`model`; ``batch_seed`` replaces the run seed for its batch
+        order only (island ranks > 0 draw other batches from the same stream)."""
+        seed = self.cfg.seed if batch_seed is None else batch_seed
+        return Worker(w, self.model, self.data.streams[w], self.inner[w], seed)
+
+    @torch.no_grad()
+    def evaluate(self, params: Params) -> ValLoss:
+        """Validation loss of ``params``, loaded into :attr:`model`."""
+        for name, p in self.model.named_parameters():
+            p.copy_(params[name])
+        return self.data.validation.evaluate(
+            self.model, self.cfg.eval_batch_size, self.cfg.eval_windows
+        )
+
+
+def build_server(cfg: SimConfig, init: Params, rates: list[float]) -> Server:
+    """The method's outer optimizer (``rates``: expected rounds per second of each worker)
+    behind a server with the method's policy (sync barrier, DyLU, grace window)."""
+    optimizer = build_optimizer(cfg.method, init, cfg.outer_config(), cfg.workers, rates)
+    server_cfg = ServerConfig(
+        n_workers=cfg.workers,
+        inner_steps=cfg.inner_steps,
+        synchronous=resolve_method(cfg.method).spec.synchronous,
+        dylu=cfg.use_dylu(),
+        grace_window=cfg.grace_window,
+    )
+    return Server(init, optimizer, server_cfg)
+
+
+def build_run(cfg: SimConfig, device: torch.device | str | None = None) -> RunParts:
+    """Seed, build data, initial model (on ``device``, default ``cfg.device``), per-worker
+    schedules and the server of ``cfg``."""
+    seed_everything(cfg.seed)
+    data = build_data(cfg.data, cfg.workers, cfg.seed)
+    model = initial_model(cfg, data, device)
+    init = {k: v.detach().to("cpu", torch.float32).clone() for k, v in model.named_parameters()}
+    paces, comm = resolve_paces(cfg), resolve_comm(cfg)
+    steps = round_steps(cfg, paces)
+    rates = [1.0 / s for s in round_seconds(steps, paces, comm)]
+    inner = worker_inner_configs(cfg, paces, comm)
+    return RunParts(cfg, data, model, paces, comm, steps, inner, build_server(cfg, init, rates))

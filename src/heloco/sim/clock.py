@@ -1,0 +1,106 @@
+"""Simulated time of a run: paces, communication delays, steps per round, planned schedules."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import numpy as np
+
+from heloco.data import derive_seed
+from heloco.outer import resolve_method
+from heloco.server import dylu_steps
+from heloco.sim.config import PACE_KEY, SimConfig
+from heloco.worker import InnerConfig
+
+
+@dataclass(frozen=True)
+class Clock:
+    """Simulated-time settings of a run (seconds)."""
+
+    paces: list[float]
+    comm_delays: list[float]
+    jitter: float
+    seed: int
+    token_budget: int | None
+    time_budget: float | None
+    eval_every: int
+    eval_unit: Literal["tokens", "steps"] = "tokens"
+
+
+def resolve_paces(cfg: SimConfig) -> list[float]:
+    """Per-worker seconds per step: given, drawn (lognormal, seeded), or all 1."""
+    if cfg.paces is None:
+        return [1.0] * cfg.workers
+    if isinstance(cfg.paces, list):
+        return [float(p) for p in cfg.paces]
+    rng = np.random.default_rng(derive_seed(cfg.seed, PACE_KEY))
+    z = rng.standard_normal(cfg.workers)
+    return [float(cfg.paces.median * math.exp(cfg.paces.sigma * zi)) for zi in z]
+
+
+def resolve_comm(cfg: SimConfig) -> list[float]:
+    """Per-worker communication seconds added to each round (None: all 0)."""
+    if cfg.comm_delays is None:
+        return [0.0] * cfg.workers
+    return [float(c) for c in cfg.comm_delays]
+
+
+def round_seconds(
+    steps: Sequence[int], paces: Sequence[float], comm: Sequence[float]
+) -> list[float]:
+    """Seconds of one round of each worker: H_w·pace_w + comm_w (spec 3, speed heterogeneity)."""
+    return [steps[w] * paces[w] + comm[w] for w in range(len(steps))]
+
+
+def round_steps(cfg: SimConfig, paces: list[float]) -> list[int]:
+    """Steps per round of each worker from the configured paces (H, or DyLU's H_w)."""
+    if not cfg.use_dylu():
+        return [cfg.inner_steps] * cfg.workers
+    speeds: list[float | None] = [1.0 / p for p in paces]
+    return [dylu_steps(speeds, w, cfg.inner_steps) for w in range(cfg.workers)]
+
+
+def worker_inner_configs(
+    cfg: SimConfig, paces: list[float], comm: list[float] | None = None
+) -> list[InnerConfig]:
+    """Each worker's inner config: ``cfg.inner``, or with ``inner_schedule='budget'`` a cosine
+    as long as the worker's expected steps (the network runtime builds the same)."""
+    if cfg.inner_schedule == "config":
+        return [cfg.inner] * cfg.workers
+    comm = comm if comm is not None else [0.0] * cfg.workers
+    sync = resolve_method(cfg.method).spec.synchronous
+    planned = expected_worker_steps(cfg, paces, comm, round_steps(cfg, paces), sync)
+    return [replace(cfg.inner, total_steps=max(n, cfg.inner.warmup_steps, 1)) for n in planned]
+
+
+def expected_worker_steps(
+    cfg: SimConfig, paces: list[float], comm: list[float], steps: list[int], synchronous: bool
+) -> list[int]:
+    """Inner steps each worker is expected to take before the first budget stops the run.
+
+    A worker with H_w steps per round of H_w·pace_w + comm_w seconds runs H_w/(H_w·pace_w +
+    comm_w) steps per second; async workers share the token budget in proportion to that
+    rate, sync workers advance one round of max_w(round time) together. Used as the length of
+    each worker's cosine schedule, so no worker sits at min_lr for most of the run.
+    """
+    k = len(paces)
+    round_s = round_seconds(steps, paces, comm)
+    tokens_per_step = cfg.inner.batch_size * cfg.inner.seq_len
+    limits: list[list[float]] = []
+    if cfg.token_budget is not None:
+        total = math.ceil(cfg.token_budget / tokens_per_step)
+        if synchronous:
+            limits.append([total * steps[w] / sum(steps) for w in range(k)])
+        else:
+            speed = [steps[w] / round_s[w] for w in range(k)]
+            limits.append([total * v / sum(speed) for v in speed])
+    if cfg.time_budget is not None:
+        if synchronous:
+            rounds = math.floor(cfg.time_budget / max(round_s))
+            limits.append([float(rounds * steps[w]) for w in range(k)])
+        else:
+            limits.append([cfg.time_budget * steps[w] / round_s[w] for w in range(k)])
+    return [max(1, math.ceil(min(lim[w] for lim in limits))) for w in range(k)]

@@ -1,0 +1,210 @@
+"""The event loop: workers with paces, rounds processed in order of simulated finish time.
+
+A worker dispatched at time t with H_w steps finishes at t + H_w·pace_w·jitter + comm_w
+(spec 3, "Speed heterogeneity"); arrivals are applied in finish-time order, ties broken by
+worker id. Sync methods wait for the slowest worker every round.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from heloco.data import derive_seed
+from heloco.metrics import EvalPoint, MetricsWriter, RunStats
+from heloco.server import Dispatch, Server, UpdateRecord
+from heloco.sim.clock import Clock, round_seconds
+from heloco.sim.config import JITTER_KEY
+from heloco.sim.recorder import Evaluator, Recorder, Trajectory
+from heloco.types import Params, RoundResult
+
+
+class RoundRunner(Protocol):
+    """What the clock needs from a worker (``heloco.worker.Worker`` satisfies it)."""
+
+    def run_round(
+        self, start: Params, steps: int, base_revision: int, round_id: int | None = None
+    ) -> RoundResult: ...
+
+
+class _Sim:
+    """The event loop shared by async and sync methods."""
+
+    def __init__(
+        self,
+        server: Server,
+        workers: Sequence[RoundRunner],
+        clock: Clock,
+        recorder: Recorder,
+    ) -> None:
+        self.server, self.workers, self.clock, self.rec = server, workers, clock, recorder
+        self.traj = recorder.traj
+        self.jitter_rngs = [
+            np.random.default_rng(derive_seed(clock.seed, JITTER_KEY, w))
+            for w in range(len(workers))
+        ]
+
+    # -- helpers ----------------------------------------------------------------------------
+    def compute_seconds(self, worker: int, steps: int) -> float:
+        """Simulated compute time of a round in seconds: steps · pace · e^(σz − σ²/2), z ~ N(0, 1).
+
+        The factor has mean 1 because a lognormal's mean is E[e^(σz)] = e^(σ²/2).
+        """
+        sigma = self.clock.jitter
+        factor = 1.0
+        if sigma > 0:
+            z = float(self.jitter_rngs[worker].standard_normal())
+            factor = math.exp(sigma * z - 0.5 * sigma * sigma)
+        return steps * self.clock.paces[worker] * factor
+
+    def budget_reached(self) -> bool:
+        tb = self.clock.token_budget
+        return tb is not None and self.traj.tokens >= tb
+
+    def record_round(self, result: RoundResult, start: float, end: float) -> None:
+        rid = -1 if result.round_id is None else result.round_id
+        self.rec.record_round(
+            result.worker, rid, result.steps, result.tokens, result.mean_loss, start, end
+        )
+
+    def record_update(self, record: UpdateRecord) -> None:
+        self.rec.record_update(record, self.traj.time, self.traj.tokens)
+
+    def eval_now(self) -> None:
+        self.rec.eval_now(self.traj.time)
+
+    def maybe_eval(self) -> None:
+        self.rec.maybe_eval(self.traj.time)
+
+    def finish(self) -> Trajectory:
+        self.rec.finish(self.traj.time)
+        return self.traj
+
+    # -- async ------------------------------------------------------------------------------
+    def run_async(self) -> Trajectory:
+        heap: list[tuple[float, int]] = []
+        inflight: dict[int, tuple[Dispatch, float, float]] = {}
+        grace = self.server.cfg.grace_window
+        tbud = self.clock.time_budget
+
+        def start(w: int, t: float) -> None:
+            d = self.server.dispatch(w)
+            compute = self.compute_seconds(w, d.steps)
+            inflight[w] = (d, t, compute)
+            heapq.heappush(heap, (t + compute + self.clock.comm_delays[w], w))
+
+        for w in range(len(self.workers)):
+            start(w, 0.0)
+        self.eval_now()
+        window_end: float | None = None
+        waiting: list[int] = []
+        while True:
+            if window_end is not None and (not heap or heap[0][0] > window_end):
+                if tbud is not None and window_end > tbud:
+                    self.traj.stopped_by = "time"
+                    break
+                self.traj.time = window_end
+                for rec in self.server.flush():
+                    self.record_update(rec)
+                for w in waiting:
+                    start(w, window_end)
+                window_end, waiting = None, []
+                self.maybe_eval()
+                continue
+            if not heap or (tbud is not None and heap[0][0] > tbud):
+                self.traj.stopped_by = "time"
+                break
+            t, w = heapq.heappop(heap)
+            self.traj.time = t
+            d, t0, compute = inflight.pop(w)
+            result = self.workers[w].run_round(d.params, d.steps, d.revision, d.round_id)
+            if d.steps > 0 and compute > 0:
+                self.server.observe_speed(w, d.steps / compute)
+            self.record_round(result, t0, t)
+            applied = self.server.submit(result)
+            if applied is not None:
+                self.record_update(applied)
+                start(w, t)
+            else:
+                window_end = t + grace if window_end is None else window_end
+                waiting.append(w)
+            self.maybe_eval()
+            if self.budget_reached():
+                for rec in self.server.flush():
+                    self.record_update(rec)
+                self.traj.stopped_by = "tokens"
+                break
+        return self.finish()
+
+    # -- sync -------------------------------------------------------------------------------
+    def run_sync(self) -> Trajectory:
+        k = len(self.workers)
+        tbud = self.clock.time_budget
+        self.eval_now()
+        while not self.budget_reached():
+            now = self.traj.time
+            dispatches = [self.server.dispatch(w) for w in range(k)]
+            computes = [self.compute_seconds(w, d.steps) for w, d in enumerate(dispatches)]
+            ends = [now + c + self.clock.comm_delays[w] for w, c in enumerate(computes)]
+            round_end = max(ends)
+            if tbud is not None and round_end > tbud:
+                self.traj.stopped_by = "time"
+                break
+            record = None
+            for w in sorted(range(k), key=lambda i: (ends[i], i)):
+                d = dispatches[w]
+                result = self.workers[w].run_round(d.params, d.steps, d.revision, d.round_id)
+                if d.steps > 0 and computes[w] > 0:
+                    self.server.observe_speed(w, d.steps / computes[w])
+                self.record_round(result, now, ends[w])
+                record = self.server.submit(result) or record
+            self.traj.time = round_end
+            if record is None:
+                raise RuntimeError("sync round ended without an update")
+            self.record_update(record)
+            self.maybe_eval()
+        if self.budget_reached():
+            self.traj.stopped_by = "tokens"
+        return self.finish()
+
+
+def simulate(
+    server: Server,
+    workers: Sequence[RoundRunner],
+    clock: Clock,
+    evaluate: Evaluator,
+    writer: MetricsWriter | None = None,
+    stats: RunStats | None = None,
+    progress: Callable[[EvalPoint], None] | None = None,
+) -> Trajectory:
+    """Drive ``server`` and ``workers`` on the simulated clock until a budget is reached.
+
+    The server is told each worker's configured speed (1/pace) before the first dispatch, so
+    DyLU applies from the first round; afterwards it sees the measured (jittered) speed.
+    """
+    k = len(workers)
+    if len(clock.paces) != k or len(clock.comm_delays) != k:
+        raise ValueError("clock needs one pace and one comm delay per worker")
+    for w, pace in enumerate(clock.paces):
+        server.observe_speed(w, 1.0 / pace)
+    t0 = time.perf_counter()
+    steps = [server.steps_for(w) for w in range(k)]
+    recorder = Recorder(
+        server,
+        evaluate,
+        writer or MetricsWriter(None),
+        stats or RunStats(k),
+        max(round_seconds(steps, clock.paces, clock.comm_delays)),
+        clock.eval_every,
+        clock.eval_unit,
+        progress,
+    )
+    sim = _Sim(server, workers, clock, recorder)
+    traj = sim.run_sync() if server.cfg.synchronous else sim.run_async()
+    traj.loop_seconds = time.perf_counter() - t0
+    return traj
