@@ -360,7 +360,18 @@ def diagnostics(
             vals.append(spread(_num(r.correction.get(key)) for r in mr).fmt(".3f"))
         corr.append([m, *vals])
     lines += md_table(
-        ["method", "cos(Δ, m)", "kept", "shrunk", "rotated", "‖Δ̂−Δ‖/‖Δ‖", "mean λ", "mean β"], corr
+        [
+            "method",
+            "cos(Δ, m)",
+            "kept",
+            "shrunk",
+            "rotated",
+            "‖Δ̂−Δ‖/‖Δ‖",
+            "tensor mean ‖Δ̂−Δ‖/‖Δ‖",
+            "mean λ",
+            "mean β",
+        ],
+        corr,
     )
     return lines
 

@@ -45,6 +45,7 @@ class CorrectionSummary:
     frac_shrunk: float | None
     frac_rotated: float | None
     correction_size: float | None
+    tensor_correction_size: float | None
     mean_lambda: float | None
     mean_beta: float | None
 
@@ -85,6 +86,7 @@ class RunStats:
         "frac_shrunk",
         "frac_rotated",
         "correction_size",
+        "tensor_correction_size",
         "mean_lambda",
         "mean_beta",
     )

@@ -12,6 +12,8 @@ Invariant: ``revision`` equals the number of applied outer updates (len of ``log
 from __future__ import annotations
 
 import math
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -21,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from heloco.outer.base import Arrival, OptimizerState, OuterOptimizer, StepStats
 from heloco.types import Params, RoundResult, clone_params
 
+DyluReference = Literal["max", "quantile"]
 RejectReason = Literal[
     "duplicate", "superseded", "unknown", "evicted", "revision_mismatch", "bad_worker", "bad_delta"
 ]
@@ -34,7 +37,16 @@ class ServerConfig(BaseModel):
     n_workers: int = Field(ge=1)
     inner_steps: int = Field(20, ge=1, description="H, local steps per round")
     synchronous: bool = Field(False, description="barrier: collect all K, then one averaged step")
-    dylu: bool = Field(False, description="DyLU: H_w = floor(v_w / v_max * H), at least 1")
+    dylu: bool = Field(False, description="DyLU: H_w = floor(v_w / v_ref * H), in [1, H]")
+    dylu_reference: DyluReference = Field(
+        "max",
+        description="DyLU v_ref: the fastest worker's latest speed (Liu et al. 2024), or a "
+        "quantile of the recent speeds (the authors' production server)",
+    )
+    dylu_quantile: float = Field(0.9, gt=0, le=1, description="quantile of dylu_reference")
+    dylu_window: int | None = Field(
+        None, ge=1, description="recent speed observations the quantile sees (None: 4 per worker)"
+    )
     grace_window: float = Field(0.0, ge=0, description="apply arrivals in a window as a batch")
 
 
@@ -96,17 +108,31 @@ class _Outstanding:
     steps: int
 
 
-def dylu_steps(speeds: list[float | None], worker: int, inner_steps: int) -> int:
-    """DyLU local steps H_w = max(1, floor(v_w / v_ref · H)), v_ref = max known speed.
+def dylu_steps(
+    speeds: Sequence[float | None], worker: int, inner_steps: int, v_ref: float | None = None
+) -> int:
+    """DyLU local steps H_w = min(H, max(1, floor(v_w / v_ref · H))) (steps per second).
 
-    Liu et al. 2024 (Asynchronous Local-SGD), dynamic local updates; spec 2.4. A worker whose
-    speed is not yet known gets the full H.
+    Liu et al. 2024 (Asynchronous Local-SGD), dynamic local updates; spec 2.4. ``v_ref``
+    defaults to the maximum known speed. A worker whose speed is not yet known gets the full H.
+    The 1e-9 keeps a ratio that is an integer up to float rounding from dropping a step.
     """
     known = [v for v in speeds if v is not None and v > 0]
     v = speeds[worker]
-    if v is None or v <= 0 or not known:
+    ref = max(known) if v_ref is None and known else v_ref
+    if v is None or v <= 0 or ref is None or ref <= 0:
         return inner_steps
-    return max(1, math.floor(v / max(known) * inner_steps + 1e-9))
+    return min(inner_steps, max(1, math.floor(v / ref * inner_steps + 1e-9)))
+
+
+def quantile_speed(pool: Sequence[float], q: float) -> float | None:
+    """The q-quantile of a speed pool as the authors' production server takes it:
+    sorted(pool)[ceil(q·(n−1))] (an upper order statistic; the max for n ≤ 1/(1−q)).
+    None for an empty pool."""
+    if not pool:
+        return None
+    ordered = sorted(pool)
+    return ordered[math.ceil(q * (len(ordered) - 1))]
 
 
 class Server:
@@ -119,6 +145,7 @@ class Server:
         self.revision = 0
         self.log: list[UpdateRecord] = []
         self.speeds: list[float | None] = [None] * cfg.n_workers
+        self.speed_pool: deque[float] = deque(maxlen=cfg.dylu_window or 4 * cfg.n_workers)
         self._next_round = [0] * cfg.n_workers
         self._last_accepted = [-1] * cfg.n_workers
         self._outstanding: dict[int, _Outstanding] = {}
@@ -127,17 +154,27 @@ class Server:
 
     # -- dispatch ---------------------------------------------------------------------------
     def observe_speed(self, worker: int, steps_per_second: float) -> None:
-        """Record a worker's measured speed (inner steps per second) for DyLU."""
+        """Record a worker's measured speed (inner steps per second) for DyLU: its latest
+        speed, and one entry of the pool of recent speeds."""
         self._check_worker(worker)
         if not steps_per_second > 0:
             raise ValueError(f"speed must be > 0, got {steps_per_second}")
         self.speeds[worker] = float(steps_per_second)
+        self.speed_pool.append(float(steps_per_second))
+
+    def reference_speed(self) -> float | None:
+        """DyLU's v_ref in steps per second: the fastest latest speed, or the configured
+        quantile of the recent-speed pool; None while no speed is known."""
+        if self.cfg.dylu_reference == "quantile":
+            return quantile_speed(self.speed_pool, self.cfg.dylu_quantile)
+        known = [v for v in self.speeds if v is not None]
+        return max(known) if known else None
 
     def steps_for(self, worker: int) -> int:
         """Local steps the worker's next round gets (H, or DyLU's H_w)."""
         if not self.cfg.dylu:
             return self.cfg.inner_steps
-        return dylu_steps(self.speeds, worker, self.cfg.inner_steps)
+        return dylu_steps(self.speeds, worker, self.cfg.inner_steps, self.reference_speed())
 
     def dispatch(self, worker: int) -> Dispatch:
         """Hand ``worker`` its start point; supersedes any earlier outstanding round of it."""
@@ -281,6 +318,7 @@ class Server:
             "revision": self.revision,
             "optimizer": opt.meta,
             "speeds": self.speeds,
+            "speed_pool": list(self.speed_pool),
             "next_round": self._next_round,
             "last_accepted": self._last_accepted,
             "outstanding": {str(w): asdict(o) for w, o in self._outstanding.items()},
@@ -306,6 +344,8 @@ class Server:
         self.optimizer.load_state_dict(OptimizerState(opt_tensors, meta["optimizer"]))
         self.revision = int(meta["revision"])
         self.speeds = [None if s is None else float(s) for s in meta["speeds"]]
+        self.speed_pool.clear()
+        self.speed_pool.extend(float(s) for s in meta.get("speed_pool", []))
         self._next_round = [int(x) for x in meta["next_round"]]
         self._last_accepted = [int(x) for x in meta["last_accepted"]]
         self._outstanding = {int(w): _Outstanding(**o) for w, o in meta["outstanding"].items()}

@@ -47,8 +47,10 @@ def test_shrink_removes_part_of_the_anti_aligned_component() -> None:
 
 
 def test_shrink_is_capped_at_beta_max() -> None:
+    # β = β_max = 0.5 removes half of the anti-aligned part; the prototype's shrink is
+    # Δ − β (Δ·m)/(‖m‖+ε)² m, so ε shows at ‖m‖ = 1e-3: (1e-3/(1e-3 + 1e-8))² = 1 − 2e-5.
     out, _ = one(t(-1.0, 0.0), t(1e-3, 0.0), k_s=100.0, kappa=0.0)
-    close(out, t(-0.5, 0.0))  # β = β_max = 0.5 removes half of the anti-aligned part
+    close(out, t(-1.0 + 0.5 * (1e-3 / (1e-3 + 1e-8)) ** 2, 0.0))
 
 
 def test_rotate_published_lambda() -> None:

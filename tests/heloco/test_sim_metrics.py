@@ -91,7 +91,7 @@ def test_writer_appends_lines_and_writes_summary_atomically(tmp_path: Path) -> N
             language_shares={"de": 1.0},
             staleness_mean=[0.0],
             staleness_max=[0],
-            correction=CorrectionSummary(None, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0),
+            correction=CorrectionSummary(None, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
         )
         w.write_summary(summary)
     lines = (tmp_path / EVENTS_FILE).read_text().splitlines()

@@ -41,7 +41,9 @@ class StepStats:
     ``cos_delta_momentum`` is the whole-model cosine between the weighted update and the
     momentum *before* the step (nan while the momentum is zero). Fractions count parameter
     tensors (blocks); ``mean_lambda`` / ``mean_beta`` average over all blocks, 0 where the case
-    did not apply. ``correction_size`` is ||Δ̂ − Δ|| / ||Δ|| over the whole model.
+    did not apply. ``correction_size`` is ||Δ̂ − Δ|| / ||Δ|| over the whole model;
+    ``tensor_correction_size`` is the mean over tensors of ||Δ̂_b − Δ_b|| / ||Δ_b|| (the
+    authors' notebook reports this one).
     """
 
     rho: float
@@ -51,6 +53,7 @@ class StepStats:
     frac_shrunk: float = 0.0
     frac_rotated: float = 0.0
     correction_size: float = 0.0
+    tensor_correction_size: float = 0.0
     mean_lambda: float = 0.0
     mean_beta: float = 0.0
 

@@ -44,7 +44,10 @@ class BlockGeometry:
 
 @dataclass(frozen=True)
 class BlockUpdate:
-    """G_b = a_b Δ_b + b_b m_b per block, plus the correction's case counts and strengths."""
+    """G_b = a_b Δ_b + b_b m_b per block, plus the correction's case counts and strengths.
+
+    ``size`` is each block's correction size ‖Δ̂_b − Δ_b‖/‖Δ_b‖ (0 without correction).
+    """
 
     a: torch.Tensor
     b: torch.Tensor
@@ -53,6 +56,7 @@ class BlockUpdate:
     rotated: torch.Tensor
     lam: torch.Tensor
     beta: torch.Tensor
+    size: torch.Tensor
 
 
 def uncorrected(weight: float, n_blocks: int) -> BlockUpdate:
@@ -66,6 +70,7 @@ def uncorrected(weight: float, n_blocks: int) -> BlockUpdate:
         rotated=torch.zeros(n_blocks, dtype=torch.bool),
         lam=zeros,
         beta=zeros,
+        size=zeros,
     )
 
 
@@ -156,6 +161,7 @@ def _stats(geometry: BlockGeometry, upd: BlockUpdate, weight: float) -> StepStat
         frac_shrunk=float(upd.shrunk.sum()) / n,
         frac_rotated=float(upd.rotated.sum()) / n,
         correction_size=size,
+        tensor_correction_size=float(upd.size.mean()),
         mean_lambda=float(upd.lam.mean()),
         mean_beta=float(upd.beta.mean()),
     )
