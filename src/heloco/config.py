@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from heloco.sim import SimConfig, parse_sim_config
-from shardmeter.errors import UserInputError
+from heloco.sim import OUTER_ALIASES, SimConfig, fold_outer_aliases, parse_sim_config
+from shardmeter.errors import UserInputError, check_known_keys
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -60,7 +60,7 @@ def resolve_inheritance(data: Mapping[str, Any], depth: int = 0) -> dict[str, An
     """Merge ``data`` over the preset it names (recursively), metadata keys removed."""
     if depth > 8:
         raise UserInputError("preset", data.get("preset"), "a preset chain without cycles")
-    out = {k: copy.deepcopy(v) for k, v in data.items() if k not in META_KEYS}
+    out = fold_outer_aliases({k: copy.deepcopy(v) for k, v in data.items() if k not in META_KEYS})
     parent = data.get("preset")
     if parent is None:
         return out
@@ -121,12 +121,20 @@ def _nulls_to_none(x: Any) -> Any:
     return x
 
 
+def canonical_key(key: str) -> str:
+    """The stored spelling of a dotted key (``rho`` -> ``outer.rho``), so each layer's value
+    of one knob replaces the one below whichever spelling either used."""
+    return f"outer.{OUTER_ALIASES[key]}" if key in OUTER_ALIASES else key
+
+
 def config_values(
     path: Path | None = None,
     preset: str | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The merged raw values: preset (or file, which may name its own preset), then overrides.
+
+    Precedence, lowest first: preset < file < overrides (``--set`` and flags).
 
     With neither a file nor a preset, the ``default`` preset is the base.
     """
@@ -135,7 +143,7 @@ def config_values(
     raw = read_toml(path) if path is not None else {"preset": preset or DEFAULT_PRESET}
     data = resolve_inheritance(raw)
     for key, value in (overrides or {}).items():
-        set_dotted(data, key, value)
+        set_dotted(data, canonical_key(key), value)
     return _nulls_to_none(data)
 
 
@@ -144,8 +152,13 @@ def load_config(
     preset: str | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> SimConfig:
-    """A validated :class:`SimConfig` from a preset or file plus dotted-key overrides."""
-    return parse_sim_config(config_values(path, preset, overrides))
+    """A validated :class:`SimConfig` from a preset or file plus dotted-key overrides.
+
+    A misspelt key is a one-line error with the close matches (``inner.lrr`` -> ``inner.lr``).
+    """
+    values = config_values(path, preset, overrides)
+    check_known_keys(values, SimConfig)
+    return parse_sim_config(values)
 
 
 # -- writing ------------------------------------------------------------------------------------

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 
@@ -70,3 +74,66 @@ def _model_class_names() -> set[str]:
         names.add(cls.__name__)
         todo += cls.__subclasses__()
     return names
+
+
+def did_you_mean(name: str, choices: Iterable[str], n: int = 3) -> str:
+    """``"did you mean a, b?"`` for the close matches of ``name`` among ``choices``, else ""."""
+    close = difflib.get_close_matches(name, list(choices), n=n, cutoff=0.6)
+    return f"did you mean {', '.join(close)}?" if close else ""
+
+
+def check_known_keys(values: Mapping[str, Any], model: type[Any], prefix: str = "") -> None:
+    """Raise a one-line UserInputError for the first key of ``values`` (nested tables too)
+    that ``model`` (a pydantic model with ``extra="forbid"``, or a dataclass) does not know,
+    with the close matches among its dotted keys; pydantic only says "Extra inputs are not
+    permitted"."""
+    fields = _fields(model)
+    if fields is None:
+        return
+    for key, value in values.items():
+        dotted = f"{prefix}{key}"
+        if key not in fields:
+            hint = did_you_mean(dotted, _dotted_keys(model, prefix)) or did_you_mean(key, fields)
+            raise UserInputError(dotted, value, "unknown key" + (f"; {hint}" if hint else ""))
+        tables = _table_types(fields[key])
+        if isinstance(value, Mapping) and tables:
+            errors: list[UserInputError] = []
+            for table in tables:
+                try:
+                    check_known_keys(value, table, dotted + ".")
+                    break
+                except UserInputError as exc:
+                    errors.append(exc)
+            else:
+                raise errors[0]
+
+
+def _fields(cls: type[Any]) -> dict[str, Any] | None:
+    """Field name -> annotation of a strict table type (pydantic extra="forbid", or a
+    dataclass); None where extra keys are allowed."""
+    if dataclasses.is_dataclass(cls):
+        hints = typing.get_type_hints(cls)
+        return {f.name: hints.get(f.name) for f in dataclasses.fields(cls)}
+    config = getattr(cls, "model_config", None)
+    if isinstance(config, dict) and config.get("extra") == "forbid":
+        return {name: info.annotation for name, info in cls.model_fields.items()}
+    return None
+
+
+def _table_types(annotation: Any) -> list[type[Any]]:
+    """The table types in an annotation (``str | ModelConfig`` -> [ModelConfig])."""
+    if isinstance(annotation, type) and _fields(annotation) is not None:
+        return [annotation]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return [t for arg in typing.get_args(annotation) for t in _table_types(arg)]
+    return []
+
+
+def _dotted_keys(model: type[Any], prefix: str = "") -> list[str]:
+    """Every dotted key a table type accepts (nested tables spelled ``table.key``)."""
+    out: list[str] = []
+    for name, annotation in (_fields(model) or {}).items():
+        out.append(prefix + name)
+        for table in _table_types(annotation):
+            out += _dotted_keys(table, f"{prefix}{name}.")
+    return out

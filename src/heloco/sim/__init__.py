@@ -31,9 +31,12 @@ from heloco.sim.clock import (
 from heloco.sim.config import (
     JITTER_KEY,
     MODEL_KEY,
+    OUTER_ALIASES,
     PACE_KEY,
+    PACE_RULE,
     PaceDistribution,
     SimConfig,
+    fold_outer_aliases,
     parse_sim_config,
 )
 from heloco.sim.loop import RoundRunner, simulate
@@ -44,7 +47,9 @@ __all__ = [
     "CONFIG_FILE",
     "JITTER_KEY",
     "MODEL_KEY",
+    "OUTER_ALIASES",
     "PACE_KEY",
+    "PACE_RULE",
     "Clock",
     "Evaluator",
     "PaceDistribution",
@@ -57,6 +62,7 @@ __all__ = [
     "build_run",
     "build_server",
     "expected_worker_steps",
+    "fold_outer_aliases",
     "initial_model",
     "loss_at_time_budget",
     "model_config_for",

@@ -11,13 +11,44 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from heloco.data import DataConfig
 from heloco.model import ModelConfig
 from heloco.outer import OuterConfig, resolve_method
-from heloco.outer.base import RhoMode
 from heloco.worker import InnerConfig
 from shardmeter.errors import UserInputError, from_pydantic
 
 PACE_KEY = 10  # derive_seed keys of the simulator's own random streams
 JITTER_KEY = 11
 MODEL_KEY = 12
+
+
+PACE_RULE = "seconds per inner step: finite numbers > 0, comma-separated, e.g. 1,1,2"
+
+# Top-level spellings accepted for three ``[outer]`` keys; ``[outer]`` is the one stored.
+OUTER_ALIASES: dict[str, str] = {"outer_lr": "lr", "outer_momentum": "momentum", "rho": "rho"}
+
+
+def fold_outer_aliases(values: Any) -> Any:
+    """Move top-level ``outer_lr``/``outer_momentum``/``rho`` into the ``outer`` table.
+
+    One spelling per knob: the alias and ``outer.<key>`` name the same setting, so a
+    None alias is no setting and two different values are an error, never a silent winner.
+    """
+    if not isinstance(values, dict) or not any(k in values for k in OUTER_ALIASES):
+        return values
+    out = dict(values)
+    outer = out.get("outer", {})
+    if not isinstance(outer, dict):
+        return values  # not a table: the field's own validation names it
+    outer = dict(outer)
+    for alias, key in OUTER_ALIASES.items():
+        value = out.pop(alias, None)
+        if value is None:
+            continue
+        if outer.get(key) is not None and outer[key] != value:
+            raise UserInputError(
+                alias, value, f"set outer.{key} or {alias}, not both (outer.{key} = {outer[key]!r})"
+            )
+        outer[key] = value
+    out["outer"] = outer
+    return out
 
 
 class PaceDistribution(BaseModel):
@@ -31,7 +62,8 @@ class PaceDistribution(BaseModel):
 
 
 class SimConfig(BaseModel):
-    """One simulated run. ``outer_lr``/``outer_momentum``/``rho`` override ``outer``'s."""
+    """One simulated run. ``outer_lr``, ``outer_momentum`` and ``rho`` are accepted as
+    spellings of ``outer.lr``, ``outer.momentum`` and ``outer.rho`` (see fold_outer_aliases)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -43,9 +75,6 @@ class SimConfig(BaseModel):
     pace_jitter: float = Field(0.0, ge=0, description="σ of a mean-1 lognormal per-round factor")
     comm_delays: list[float] | None = Field(None, description="seconds added to each round")
     inner_steps: int = Field(20, ge=1, description="H")
-    outer_lr: float | None = Field(None, gt=0, description="None: Table 3 default of the method")
-    outer_momentum: float = Field(0.9, ge=0, lt=1)
-    rho: RhoMode | float | None = Field(None, description="None: the method's default")
     outer: OuterConfig = OuterConfig()
     dylu: bool | None = Field(None, description="None: the method's default (dn-dylu: on)")
     grace_window: float = Field(0.0, ge=0, description="seconds; 0 = fully asynchronous")
@@ -67,6 +96,11 @@ class SimConfig(BaseModel):
     out_dir: Path | None = None
     device: str = "cpu"
 
+    @model_validator(mode="before")
+    @classmethod
+    def _aliases(cls, values: Any) -> Any:
+        return fold_outer_aliases(values)
+
     @model_validator(mode="after")
     def _check(self) -> SimConfig:
         resolve_method(self.method)
@@ -74,21 +108,20 @@ class SimConfig(BaseModel):
             raise UserInputError("token_budget", None, "set token_budget and/or time_budget")
         for name in ("paces", "comm_delays"):
             values = getattr(self, name)
-            if isinstance(values, list):
-                if len(values) != self.workers:
-                    need = f"{self.workers} values, one per worker (workers = {self.workers})"
-                    raise UserInputError(name, values, need)
-                if any(not math.isfinite(v) or v < 0 for v in values):
-                    raise UserInputError(name, values, "finite values >= 0")
-        if isinstance(self.paces, list) and any(p <= 0 for p in self.paces):
-            raise UserInputError("paces", self.paces, "seconds per step > 0")
+            if isinstance(values, list) and len(values) != self.workers:
+                need = f"{self.workers} values, one per worker (workers = {self.workers})"
+                raise UserInputError(name, values, need)
+        if isinstance(self.paces, list) and not all(math.isfinite(p) and p > 0 for p in self.paces):
+            raise UserInputError("paces", self.paces, PACE_RULE)
+        if isinstance(self.comm_delays, list) and not all(
+            math.isfinite(d) and d >= 0 for d in self.comm_delays
+        ):
+            raise UserInputError("comm_delays", self.comm_delays, "finite seconds >= 0")
         return self
 
     def outer_config(self) -> OuterConfig:
-        """The outer settings with the top-level overrides applied."""
-        return self.outer.model_copy(
-            update={"lr": self.outer_lr, "momentum": self.outer_momentum, "rho": self.rho}
-        )
+        """The outer-optimizer settings (``[outer]``, top-level aliases folded in)."""
+        return self.outer
 
     def use_dylu(self) -> bool:
         """Whether DyLU inner steps apply: the explicit ``dylu`` field, else the method's default."""
