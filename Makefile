@@ -18,7 +18,7 @@ demo: $(STAMP)
 	mkdir -p out
 	$(BIN)/shardmeter predict
 	$(BIN)/shardmeter plan --topology eight-heterogeneous --plot out/plan-eight-heterogeneous.png
-	$(BIN)/heloco simulate --out-dir out/heloco-default
+	$(BIN)/heloco simulate --out out/heloco-default
 
 plots: $(STAMP)
 	$(BIN)/python benchmarks/islands_plots.py

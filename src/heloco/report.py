@@ -1,6 +1,6 @@
 """Tables and plots from run folders (``events.jsonl`` + ``summary.json`` + ``config.json``).
 
-A run folder is what ``heloco simulate --out-dir`` or ``heloco serve`` writes (schema in
+A run folder is what ``heloco simulate --out`` or ``heloco serve`` writes (schema in
 docs/heloco-metrics.md). Comparing runs that stopped at different points is done at the
 common budget: the largest token count (and simulated time) that every run reached, with the
 loss linearly interpolated between evaluations.

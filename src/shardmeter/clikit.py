@@ -7,6 +7,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+from typing import NoReturn
 
 from shardmeter.errors import UserInputError
 
@@ -21,11 +22,18 @@ def load_command(package: str, name: str) -> ModuleType | None:
         raise
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line (no usage block), as all user errors."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(
     prog: str, description: str, package: str, commands: Sequence[str]
 ) -> argparse.ArgumentParser:
     """A parser with one subparser per command module that exists, in `commands` order."""
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser = OneLineParser(prog=prog, description=description)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in commands:
         module = load_command(package, name)

@@ -29,7 +29,7 @@ def parse(*argv: str) -> object:
 
 def test_default_preset_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
-    rc = main(["simulate", *FAST, "--out-dir", str(out), "--json"])
+    rc = main(["simulate", *FAST, "--out", str(out), "--json"])
     assert rc == 0
     printed = json.loads(capsys.readouterr().out)
     summary = json.loads((out / "summary.json").read_text())
@@ -39,6 +39,10 @@ def test_default_preset_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture
     assert (out / "events.jsonl").stat().st_size > 0
     # the written config reloads to the config that ran
     assert load_config(out / "config.toml").token_budget == 5120
+
+
+def test_out_dir_is_an_alias_of_out(tmp_path: Path) -> None:
+    assert parse("--out-dir", str(tmp_path)).out == tmp_path  # type: ignore[attr-defined]
 
 
 def test_progress_bar_run_prints_summary(capsys: pytest.CaptureFixture[str]) -> None:
@@ -72,7 +76,7 @@ def test_preset_flag_and_config_file(tmp_path: Path) -> None:
     assert cfg.model == "tiny" and cfg.inner.lr == 1e-3
     path = tmp_path / "mine.toml"
     path.write_text('preset = "paper-regime"\nmethod = "mla"\n[inner]\nbatch_size = 3\n')
-    cfg = build_config(parse(str(path), "--seed", "5"))  # type: ignore[arg-type]
+    cfg = build_config(parse("--config", str(path), "--seed", "5"))  # type: ignore[arg-type]
     assert (cfg.method, cfg.inner.batch_size, cfg.seed) == ("mla", 3, 5)
     assert cfg.data.tokenizer == "bpe"  # inherited from the preset
 
@@ -136,7 +140,8 @@ def test_unknown_preset_and_bad_set(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert "config" in one_line_error(capsys, ["simulate", str(tmp_path / "absent.toml")])
+    err = one_line_error(capsys, ["simulate", "--config", str(tmp_path / "absent.toml")])
+    assert "config" in err and "absent.toml" in err
 
 
 def test_unknown_or_absent_device(capsys: pytest.CaptureFixture[str]) -> None:
@@ -145,3 +150,17 @@ def test_unknown_or_absent_device(capsys: pytest.CaptureFixture[str]) -> None:
     if not torch.cuda.is_available():
         err = one_line_error(capsys, ["simulate", "--set", "device=cuda", "--quiet"])
         assert err == "heloco: error: device: got 'cuda'; cpu (no CUDA device is available here)"
+
+
+def test_set_typo_gets_suggestions(capsys: pytest.CaptureFixture[str]) -> None:
+    err = one_line_error(capsys, ["simulate", "--set", "inner.lrr=3"])
+    assert err.startswith("heloco: error: inner.lrr: got 3; unknown key; did you mean inner.lr")
+    err = one_line_error(capsys, ["simulate", "--set", "pace_jiter=0.1"])
+    assert "did you mean pace_jitter?" in err
+
+
+def test_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", "my.toml"])  # the config is --config now, no longer positional
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1 and "my.toml" in err

@@ -23,7 +23,7 @@ TINY = [
 def two_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("runs")
     for method, paces in (("heloco", "1,1,2"), ("sync", "1,1,2")):
-        rc = main([*TINY, "--method", method, "--paces", paces, "--out-dir", str(root / method)])
+        rc = main([*TINY, "--method", method, "--paces", paces, "--out", str(root / method)])
         assert rc == 0
     return root
 

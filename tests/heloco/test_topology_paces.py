@@ -163,7 +163,7 @@ def test_cli_simulate_takes_paces_from_a_topology(tmp_path: Path) -> None:
 
     out = tmp_path / "run"
     argv = ["simulate", "--topology", "two-clouds", "--token-budget", "2048", "--eval-every",
-            "1024", "--out-dir", str(out), "--quiet", "--json"]  # fmt: skip
+            "1024", "--out", str(out), "--quiet", "--json"]  # fmt: skip
     assert main(argv) == 0
     recorded = read_pace_map(out)
     assert recorded is not None and recorded.paces == pace_map("two-clouds").paces

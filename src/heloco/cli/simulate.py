@@ -1,4 +1,4 @@
-"""`heloco simulate [CONFIG.toml]`: one simulated run (real training, simulated clock).
+"""`heloco simulate [--config CONFIG.toml]`: one simulated run (real training, simulated clock).
 
 Without CONFIG it runs the ``default`` preset (built-in synthetic corpus, tiny model, well
 under a minute on 2 cores). Every config key can be overridden: the common ones have flags,
@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,12 +18,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from heloco import topology as topology_flags
+from heloco.cli.common import add_config_args, add_out, load_run_config, parse_paces, set_overrides
 from heloco.config import (
     atomic_write_text,
     config_to_toml,
-    load_config,
-    parse_assignment,
-    preset_names,
 )
 from heloco.metrics import EvalPoint
 from heloco.outer import resolve_method
@@ -48,8 +45,8 @@ FLAG_KEYS: dict[str, str] = {
     "time_budget": "time_budget",
     "model": "model",
     "eval_every": "eval_every",
-    "out_dir": "out_dir",
-    "outer_lr": "outer_lr",
+    "out": "out_dir",
+    "outer_lr": "outer.lr",
 }
 
 
@@ -59,10 +56,9 @@ def add_parser(sub: Any) -> None:
         help="simulate asynchronous training with heterogeneous workers",
         description="Train for real on a simulated clock: workers with per-step paces, "
         "arrivals in finish-time order. Writes events.jsonl, summary.json and config.toml "
-        "to --out-dir (read them with `heloco report`).",
+        "to --out (read them with `heloco report`).",
     )
-    p.add_argument("config", nargs="?", type=Path, help="TOML config (default: --preset)")
-    p.add_argument("--preset", help=f"shipped preset: {', '.join(preset_names())}")
+    add_config_args(p)
     p.add_argument("--method", help="one of " + ", ".join(method_names()))
     p.add_argument("--workers", type=int, help="number of workers K")
     p.add_argument("--paces", help="seconds per inner step per worker, e.g. 1,1,1,2,2")
@@ -77,8 +73,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--model", help="model preset: tiny, small, paper, ...")
     p.add_argument("--eval-every", type=int, help="training tokens between evaluations")
     p.add_argument("--outer-lr", type=float, help="outer learning rate (default: Table 3)")
-    p.add_argument("--out-dir", help="run folder for metrics (default: none written)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any config key")
+    add_out(p, "run folder for events.jsonl, summary.json, config.toml (default: none)")
     p.add_argument(
         "--threads",
         type=int,
@@ -92,22 +87,9 @@ def add_parser(sub: Any) -> None:
     topology_flags.add_arguments(p)
 
 
-def parse_paces(text: str) -> list[float]:
-    """``"1,1,2"`` -> ``[1.0, 1.0, 2.0]``; anything else is a one-line error."""
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise UserInputError(
-            "paces", text, "comma-separated seconds per step, e.g. 1,1,2"
-        ) from None
-    if not values:
-        raise UserInputError("paces", text, "comma-separated seconds per step, e.g. 1,1,2")
-    return values
-
-
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """Dotted-key overrides: ``--set`` items first, dedicated flags win over them."""
-    out: dict[str, Any] = dict(parse_assignment(item) for item in args.set)
+    out: dict[str, Any] = set_overrides(args)
     for dest, key in FLAG_KEYS.items():
         value = getattr(args, dest, None)
         if value is None:
@@ -122,7 +104,7 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def build_config(args: argparse.Namespace) -> SimConfig:
     overrides = topology_flags.apply(args, overrides_from_args(args))
-    return load_config(args.config, args.preset, overrides)
+    return load_run_config(args, overrides)
 
 
 def run(args: argparse.Namespace) -> int:
