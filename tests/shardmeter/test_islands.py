@@ -290,3 +290,17 @@ def test_stragglers_wait_in_sync_modes_and_never_in_async(
             assert isl.straggler_s > 0
     if len(set(times)) > 1:
         assert est.time_shares["straggler wait"] > 0
+
+
+def test_step_estimate_reports_the_backward_window() -> None:
+    """The window a bucketed gradient exchange can hide behind: the last micro-batch's backward
+    (about twice its forward), so less than the step and more than half its compute."""
+    from shardmeter.estimate.step import estimate_step
+    from shardmeter.predict import resolve_cluster, resolve_model
+    from shardmeter.specs.plan import Plan
+
+    model, cluster = resolve_model("llama-3.1-8b"), resolve_cluster("dgx-h100")
+    one = estimate_step(model, cluster, Plan(dp=8, sharding="zero3", global_batch=8))
+    four = estimate_step(model, cluster, Plan(dp=8, sharding="zero3", global_batch=32))
+    assert 0.5 * one.time_breakdown["compute"] < one.backward_window_s < one.step_time_s
+    assert four.backward_window_s == pytest.approx(one.backward_window_s, rel=1e-9)

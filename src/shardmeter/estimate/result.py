@@ -53,6 +53,9 @@ class StepArrays:
     comm_bytes: dict[str, FloatArray] = field(
         default_factory=dict
     )  # per-GPU bytes per step by kind
+    # Backward (incl. recompute) of the step's last micro-batch, seconds: the window a gradient
+    # exchange issued bucket by bucket during that backward can hide behind (C.7).
+    backward_window_s: FloatArray | None = None
 
     @property
     def tokens_per_s(self) -> FloatArray:
@@ -110,6 +113,7 @@ class StepEstimate:
     bottleneck: str  # the largest non-compute component, or "compute"
     regime: str  # "compute-bound" or "communication-bound (<link>)"
     comm_bytes: dict[str, float] = field(default_factory=dict)
+    backward_window_s: float = 0.0  # last micro-batch's backward + recompute, seconds
 
     @property
     def memory_headroom_bytes(self) -> float:

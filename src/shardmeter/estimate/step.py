@@ -249,6 +249,7 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
         peak_flops_per_gpu=_finish(peak * 1e12, zeros),
         hbm_bytes=np.full(shape, acc.hbm_bytes),
         comm_bytes=comm_bytes,
+        backward_window_s=_finish(bwd_window, zeros),
     )
 
 
@@ -310,6 +311,7 @@ def view(arrays: StepArrays, index: int, cluster: Cluster, plan: Plan) -> StepEs
         bottleneck=bottleneck,
         regime=regime,
         comm_bytes={k: at(v) for k, v in arrays.comm_bytes.items()},
+        backward_window_s=0.0 if arrays.backward_window_s is None else at(arrays.backward_window_s),
     )
 
 
