@@ -8,6 +8,9 @@ The public API (imported lazily, so `heloco --help` does not pay for torch):
 - `SimConfig`, `run_simulation(cfg)` -> `RunResult`; `load_config(path, preset, overrides)`;
 - `Server`, `build_optimizer(method, ...)`, `method_names()`;
 - `Worker`, `InnerConfig`, `TinyGPT`, `ModelConfig`, `DataConfig`, `build_data(...)`;
+- your own training loop: `OuterLoop(model, optimizer, link)` around it, with
+  `connect(address, worker)` (a `heloco serve`) or `LocalLink(server, worker)`; `Rounds`,
+  the round boundary every worker loop shares;
 - `load_runs(dirs)`, `plot_runs(runs, out_dir)`: the report of `heloco report`;
 - `pace_map(topology)` (ShardMeter topology -> worker paces), `plan_to_train(run_dirs, ...)`.
 """
@@ -28,6 +31,10 @@ _EXPORTS: dict[str, str] = {
     "method_names": "heloco.outer.registry",
     "Worker": "heloco.worker",
     "InnerConfig": "heloco.worker",
+    "OuterLoop": "heloco.outer_loop",
+    "LocalLink": "heloco.outer_loop",
+    "Rounds": "heloco.rounds",
+    "connect": "heloco.net.link",
     "TinyGPT": "heloco.model",
     "ModelConfig": "heloco.model",
     "DataConfig": "heloco.data",

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -24,11 +23,12 @@ from torch import nn
 from heloco.data.seeding import derive_seed
 from heloco.data.stream import TokenStream
 from heloco.data.validation import LossFn, token_cross_entropy
+from heloco.rounds import Rounds, StateDict
+from heloco.server import Dispatch
 from heloco.types import Params, RoundResult
 from shardmeter.errors import UserInputError
 
 SAMPLER_KEY = 2  # derive_seed key of a worker's batch sampler
-ADAMW_STATE_KEYS = ("step", "exp_avg", "exp_avg_sq")
 
 
 def check_device(device: str) -> None:
@@ -105,13 +105,18 @@ def cosine_lr(step: int, cfg: InnerConfig) -> float:
 
 
 class Worker:
-    """Runs rounds of inner steps on its own stream and returns pseudo-gradients.
+    """The reference inner loop: H AdamW steps on the worker's own stream per round.
 
     Works with any ``nn.Module``; the default loss is next-token cross-entropy on ``(B, T, V)``
     logits, ``loss_fn(model, inputs, targets)`` replaces it. ``on_step(i)``, if given, is
     called after the ``i``-th inner step of a round (0-based), e.g. to pace a slower machine.
-    Batches are seeded by ``(seed, worker_id)``. Several workers may share one model object: each round loads its
-    start point first, and each worker keeps its own optimiser state.
+    Batches are seeded by ``(seed, worker_id)``. Several workers may share one model object:
+    each round loads its start point first, and each worker keeps its own optimiser state.
+
+    The round boundary (load the dispatch, reset or keep AdamW, Δ, schedule and data
+    position) is :class:`heloco.rounds.Rounds`, the same object a user's own loop drives
+    through :class:`heloco.outer_loop.OuterLoop`; this class adds only the sampler, the cosine
+    learning rate and the loss.
     """
 
     def __init__(
@@ -132,19 +137,35 @@ class Worker:
         self.sampler = stream.sampler(
             cfg.batch_size, cfg.seq_len, seed=derive_seed(seed, SAMPLER_KEY, worker_id)
         )
-        self.step = 0  # position in the cosine schedule (inner steps taken so far)
-        self.rounds = 0
-        self._named = list(model.named_parameters())
-        if not self._named:
-            raise ValueError("the model has no parameters")
-        self._trainable = [p for _, p in self._named if p.requires_grad]
-        self._device = self._named[0][1].device
-        self._optimizer: torch.optim.AdamW | None = None
+        self._trainable = [p for p in model.parameters() if p.requires_grad]
+        self.boundary = Rounds(
+            worker_id,
+            model,
+            self.new_optimizer(),
+            reset_optimizer=cfg.reset_each_round,
+            data=self.sampler,
+        )
+        self._on_cpu = self.boundary.device.type == "cpu"
 
     @property
-    def optimizer(self) -> torch.optim.AdamW | None:
-        """The inner AdamW of the current (or last) round; None before the first round."""
-        return self._optimizer
+    def step(self) -> int:
+        """Position in the cosine schedule (inner steps taken so far)."""
+        return self.boundary.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.boundary.step = value
+
+    @property
+    def rounds(self) -> int:
+        """Rounds completed."""
+        return self.boundary.rounds
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The inner AdamW (its state is cleared each round unless ``reset_each_round`` is off)."""
+        assert self.boundary.optimizer is not None
+        return self.boundary.optimizer
 
     def new_optimizer(self) -> torch.optim.AdamW:
         """A fresh AdamW over the trainable parameters (fused kernel where available)."""
@@ -152,29 +173,45 @@ class Worker:
         kind = {"fused": True} if cfg.fused else {"foreach": True}
         return torch.optim.AdamW(
             self._trainable,
-            lr=cosine_lr(self.step, cfg),
+            lr=cosine_lr(0, cfg),
             betas=cfg.betas,
             eps=cfg.eps,
             weight_decay=cfg.weight_decay,
             **kind,
         )
 
-    def optimizer_for_round(self) -> torch.optim.AdamW:
-        """Fresh state each round (paper default) or the one kept from earlier rounds."""
-        if self.cfg.reset_each_round or self._optimizer is None:
-            self._optimizer = self.new_optimizer()
-        return self._optimizer
+    def inner_step(self) -> torch.Tensor:
+        """One AdamW step at the schedule's current rate on the next batch; returns the loss
+        (on the device, not synchronised). Does not count the step: the caller does."""
+        model, cfg, opt = self.model, self.cfg, self.optimizer
+        lr = cosine_lr(self.boundary.step, cfg)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        inputs, targets = self.sampler.next()
+        if not self._on_cpu:
+            inputs = inputs.to(self.boundary.device, non_blocking=True)
+            targets = targets.to(self.boundary.device, non_blocking=True)
+        loss = self.loss_fn(model, inputs, targets)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip is not None:
+            nn.utils.clip_grad_norm_(self._trainable, cfg.grad_clip, foreach=True)
+        opt.step()
+        return loss
 
-    @torch.no_grad()
-    def load(self, start: Params) -> None:
-        """Copy ``start`` into the model's parameters in place."""
-        if len(start) != len(self._named) or any(name not in start for name, _ in self._named):
-            missing = sorted({n for n, _ in self._named} ^ set(start))
-            raise ValueError(
-                f"start parameters do not match the model; differing names: {missing[:5]}"
-            )
-        for name, p in self._named:
-            p.copy_(start[name])
+    def train_round(self) -> None:
+        """Take the begun round's remaining steps (the loop the simulator and `heloco work`
+        share; :meth:`run_round` wraps it between the round's begin and end)."""
+        boundary, on_step = self.boundary, self.on_step
+        self.model.train()
+        i = boundary.steps_done
+        while not boundary.finished:
+            loss = self.inner_step()
+            boundary.record_step(self.sampler.tokens_per_batch, loss)
+            if on_step is not None:
+                on_step(i)
+            i += 1
+        self.optimizer.zero_grad(set_to_none=True)
 
     def run_round(
         self, start: Params, steps: int, base_revision: int, round_id: int | None = None
@@ -185,88 +222,18 @@ class Worker:
         """
         if steps < 0:
             raise UserInputError("steps", steps, "an integer >= 0")
-        self.load(start)
-        model, cfg, sampler = self.model, self.cfg, self.sampler
-        opt = self.optimizer_for_round()
-        model.train()
-        loss_sum = torch.zeros((), device=self._device)
-        on_cpu = self._device.type == "cpu"
-        on_step = self.on_step
-        for i in range(steps):
-            lr = cosine_lr(self.step, cfg)
-            for group in opt.param_groups:
-                group["lr"] = lr
-            inputs, targets = sampler.next()
-            if not on_cpu:
-                inputs = inputs.to(self._device, non_blocking=True)
-                targets = targets.to(self._device, non_blocking=True)
-            loss = self.loss_fn(model, inputs, targets)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip is not None:
-                nn.utils.clip_grad_norm_(self._trainable, cfg.grad_clip, foreach=True)
-            opt.step()
-            loss_sum += loss.detach()
-            self.step += 1
-            if on_step is not None:
-                on_step(i)
-        opt.zero_grad(set_to_none=True)
-        self.rounds += 1
-        with torch.no_grad():
-            delta = {
-                name: start[name].to(torch.float32) - p.detach().to("cpu", torch.float32)
-                for name, p in self._named
-            }
-        return RoundResult(
-            worker=self.worker_id,
-            delta=delta,
-            steps=steps,
-            tokens=steps * sampler.tokens_per_batch,
-            mean_loss=float(loss_sum.item()) / steps if steps else math.nan,
-            base_revision=base_revision,
-            round_id=round_id,
-        )
+        rid = -1 if round_id is None else round_id
+        self.boundary.begin(Dispatch(start, base_revision, steps, rid, self.worker_id))
+        self.train_round()
+        result = self.boundary.end()
+        return result if round_id is not None else replace(result, round_id=None)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> StateDict:
         """``{"meta": JSON-able dict, "tensors": {name: Tensor}}``: schedule position, round
         count, sampler RNG and (when kept across rounds) the inner AdamW moments. No pickle:
         the tensors can go to safetensors and the meta to JSON."""
-        tensors: dict[str, torch.Tensor] = {"sampler_rng": self.sampler.get_state()}
-        kept = None if self.cfg.reset_each_round else self._optimizer
-        if kept is not None:
-            for name, p in self._named:
-                for key, value in kept.state.get(p, {}).items():
-                    tensors[f"optimizer.{name}.{key}"] = (
-                        torch.as_tensor(value).detach().cpu().clone()
-                    )
-        meta = {
-            "worker": self.worker_id,
-            "step": self.step,
-            "rounds": self.rounds,
-            "has_optimizer": kept is not None,
-        }
-        return {"meta": meta, "tensors": tensors}
+        return self.boundary.state_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: StateDict) -> None:
         """Restore what :meth:`state_dict` saved."""
-        meta, tensors = state["meta"], state["tensors"]
-        if int(meta["worker"]) != self.worker_id:
-            raise ValueError(
-                f"state of worker {meta['worker']} loaded into worker {self.worker_id}"
-            )
-        self.step = int(meta["step"])
-        self.rounds = int(meta["rounds"])
-        self.sampler.set_state(tensors["sampler_rng"])
-        self._optimizer = None
-        if meta["has_optimizer"]:
-            opt = self.new_optimizer()
-            index = {id(p): i for i, p in enumerate(self._trainable)}
-            per_param: dict[int, dict[str, torch.Tensor]] = {}
-            for name, p in self._named:
-                for key in ADAMW_STATE_KEYS:
-                    saved_tensor = tensors.get(f"optimizer.{name}.{key}")
-                    if saved_tensor is not None:
-                        per_param.setdefault(index[id(p)], {})[key] = saved_tensor
-            saved = opt.state_dict()
-            opt.load_state_dict({"state": per_param, "param_groups": saved["param_groups"]})
-            self._optimizer = opt
+        self.boundary.load_state_dict(state)

@@ -9,6 +9,7 @@ offset inside that language (spec §3: "random stride-1 windows"), and gathers t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -106,3 +107,11 @@ class BatchSampler:
     def set_state(self, state: torch.Tensor) -> None:
         """Restore the sampling RNG state from :meth:`get_state`."""
         self.generator.set_state(state)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The read position as ``{"meta": {}, "tensors": {"rng": state}}`` (worker state)."""
+        return {"meta": {}, "tensors": {"rng": self.get_state()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output."""
+        self.set_state(state["tensors"]["rng"])

@@ -1,0 +1,276 @@
+"""HeLoCo around the user's own training loop: one object, any module, any inner optimizer.
+
+::
+
+    link = heloco.connect("tcp://server:5555", worker=0)        # the server's address
+    with heloco.OuterLoop(model, optimizer, link, tokens_per_step=B * T) as outer:
+        while not outer.done:
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            optimizer.step()          # hooked: every H-th step pushes Δ and loads the next θ
+            optimizer.zero_grad()
+            outer.record_loss(loss)   # optional: the server logs the round's mean loss
+
+The object hooks ``optimizer.step`` (torchft ``local_sgd.DiLoCo`` style) or, with
+``hook=False``, counts a step when :meth:`OuterLoop.step` is called. At the first step it
+pulls a dispatch; after each dispatch's H_w steps it ends the round (Δ against the dispatched
+parameters, see :class:`heloco.rounds.Rounds`), pushes it, pulls the next dispatch (the
+look-ahead point for HeLoCo: the server decides what it sends) and loads it; the inner
+optimizer's state is cleared or kept as ``reset_optimizer`` says. Inside a data-parallel
+island (``torch.distributed`` initialised, e.g. under torchrun with DDP or FSDP2) only rank 0
+uses the link; it broadcasts every dispatch to the other ranks (:class:`heloco.island.Island`).
+
+A :class:`Link` is how the worker reaches its server: :class:`heloco.net.link.NetLink` over
+ZeroMQ (what ``heloco work`` uses) or :class:`LocalLink` to a :class:`heloco.server.Server` in
+the same process (tests, notebooks). ``heloco work`` drives this same class with the
+reference loop (:class:`heloco.worker.Worker`), so there is one worker logic.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from heloco.island import Island, IslandMode
+from heloco.rounds import DataPosition, Rounds, StateDict
+from heloco.server import Dispatch, Server, SubmissionRejected
+from heloco.types import RoundResult
+from shardmeter.errors import UserInputError
+
+
+@dataclass(frozen=True)
+class PushOutcome:
+    """The server's answer to a push: applied (or buffered) and the revision after it."""
+
+    accepted: bool
+    revision: int
+    reason: str = ""
+    duplicate: bool = False
+
+
+class Link(Protocol):
+    """How a worker reaches its server (used by the island's rank 0 only)."""
+
+    @property
+    def worker(self) -> int: ...
+
+    def join(self) -> dict[str, Any]:
+        """Say hello; the welcome carries ``worker_steps`` (the slot's accepted inner steps)
+        and, over the network, ``run`` (the run config)."""
+        ...
+
+    def pull(self) -> Dispatch | None:
+        """The next dispatch, waiting while the server has none yet; None once training is
+        over."""
+        ...
+
+    def push(self, result: RoundResult, compute_s: float) -> PushOutcome: ...
+
+    def close(self) -> None: ...
+
+
+class LocalLink:
+    """A :class:`Link` to a :class:`heloco.server.Server` in this process; training is over
+    once ``token_budget`` accepted tokens (or ``max_rounds`` of this worker) are reached."""
+
+    def __init__(
+        self,
+        server: Server,
+        worker: int,
+        token_budget: int | None = None,
+        max_rounds: int | None = None,
+    ) -> None:
+        if not 0 <= worker < server.cfg.n_workers:
+            raise UserInputError("worker", worker, f"an integer in [0, {server.cfg.n_workers})")
+        self.server = server
+        self._worker = worker
+        self.token_budget = token_budget
+        self.max_rounds = max_rounds
+        self.tokens = 0
+        self.rounds = 0
+        self.accepted_steps = 0
+
+    @property
+    def worker(self) -> int:
+        """The worker slot this link serves."""
+        return self._worker
+
+    def join(self) -> dict[str, Any]:
+        """The welcome: this slot's accepted inner steps (its schedule position)."""
+        return {"worker_steps": self.accepted_steps, "revision": self.server.revision}
+
+    def _over(self) -> bool:
+        return (self.token_budget is not None and self.tokens >= self.token_budget) or (
+            self.max_rounds is not None and self.rounds >= self.max_rounds
+        )
+
+    def pull(self) -> Dispatch | None:
+        """The server's next dispatch for this worker, or None once a budget is reached."""
+        return None if self._over() else self.server.dispatch(self._worker)
+
+    def push(self, result: RoundResult, compute_s: float) -> PushOutcome:
+        """Submit the round; a rejected round is reported, not raised."""
+        self.rounds += 1
+        try:
+            self.server.submit(result)
+        except SubmissionRejected as exc:
+            return PushOutcome(False, self.server.revision, exc.reason)
+        if compute_s > 0 and result.steps > 0:
+            self.server.observe_speed(self._worker, result.steps / compute_s)
+        self.tokens += result.tokens
+        self.accepted_steps += result.steps
+        return PushOutcome(True, self.server.revision)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+RoundHook = Callable[[RoundResult, float, PushOutcome | None], None]
+
+
+class OuterLoop:
+    """Turns a user's inner loop into a HeLoCo worker (see the module docstring).
+
+    ``link``: the server (needed on rank 0; ignored on other ranks). ``tokens_per_step``:
+    training tokens of one inner step on this rank (counted toward the run's token budget),
+    or pass ``tokens`` to :meth:`step`. ``reset_optimizer``: clear the inner optimizer's state
+    every round (the paper's default) or keep it. ``hook``: count steps from
+    ``optimizer.step`` (default) or only from :meth:`step`. ``island``: the data-parallel
+    island (default: the current ``torch.distributed`` group in ``island_mode``). ``data``:
+    a source whose read position joins :meth:`state_dict`. ``rounds``: an existing
+    :class:`Rounds` to drive instead of a new one (the reference loop passes its own).
+    ``on_round(result, compute_s, outcome)`` is called after every round (outcome None on
+    ranks that do not push).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        link: Link | None,
+        *,
+        tokens_per_step: int = 0,
+        reset_optimizer: bool = True,
+        hook: bool = True,
+        island: Island | None = None,
+        island_mode: IslandMode = "grads",
+        data: DataPosition | None = None,
+        rounds: Rounds | None = None,
+        welcome: dict[str, Any] | None = None,
+        on_round: RoundHook | None = None,
+    ) -> None:
+        self.island = island if island is not None else Island.current(island_mode)
+        if self.island.leader and link is None:
+            raise UserInputError("link", None, "a server link on rank 0 (heloco.connect(...))")
+        if tokens_per_step < 0:
+            raise UserInputError("tokens_per_step", tokens_per_step, "an integer >= 0")
+        self.link = link if self.island.leader else None
+        worker = link.worker if link is not None else 0
+        self.rounds = rounds or Rounds(worker, model, optimizer, reset_optimizer, data)
+        self.optimizer = optimizer if rounds is None else rounds.optimizer
+        self.tokens_per_step = tokens_per_step
+        self.use_hook = hook
+        self.welcome = welcome
+        self.on_round = on_round
+        self.done = False
+        self.started = False
+        self._hook_handle: Any = None
+        self._pending_loss: torch.Tensor | float | None = None
+        self._round_t0 = 0.0
+        self._like = {n: p.detach() for n, p in self.rounds.named}
+
+    # -- context ----------------------------------------------------------------------------
+    def __enter__(self) -> OuterLoop:
+        self.start()
+        if self.use_hook:
+            if self.optimizer is None:
+                raise UserInputError("optimizer", None, "an optimizer to hook (or hook=False)")
+            self._hook_handle = self.optimizer.register_step_post_hook(self._after_step)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._hook_handle is not None:
+            self._hook_handle.remove()
+            self._hook_handle = None
+        if self.link is not None:
+            self.link.close()
+
+    def _after_step(self, *_: Any) -> None:
+        self.step()
+
+    # -- the loop ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Join (unless a welcome was given), take the schedule position, load the first
+        dispatch. Called by ``with``; idempotent."""
+        if self.started:
+            return
+        self.started = True
+        welcome = self.welcome
+        if welcome is None:
+            welcome = self.island.broadcast_json(
+                self.link.join() if self.link is not None else None
+            )
+            self.welcome = welcome
+        self.rounds.step = int(welcome.get("worker_steps", self.rounds.step))
+        self._next_round()
+
+    @property
+    def step_count(self) -> int:
+        """Schedule position: inner steps this worker slot has taken over the run (use it
+        for your learning-rate schedule; a rejoining worker continues the slot's count)."""
+        return self.rounds.step
+
+    def record_loss(self, loss: torch.Tensor | float) -> None:
+        """The loss of the step about to be counted (kept on the device; no sync)."""
+        self._pending_loss = loss
+
+    def step(self, loss: torch.Tensor | float | None = None, tokens: int | None = None) -> bool:
+        """Count one inner step; at the round's last step, push and load the next dispatch.
+
+        Returns whether a new round began (the model's parameters were replaced). After
+        training is over (:attr:`done`) it does nothing.
+        """
+        if not self.started:
+            self.start()
+        if self.done:
+            return False
+        if loss is None:
+            loss, self._pending_loss = self._pending_loss, None
+        n = self.tokens_per_step if tokens is None else tokens
+        if not self.rounds.record_step(n, loss):
+            return False
+        self._finish_round()
+        return not self.done
+
+    def _finish_round(self) -> None:
+        result = self.island.reduce(self.rounds.end())
+        compute_s = time.perf_counter() - self._round_t0
+        outcome = self.link.push(result, compute_s) if self.link is not None else None
+        if self.on_round is not None:
+            self.on_round(result, compute_s, outcome)
+        self._next_round()
+
+    def _next_round(self) -> None:
+        dispatch = self.link.pull() if self.link is not None else None
+        dispatch = self.island.broadcast_dispatch(dispatch, self._like)
+        if dispatch is None:
+            self.done = True
+            return
+        self.rounds.begin(dispatch)
+        self._round_t0 = time.perf_counter()
+        if dispatch.steps == 0:  # possible under DyLU rounding: pushed at once
+            self._finish_round()
+
+    # -- state ------------------------------------------------------------------------------
+    def state_dict(self) -> StateDict:
+        """The worker's state for the user's checkpoint (see :meth:`Rounds.state_dict`)."""
+        return self.rounds.state_dict()
+
+    def load_state_dict(self, state: StateDict) -> None:
+        """Restore :meth:`state_dict` output (before :meth:`start`)."""
+        self.rounds.load_state_dict(state)
