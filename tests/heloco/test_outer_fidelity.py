@@ -15,13 +15,14 @@ import math
 import pytest
 import torch
 
+from heloco.data import ValLoss
 from heloco.outer import OuterConfig, build_optimizer
 from heloco.outer.base import Arrival, OptimizerState
 from heloco.outer.heloco import CorrectionConfig, HeLoCo, correct, correction_coefficients
 from heloco.outer.lookahead import BlockGeometry
 from heloco.server import Server, ServerConfig, quantile_speed
-from heloco.sim import parse_sim_config
-from heloco.types import Params
+from heloco.sim import Clock, parse_sim_config, simulate
+from heloco.types import Params, RoundResult
 from shardmeter.errors import UserInputError
 
 EPS = 1e-8
@@ -311,3 +312,34 @@ def test_dylu_quantile_pool_is_recent_and_checkpointed() -> None:
     assert quantile_speed([0.5, 2.0, 1.0], 0.9) == 2.0
     assert quantile_speed([], 0.9) is None
     assert _dylu_server("quantile").steps_for(1) == 20  # nothing known yet: full H
+
+
+class PullWorker:
+    """Δ = 0.1·steps·θ_start (toward 0); 10 tokens per step."""
+
+    def __init__(self, worker: int) -> None:
+        self.worker = worker
+
+    def run_round(
+        self, start: Params, steps: int, base_revision: int, round_id: int | None = None
+    ) -> RoundResult:
+        delta = {"w": 0.1 * steps * start["w"]}
+        return RoundResult(self.worker, delta, steps, 10 * steps, 0.0, base_revision, round_id)
+
+
+def test_arrivals_at_one_time_are_all_applied_before_anyone_is_dispatched() -> None:
+    # Paces [1, 1, 2], H = 1. At t = 1 workers 0 and 1 arrive; both are applied (revisions
+    # 1, 2) and only then re-dispatched, so both start from revision 2 (the prototype's loop:
+    # synchronize every worker whose finish time equals now, then dispatch the idle ones).
+    # At t = 2 all three arrive: 0 and 1 from revision 2, 2 from revision 0; all restart at 5.
+    init = {"w": torch.ones(2)}
+    server = Server(
+        init,
+        build_optimizer("mla", init, OuterConfig(), 3),
+        ServerConfig(n_workers=3, inner_steps=1),
+    )
+    clock = Clock([1.0, 1.0, 2.0], [0.0] * 3, 0.0, 0, None, 4.0, 0)
+    simulate(server, [PullWorker(w) for w in range(3)], clock, lambda p: ValLoss(0.0, {}))
+    got = [(a.worker, a.base_revision, a.staleness) for r in server.log for a in r.arrivals]
+    assert got[:5] == [(0, 0, 0), (1, 0, 1), (0, 2, 0), (1, 2, 1), (2, 0, 4)]
+    assert got[5:8] == [(0, 5, 0), (1, 5, 1), (0, 7, 0)]

@@ -2,7 +2,8 @@
 
 A worker dispatched at time t with H_w steps finishes at t + H_w·pace_w·jitter + comm_w
 (spec 3, "Speed heterogeneity"); arrivals are applied in finish-time order, ties broken by
-worker id. Sync methods wait for the slowest worker every round.
+worker id, and every arrival at one time is applied before any of those workers is dispatched
+again (as the authors' prototype does). Sync methods wait for the slowest worker every round.
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ class _Sim:
         self.eval_now()
         window_end: float | None = None
         waiting: list[int] = []
+        ready: list[int] = []  # applied at time t, dispatched once every arrival at t is in
         while True:
             if window_end is not None and (not heap or heap[0][0] > window_end):
                 if tbud is not None and window_end > tbud:
@@ -129,7 +131,7 @@ class _Sim:
             applied = self.server.submit(result)
             if applied is not None:
                 self.record_update(applied)
-                start(w, t)
+                ready.append(w)
             else:
                 window_end = t + grace if window_end is None else window_end
                 waiting.append(w)
@@ -139,6 +141,10 @@ class _Sim:
                     self.record_update(rec)
                 self.traj.stopped_by = "tokens"
                 break
+            if ready and (not heap or heap[0][0] > t):
+                for v in sorted(ready):
+                    start(v, t)
+                ready = []
         return self.finish()
 
     # -- sync -------------------------------------------------------------------------------
