@@ -21,7 +21,7 @@ from heloco.outer.base import Arrival, OptimizerState
 from heloco.outer.heloco import CorrectionConfig, HeLoCo, correct, correction_coefficients
 from heloco.outer.lookahead import BlockGeometry
 from heloco.server import Server, ServerConfig, quantile_speed
-from heloco.sim import Clock, parse_sim_config, simulate
+from heloco.sim import Clock, build_server, parse_sim_config, round_steps, simulate
 from heloco.types import Params, RoundResult
 from shardmeter.errors import UserInputError
 
@@ -343,3 +343,16 @@ def test_arrivals_at_one_time_are_all_applied_before_anyone_is_dispatched() -> N
     got = [(a.worker, a.base_revision, a.staleness) for r in server.log for a in r.arrivals]
     assert got[:5] == [(0, 0, 0), (1, 0, 1), (0, 2, 0), (1, 2, 1), (2, 0, 4)]
     assert got[5:8] == [(0, 5, 0), (1, 5, 1), (0, 7, 0)]
+
+
+def test_dylu_reference_is_a_run_setting() -> None:
+    # Twelve workers: eleven at 1 s/step, one at 0.5 s/step (2 steps/s). The production
+    # reference, sorted(speeds)[ceil(0.9·11)] = 1 step/s, gives everyone H = 10 (the fast one
+    # capped); today's maximum, 2 steps/s, halves the eleven others.
+    paces = [1.0] * 11 + [0.5]
+    base = {"method": "dn-dylu", "workers": 12, "paces": paces, "inner_steps": 10}
+    quantile = parse_sim_config({**base, "token_budget": 100, "dylu_reference": "quantile"})
+    assert round_steps(quantile, paces) == [10] * 12
+    assert round_steps(parse_sim_config({**base, "token_budget": 100}), paces) == [5] * 11 + [10]
+    server = build_server(quantile, {"x": torch.zeros(1)}, [1.0] * 12).cfg
+    assert (server.dylu_reference, server.dylu_quantile) == ("quantile", 0.9)

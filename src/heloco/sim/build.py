@@ -95,6 +95,8 @@ def build_server(cfg: SimConfig, init: Params, rates: list[float]) -> Server:
         inner_steps=cfg.inner_steps,
         synchronous=resolve_method(cfg.method).spec.synchronous,
         dylu=cfg.use_dylu(),
+        dylu_reference=cfg.dylu_reference,
+        dylu_quantile=cfg.dylu_quantile,
         grace_window=cfg.grace_window,
     )
     return Server(init, optimizer, server_cfg)

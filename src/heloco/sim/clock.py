@@ -11,7 +11,7 @@ import numpy as np
 
 from heloco.data import derive_seed
 from heloco.outer import resolve_method
-from heloco.server import dylu_steps
+from heloco.server import dylu_steps, quantile_speed
 from heloco.sim.config import PACE_KEY, SimConfig
 from heloco.worker import InnerConfig
 
@@ -60,7 +60,10 @@ def round_steps(cfg: SimConfig, paces: list[float]) -> list[int]:
     if not cfg.use_dylu():
         return [cfg.inner_steps] * cfg.workers
     speeds: list[float | None] = [1.0 / p for p in paces]
-    return [dylu_steps(speeds, w, cfg.inner_steps) for w in range(cfg.workers)]
+    v_ref = None  # the fastest speed
+    if cfg.dylu_reference == "quantile":  # the server's first pool holds exactly these speeds
+        v_ref = quantile_speed([1.0 / p for p in paces], cfg.dylu_quantile)
+    return [dylu_steps(speeds, w, cfg.inner_steps, v_ref) for w in range(cfg.workers)]
 
 
 def worker_inner_configs(

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from heloco.data import DataConfig
 from heloco.model import ModelConfig
 from heloco.outer import OuterConfig, resolve_method
+from heloco.server import DyluReference
 from heloco.worker import InnerConfig
 from shardmeter.errors import UserInputError, from_pydantic
 
@@ -77,6 +78,10 @@ class SimConfig(BaseModel):
     inner_steps: int = Field(20, ge=1, description="H")
     outer: OuterConfig = OuterConfig()
     dylu: bool | None = Field(None, description="None: the method's default (dn-dylu: on)")
+    dylu_reference: DyluReference = Field(
+        "max", description="DyLU v_ref: fastest latest speed, or a quantile of recent speeds"
+    )
+    dylu_quantile: float = Field(0.9, gt=0, le=1, description="quantile for dylu_reference")
     grace_window: float = Field(0.0, ge=0, description="seconds; 0 = fully asynchronous")
     data: DataConfig = DataConfig()
     model: str | ModelConfig = "tiny"
