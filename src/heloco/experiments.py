@@ -324,7 +324,6 @@ class GridRun:
     out_root: Path
     data_dir: Path | None
     jobs: int = 2
-    threads_per_job: int = 1
     extra: dict[str, Any] = field(default_factory=dict)  # overrides applied to every cell
     regime_extra: dict[str, dict[str, Any]] = field(default_factory=dict)  # per regime, on top
 
@@ -332,8 +331,9 @@ class GridRun:
         return {**self.extra, **self.regime_extra.get(cell.regime, {})}
 
 
-def _init_worker(threads: int) -> None:
-    """Pool-process setup: torch threads, and a small cache of built data.
+def _init_worker() -> None:
+    """Pool-process setup: a small cache of built data (each cell sets its own thread count,
+    ``threads`` of its config, so a cell gives the same losses in a pool or in process).
 
     Tokenising the corpus is the largest fixed cost of a short cell, and every method of a
     (regime, paces, seed) setting builds identical data (it depends only on the data config,
@@ -341,11 +341,8 @@ def _init_worker(threads: int) -> None:
     ``heloco.sim.run_simulation`` has no parameter for prebuilt data, so its module-level
     ``build_data`` is wrapped in an LRU cache here, in the grid's own processes only.
     """
-    import torch
-
     import heloco.sim.build
 
-    torch.set_num_threads(threads)
     if not hasattr(heloco.sim.build.build_data, "cache_info"):
         heloco.sim.build.build_data = functools.lru_cache(maxsize=4)(heloco.sim.build.build_data)
 
@@ -363,7 +360,7 @@ def run_grid(
     grid: GridRun,
     on_result: Callable[[Cell, CellResult | str, bool], None] | None = None,
 ) -> list[CellResult]:
-    """Run the cells not yet done (``jobs`` processes, ``threads_per_job`` torch threads each);
+    """Run the cells not yet done (``jobs`` processes, each cell with its config's threads);
     rewrite results.jsonl/csv after each finished cell. Returns every finished result."""
     grid.out_root.mkdir(parents=True, exist_ok=True)
     results: dict[str, CellResult] = {}
@@ -385,12 +382,12 @@ def run_grid(
         if on_result is not None:
             on_result(cell, outcome, False)
 
-    if grid.jobs <= 1 or len(tasks) <= 1:  # in this process, its torch settings untouched
+    if grid.jobs <= 1 or len(tasks) <= 1:  # in this process
         for task in tasks:
             record(*_run_task(task))
     else:
         ctx = mp.get_context("spawn")
-        with ctx.Pool(grid.jobs, _init_worker, (grid.threads_per_job,)) as pool:
+        with ctx.Pool(grid.jobs, _init_worker) as pool:
             for cell, outcome in pool.imap_unordered(_run_task, tasks):
                 record(cell, outcome)
     return [results[c.key] for c in cells if c.key in results]

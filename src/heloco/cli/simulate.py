@@ -12,7 +12,6 @@ import json
 import sys
 from typing import Any
 
-import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -27,7 +26,6 @@ from heloco.metrics import EvalPoint
 from heloco.outer import resolve_method
 from heloco.outer.registry import method_names
 from heloco.sim import RunResult, SimConfig, run_simulation
-from shardmeter.errors import UserInputError
 from shardmeter.report.step import console_for
 
 # flag dest -> dotted config key
@@ -47,6 +45,7 @@ FLAG_KEYS: dict[str, str] = {
     "eval_every": "eval_every",
     "out": "out_dir",
     "outer_lr": "outer.lr",
+    "threads": "threads",
 }
 
 
@@ -77,9 +76,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--threads",
         type=int,
-        default=1,
-        help="torch threads (default 1: these small models gain little from intra-op "
-        "threads, and oversubscribed cores slow them down sharply)",
+        help="torch threads, the config key `threads` (default 1: these small models gain "
+        "little from intra-op threads; the losses depend on the count)",
     )
     p.add_argument("--print-config", action="store_true", help="print the TOML and exit")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -112,10 +110,6 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         sys.stdout.write(config_to_toml(cfg))
         return 0
-    if args.threads is not None:
-        if args.threads < 1:
-            raise UserInputError("threads", args.threads, "an integer >= 1")
-        torch.set_num_threads(args.threads)
     if cfg.out_dir is not None:
         cfg.out_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(cfg.out_dir / "config.toml", config_to_toml(cfg))

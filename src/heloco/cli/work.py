@@ -7,8 +7,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from heloco.cli.netargs import add_wire_args, max_bytes
 from heloco.net import auth, compress
 from heloco.net.client import ClientConfig, ServerUnreachable
@@ -37,7 +35,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seconds-per-step", type=float, help="fixed emulated speed instead of --pace")
     p.add_argument("--device", default="cpu")
     p.add_argument("--island-mode", default="grads", choices=("grads", "deltas"))
-    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="torch CPU threads (default: the run config's `threads`; another count gives "
+        "losses that differ from the simulator's in the last bits)",
+    )
     p.add_argument("--timeout-s", type=float, default=60.0, help="wait per request before retrying")
     p.add_argument(
         "--deadline-s", type=float, default=600.0, help="give up after this long unanswered"
@@ -54,10 +57,6 @@ def run(args: argparse.Namespace) -> int:
     if not (args.timeout_s > 0 and args.deadline_s >= args.timeout_s):
         raise UserInputError("--deadline-s", args.deadline_s, "a number >= --timeout-s > 0")
     limit = max_bytes(args)
-    if args.threads is not None:
-        if args.threads < 1:
-            raise UserInputError("--threads", args.threads, "an integer >= 1")
-        torch.set_num_threads(args.threads)
     opts = WorkerOptions(
         worker=args.worker,
         codec=args.codec,
@@ -67,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         island_mode=args.island_mode,
         report=args.report,
+        threads=args.threads,
     )
     client = ClientConfig(
         args.connect,

@@ -51,8 +51,11 @@ class WorkerOptions:
     device: str = "cpu"
     island_mode: IslandMode = "grads"
     report: Path | None = None
+    threads: int | None = None  # None: the run config's; another count changes the losses
 
     def __post_init__(self) -> None:
+        if self.threads is not None and self.threads < 1:
+            raise UserInputError("--threads", self.threads, "an integer >= 1")
         if self.worker < 0:
             raise UserInputError("worker", self.worker, "an integer >= 0")
         if not self.pace >= 1.0:
@@ -132,6 +135,8 @@ class NetWorker:
     def _setup(self, welcome: dict[str, Any]) -> Worker:
         """Build the worker from the run config the server sent."""
         cfg = parse_sim_config(welcome["run"])
+        if self.opts.threads is not None:
+            cfg = cfg.model_copy(update={"threads": self.opts.threads})
         batch_seed = derive_seed(cfg.seed, ISLAND_KEY, self.rank) if self.rank else None
         worker = build_run(cfg, self.opts.device).worker(self.opts.worker, batch_seed)
         if self.opts.pace != 1.0 or self.opts.seconds_per_step is not None:

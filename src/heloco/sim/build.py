@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +26,17 @@ from heloco.sim.config import MODEL_KEY, SimConfig
 from heloco.types import Params
 from heloco.worker import InnerConfig, Worker, check_device
 from shardmeter.errors import UserInputError
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run the block with ``n`` torch intra-op threads, then restore the caller's count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def seed_everything(seed: int) -> None:
@@ -104,7 +117,12 @@ def build_server(cfg: SimConfig, init: Params, rates: list[float]) -> Server:
 
 def build_run(cfg: SimConfig, device: torch.device | str | None = None) -> RunParts:
     """Seed, build data, initial model (on ``device``, default ``cfg.device``), per-worker
-    schedules and the server of ``cfg``."""
+    schedules and the server of ``cfg``.
+
+    Sets torch's thread count to ``cfg.threads`` first, in every process that builds a run
+    (simulator, network server, network worker), so a config gives the same losses whichever
+    path runs it; :func:`heloco.sim.run_simulation` restores the caller's count afterwards."""
+    torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
     data = build_data(cfg.data, cfg.workers, cfg.seed)
     model = initial_model(cfg, data, device)

@@ -100,6 +100,13 @@ class SimConfig(BaseModel):
     seed: int = Field(42, ge=0)
     out_dir: Path | None = None
     device: str = "cpu"
+    threads: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="torch intra-op threads, set before any work: the reduction order and so "
+        "the losses depend on it",
+    )
 
     @model_validator(mode="before")
     @classmethod

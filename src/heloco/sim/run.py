@@ -14,7 +14,7 @@ from heloco.metrics import (
     atomic_write_json,
     loss_at,
 )
-from heloco.sim.build import build_run
+from heloco.sim.build import build_run, torch_threads
 from heloco.sim.clock import Clock
 from heloco.sim.config import SimConfig
 from heloco.sim.loop import simulate
@@ -43,7 +43,14 @@ class RunResult:
 def run_simulation(
     cfg: SimConfig, progress: Callable[[EvalPoint], None] | None = None
 ) -> RunResult:
-    """Build the run's parts from ``cfg``; run on the simulated clock; write metrics; summarise."""
+    """Build the run's parts from ``cfg``; run on the simulated clock; write metrics; summarise.
+
+    Runs with ``cfg.threads`` torch threads and restores the caller's count afterwards."""
+    with torch_threads(cfg.threads):
+        return _run(cfg, progress)
+
+
+def _run(cfg: SimConfig, progress: Callable[[EvalPoint], None] | None) -> RunResult:
     wall0 = time.perf_counter()
     parts = build_run(cfg)
     # One model object serves every worker and the evaluator: each round loads its start first.
