@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardmeter.estimate.islands import IslandInput, compose, island_inputs
-from shardmeter.estimate.outer import ring_allreduce_s
-from shardmeter.specs.topology import Topology, load_topology, resolve_model, wan_paths
+from shardmeter.estimate.wan import ring_allreduce_s, wan_paths
+from shardmeter.specs.topology import Topology, load_topology, resolve_model
 
 
 @dataclass(frozen=True)

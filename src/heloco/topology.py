@@ -30,7 +30,8 @@ from heloco.metrics import atomic_write_json
 from shardmeter.errors import UserInputError
 from shardmeter.estimate.islands import island_inputs, with_run
 from shardmeter.estimate.outer import outer_round
-from shardmeter.specs.topology import Topology, load_topology, resolve_model, wan_paths
+from shardmeter.estimate.wan import wan_paths
+from shardmeter.specs.topology import Topology, load_topology, resolve_model
 
 PACE_FILE = "topology.json"
 PACE_SCHEMA_VERSION = 1

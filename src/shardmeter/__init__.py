@@ -25,10 +25,11 @@ from shardmeter.estimate.islands import (
     compose,
     predict_topology,
 )
-from shardmeter.estimate.outer import OuterRound, WanPaths, outer_round
+from shardmeter.estimate.outer import OuterRound, outer_round
 from shardmeter.estimate.plan_arrays import PlanArrays
 from shardmeter.estimate.result import StepArrays, StepEstimate
 from shardmeter.estimate.step import estimate_step, estimate_step_arrays
+from shardmeter.estimate.wan import WanPaths, wan_paths
 from shardmeter.predict import predict
 from shardmeter.quality import plan_to_target, quality_factors
 from shardmeter.search import Constraints, PlanSearchResult, plan
@@ -87,4 +88,5 @@ __all__ = [
     "quality_factors",
     "read_rows",
     "sweep",
+    "wan_paths",
 ]

@@ -19,12 +19,14 @@ from shardmeter.errors import UserInputError
 from shardmeter.estimate.islands import (
     IslandInput,
     TopologyEstimate,
-    compose,
+    compose_run,
     island_inputs,
     with_run,
 )
+from shardmeter.estimate.wan import wan_paths
 from shardmeter.io import atomic_savefig
-from shardmeter.specs.topology import Topology, resolve_cluster, resolve_model, wan_paths
+from shardmeter.specs.model import TransformerSpec
+from shardmeter.specs.topology import Topology, resolve_cluster, resolve_model
 
 SWEEP_PARAMS: dict[str, str] = {
     "island_size": "GPUs per island",
@@ -140,14 +142,6 @@ def default_values(topo: Topology, param: str, base: TopologyEstimate) -> list[f
     raise UserInputError("sweep", param, f"choose from {', '.join(SWEEP_PARAMS)}")
 
 
-def _estimate(
-    topo: Topology, inputs: Sequence[IslandInput], n_params: int, **update: Any
-) -> TopologyEstimate:
-    """Compose with the topology's WAN and run settings, `update` replacing run fields."""
-    run = topo.run.model_copy(update=update) if update else topo.run
-    return compose(list(inputs), wan_paths(topo), n_params, run, run.tokens, name=topo.name)
-
-
 def _whole(param: str, value: float) -> int:
     """A sweep value that counts something (steps, GPUs, islands, sequences) as an int."""
     if not (float(value).is_integer() and value >= 1):
@@ -167,35 +161,14 @@ def sweep(
         raise UserInputError("sweep", param, f"choose from {', '.join(SWEEP_PARAMS)}")
     topo = with_run(topology, **overrides)
     model = resolve_model(topo.run)
-    n_params = model.params_total
     inputs = island_inputs(topo, model)
-    base = _estimate(topo, inputs, n_params)
+    base = compose_run(topo, inputs, model)
     grid = list(values) if values is not None else default_values(topo, param, base)
     points: list[SweepPoint] = []
     skipped: list[str] = []
-    wan = wan_paths(topo)
     for value in grid:
         try:
-            if param == "inner_steps":
-                run = with_run(topo, inner_steps=_whole(param, value)).run
-                est = compose(inputs, wan, n_params, run, run.tokens, name=topo.name)
-            elif param == "bandwidth":
-                if not value > 0:
-                    raise UserInputError(param, value, "a positive bandwidth in Gbit/s")
-                scale = value / base.wan_gbit if math.isfinite(base.wan_gbit) else 1.0
-                est = compose(inputs, wan.scaled(scale), n_params, topo.run, topo.run.tokens)
-            elif param == "islands":
-                k = _whole(param, value)
-                if k > len(inputs):
-                    raise UserInputError(param, value, f"at most the {len(inputs)} islands")
-                keep = list(range(k))
-                est = compose(inputs[:k], wan.subset(keep), n_params, topo.run, topo.run.tokens)
-            elif param == "island_size":
-                sized = resize_islands(topo, _whole(param, value))
-                est = _estimate(sized, island_inputs(sized, model), n_params)
-            else:
-                batched = rebatch_islands(topo, _whole(param, value))
-                est = _estimate(batched, island_inputs(batched, model), n_params)
+            est = _sweep_point(topo, model, inputs, base, param, value)
         except UserInputError as exc:
             skipped.append(f"{value:g}: {exc}")
             continue
@@ -211,6 +184,36 @@ def sweep(
         skipped=tuple(skipped),
         threshold=base.threshold,
     )
+
+
+def _sweep_point(
+    topo: Topology,
+    model: TransformerSpec,
+    inputs: Sequence[IslandInput],
+    base: TopologyEstimate,
+    param: str,
+    value: float,
+) -> TopologyEstimate:
+    """The topology with knob `param` at `value`."""
+    if param == "inner_steps":
+        return compose_run(
+            topo, inputs, model, run=with_run(topo, inner_steps=_whole(param, value)).run
+        )
+    if param == "bandwidth":
+        if not value > 0:
+            raise UserInputError(param, value, "a positive bandwidth in Gbit/s")
+        scale = value / base.wan_gbit if math.isfinite(base.wan_gbit) else 1.0
+        return compose_run(topo, inputs, model, wan=wan_paths(topo).scaled(scale))
+    if param == "islands":
+        k = _whole(param, value)
+        if k > len(inputs):
+            raise UserInputError(param, value, f"at most the {len(inputs)} islands")
+        return compose_run(topo, inputs[:k], model, wan=wan_paths(topo).subset(list(range(k))))
+    if param == "island_size":
+        sized = resize_islands(topo, _whole(param, value))
+        return compose_run(sized, island_inputs(sized, model), model)
+    batched = rebatch_islands(topo, _whole(param, value))
+    return compose_run(batched, island_inputs(batched, model), model)
 
 
 def diminishing_returns_knee(points: Sequence[SweepPoint]) -> Knee:

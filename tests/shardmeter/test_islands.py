@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardmeter.estimate.islands import IslandInput, compose
-from shardmeter.estimate.outer import WanPaths, ring_allreduce_s
+from shardmeter.estimate.wan import WanPaths, ring_allreduce_s, wan_paths
 from shardmeter.estimate.result import StepEstimate
-from shardmeter.specs.topology import OuterSpec, topology_from_dict, wan_paths
+from shardmeter.specs.topology import OuterSpec, topology_from_dict
 
 
 def step(seconds: float, tokens: float, n_gpus: int, comm: float = 0.0) -> StepEstimate:

@@ -11,11 +11,11 @@ import pytest
 
 from shardmeter.errors import UserInputError
 from shardmeter.estimate.islands import predict_topology
+from shardmeter.estimate.wan import wan_paths
 from shardmeter.specs.topology import (
     TOPOLOGY_DIR,
     load_topology,
     topology_from_dict,
-    wan_paths,
 )
 
 SHIPPED = sorted(p.stem for p in TOPOLOGY_DIR.glob("*.toml"))
@@ -148,10 +148,12 @@ def test_cross_field_island_error_names_the_field_not_the_table() -> None:
     assert str(err.value) == message
 
 
-def test_streaming_needs_fragments_dividing_h() -> None:
+def test_streaming_schedule_need_not_divide_h_but_tau_fits_a_round() -> None:
     data = with_change("run/mode", "streaming")
-    data["run"].update(inner_steps=10, fragments=3)
-    with pytest.raises(UserInputError, match=r"^run\.fragments: got 3"):
+    data["run"].update(inner_steps=100, fragments=8, overlap_steps=100)
+    assert topology_from_dict(data).run.n_fragments == 8
+    data["run"].update(overlap_steps=101)
+    with pytest.raises(UserInputError, match=r"^run\.overlap_steps: got 101; must be ≤ inner"):
         topology_from_dict(data)
 
 

@@ -22,15 +22,18 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from shardmeter.estimate.islands import IslandInput, TopologyEstimate, compose
-from shardmeter.estimate.outer import (
-    WanPaths,
-    egress_usd_per_byte,
-    outer_opt_seconds,
-    outer_round,
+from shardmeter.estimate.islands import (
+    IslandInput,
+    TopologyEstimate,
+    compose,
+    run_payload,
+    schedule_of,
 )
+from shardmeter.estimate.outer import outer_opt_seconds, outer_round
+from shardmeter.estimate.payload import Payload
 from shardmeter.estimate.result import StepEstimate
 from shardmeter.estimate.step import estimate_step
+from shardmeter.estimate.wan import WanPaths, wan_paths
 from shardmeter.search.evaluate import (
     EvalJob,
     PlanTable,
@@ -54,7 +57,7 @@ from shardmeter.search.result import (
 from shardmeter.specs.hardware import Cluster
 from shardmeter.specs.model import TransformerSpec
 from shardmeter.specs.plan import Plan
-from shardmeter.specs.topology import OuterSpec, Topology, resolve_cluster, resolve_model, wan_paths
+from shardmeter.specs.topology import OuterSpec, Topology, resolve_cluster, resolve_model
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -208,13 +211,17 @@ def outer_grid(mode: str, run: OuterSpec, outer: OuterOptions) -> OuterGrid:
         combos: list[tuple[int, int, int, int]] = [(1, int(run.grad_bits), 1, 0)]
     elif mode == "streaming":
         taus = outer.overlap_steps or (max(run.overlap_steps, 1),)
+        listed = run.fragments if isinstance(run.fragments, list) else None
+        ps = (len(listed),) if listed else outer.fragments
+        first = 1 + max(f.offset for f in listed) if listed else 1
         combos = [
             (h, q, p, t)
-            for h, q, p, t in itertools.product(hs, qs, outer.fragments, taus)
-            if h % p == 0 and t <= h // p
+            for h, q, p, t in itertools.product(hs, qs, ps, taus)
+            if p <= h and t <= h and h >= first
         ]
     else:
-        combos = [(h, q, 1, 0) for h, q in itertools.product(hs, qs)]
+        combos = [(h, q, 1, run.overlap_steps) for h, q in itertools.product(hs, qs)]
+        combos = [c for c in combos if c[3] <= c[0]]
     arr = np.asarray(combos, dtype=np.int64).reshape(-1, 4)
     return OuterGrid(arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3])
 
@@ -243,6 +250,8 @@ class Combos:
     per_gpu: int
     gpus: IntArray  # (C, k)
     inner_s: FloatArray  # fastest inner step of each member at its GPU count
+    backward_s: FloatArray  # ... and its last micro-batch's backward (overlap window)
+    buckets: FloatArray  # layers per pipeline stage
     mfu: FloatArray
     outer_opt_s: FloatArray  # full outer-optimizer step per island (C.2 roofline)
     price: FloatArray  # (k,) USD per GPU-hour
@@ -275,6 +284,16 @@ def combos(
         per_gpu=per_gpu,
         gpus=gpus,
         inner_s=np.stack([column(j, [st.step_time_s for st in steps[j]]) for j in k], axis=-1),
+        backward_s=np.stack(
+            [column(j, [st.backward_window_s for st in steps[j]]) for j in k], axis=-1
+        ),
+        buckets=np.stack(
+            [
+                column(j, [max(1, model.n_layers // islands[i].plans[(n, per_gpu)].pp) for n in o])
+                for j, (i, o) in enumerate(zip(members, opts, strict=True))
+            ],
+            axis=-1,
+        ),
         mfu=np.stack([column(j, [st.mfu for st in steps[j]]) for j in k], axis=-1),
         outer_opt_s=outer_opt_seconds(model.params_total, gpus.astype(np.float64), hbm),
         price=np.array([islands[i].cluster.price_per_gpu_hour for i in members]),
@@ -289,33 +308,41 @@ def compose_block(
     mode: str,
     grid: OuterGrid,
     tokens: float,
+    payload: Payload,
 ) -> Block:
     """Every GPU-count combination under every setting in `grid`, composed and priced as
-    `estimate.islands.compose` does (C.9, C.10)."""
+    `estimate.islands.compose` does (C.9, C.10). A dense payload takes the grid's bits."""
     outer_mode = "sync" if mode == "single" else mode
+    bits = grid.bits[None, :] if payload.label.startswith("dense") else payload.bits_per_param
+    if outer_mode == "sync" and payload.label.startswith("dense"):
+        bits = float(run.grad_bits)
+    window = cb.backward_s if run.backward_overlap else 0.0 * cb.backward_s
     rnd = outer_round(
         outer_mode,  # type: ignore[arg-type]
         cb.inner_s[:, None, :],
         wan,
         model.params_total,
         inner_steps=grid.inner_steps[None, :],
-        bits=grid.bits[None, :],
-        grad_bits=run.grad_bits,
+        bits=bits,
+        gathered=payload.gathered,
+        collective_rounds=payload.rounds,
         outer_opt_s=cb.outer_opt_s[:, None, :],
         reduce=run.reduce,
         overlap=run.outer_overlap,
         fragments=grid.fragments[None, :],
+        schedule=schedule_of(run) if outer_mode == "streaming" else None,
         overlap_steps=grid.overlap_steps[None, :],
+        backward_s=window[:, None, :],
+        buckets=cb.buckets[:, None, :],
         balance=run.balance_steps,
     )
     gpus = cb.gpus
     island_tps = rnd.tokens_per_s((gpus * cb.per_gpu * model.seq_len)[:, None, :])
     total = island_tps.sum(axis=-1)
     wall = tokens / total
-    egress = egress_usd_per_byte(wan, outer_mode, run.reduce)  # type: ignore[arg-type]
-    wan_total = rnd.wan_bytes * wall[..., None] / rnd.round_s
+    rounds = wall[..., None] / rnd.round_s
     gpu_cost = (gpus * cb.price).sum(axis=-1)[:, None] * wall / 3600.0
-    cost = gpu_cost + (wan_total * egress).sum(axis=-1)
+    cost = gpu_cost + (rnd.egress_usd * rounds).sum(axis=-1)
     n_all = gpus.sum(axis=-1).astype(np.float64)[:, None]
     util = (rnd.utilization * gpus[:, None, :]).sum(axis=-1) / n_all
     mfu_total = (rnd.utilization * (cb.mfu * gpus)[:, None, :]).sum(axis=-1) / n_all
@@ -332,6 +359,7 @@ def _meets(wall: FloatArray, cost: FloatArray, con: Constraints) -> NDArray[np.b
 
 
 def _island_inputs(
+    model: TransformerSpec,
     islands: Sequence[IslandOptions],
     members: Sequence[int],
     gpus: Sequence[int],
@@ -341,7 +369,9 @@ def _island_inputs(
     for i, n in zip(members, gpus, strict=True):
         isl = islands[i]
         key = (int(n), per_gpu)
-        out.append(IslandInput.on(isl.name, isl.cluster, isl.plans[key], isl.steps[key]))
+        plan = isl.plans[key]
+        layers = max(1, model.n_layers // plan.pp)
+        out.append(IslandInput.on(isl.name, isl.cluster, plan, isl.steps[key], buckets=layers))
     return out
 
 
@@ -411,9 +441,18 @@ def compose_candidate(
 ) -> TopologyEstimate:
     """The full TopologyEstimate of one composed plan (islands' own compose)."""
     gpus = [int(n) for n in block.gpus[c]]
-    inputs = _island_inputs(islands, block.members, gpus, block.per_gpu)
+    inputs = _island_inputs(model, islands, block.members, gpus, block.per_gpu)
     wan = wan_all.subset(list(block.members))
-    return compose(inputs, wan, model.params_total, _settings(run, block, s), tokens, name=name)
+    settings = _settings(run, block, s)
+    return compose(
+        inputs,
+        wan,
+        model.params_total,
+        settings,
+        tokens,
+        name=name,
+        payload=run_payload(settings, model),
+    )
 
 
 def _terms(est: TopologyEstimate) -> dict[str, float]:
@@ -448,6 +487,7 @@ def search_topology(
     blocks: list[Block] = []
     n_isl = len(islands)
     grids = {mode: outer_grid(mode, topo.run, outer) for mode in ("single", *outer.modes)}
+    payload = run_payload(topo.run, model)
     for size in range(1, n_isl + 1):
         for members in itertools.combinations(range(n_isl), size):
             wan = wan_all.subset(list(members))
@@ -460,7 +500,7 @@ def search_topology(
                     if grids[mode].inner_steps.size:
                         blocks.append(
                             compose_block(
-                                cb, wan, model, topo.run, mode, grids[mode], budget_tokens
+                                cb, wan, model, topo.run, mode, grids[mode], budget_tokens, payload
                             )
                         )
     return _topology_result(

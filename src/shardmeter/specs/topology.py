@@ -14,11 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from shardmeter.errors import UserInputError, from_pydantic
-from shardmeter.estimate.outer import FloatArray, WanPaths, best_ring, effective_wan_Bps
 from shardmeter.specs.hardware import Accelerator, Cluster, Link
 from shardmeter.specs.model import TransformerSpec
 from shardmeter.specs.plan import Plan
@@ -44,12 +42,6 @@ class WanLinkParams(BaseModel):
     streams: int | None = Field(default=None, gt=0)  # parallel TCP streams (with window_mb)
     window_mb: float | None = Field(default=None, gt=0)  # TCP window per stream, MB
 
-    def bytes_per_s(self) -> float:
-        """Effective bytes/s: efficiency × link, capped by streams·window/RTT (design doc C.4)."""
-        link = self.bandwidth_gbit * GBIT * self.efficiency
-        window = None if self.window_mb is None else self.window_mb * 1e6
-        return float(effective_wan_Bps(link, self.latency_ms * 1e-3, self.streams, window))
-
 
 class WanLink(WanLinkParams):
     """A WAN link between two named islands (undirected; both directions have its bandwidth)."""
@@ -70,6 +62,44 @@ class WanMatrix(BaseModel):
     efficiency: float = Field(default=1.0, gt=0, le=1)
 
 
+def parse_settings(text: str, field: str) -> dict[str, Any]:
+    """'a=1,b=x,c=true' -> {'a': 1, 'b': 'x', 'c': True}: the one-line form of a settings
+    table, accepted wherever the table is (file, CLI flag, Python)."""
+    out: dict[str, Any] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise UserInputError(field, text, "key=value pairs separated by commas")
+        out[key.strip()] = _scalar(raw.strip())
+    return out
+
+
+def _scalar(raw: str) -> Any:
+    """A settings value as TOML would read it: bool, int, float, else the string."""
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            continue
+    return raw
+
+
+class BucketSpec(BaseModel):
+    """Object storage every island uploads its payload to once and downloads the others' from
+    (permissionless runs): per-island path to the bucket and the cloud's egress price."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bandwidth_gbit: float = Field(gt=0)  # each island ↔ bucket, Gbit/s per direction
+    latency_ms: float = Field(default=50.0, ge=0)  # round-trip time of one request
+    egress_usd_per_gb: float = Field(default=0.0, ge=0)  # charged per GB downloaded
+    aggregate_gbit: float | None = Field(default=None, gt=0)  # the bucket's total throughput
+
+
 class WanSpec(BaseModel):
     """WAN between islands: a mesh of links, a full matrix, or a star around a hub."""
 
@@ -82,6 +112,12 @@ class WanSpec(BaseModel):
     matrix: WanMatrix | None = None  # kind = "matrix"
     server_bandwidth_gbit: float | None = Field(default=None, gt=0)  # parameter-server cap
     host_copy_gbps: float | None = Field(default=None, gt=0)  # GB/s device↔host (Gloo on CPU)
+    bucket: BucketSpec | None = None  # object storage for reduce = "bucket"
+
+    @field_validator("bucket", mode="before")
+    @classmethod
+    def _bucket_text(cls, value: Any) -> Any:
+        return parse_settings(value, "wan.bucket") if isinstance(value, str) else value
 
 
 class IslandSpec(BaseModel):
@@ -100,6 +136,122 @@ class IslandSpec(BaseModel):
     price_per_gpu_hour: float | None = Field(default=None, ge=0)  # USD; None = preset's
     plan: str | dict[str, Any] = "auto"  # "auto" or an inline Plan table
     global_batch: int | None = Field(default=None, gt=0)  # sequences per inner step
+    step_time_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)  # given, s
+    mtbf_hours: float | None = Field(default=None, gt=0)  # this island's MTBF (wins over run's)
+
+
+class FragmentSpec(BaseModel):
+    """One fragment of a Streaming DiLoCo schedule: `layers` transformer layers synced at
+    inner step `offset` of every round (0 ≤ offset < H)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    offset: int = Field(ge=0)
+    layers: int = Field(ge=1)
+
+
+def parse_fragments(value: Any) -> Any:
+    """The fragment schedule in any of its spellings: P (int, or its digits as text), or an
+    explicit list of {offset, layers} tables, or its text form 'offset:layers,...'."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.isdigit():
+        return int(text)
+    out = []
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        offset, sep, layers = item.partition(":")
+        if not (sep and offset.strip().isdigit() and layers.strip().isdigit()):
+            raise UserInputError(
+                "fragments", value, "P, or offset:layers pairs separated by commas"
+            )
+        out.append({"offset": int(offset), "layers": int(layers)})
+    return out
+
+
+PAYLOAD_KINDS: tuple[str, ...] = ("dense", "topk", "sign", "lowrank", "dct_topk")
+
+
+class PayloadSpec(BaseModel):
+    """What crosses the WAN per exchange (design doc C.9 q, generalised). `dense` sends q-bit
+    values (`bits`, or `grad_bits` in sync DP); the compressed families send fewer bits per
+    parameter, indices and scales included, and may keep an error-feedback buffer:
+
+    - topk: the `fraction` largest values + their indices (Lin et al. 2018, DGC);
+    - sign: 1 bit per value + one scale per `group` (Bernstein et al. 2018, signSGD);
+    - lowrank: rank-`rank` factors P, Q of every matrix (Vogels et al. 2019, PowerSGD);
+    - dct_topk: DCT of `chunk`-element chunks, `fraction` of coefficients kept with their
+      in-chunk index (Peng et al. 2024, DeMo).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["dense", "topk", "sign", "lowrank", "dct_topk"] = "dense"
+    fraction: float | None = Field(default=None, gt=0, le=1)  # topk, dct_topk: kept share
+    value_bits: int = Field(default=16, ge=1, le=32)  # bits per kept value / factor entry
+    index_bits: int | None = Field(default=None, ge=1, le=64)  # topk 32, dct_topk 16
+    rank: int = Field(default=4, ge=1)  # lowrank
+    chunk: int = Field(default=64, ge=2)  # dct_topk: elements per DCT chunk
+    group: int = Field(default=128, ge=1)  # sign: values per scale
+    scale_bits: int = Field(default=16, ge=1, le=32)  # sign: bits per scale
+    error_feedback: bool = True  # compressed kinds keep an fp32 residual per parameter
+
+    @model_validator(mode="after")
+    def _needs_fraction(self) -> PayloadSpec:
+        if self.kind in ("topk", "dct_topk") and self.fraction is None:
+            raise UserInputError("fraction", None, f"{self.kind} needs a kept fraction in (0, 1]")
+        return self
+
+    @property
+    def label(self) -> str:
+        """Short text: 'top-1% + idx32', 'sign/128', 'rank-4', 'DCT 64 top-10%'."""
+        if self.kind == "topk":
+            return f"top-{self.fraction:.3g} + {self.index_bits or 32}-bit indices"
+        if self.kind == "sign":
+            return f"sign, a {self.scale_bits}-bit scale per {self.group}"
+        if self.kind == "lowrank":
+            return f"rank-{self.rank} factors"
+        if self.kind == "dct_topk":
+            return f"DCT chunks of {self.chunk}, top-{self.fraction:.3g}"
+        return "dense"
+
+
+def _payload(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    kind, _, rest = value.partition(":")
+    return {"kind": kind.strip(), **parse_settings(rest, "payload")}
+
+
+class FailureSpec(BaseModel):
+    """Failures and churn (first-order model, Young 1974 / Daly 2006): how often an island
+    fails, what a restart and a checkpoint cost, and the quorum that lets sync DiLoCo go on
+    without a failed island. No MTBF means no failures."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gpu_mtbf_hours: float | None = Field(default=None, gt=0)  # island MTBF = this / its GPUs
+    island_mtbf_hours: float | None = Field(default=None, gt=0)  # per island (wins over GPU)
+    restart_s: float = Field(default=600.0, ge=0, allow_inf_nan=False)  # detect + rejoin
+    checkpoint_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)  # one checkpoint write
+    checkpoint_interval_s: float | Literal["auto"] = "auto"  # "auto": Young/Daly optimum
+    quorum: int | None = Field(default=None, ge=1)  # sync DiLoCo/Streaming: go on with K of M
+    grace_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)  # wait before going on
+
+    @field_validator("checkpoint_interval_s")
+    @classmethod
+    def _positive_interval(cls, value: float | str) -> float | str:
+        if isinstance(value, float | int) and not (value > 0 and math.isfinite(value)):
+            raise ValueError("must be 'auto' or a positive number of seconds")
+        return value
+
+    @property
+    def enabled(self) -> bool:
+        return self.gpu_mtbf_hours is not None or self.island_mtbf_hours is not None
+
+
+def _failures(value: Any) -> Any:
+    return parse_settings(value, "failures") if isinstance(value, str) else value
 
 
 class OuterSpec(BaseModel):
@@ -109,16 +261,42 @@ class OuterSpec(BaseModel):
 
     mode: Literal["sync", "diloco", "streaming", "async"] = "diloco"
     inner_steps: int = Field(default=100, ge=1)  # H
-    bits: Literal[32, 16, 8, 4] = 16  # pseudo-gradient bits q
-    grad_bits: Literal[32, 16, 8] = 16  # gradient bits in synchronous DP
+    bits: Literal[32, 16, 8, 4] = 16  # pseudo-gradient bits q (dense payload)
+    grad_bits: Literal[32, 16, 8] = 16  # gradient bits in synchronous DP (dense payload)
+    payload: PayloadSpec = PayloadSpec()  # what crosses the WAN (dense: bits / grad_bits)
     outer_overlap: bool = False  # DiLoCo: eager/delayed outer step, comm hidden by one round
+    backward_overlap: bool = True  # the exchange starts during the backward, layer by layer
     balance_steps: bool = False  # DiLoCo/Streaming: faster islands run H_i = ⌊H·T_max/T_i⌋ steps
-    fragments: int = Field(default=1, ge=1)  # Streaming DiLoCo P
-    overlap_steps: int = Field(default=0, ge=0)  # Streaming DiLoCo τ
-    reduce: Literal["ring", "hub"] = "ring"  # outer all-reduce pattern
+    fragments: int | list[FragmentSpec] = 1  # Streaming DiLoCo: P, or an explicit schedule
+    overlap_steps: int = Field(default=0, ge=0)  # Streaming DiLoCo τ (≤ H: a whole round)
+    reduce: Literal["ring", "hub", "bucket"] = "ring"  # outer collective pattern
     server: str | None = None  # hub / parameter-server island (default: WAN hub or first)
+    failures: FailureSpec = FailureSpec()
     quality_factor: float = Field(default=1.0, gt=0, allow_inf_nan=False)  # tokens needed vs sync
     compute_bound_threshold: float = Field(default=0.9, gt=0, le=1)  # utilization ≥ this
+
+    _fragments_text = field_validator("fragments", mode="before")(parse_fragments)
+    _payload_text = field_validator("payload", mode="before")(_payload)
+    _failures_text = field_validator("failures", mode="before")(_failures)
+
+    @field_validator("fragments")
+    @classmethod
+    def _fragments_positive(cls, value: int | list[FragmentSpec]) -> int | list[FragmentSpec]:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("P must be at least 1")
+        if isinstance(value, list) and not value:
+            raise ValueError("an explicit schedule needs at least one fragment")
+        return value
+
+    @property
+    def n_fragments(self) -> int:
+        """P: the number of fragments of the schedule."""
+        return self.fragments if isinstance(self.fragments, int) else len(self.fragments)
+
+    @property
+    def dense_bits(self) -> int:
+        """Bits per value of a dense payload in this mode."""
+        return int(self.grad_bits if self.mode == "sync" else self.bits)
 
 
 class RunSpec(OuterSpec):
@@ -127,6 +305,7 @@ class RunSpec(OuterSpec):
     model: str | dict[str, Any] = "llama-3-8b"
     tokens: float = Field(default=1e12, gt=0, allow_inf_nan=False)  # token budget
     global_batch: int | None = Field(default=None, gt=0)  # sequences per island per inner step
+    step_time_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)  # given, all
 
 
 class Topology(BaseModel):
@@ -250,16 +429,33 @@ def validate_topology(topo: Topology) -> None:
             )
     if topo.run.server is not None and topo.run.server not in names:
         raise UserInputError("run.server", topo.run.server, known)
-    run = topo.run
-    if run.mode == "streaming" and run.inner_steps % run.fragments:
+    validate_run(topo.run, topo)
+
+
+def validate_run(run: OuterSpec, topo: Topology) -> None:
+    """Cross-field checks of the run settings: the fragment schedule fits one round, τ at
+    most a round, a bucket for reduce = "bucket", a quorum no larger than the islands."""
+    h = run.inner_steps
+    if run.overlap_steps > h:
         raise UserInputError(
-            "run.fragments", run.fragments, f"must divide inner_steps = {run.inner_steps}"
+            "run.overlap_steps", run.overlap_steps, f"must be ≤ inner_steps = {h} (a whole round)"
         )
-    if run.mode == "streaming" and run.overlap_steps > run.inner_steps // run.fragments:
+    if isinstance(run.fragments, int) and run.fragments > h:
         raise UserInputError(
-            "run.overlap_steps",
-            run.overlap_steps,
-            f"must be ≤ inner_steps/fragments = {run.inner_steps // run.fragments}",
+            "run.fragments", run.fragments, f"at most one fragment per inner step (H = {h})"
+        )
+    if isinstance(run.fragments, list):
+        for k, frag in enumerate(run.fragments):
+            if frag.offset >= h:
+                raise UserInputError(
+                    f"run.fragments[{k}].offset", frag.offset, f"must be < inner_steps = {h}"
+                )
+    if run.reduce == "bucket" and topo.wan.bucket is None:
+        raise UserInputError("run.reduce", "bucket", "needs a [wan.bucket] table")
+    quorum = run.failures.quorum
+    if quorum is not None and quorum > len(topo.islands):
+        raise UserInputError(
+            "run.failures.quorum", quorum, f"at most the {len(topo.islands)} islands"
         )
 
 
@@ -286,89 +482,6 @@ def _check_matrix(wan: WanSpec, n: int) -> None:
                 if i != j and (bad or not math.isfinite(value)):
                     need = "> 0" if positive else "≥ 0"
                     raise UserInputError(f"wan.matrix.{key}[{i}][{j}]", value, f"must be {need}")
-
-
-def _link_between(topo: Topology, a: str, b: str) -> WanLinkParams | None:
-    for link in topo.wan.links:
-        if {link.from_, link.to} == {a, b}:
-            return link
-    return topo.wan.default
-
-
-def _matrix_paths(m: WanMatrix, n: int) -> tuple[FloatArray, FloatArray, FloatArray]:
-    """(bytes/s, RTT s, USD/byte) matrices from a [wan.matrix] table."""
-    off = ~np.eye(n, dtype=bool)
-    gbit = np.asarray(m.bandwidth_gbit, dtype=np.float64)
-    bw = np.where(off, gbit * GBIT * m.efficiency, np.inf)
-    rtt = np.where(off, np.asarray(m.latency_ms, dtype=np.float64) * 1e-3, 0.0)
-    usd = np.zeros((n, n)) if m.egress_usd_per_gb is None else np.asarray(m.egress_usd_per_gb)
-    price = np.where(off, usd / 1e9, 0.0)
-    return bw, rtt, price
-
-
-def wan_paths(topo: Topology) -> WanPaths:
-    """Resolve the WAN into island-to-island path matrices (a star routes through its hub)."""
-    names = topo.island_names
-    n = len(names)
-    bw = np.full((n, n), np.inf)
-    rtt = np.zeros((n, n))
-    price = np.zeros((n, n))
-    wan = topo.wan
-    if wan.kind == "star" and n > 1:
-        hub = names.index(str(wan.hub))
-        spokes: dict[int, WanLinkParams] = {}
-        for i, name in enumerate(names):
-            if i == hub:
-                continue
-            spoke = _link_between(topo, name, names[hub])
-            if spoke is None:
-                raise UserInputError(
-                    "wan.links", name, f"no spoke from {name!r} to the hub; add it or wan.default"
-                )
-            spokes[i] = spoke
-        for i in range(n):
-            for j in range(n):
-                if i == j:
-                    continue
-                hops = [spokes[k] for k in (i, j) if k != hub]
-                bw[i, j] = min(h.bytes_per_s() for h in hops)
-                rtt[i, j] = sum(h.latency_ms for h in hops) * 1e-3
-                price[i, j] = sum(h.egress_usd_per_gb for h in hops) / 1e9
-        center = hub
-        star_hub: int | None = hub
-    elif wan.kind == "matrix" and wan.matrix is not None:
-        star_hub, center = None, 0
-        bw, rtt, price = _matrix_paths(wan.matrix, n)
-    else:
-        star_hub = None
-        for i in range(n):
-            for j in range(i + 1, n):
-                link = _link_between(topo, names[i], names[j])
-                if link is None:
-                    raise UserInputError(
-                        "wan.links",
-                        f"{names[i]}-{names[j]}",
-                        "no link between these islands; add it or set wan.default",
-                    )
-                bw[i, j] = bw[j, i] = link.bytes_per_s()
-                rtt[i, j] = rtt[j, i] = link.latency_ms * 1e-3
-                price[i, j] = price[j, i] = link.egress_usd_per_gb / 1e9
-        center = 0
-    if topo.run.server is not None:
-        center = names.index(topo.run.server)
-    server = wan.server_bandwidth_gbit
-    host = wan.host_copy_gbps
-    return WanPaths(
-        names=tuple(names),
-        bandwidth_Bps=bw,
-        rtt_s=rtt,
-        egress_usd_per_byte=price,
-        ring=best_ring(bw),
-        center=center,
-        server_Bps=float("inf") if server is None else server * GBIT,
-        host_copy_Bps=float("inf") if host is None else host * 1e9,
-        hub=star_hub,
-    )
 
 
 def _rename(exc: UserInputError, kind: str, field: str) -> UserInputError:

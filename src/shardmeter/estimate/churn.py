@@ -1,0 +1,103 @@
+"""Failures and churn: the share of wall time that still trains when islands fail, restart and
+checkpoint (first-order model of Young 1974 and Daly 2006, FGCS 22(3)).
+
+Per island i: failure rate λ_i = 1/MTBF_i (an island's MTBF is the run's per-GPU MTBF divided
+by its GPUs unless given per island). A failure costs the failed island its restart R plus the
+work since its last recovery point: the later of its last checkpoint and the last
+synchronisation (peers hold the synchronised model, as torchft and INTELLECT-1 recover), half
+that interval on average. Checkpoints cost C every τ_c of work.
+
+- Synchronous modes stall every island for each failure anywhere: island i keeps
+  g = 1 / ((1 + C/τ_c) · (1 + Σ_j λ_j (R + rework_j))).
+- Asynchronous mode, and sync DiLoCo/Streaming with a quorum K < M, lose only the failed
+  island's work; with a quorum the others wait the grace window per failure:
+  g_i = 1 / ((1 + C/τ_c) · (1 + λ_i (R + rework_i) + Σ_{j≠i} λ_j · grace)).
+
+The optimal checkpoint interval is Daly's first-order optimum τ* = √(2·C·M) − C for C < M/2
+(else M), with M the MTBF of whatever stalls together (Daly 2006, eq. 20; Young 1974).
+Units: seconds, failures per second.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shardmeter.specs.topology import FailureSpec
+
+FloatArray = NDArray[np.float64]
+HOUR = 3600.0
+
+
+@dataclass(frozen=True)
+class Churn:
+    """What failures cost each island (arrays over islands) and the checkpoint interval."""
+
+    goodput: FloatArray  # share of wall time that still trains
+    failures_per_s: FloatArray  # λ_i
+    lost_per_failure_s: FloatArray  # restart + expected rework of island i's own failure
+    checkpoint_interval_s: float  # used (inf: never)
+    optimal_interval_s: float  # Young/Daly τ* for the group that stalls together (inf: none)
+    shared_stall: bool  # True: a failure stalls every island
+
+
+def island_mtbf_s(spec: FailureSpec, n_gpus: FloatArray, override_hours: FloatArray) -> FloatArray:
+    """MTBF of each island in seconds: its own override, else the run's per-island figure,
+    else the per-GPU figure over its GPUs; inf when none is given (no failures)."""
+    base = math.inf
+    if spec.island_mtbf_hours is not None:
+        base = spec.island_mtbf_hours * HOUR
+    per_island = np.full(n_gpus.shape, base)
+    if spec.island_mtbf_hours is None and spec.gpu_mtbf_hours is not None:
+        per_island = spec.gpu_mtbf_hours * HOUR / n_gpus
+    return np.where(np.isfinite(override_hours), override_hours * HOUR, per_island)
+
+
+def daly_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
+    """Daly's first-order optimum checkpoint interval (2006, eq. 20), seconds of work."""
+    if not math.isfinite(mtbf_s):
+        return math.inf  # nothing fails: never checkpoint
+    if checkpoint_s <= 0:
+        return 0.0  # free checkpoints: take them continuously
+    if checkpoint_s >= mtbf_s / 2:
+        return mtbf_s
+    return math.sqrt(2.0 * checkpoint_s * mtbf_s) - checkpoint_s
+
+
+def churn(
+    spec: FailureSpec,
+    mtbf_s: FloatArray,
+    sync_interval_s: FloatArray,
+    *,
+    asynchronous: bool,
+) -> Churn:
+    """Goodput per island. `sync_interval_s`: time between synchronisations of island i (its
+    round); `asynchronous`: the async mode (no shared stall even without a quorum)."""
+    lam = np.where(np.isfinite(mtbf_s), 1.0 / mtbf_s, 0.0)
+    n = lam.shape[-1]
+    quorum = spec.quorum is not None and spec.quorum < n
+    shared = not (asynchronous or quorum)
+    group_rate = float(lam.sum()) if shared else float(lam.max(initial=0.0))
+    optimal = daly_interval_s(spec.checkpoint_s, 1.0 / group_rate if group_rate > 0 else math.inf)
+    interval = (
+        optimal if spec.checkpoint_interval_s == "auto" else float(spec.checkpoint_interval_s)
+    )
+    overhead = spec.checkpoint_s / interval if spec.checkpoint_s > 0 else 0.0
+    recovery = np.minimum(interval + spec.checkpoint_s, sync_interval_s)
+    lost = spec.restart_s + recovery / 2.0
+    if shared:
+        waste = np.full(n, float((lam * lost).sum()))
+    else:
+        grace = spec.grace_s if quorum else 0.0
+        waste = lam * lost + (lam.sum() - lam) * grace
+    return Churn(
+        goodput=1.0 / ((1.0 + overhead) * (1.0 + waste)),
+        failures_per_s=lam,
+        lost_per_failure_s=np.where(lam > 0, lost, 0.0),
+        checkpoint_interval_s=interval,
+        optimal_interval_s=optimal,
+        shared_stall=shared,
+    )

@@ -1,0 +1,155 @@
+"""When a WAN exchange can run without stopping compute: fragment schedules and the stall they
+leave per round.
+
+An outer round is H inner steps of `step_s` each (the slowest island's, in lockstep). Fragment f
+(a share of the payload) is released at inner step o_f: bucket by bucket over the backward pass
+of that step (per-layer buckets, as DDP/FSDP reduce gradients, C.7), or at its end without
+backward overlap. It must have crossed the WAN by the end of step o_f + τ, when it is merged
+(Streaming DiLoCo, Douillard et al. 2025, arXiv 2501.18512, Alg. 2; τ = H is the one-outer-step
+overlap of Kale et al. 2025, arXiv 2502.12996). The WAN is one FIFO link: a fragment starts when
+the previous one has left, so back-to-back fragments queue. Where a fragment is late, compute
+stalls until it lands. Synchronous DP is the schedule H = 1, P = 1, τ = 0; blocking DiLoCo is
+P = 1, τ = 0; eager DiLoCo P = 1, τ = H.
+
+`round_stall_s` replays a few rounds of this timeline on numpy arrays (leading axes broadcast,
+one vectorized pass per event) and returns the steady-state stall of one round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+FloatArray = NDArray[np.float64]
+ROUNDS = 4  # rounds replayed; the last one is reported (with the link-capacity bound)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Fragments of one round: offsets (inner step, 0 ≤ o < H) and payload shares (Σ = 1),
+    arrays (..., P); padding fragments have share 0."""
+
+    offsets: FloatArray
+    shares: FloatArray
+
+    @property
+    def n(self) -> int:
+        return int(self.offsets.shape[-1])
+
+
+def even_schedule(inner_steps: ArrayLike, fragments: ArrayLike) -> Schedule:
+    """P equal fragments at offsets round(k·H/P), k = 0..P−1 (P may vary along leading axes;
+    shorter schedules are padded with empty fragments)."""
+    h = np.asarray(inner_steps, dtype=np.float64)
+    p = np.asarray(fragments, dtype=np.float64)
+    shape = np.broadcast_shapes(h.shape, p.shape)
+    width = int(np.max(p)) if p.size else 1
+    k = np.arange(width, dtype=np.float64)
+    hh, pp = np.broadcast_to(h, shape)[..., None], np.broadcast_to(p, shape)[..., None]
+    real = k < pp
+    return Schedule(
+        offsets=np.where(real, np.round(k * hh / pp), 0.0),
+        shares=np.where(real, 1.0 / pp, 0.0),
+    )
+
+
+def explicit_schedule(offsets: list[int], layers: list[int]) -> Schedule:
+    """A schedule listed fragment by fragment: payload shares in proportion to their layers."""
+    total = float(sum(layers))
+    return Schedule(
+        offsets=np.asarray(offsets, dtype=np.float64),
+        shares=np.asarray(layers, dtype=np.float64) / total,
+    )
+
+
+def round_stall_s(
+    step_s: ArrayLike,
+    inner_steps: ArrayLike,
+    schedule: Schedule,
+    tau: ArrayLike,
+    fixed_s: ArrayLike,
+    transfer_s: ArrayLike,
+    window_s: ArrayLike,
+    buckets: ArrayLike,
+) -> FloatArray:
+    """Steady-state compute stall per round (seconds).
+
+    step_s: inner step; inner_steps: H; tau: steps a fragment may take (0 ≤ τ ≤ H);
+    fixed_s: per-fragment latency of the collective (RTT terms); transfer_s: the whole
+    payload's bandwidth time, fragment f takes share_f of it; window_s: the backward pass
+    during which buckets are released (0: released at the end of the step); buckets: layers
+    of the whole model per pipeline stage (a fragment holds share_f of them, at least one).
+    """
+    t = np.asarray(step_s, dtype=np.float64)
+    h = np.asarray(inner_steps, dtype=np.float64)
+    tau_ = np.asarray(tau, dtype=np.float64)
+    fixed = np.asarray(fixed_s, dtype=np.float64)
+    transfer = np.asarray(transfer_s, dtype=np.float64)
+    window = np.asarray(window_s, dtype=np.float64)
+    layers = np.asarray(buckets, dtype=np.float64)
+    lead = np.broadcast_shapes(
+        t.shape,
+        h.shape,
+        tau_.shape,
+        fixed.shape,
+        transfer.shape,
+        window.shape,
+        layers.shape,
+        schedule.offsets.shape[:-1],
+        schedule.shares.shape[:-1],
+    )
+    p = schedule.n
+    offsets = np.broadcast_to(schedule.offsets, (*lead, p))
+    shares = np.broadcast_to(schedule.shares, (*lead, p))
+    t, h, tau_, fixed, transfer, window, layers = (
+        np.broadcast_to(a, lead) for a in (t, h, tau_, fixed, transfer, window, layers)
+    )
+    comm = np.where(shares > 0, fixed[..., None] + shares * transfer[..., None], 0.0)
+    k = np.maximum(1.0, np.round(shares * layers[..., None]))
+    b = np.minimum(window, t)
+
+    # Events of ROUNDS rounds: releases (key o + 0.5, inside step o) and deadlines (key
+    # o + τ + 1, the end of step o + τ); fragment e = r·P + f.
+    r = np.repeat(np.arange(ROUNDS, dtype=np.float64), p)
+    base = np.tile(offsets, ROUNDS) + r * h[..., None]  # (..., R·P): step index of release
+    keys = np.concatenate([base + 0.5, base + tau_[..., None] + 1.0], axis=-1)
+    order = np.argsort(keys, axis=-1, kind="stable")
+    n_ev = ROUNDS * p
+    comm_e = np.tile(comm, ROUNDS)
+    k_e = np.tile(k, ROUNDS)
+    last_round = np.arange(n_ev) >= (ROUNDS - 1) * p
+
+    delay = np.zeros(lead)  # stall accumulated so far
+    link_free = np.full(lead, -np.inf)
+    finish = np.full((*lead, n_ev), -np.inf)
+    stall = np.zeros(lead)
+    for j in range(2 * n_ev):
+        ev = order[..., j : j + 1]
+        is_release = (ev < n_ev)[..., 0]
+        e = ev % n_ev
+        step = np.take_along_axis(base, e, axis=-1)[..., 0]
+        c = np.take_along_axis(comm_e, e, axis=-1)[..., 0]
+        kk = np.take_along_axis(k_e, e, axis=-1)[..., 0]
+        end = (step + 1.0) * t + delay
+        first = end - b + b / kk
+        done = np.maximum(np.maximum(link_free, first) + c, end + c / kk)
+        release = is_release & (c > 0)
+        link_free = np.where(release, done, link_free)
+        np.put_along_axis(
+            finish,
+            e,
+            np.where(release, done, np.take_along_axis(finish, e, -1)[..., 0])[..., None],
+            -1,
+        )
+        due = (step + tau_ + 1.0) * t + delay
+        late = np.where(
+            is_release, 0.0, np.maximum(0.0, np.take_along_axis(finish, e, -1)[..., 0] - due)
+        )
+        delay = delay + late
+        stall = stall + np.where(last_round[e[..., 0]], late, 0.0)
+    # A link busy all the time carries one round's fragments per round: round ≥ Σ c_f. The
+    # replay starts from an idle link, so a backlog that grows slowly (τ near H) may not have
+    # built up yet; the capacity bound is its steady state.
+    return np.maximum(stall, comm.sum(axis=-1) - h * t)
