@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardmeter.estimate.islands import IslandInput, compose
-from shardmeter.estimate.wan import WanPaths, ring_allreduce_s, wan_paths
 from shardmeter.estimate.result import StepEstimate
+from shardmeter.estimate.wan import WanPaths, ring_allreduce_s, wan_paths
 from shardmeter.specs.topology import OuterSpec, topology_from_dict
 
 
