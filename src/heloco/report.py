@@ -20,6 +20,7 @@ from shardmeter.errors import UserInputError
 
 CONFIG_FILE = "config.json"
 PLOT_FORMATS = ("png", "svg")
+REPORT_FILES = ("report.json", "table.md")  # what `heloco report` writes into its --out
 
 
 @dataclass(frozen=True)
@@ -99,12 +100,23 @@ def is_run_dir(path: Path) -> bool:
     return (path / EVENTS_FILE).is_file()
 
 
+def is_report_dir(path: Path) -> bool:
+    """A folder `heloco report` wrote (no run of its own), e.g. ``runs/report`` of ``runs/*``."""
+    return not is_run_dir(path) and any((path / name).is_file() for name in REPORT_FILES)
+
+
 def find_run_dirs(paths: Sequence[Path]) -> list[Path]:
-    """Run folders among ``paths``; a folder without events.jsonl is searched recursively."""
+    """Run folders among ``paths``; a folder without events.jsonl is searched recursively.
+
+    Report folders are skipped, so ``heloco report runs/*`` works again after its first run
+    wrote ``runs/report``.
+    """
     found: list[Path] = []
     for p in paths:
         if not p.is_dir():
             raise UserInputError("RUN_DIR", str(p), "an existing run folder (with events.jsonl)")
+        if is_report_dir(p):
+            continue
         if is_run_dir(p):
             found.append(p)
             continue
@@ -112,6 +124,9 @@ def find_run_dirs(paths: Sequence[Path]) -> list[Path]:
         if not nested:
             raise UserInputError("RUN_DIR", str(p), "a folder holding events.jsonl (a run folder)")
         found.extend(nested)
+    if not found:
+        names = ", ".join(str(p) for p in paths)
+        raise UserInputError("RUN_DIR", names, "at least one run folder (these are reports)")
     return found
 
 

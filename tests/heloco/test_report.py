@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,20 @@ def test_bad_run_dir_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert len(err.splitlines()) == 1 and "RUN_DIR" in err
     (tmp_path / "empty").mkdir()
     assert main(["report", str(tmp_path / "empty")]) == 2
+
+
+def test_report_of_a_glob_twice_skips_its_own_output(
+    two_runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`heloco report runs/*` writes runs/report, which the same glob picks up next time."""
+    root = tmp_path / "runs"
+    for name in ("heloco", "sync"):
+        shutil.copytree(two_runs / name, root / name)
+    for _ in range(2):
+        argv = ["report", *map(str, sorted(root.iterdir())), "--no-plots", "--json"]
+        assert main(argv) == 0, capsys.readouterr().err
+        payload = json.loads(capsys.readouterr().out)
+        assert len(payload["runs"]) == 2
+    assert json.loads((root / "report" / "report.json").read_text())["runs"] == payload["runs"]
+    assert main(["report", str(root / "report")]) == 2
+    assert "these are reports" in capsys.readouterr().err

@@ -49,8 +49,9 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "table.md", markdown_table(runs))
     plots = [] if args.no_plots else plot_runs(runs, out)
+    payload = runs_to_json(runs) | {"files": [str(p) for p in plots]}
+    atomic_write_text(out / "report.json", json.dumps(payload, indent=2) + "\n")
     if args.json:
-        payload = runs_to_json(runs) | {"files": [str(p) for p in plots]}
         print(json.dumps(payload, indent=2))
         return 0
     console = console_for(sys.stdout.isatty())
