@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 
 from shardmeter.clikit import build_parser as _build_parser
@@ -23,7 +24,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
 
+# Modules of the `train` extra: without them every command is a one-line install hint.
+TRAIN_MODULES: tuple[str, ...] = ("torch", "safetensors", "zmq", "tokenizers")
+INSTALL_HINT = (
+    "heloco needs the `train` extra (missing: {name}); install it with "
+    "pip install -e '.[train]' in the repository, or pip install 'shardmeter-heloco[train]'"
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run `heloco`; without the `train` extra, one line that says how to install it."""
+    try:
+        return _main(argv)
+    except ModuleNotFoundError as exc:
+        name = (exc.name or "").partition(".")[0]
+        if name not in TRAIN_MODULES:
+            raise
+        print(f"heloco: error: {INSTALL_HINT.format(name=name)}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
