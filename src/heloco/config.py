@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from heloco.sim import OUTER_ALIASES, SimConfig, fold_outer_aliases, parse_sim_config
-from shardmeter.errors import UserInputError, check_known_keys
+from shardmeter.errors import UserInputError, check_input
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -157,7 +157,7 @@ def load_config(
     A misspelt key is a one-line error with the close matches (``inner.lrr`` -> ``inner.lr``).
     """
     values = config_values(path, preset, overrides)
-    check_known_keys(values, SimConfig)
+    check_input(values, SimConfig)
     return parse_sim_config(values)
 
 

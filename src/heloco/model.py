@@ -24,7 +24,7 @@ INIT_STD = 0.02  # GPT-2 initialisation (Radford et al. 2019, §2.3; nanoGPT `_i
 class ModelConfig(BaseModel):
     """Shape of a TinyGPT. ``seq_len`` is the longest context (size of the position table)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     vocab_size: int = Field(ge=2, le=1_000_000)
     seq_len: int = Field(ge=1, le=1_000_000)

@@ -32,7 +32,7 @@ RejectReason = Literal[
 class ServerConfig(BaseModel):
     """Policies of the server. ``grace_window`` is in seconds; the clock driver enforces it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     n_workers: int = Field(ge=1)
     inner_steps: int = Field(20, ge=1, description="H, local steps per round")

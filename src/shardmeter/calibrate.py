@@ -8,6 +8,7 @@ named by `gpu` on its reference cluster, with the row's node shape and NIC speed
 from __future__ import annotations
 
 import csv
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -120,28 +121,56 @@ def _cell(row: Mapping[str, str], name: str) -> str:
 
 
 def _int(row: Mapping[str, str], name: str, default: int | None = None) -> int:
-    text = _cell(row, name)
-    if not text:
+    value = _optional_int(row, name)
+    if value is None:
         if default is None:
-            raise UserInputError(name, text, "a value is required")
+            raise UserInputError(name, "", "a value is required")
         return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise UserInputError(name, text, "must be a number") from None
+    return value
+
+
+def _optional_int(row: Mapping[str, str], name: str) -> int | None:
+    """A whole number cell (``8`` or ``8.0``), None if blank; NaN, inf and 2.5 are errors."""
+    value = _float(row, name)
+    if value is None:
+        return None
     if value != int(value):
-        raise UserInputError(name, text, "must be an integer")
+        raise UserInputError(name, _cell(row, name), "must be an integer")
     return int(value)
 
 
 def _float(row: Mapping[str, str], name: str) -> float | None:
+    """A finite number cell, None if blank (``nan``, ``inf`` and words are errors)."""
     text = _cell(row, name)
     if not text:
         return None
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         raise UserInputError(name, text, "must be a number") from None
+    if not math.isfinite(value):
+        raise UserInputError(name, text, "must be a finite number")
+    return value
+
+
+def _yes_no(row: Mapping[str, str], name: str) -> bool | None:
+    """A yes/no cell (also true/false, 1/0), None if blank; anything else is an error."""
+    text = _cell(row, name).lower()
+    if not text:
+        return None
+    if text not in YES_NO:
+        raise UserInputError(name, _cell(row, name), "yes or no (or true/false, 1/0)")
+    return YES_NO[text]
+
+
+YES_NO: dict[str, bool] = {
+    "yes": True,
+    "true": True,
+    "1": True,
+    "no": False,
+    "false": False,
+    "0": False,
+}
 
 
 _DENSE_LAYERS = re.compile(r"(?:first\s+)?(\d+)\s+(?:leading\s+)?dense(?:\s+\w+)?\s+layers?", re.I)
@@ -197,14 +226,13 @@ def model_from_row(row: Mapping[str, str]) -> TransformerSpec:
             dense_layers=dense_layers,
             dense_ffn=dense_ffn,
         )
-    head_dim = _cell(row, "head_dim")
     kwargs = {
         "name": _cell(row, "model") or "custom",
         "n_layers": _int(row, "n_layers"),
         "hidden": _int(row, "hidden"),
         "n_heads": _int(row, "n_heads"),
         "n_kv_heads": _int(row, "n_kv_heads", _int(row, "n_heads")),
-        "head_dim": int(float(head_dim)) if head_dim else None,
+        "head_dim": _optional_int(row, "head_dim"),
         "ffn": _int(row, "ffn"),
         "mlp": mlp,
         "vocab": _int(row, "vocab"),
@@ -273,9 +301,7 @@ def plan_from_row(row: Mapping[str, str]) -> Plan:
     SP on whenever tp > 1 unless stated)."""
     defaults = FRAMEWORK_DEFAULTS.get(framework_key(_cell(row, "framework")), GENERIC_DEFAULTS)
     tp = _int(row, "tp", 1)
-    sp_cell = _cell(row, "sp").lower()
-    sp = sp_cell == "yes" if sp_cell else tp > 1
-    shard_degree = _cell(row, "shard_degree")
+    sp = _yes_no(row, "sp")
     try:
         return Plan(
             dp=_int(row, "dp", 1),
@@ -284,9 +310,9 @@ def plan_from_row(row: Mapping[str, str]) -> Plan:
             cp=_int(row, "cp", 1),
             ep=_int(row, "ep", 1),
             vpp=_int(row, "vpp", 1),
-            sp=sp,
+            sp=tp > 1 if sp is None else sp,
             sharding=_alias(row, "sharding", SHARDING_ALIASES) or defaults.sharding,
-            shard_degree=int(float(shard_degree)) if shard_degree else None,
+            shard_degree=_optional_int(row, "shard_degree"),
             micro_batch=_int(row, "micro_batch", 1),
             global_batch=_int(row, "global_batch"),
             recompute=_alias(row, "recompute", RECOMPUTE_ALIASES) or defaults.recompute,
@@ -381,8 +407,9 @@ def evaluate_rows(rows: Iterable[Mapping[str, str]]) -> list[RowResult]:
     for row in rows:
         run_id = _cell(row, "run_id")
         source = _cell(row, "source_id") or "?"
-        measured = _float(row, "tokens_per_sec_per_gpu") if _cell(row, "run_id") else None
+        measured = None
         try:
+            measured = _float(row, "tokens_per_sec_per_gpu") if run_id else None
             run = run_from_row(row)
             est = predict_run(run)
         except UserInputError as exc:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from shardmeter.errors import UserInputError
 
@@ -20,6 +21,63 @@ def load_command(package: str, name: str) -> ModuleType | None:
         if exc.name == f"{package}.{name}":
             return None
         raise
+
+
+# -- argparse types: numbers checked where they are typed, named in one line -------------------
+MAX_INT = 2**31 - 1  # counts and degrees on the command line (GPUs, tp, steps, ...)
+
+
+def _number(text: str, kind: type[int] | type[float]) -> float:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"got {text!r}; {_noun(kind)}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"got {text!r}; a finite number")
+    return value
+
+
+def _noun(kind: type[int] | type[float]) -> str:
+    return "an integer" if kind is int else "a number"
+
+
+def bounded(
+    kind: type[int] | type[float],
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+) -> Callable[[str], Any]:
+    """An argparse ``type``: ``kind`` (int or float), finite, in [low, high] (``(low, high]``
+    with ``low_open``); integers are at most MAX_INT. A refusal reads
+    ``argument --tp: got '0'; an integer >= 1``."""
+    top = MAX_INT if kind is int and high is None else high
+
+    def parse(text: str) -> Any:
+        value = _number(text, kind)
+        too_low = low is not None and (value <= low if low_open else value < low)
+        too_high = top is not None and value > top
+        if too_low or too_high:
+            rule = [f"{'>' if low_open else '>='} {_plain(low)}"] if low is not None else []
+            if high is not None or too_high:
+                rule.append(f"<= {_plain(top)}")
+            raise argparse.ArgumentTypeError(f"got {text!r}; {_noun(kind)} {' and '.join(rule)}")
+        return value
+
+    parse.__name__ = f"{kind.__name__} in range"  # argparse names the type in some messages
+    return parse
+
+
+def _plain(x: float | None) -> str:
+    """3 -> '3', 0.5 -> '0.5', 2147483647 -> '2147483647' (no exponent for whole numbers)."""
+    return str(int(x)) if x is not None and float(x).is_integer() else f"{x:g}"
+
+
+positive_int = bounded(int, 1)
+nonneg_int = bounded(int, 0)
+finite_float = bounded(float)
+positive_float = bounded(float, 0, low_open=True)
+nonneg_float = bounded(float, 0)
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -82,11 +82,15 @@ def did_you_mean(name: str, choices: Iterable[str], n: int = 3) -> str:
     return f"did you mean {', '.join(close)}?" if close else ""
 
 
-def check_known_keys(values: Mapping[str, Any], model: type[Any], prefix: str = "") -> None:
-    """Raise a one-line UserInputError for the first key of ``values`` (nested tables too)
-    that ``model`` (a pydantic model with ``extra="forbid"``, or a dataclass) does not know,
-    with the close matches among its dotted keys; pydantic only says "Extra inputs are not
-    permitted"."""
+def check_input(values: Mapping[str, Any], model: type[Any], prefix: str = "") -> None:
+    """Check user values against a table type before pydantic sees them, one line per mistake.
+
+    - a key ``model`` (pydantic ``extra="forbid"``, or a dataclass) does not know, with its
+      close matches among the dotted keys (pydantic only says "Extra inputs are not permitted");
+    - strict booleans: true/false only where a field is a bool (pydantic also reads "no", "off",
+      0 and 1), and no true/false where a field is a number (pydantic reads true as 1).
+    Nested tables and list items are checked against their own types.
+    """
     fields = _fields(model)
     if fields is None:
         return
@@ -94,18 +98,61 @@ def check_known_keys(values: Mapping[str, Any], model: type[Any], prefix: str = 
         dotted = f"{prefix}{key}"
         if key not in fields:
             hint = did_you_mean(dotted, _dotted_keys(model, prefix)) or did_you_mean(key, fields)
-            raise UserInputError(dotted, value, "unknown key" + (f"; {hint}" if hint else ""))
-        tables = _table_types(fields[key])
-        if isinstance(value, Mapping) and tables:
-            errors: list[UserInputError] = []
-            for table in tables:
-                try:
-                    check_known_keys(value, table, dotted + ".")
-                    break
-                except UserInputError as exc:
-                    errors.append(exc)
-            else:
-                raise errors[0]
+            hint = hint or "allowed: " + ", ".join(sorted(fields))
+            raise UserInputError(dotted, value, f"unknown key; {hint}")
+        _check_value(value, fields[key], dotted)
+
+
+def _check_value(value: Any, annotation: Any, dotted: str) -> None:
+    """The bool rules of :func:`check_input` for one value, recursing into tables and lists."""
+    kinds = _union_args(annotation)
+    if any(k is Any for k in kinds):
+        return
+    if isinstance(value, bool):
+        if bool not in kinds and not _bool_literal(kinds):
+            numeric = all(k in (int, float) for k in kinds)
+            raise UserInputError(
+                dotted, value, ("a number" if numeric else "a value") + ", not true/false"
+            )
+        return
+    if kinds and all(k is bool for k in kinds) and value is not None:
+        raise UserInputError(dotted, value, "true or false")
+    tables = _table_types(annotation)
+    if isinstance(value, Mapping) and tables:
+        errors: list[UserInputError] = []
+        for table in tables:
+            try:
+                check_input(value, table, dotted + ".")
+                return
+            except UserInputError as exc:
+                errors.append(exc)
+        raise errors[0]
+    if isinstance(value, list | tuple):
+        items = [
+            a for k in kinds if typing.get_origin(k) in (list, tuple) for a in typing.get_args(k)
+        ]
+        items = [a for a in items if a is not Ellipsis]
+        if items:
+            item_type = typing.Union[tuple(items)] if len(items) > 1 else items[0]  # noqa: UP007
+            for i, item in enumerate(value):
+                _check_value(item, item_type, f"{dotted}[{i}]")
+
+
+def _union_args(annotation: Any) -> list[Any]:
+    """The members of a union annotation without None (``int | None`` -> [int])."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return [a for arg in typing.get_args(annotation) for a in _union_args(arg)]
+    return [] if annotation is type(None) else [annotation]
+
+
+def _bool_literal(kinds: Sequence[Any]) -> bool:
+    """Whether a ``Literal[...]`` member allows true or false."""
+    return any(
+        isinstance(v, bool)
+        for k in kinds
+        if typing.get_origin(k) is typing.Literal
+        for v in typing.get_args(k)
+    )
 
 
 def _fields(cls: type[Any]) -> dict[str, Any] | None:
@@ -116,7 +163,9 @@ def _fields(cls: type[Any]) -> dict[str, Any] | None:
         return {f.name: hints.get(f.name) for f in dataclasses.fields(cls)}
     config = getattr(cls, "model_config", None)
     if isinstance(config, dict) and config.get("extra") == "forbid":
-        return {name: info.annotation for name, info in cls.model_fields.items()}
+        fields = {name: info.annotation for name, info in cls.model_fields.items()}
+        aliases = {info.alias: info.annotation for info in cls.model_fields.values() if info.alias}
+        return fields | aliases
     return None
 
 

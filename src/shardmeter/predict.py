@@ -59,12 +59,15 @@ def default_plan(n_gpus: int, **fields: Any) -> Plan:
     times 4·pp micro-batches when pipelining (so the 1F1B bubble is (p−1)/(4p)); sharding
     defaults to zero3 without model parallelism and to zero1 (distributed optimizer) with it.
     """
-    tp, pp, cp = (int(fields.get(k) or 1) for k in ("tp", "pp", "cp"))
+    values: dict[str, Any] = {k: v for k, v in fields.items() if v is not None}
+    for name in ("dp", "tp", "pp", "cp", "micro_batch"):  # 0 is a mistake, never "default"
+        if name in values and not (isinstance(values[name], int) and values[name] >= 1):
+            raise UserInputError(f"plan.{name}", values[name], "an integer >= 1")
+    tp, pp, cp = (int(values.get(k, 1)) for k in ("tp", "pp", "cp"))
     if n_gpus % (tp * pp * cp):
         raise UserInputError("gpus", n_gpus, f"must be a multiple of tp*pp*cp = {tp * pp * cp}")
-    dp = int(fields.get("dp") or n_gpus // (tp * pp * cp))
-    micro = int(fields.get("micro_batch") or 1)
-    values: dict[str, Any] = {k: v for k, v in fields.items() if v is not None}
+    dp = int(values.get("dp", n_gpus // (tp * pp * cp)))
+    micro = int(values.get("micro_batch", 1))
     values.setdefault("sharding", "zero3" if tp * pp == 1 else "zero1")
     values.setdefault("global_batch", dp * micro * (4 * pp if pp > 1 else 1))
     values.update(dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=micro)

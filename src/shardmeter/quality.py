@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from shardmeter.clikit import positive_float
 from shardmeter.errors import UserInputError
 
 SUMMARY_FILE = "summary.json"
@@ -264,7 +265,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--target-loss",
-        type=float,
+        type=positive_float,
         help="validation loss (nats/token) the runs race to (default: lowest all reach)",
     )
 

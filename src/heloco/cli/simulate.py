@@ -26,6 +26,7 @@ from heloco.metrics import EvalPoint
 from heloco.outer import resolve_method
 from heloco.outer.registry import method_names
 from heloco.sim import RunResult, SimConfig, run_simulation
+from shardmeter.clikit import nonneg_int, positive_float, positive_int
 from shardmeter.report.step import console_for
 
 # flag dest -> dotted config key
@@ -59,23 +60,27 @@ def add_parser(sub: Any) -> None:
     )
     add_config_args(p)
     p.add_argument("--method", help="one of " + ", ".join(method_names()))
-    p.add_argument("--workers", type=int, help="number of workers K")
+    p.add_argument("--workers", type=positive_int, help="number of workers K")
     p.add_argument("--paces", help="seconds per inner step per worker, e.g. 1,1,1,2,2")
-    p.add_argument("--inner-steps", type=int, help="inner steps per round H")
+    p.add_argument("--inner-steps", type=positive_int, help="inner steps per round H")
     p.add_argument("--data-dir", help="folder of per-language xx.txt / xx.jsonl files")
     p.add_argument("--assignment", help="language | dirichlet | iid")
-    p.add_argument("--dirichlet-alpha", type=float, help="concentration of the Dirichlet split")
+    p.add_argument(
+        "--dirichlet-alpha", type=positive_float, help="concentration of the Dirichlet split"
+    )
     p.add_argument("--tokenizer", help="byte | bpe")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--token-budget", type=int, help="stop after this many training tokens")
-    p.add_argument("--time-budget", type=float, help="stop at this simulated time (seconds)")
+    p.add_argument("--seed", type=int, help="everything random derives from it (0 to 2**63 - 1)")
+    p.add_argument("--token-budget", type=positive_int, help="stop after this many training tokens")
+    p.add_argument(
+        "--time-budget", type=positive_float, help="stop at this simulated time (seconds)"
+    )
     p.add_argument("--model", help="model preset: tiny, small, paper, ...")
-    p.add_argument("--eval-every", type=int, help="training tokens between evaluations")
-    p.add_argument("--outer-lr", type=float, help="outer learning rate (default: Table 3)")
+    p.add_argument("--eval-every", type=nonneg_int, help="training tokens between evaluations")
+    p.add_argument("--outer-lr", type=positive_float, help="outer learning rate (default: Table 3)")
     add_out(p, "run folder for events.jsonl, summary.json, config.toml (default: none)")
     p.add_argument(
         "--threads",
-        type=int,
+        type=positive_int,
         help="torch threads, the config key `threads` (default 1: these small models gain "
         "little from intra-op threads; the losses depend on the count)",
     )

@@ -27,7 +27,7 @@ STREAM_KEY = 1  # derive_seed key of the per-worker streams
 class DataConfig(BaseModel):
     """Where the text comes from, how it is tokenised and how it is split across workers."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     data_dir: Path | None = None  # None: the built-in synthetic multilingual corpus
     tokenizer: Literal["byte", "bpe"] = "byte"

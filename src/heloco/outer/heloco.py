@@ -36,7 +36,7 @@ from shardmeter.errors import UserInputError
 class CorrectionConfig(BaseModel):
     """Hyperparameters of the block correction (defaults: spec 1.8, authors' code)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     c_ok: float = Field(0.2, description="keep threshold on the cosine")
     k_s: float = Field(0.5, ge=0, description="shrink strength")

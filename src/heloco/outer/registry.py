@@ -29,7 +29,7 @@ AB_SUFFIX = "+ab"
 class OuterConfig(BaseModel):
     """Outer-optimizer settings; ``None`` means the method's default."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     lr: float | None = Field(None, gt=0, description="outer lr η (None: Table 3 default)")
     momentum: float = Field(0.9, ge=0, lt=1, description="outer momentum μ")

@@ -55,7 +55,7 @@ def fold_outer_aliases(values: Any) -> Any:
 class PaceDistribution(BaseModel):
     """Worker paces (seconds per inner step) drawn once per run: median·exp(σ·z)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     kind: Literal["lognormal"] = "lognormal"
     median: float = Field(1.0, gt=0, allow_inf_nan=False)
@@ -66,14 +66,20 @@ class SimConfig(BaseModel):
     """One simulated run. ``outer_lr``, ``outer_momentum`` and ``rho`` are accepted as
     spellings of ``outer.lr``, ``outer.momentum`` and ``outer.rho`` (see fold_outer_aliases)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     method: str = "heloco"
     workers: int = Field(5, ge=1, le=1024)
     paces: list[float] | PaceDistribution | None = Field(
         None, description="seconds per inner step per worker (None: all 1.0)"
     )
-    pace_jitter: float = Field(0.0, ge=0, description="σ of a mean-1 lognormal per-round factor")
+    pace_jitter: float = Field(
+        0.0,
+        ge=0,
+        le=4,
+        description="σ of a mean-1 lognormal per-round factor, at most 4 (the median round "
+        "then already takes e^(−σ²/2) = e^−8 of its pace)",
+    )
     comm_delays: list[float] | None = Field(None, description="seconds added to each round")
     inner_steps: int = Field(20, ge=1, description="H")
     outer: OuterConfig = OuterConfig()
@@ -97,7 +103,7 @@ class SimConfig(BaseModel):
     eval_unit: Literal["tokens", "steps"] = Field("tokens", description="unit of eval_every")
     eval_batch_size: int = Field(64, ge=1)
     eval_windows: int | None = Field(64, ge=1, description="windows per language (None: all)")
-    seed: int = Field(42, ge=0)
+    seed: int = Field(42, ge=0, le=2**63 - 1, description="torch's seeds are signed 64-bit")
     out_dir: Path | None = None
     device: str = "cpu"
     threads: int = Field(

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from shardmeter import quality
+from shardmeter.clikit import bounded, nonneg_int, positive_float, positive_int
 from shardmeter.errors import UserInputError
 from shardmeter.estimate.outer import MODES
 from shardmeter.predict import resolve_cluster
@@ -47,24 +48,30 @@ def add_parser(subparsers: Any) -> None:
     where.add_argument("--cluster", help="cluster preset or file (one island)")
     where.add_argument("--gpus", help="GPU count N, a list N1,N2 or a range A:B (node × 2^k)")
     where.add_argument("--topology", metavar="FILE", help="topology TOML or shipped example")
-    where.add_argument("--tokens", type=float, help="token budget (default 1e12 / the file's)")
+    where.add_argument(
+        "--tokens", type=positive_float, help="token budget (default 1e12 / the file's)"
+    )
     where.add_argument("--global-batch", help="sequences per step: N, N1,N2 or A:B (powers of two)")
     where.add_argument("--batch-per-gpu", help="islands: sequences per GPU per inner step, list")
     con = p.add_argument_group("constraints")
     con.add_argument("--deadline", help="wall-clock limit, e.g. 30d, 720h, 1w (plain: seconds)")
-    con.add_argument("--budget", type=float, help="dollar budget (USD)")
-    con.add_argument("--headroom", type=float, default=0.0, help="HBM fraction kept free")
-    con.add_argument("--max-gpus-per-island", type=int, help="use at most this many per island")
+    con.add_argument("--budget", type=positive_float, help="dollar budget (USD)")
+    con.add_argument(
+        "--headroom", type=bounded(float, 0, 1), default=0.0, help="HBM fraction kept free"
+    )
+    con.add_argument(
+        "--max-gpus-per-island", type=positive_int, help="use at most this many per island"
+    )
     space = p.add_argument_group("search space")
     space.add_argument("--modes", default=",".join(MODES), help="allowed outer modes")
     space.add_argument("--precision", default="bf16", help=f"allowed: {','.join(PRECISIONS)}")
     space.add_argument("--recompute", default=",".join(RECOMPUTES), help="allowed modes")
     space.add_argument("--sharding", default=",".join(SHARDINGS), help="allowed ZeRO stages")
     space.add_argument("--micro-batches", default="1,2,4,8,16", help="micro-batch sizes")
-    space.add_argument("--max-tp", type=int, help="default: the NVLink domain")
-    space.add_argument("--max-pp", type=int, help="default: n_layers")
-    space.add_argument("--max-vpp", type=int, default=8)
-    space.add_argument("--max-cp", type=int, default=16)
+    space.add_argument("--max-tp", type=positive_int, help="default: the NVLink domain")
+    space.add_argument("--max-pp", type=positive_int, help="default: n_layers")
+    space.add_argument("--max-vpp", type=positive_int, default=8)
+    space.add_argument("--max-cp", type=positive_int, default=16)
     space.add_argument("--even-layers", action="store_true", help="pp·vpp must divide layers")
     space.add_argument("--no-hsdp", action="store_true", help="shard over all of dp only")
     space.add_argument("--overlap-tp", action="store_true", help="framework overlaps TP comms")
@@ -74,11 +81,14 @@ def add_parser(subparsers: Any) -> None:
     space.add_argument("--overlap-steps", help="Streaming DiLoCo τ values")
     out = p.add_argument_group("output")
     out.add_argument(
-        "--top", type=int, default=20, help="plans in the ranked list (0: every feasible plan)"
+        "--top",
+        type=nonneg_int,
+        default=20,
+        help="plans in the ranked list (0: every feasible plan)",
     )
     out.add_argument("--json", action="store_true", help="print the result as JSON")
     out.add_argument("--plot", type=Path, help="write the Pareto front and plan cloud (.png/.svg)")
-    out.add_argument("--jobs", type=int, default=1, help="processes (0: all cores)")
+    out.add_argument("--jobs", type=nonneg_int, default=1, help="processes (0: all cores)")
     out.add_argument("--no-prune", action="store_true", help="evaluate every plan")
     out.add_argument("--no-progress", action="store_true", help="no progress bar")
     quality.add_arguments(p)

@@ -10,6 +10,7 @@ import json
 import sys
 from typing import Any
 
+from shardmeter.clikit import positive_int
 from shardmeter.errors import UserInputError
 from shardmeter.estimate.step import estimate_step
 from shardmeter.predict import (
@@ -54,12 +55,12 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--model", help=f"model preset or file (default {DEFAULT_MODEL})")
     p.add_argument("--cluster", help=f"cluster preset or file (default {DEFAULT_CLUSTER})")
     p.add_argument("--gpu", help="accelerator preset; alone it picks that GPU's reference cluster")
-    p.add_argument("--gpus", type=int, help=f"GPUs in the job (default {DEFAULT_GPUS})")
-    p.add_argument("--seq-len", type=int, help="override the model's sequence length")
+    p.add_argument("--gpus", type=positive_int, help=f"GPUs in the job (default {DEFAULT_GPUS})")
+    p.add_argument("--seq-len", type=positive_int, help="override the model's sequence length")
     p.add_argument("--plan", metavar="FILE", help="plan TOML/JSON; flags below override it")
     plan = p.add_argument_group("plan")
     for name, text in PLAN_INT_FLAGS.items():
-        plan.add_argument(f"--{name.replace('_', '-')}", type=int, dest=name, help=text)
+        plan.add_argument(f"--{name.replace('_', '-')}", type=positive_int, dest=name, help=text)
     plan.add_argument("--sp", action=argparse.BooleanOptionalAction, help="sequence parallelism")
     plan.add_argument(
         "--sharding",

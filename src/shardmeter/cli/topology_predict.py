@@ -10,6 +10,7 @@ import argparse
 from typing import Any
 
 from shardmeter import quality
+from shardmeter.clikit import bounded, nonneg_int, positive_float, positive_int
 from shardmeter.estimate.islands import predict_topology
 from shardmeter.report.islands import render_topology, topology_json
 from shardmeter.report.jsonout import print_json
@@ -56,11 +57,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     add("--topology", metavar="FILE", help="topology TOML file or a shipped example name")
     add("--mode", choices=("sync", "diloco", "streaming", "async"), help="outer mode")
-    add("--inner-steps", "-H", type=int, help="H: inner steps per outer round")
+    add("--inner-steps", "-H", type=positive_int, help="H: inner steps per outer round")
     add("--bits", type=int, choices=(32, 16, 8, 4), help="pseudo-gradient bits q")
     add("--grad-bits", type=int, choices=(32, 16, 8), help="sync DP gradient bits")
-    add("--fragments", type=int, help="Streaming DiLoCo fragments P")
-    add("--overlap-steps", type=int, help="Streaming DiLoCo overlap τ (inner steps)")
+    add("--fragments", type=positive_int, help="Streaming DiLoCo fragments P")
+    add("--overlap-steps", type=nonneg_int, help="Streaming DiLoCo overlap τ (inner steps)")
     add(
         "--outer-overlap",
         action="store_true",
@@ -75,14 +76,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--reduce", choices=("ring", "hub"), help="outer all-reduce pattern")
     add("--server", help="hub / parameter-server island")
-    add("--tokens", type=float, help="token budget (e.g. 1e12)")
+    add("--tokens", type=positive_float, help="token budget (e.g. 1e12)")
     add(
         "--island-batch",
-        type=int,
+        type=positive_int,
         help="default sequences per island per inner step (islands that set one keep theirs)",
     )
-    add("--quality-factor", type=float, help="tokens needed relative to synchronous training")
-    add("--threshold", type=float, help="utilization that counts as compute-bound")
+    add(
+        "--quality-factor",
+        type=positive_float,
+        help="tokens needed relative to synchronous training",
+    )
+    add(
+        "--threshold",
+        type=bounded(float, 0, 1, low_open=True),
+        help="utilization that counts as compute-bound",
+    )
     add("--json", action="store_true", help="print JSON instead of tables")
     add("--model", help="model preset or file (overrides run.model)")
     quality.add_arguments(parser)

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from shardmeter.errors import UserInputError, from_pydantic
+from shardmeter.errors import UserInputError, check_input, from_pydantic
 from shardmeter.specs.hardware import Accelerator, Cluster, Link
 from shardmeter.specs.model import TransformerSpec
 from shardmeter.specs.plan import Plan
@@ -33,7 +33,9 @@ GBIT = 1e9 / 8.0  # bytes/s per Gbit/s
 class WanLinkParams(BaseModel):
     """What one WAN link (or star spoke) offers. Bandwidth in Gbit/s, latency = RTT in ms."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", populate_by_name=True, allow_inf_nan=False
+    )
 
     bandwidth_gbit: float = Field(gt=0)  # Gbit/s per direction, as providers quote it
     latency_ms: float = Field(default=50.0, ge=0)  # round-trip time
@@ -54,7 +56,7 @@ class WanMatrix(BaseModel):
     """The WAN as full I × I matrices in island order (row = from, column = to; the diagonal
     is ignored). Bandwidth in Gbit/s, RTT in ms, egress in USD per GB."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     bandwidth_gbit: list[list[float]]
     latency_ms: list[list[float]]
@@ -92,7 +94,7 @@ class BucketSpec(BaseModel):
     """Object storage every island uploads its payload to once and downloads the others' from
     (permissionless runs): per-island path to the bucket and the cloud's egress price."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     bandwidth_gbit: float = Field(gt=0)  # each island ↔ bucket, Gbit/s per direction
     latency_ms: float = Field(default=50.0, ge=0)  # round-trip time of one request
@@ -103,7 +105,7 @@ class BucketSpec(BaseModel):
 class WanSpec(BaseModel):
     """WAN between islands: a mesh of links, a full matrix, or a star around a hub."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     kind: Literal["mesh", "star", "matrix"] = "mesh"
     hub: str | None = None  # star centre (an island name)
@@ -123,7 +125,7 @@ class WanSpec(BaseModel):
 class IslandSpec(BaseModel):
     """One island: a homogeneous cluster (preset or inline) and its inner plan."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1)
     cluster: str | None = None  # cluster preset name or file
@@ -144,7 +146,7 @@ class FragmentSpec(BaseModel):
     """One fragment of a Streaming DiLoCo schedule: `layers` transformer layers synced at
     inner step `offset` of every round (0 ≤ offset < H)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     offset: int = Field(ge=0)
     layers: int = Field(ge=1)
@@ -184,7 +186,7 @@ class PayloadSpec(BaseModel):
       in-chunk index (Peng et al. 2024, DeMo).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     kind: Literal["dense", "topk", "sign", "lowrank", "dct_topk"] = "dense"
     fraction: float | None = Field(default=None, gt=0, le=1)  # topk, dct_topk: kept share
@@ -228,7 +230,7 @@ class FailureSpec(BaseModel):
     fails, what a restart and a checkpoint cost, and the quorum that lets sync DiLoCo go on
     without a failed island. No MTBF means no failures."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     gpu_mtbf_hours: float | None = Field(default=None, gt=0)  # island MTBF = this / its GPUs
     island_mtbf_hours: float | None = Field(default=None, gt=0)  # per island (wins over GPU)
@@ -257,7 +259,7 @@ def _failures(value: Any) -> Any:
 class OuterSpec(BaseModel):
     """How islands synchronise (design doc C.9) and what counts as compute-bound."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     mode: Literal["sync", "diloco", "streaming", "async"] = "diloco"
     inner_steps: int = Field(default=100, ge=1)  # H
@@ -311,7 +313,7 @@ class RunSpec(OuterSpec):
 class Topology(BaseModel):
     """Islands, the WAN between them, and the run."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str = "topology"
     description: str = ""
@@ -344,6 +346,7 @@ def validation_error(exc: ValidationError, prefix: str = "") -> UserInputError:
 
 def topology_from_dict(data: dict[str, Any]) -> Topology:
     """Validate a topology mapping; every mistake is a one-line UserInputError naming the field."""
+    check_input(data, Topology)  # unknown keys with suggestions, strict booleans
     try:
         topo = Topology.model_validate(data)
     except ValidationError as exc:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, TypeVar, get_args
 
 from pydantic import BaseModel, ValidationError
 
-from shardmeter.errors import UserInputError, from_pydantic
+from shardmeter.errors import UserInputError, check_input, from_pydantic
 
 SpecT = TypeVar("SpecT", bound=BaseModel)
 
@@ -60,6 +61,8 @@ def reject_non_finite(data: Any, path: str) -> None:
 def validate_spec(cls: type[SpecT], data: Any, prefix: str) -> SpecT:
     """`cls.model_validate(data)`, with ValidationError turned into a one-line UserInputError."""
     reject_non_finite(data, prefix)
+    if isinstance(data, Mapping):
+        check_input(data, cls, f"{prefix}." if prefix else "")
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
