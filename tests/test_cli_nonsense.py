@@ -28,10 +28,7 @@ Main = Callable[[list[str]], int]
 
 def one_line(main: Main, argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     """Run ``main(argv)``; assert exit 2 and one stderr line without a traceback."""
-    try:
-        rc = main(argv)
-    except SystemExit as exc:  # argparse's own refusal
-        rc = int(exc.code or 0)
+    rc = main(argv)
     err = capsys.readouterr().err.strip()
     assert rc == 2, f"{argv} exited {rc}; stderr: {err}"
     assert "Traceback" not in err and len(err.splitlines()) == 1, err

@@ -80,11 +80,28 @@ positive_float = bounded(float, 0, low_open=True)
 nonneg_float = bounded(float, 0)
 
 
+class UsageError(Exception):
+    """A command-line mistake argparse found; `parse_args` prints it as one line."""
+
+
 class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors are one line (no usage block), as all user errors."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        root = self.prog.split()[0]  # "shardmeter plan" -> "shardmeter", as in all errors
+        raise UsageError(f"{root}: error: {message} (see {self.prog} --help)")
+
+
+def parse_args(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None
+) -> argparse.Namespace | None:
+    """``parser.parse_args(argv)``, or None after printing a usage mistake as one line (the
+    caller returns 2), so ``main(argv)`` returns its exit code in process too."""
+    try:
+        return parser.parse_args(argv)
+    except UsageError as exc:
+        print(exc, file=sys.stderr)
+        return None
 
 
 def build_parser(

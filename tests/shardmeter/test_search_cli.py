@@ -39,6 +39,15 @@ def test_plan_topology_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert out.read_text().startswith("<?xml")
 
 
+def test_plot_formats_are_the_sweeps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`plan --plot x.pdf` is accepted wherever `sweep --formats pdf` is (issue 11, case 13)."""
+    out = tmp_path / "front.pdf"
+    argv = ["plan", "--model", "llama-3-8b", "--cluster", "dgx-h100", "--gpus", "8"]
+    argv += ["--global-batch", "64", "--max-cp", "1", "--top", "3", "--plot", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert out.read_bytes().startswith(b"%PDF")
+
+
 def test_unmet_deadline_exits_1_with_reason(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["plan", "--model", "llama-3-8b", "--cluster", "dgx-h100", "--gpus", "8"]
     argv += ["--global-batch", "64", "--deadline", "1h", "--max-cp", "1"]
@@ -52,7 +61,7 @@ def test_unmet_deadline_exits_1_with_reason(capsys: pytest.CaptureFixture[str]) 
         ["--deadline", "soon"],
         ["--precision", "int4"],
         ["--gpus", "32:8"],
-        ["--plot", "front.pdf"],
+        ["--plot", "front.bmp"],
         ["--topology", "two-clouds"],
         ["--tokens", "-1"],
         ["--tokens", "nan"],

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from shardmeter.clikit import build_parser as _build_parser
-from shardmeter.clikit import dispatch
+from shardmeter.clikit import dispatch, parse_args
 
 # Subcommands in help order; each is `heloco.cli.<name>` exposing
 # `add_parser(subparsers) -> None` and `run(args) -> int`.
@@ -46,7 +46,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
+    if args is None:
+        return 2
     if args.command is None:
         parser.print_help()
         return 2

@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Sequence
 
 from shardmeter.clikit import build_parser as _build_parser
-from shardmeter.clikit import dispatch
+from shardmeter.clikit import dispatch, parse_args
 
 # Subcommands in help order; each is `shardmeter.cli.<name>` exposing
 # `add_parser(subparsers) -> None` and `run(args) -> int`.
@@ -25,9 +25,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:  # bare `shardmeter` runs the built-in default prediction
-        args = parser.parse_args(["predict", *(argv or [])])
+    args = parse_args(parser, argv)
+    if args is not None and args.command is None:  # bare `shardmeter`: the default prediction
+        args = parse_args(parser, ["predict", *(argv or [])])
+    if args is None:
+        return 2
     return dispatch("shardmeter", __name__, args)
 
 

@@ -19,7 +19,8 @@ from shardmeter.clikit import bounded, nonneg_int, positive_float, positive_int
 from shardmeter.errors import UserInputError
 from shardmeter.estimate.outer import MODES
 from shardmeter.predict import resolve_cluster
-from shardmeter.report.plan import PLOT_FORMATS, plot_result, render_result, result_json
+from shardmeter.report.plan import plot_result, render_result, result_json
+from shardmeter.report.plotfiles import check_plot_path
 from shardmeter.search.api import node_multiples, plan
 from shardmeter.search.options import (
     PRECISIONS,
@@ -87,7 +88,9 @@ def add_parser(subparsers: Any) -> None:
         help="plans in the ranked list (0: every feasible plan)",
     )
     out.add_argument("--json", action="store_true", help="print the result as JSON")
-    out.add_argument("--plot", type=Path, help="write the Pareto front and plan cloud (.png/.svg)")
+    out.add_argument(
+        "--plot", type=Path, help="write the Pareto front and plan cloud (.png, .svg or .pdf)"
+    )
     out.add_argument("--jobs", type=nonneg_int, default=1, help="processes (0: all cores)")
     out.add_argument("--no-prune", action="store_true", help="evaluate every plan")
     out.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -218,10 +221,8 @@ def progress_bar(
 
 def run(args: argparse.Namespace) -> int:
     space, outer, constraints = options_from(args)
-    if args.plot is not None and args.plot.suffix.lower() not in PLOT_FORMATS:
-        raise UserInputError(
-            "--plot", str(args.plot), f"a file ending in {' or '.join(PLOT_FORMATS)}"
-        )
+    if args.plot is not None:
+        check_plot_path("--plot", args.plot)
     if args.topology is None and args.cluster is None:
         raise UserInputError("--cluster", None, "give --cluster NAME --gpus N, or --topology FILE")
     if args.topology is not None:

@@ -14,6 +14,7 @@ from shardmeter.cli.topology_predict import add_arguments, overrides_from
 from shardmeter.errors import UserInputError
 from shardmeter.report.islands import fmt_time, fmt_usd
 from shardmeter.report.jsonout import jsonable, print_json
+from shardmeter.report.plotfiles import PLOT_FORMATS, parse_formats
 from shardmeter.specs.topology import load_topology
 
 
@@ -36,7 +37,11 @@ def add_parser(subparsers: Any) -> None:
         "--out", type=Path, default=Path("sweep-plots"), help="plot folder (default: sweep-plots)"
     )
     p.add_argument("--no-plots", action="store_true", help="print tables only")
-    p.add_argument("--formats", default="png,svg", help="plot formats (default: png,svg)")
+    p.add_argument(
+        "--formats",
+        default="png,svg",
+        help=f"plot formats from {','.join(PLOT_FORMATS)} (default: png,svg)",
+    )
     add_arguments(p)
 
 
@@ -79,10 +84,7 @@ def run(args: argparse.Namespace) -> int:
         if knob not in SWEEP_PARAMS:
             raise UserInputError("--over", knob, f"choose from {', '.join(SWEEP_PARAMS)}")
     values = _values(args.values, knobs)
-    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
-    for fmt in formats:
-        if fmt not in ("png", "svg", "pdf"):
-            raise UserInputError("--formats", fmt, "choose from png, svg, pdf")
+    formats = parse_formats("--formats", args.formats)
     topo = load_topology(args.topology)
     overrides = overrides_from(args)
     results = [sweep(topo, knob, values, **overrides) for knob in knobs]

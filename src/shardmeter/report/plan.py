@@ -24,14 +24,13 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from shardmeter.errors import UserInputError
 from shardmeter.io import atomic_savefig
 from shardmeter.report.islands import fmt_time, fmt_usd
+from shardmeter.report.plotfiles import check_plot_path
 from shardmeter.report.step import plan_summary
 from shardmeter.search.result import Candidate, PlanSearchResult
 
 SCHEMA = "shardmeter.plan/1"
-PLOT_FORMATS: tuple[str, ...] = (".png", ".svg")
 
 
 def _num(x: float) -> float | None:
@@ -231,8 +230,7 @@ def render_result(res: PlanSearchResult, console: Console | None = None, top: in
 
 def plot_result(res: PlanSearchResult, path: Path) -> Path:
     """Scatter the evaluated plans (time vs cost), draw the Pareto front and mark the bests."""
-    if path.suffix.lower() not in PLOT_FORMATS:
-        raise UserInputError("--plot", str(path), f"a file ending in {' or '.join(PLOT_FORMATS)}")
+    check_plot_path("--plot", path)
     import matplotlib
 
     matplotlib.use("Agg")
