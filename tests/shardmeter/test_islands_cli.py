@@ -77,7 +77,10 @@ def test_sweep_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
     [
         (["sweep", "--topology", "two-clouds", "--over", "colour"], "--over: got 'colour'"),
         (["sweep", "--topology", "nowhere"], "topology: got 'nowhere'"),
-        (["sweep", "--topology", "two-clouds", "--mode", "sync", "--tokens", "-1"], "--tokens: got '-1'"),
+        (
+            ["sweep", "--topology", "two-clouds", "--mode", "sync", "--tokens", "-1"],
+            "--tokens: got '-1'",
+        ),
     ],
 )
 def test_sweep_cli_bad_input_is_one_line_exit_2(
