@@ -23,6 +23,7 @@ from shardmeter.estimate.islands import (
     island_inputs,
     with_run,
 )
+from shardmeter.estimate.outer import MODES
 from shardmeter.estimate.wan import wan_paths
 from shardmeter.io import atomic_savefig
 from shardmeter.specs.model import TransformerSpec
@@ -186,6 +187,21 @@ def sweep(
     )
 
 
+def compare_modes(
+    topology: Topology, modes: Sequence[str] = MODES, **overrides: Any
+) -> list[TopologyEstimate]:
+    """The same topology under each outer mode (other run settings kept), for one table of
+    tokens/s, utilization, goodput, expected wall-clock and dollars per mode."""
+    topo = with_run(topology, **overrides)
+    model = resolve_model(topo.run)
+    inputs = island_inputs(topo, model)
+    out = []
+    for mode in modes:
+        run = with_run(topo, mode=mode).run
+        out.append(compose_run(topo, inputs, model, run=run))
+    return out
+
+
 def _sweep_point(
     topo: Topology,
     model: TransformerSpec,
@@ -242,18 +258,11 @@ def diminishing_returns_knee(points: Sequence[SweepPoint]) -> Knee:
 
 
 def regime_flip(param: str, points: Sequence[SweepPoint], base: TopologyEstimate) -> Knee:
-    """Where the sweep turns compute-bound (utilization ≥ threshold), with the exact value
-    from the estimate's threshold search for H and bandwidth."""
+    """Where the sweep turns compute-bound (utilization ≥ threshold) or stops being so, read
+    off the same points the table shows, with the exact value from the estimate's threshold
+    search for H and bandwidth."""
     label = SWEEP_PARAMS[param]
     theta = f"utilization ≥ {base.threshold:.0%}"
-    flip = next(
-        (
-            (prev, cur)
-            for prev, cur in itertools.pairwise(points)
-            if not prev.compute_bound and cur.compute_bound
-        ),
-        None,
-    )
     exact = ""
     at: float | None = None
     if param == "inner_steps" and base.min_inner_steps is not None:
@@ -262,23 +271,36 @@ def regime_flip(param: str, points: Sequence[SweepPoint], base: TopologyEstimate
     if param == "bandwidth" and base.min_wan_gbit is not None:
         exact = f" The exact threshold is {base.min_wan_gbit:.3g} Gbit/s on {base.bottleneck.link}."
         at = base.min_wan_gbit
-    if flip is not None:
-        prev, cur = flip
+    if not points:
+        return Knee("regime flip", None, "No feasible point.")
+    bound = [p.value for p in points if p.compute_bound]
+    if len(bound) == len(points):
+        return Knee(
+            "regime flip", None, f"Compute-bound ({theta}) over the whole range of {label}.{exact}"
+        )
+    if not bound:
         return Knee(
             "regime flip",
-            at if at is not None and prev.value < at <= cur.value else cur.value,
-            f"The run flips from {prev.regime} to compute-bound ({theta}) between {label} "
-            f"{prev.value:g} and {cur.value:g}.{exact}",
+            None,
+            f"Never compute-bound ({theta}) over this range of {label}: {points[-1].regime}.{exact}",
         )
-    if points and all(p.compute_bound for p in points):
-        text = f"Compute-bound ({theta}) over the whole range of {label}.{exact}"
-    elif points:
+    prev, cur = next(
+        (a, b) for a, b in itertools.pairwise(points) if a.compute_bound != b.compute_bound
+    )
+    where = ", ".join(f"{v:g}" for v in bound)
+    if cur.compute_bound:
+        value = at if at is not None and prev.value < at <= cur.value else cur.value
         text = (
-            f"Never compute-bound ({theta}) over this range of {label}: {points[-1].regime}.{exact}"
+            f"The run flips from {prev.regime} to compute-bound ({theta}) between {label} "
+            f"{prev.value:g} and {cur.value:g}.{exact}"
         )
     else:
-        text = "No feasible point."
-    return Knee("regime flip", None, text)
+        value = cur.value
+        text = (
+            f"The run stops being compute-bound ({theta}) between {label} {prev.value:g} "
+            f"and {cur.value:g}: {cur.regime}. Compute-bound at {where}."
+        )
+    return Knee("regime flip", value, text)
 
 
 def find_knees(

@@ -10,12 +10,11 @@ from rich.console import Console
 from rich.table import Table
 
 from shardmeter.analysis import SWEEP_PARAMS, SweepResult, plot_sweep, sweep
-from shardmeter.cli.topology_predict import add_arguments, overrides_from
+from shardmeter.cli.topology_predict import add_arguments, overrides_from, topology_from
 from shardmeter.errors import UserInputError
 from shardmeter.report.islands import fmt_time, fmt_usd
 from shardmeter.report.jsonout import jsonable, print_json
 from shardmeter.report.plotfiles import PLOT_FORMATS, parse_formats
-from shardmeter.specs.topology import load_topology
 
 
 def add_parser(subparsers: Any) -> None:
@@ -85,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserInputError("--over", knob, f"choose from {', '.join(SWEEP_PARAMS)}")
     values = _values(args.values, knobs)
     formats = parse_formats("--formats", args.formats)
-    topo = load_topology(args.topology)
+    topo = topology_from(args)
     overrides = overrides_from(args)
     results = [sweep(topo, knob, values, **overrides) for knob in knobs]
     plots: list[Path] = []

@@ -9,12 +9,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from rich.console import Console
+
 from shardmeter import quality
+from shardmeter.analysis import compare_modes
 from shardmeter.clikit import bounded, nonneg_int, positive_float, positive_int
-from shardmeter.estimate.islands import predict_topology
-from shardmeter.report.islands import render_topology, topology_json
+from shardmeter.estimate.islands import predict_topology, with_step_times, with_wan
+from shardmeter.report.islands import modes_table, render_topology, topology_json
 from shardmeter.report.jsonout import print_json
-from shardmeter.specs.topology import load_topology
+from shardmeter.specs.topology import Topology, load_topology
 
 # CLI flag -> RunSpec field overridden by it.
 RUN_FLAGS: dict[str, str] = {
@@ -32,6 +35,9 @@ RUN_FLAGS: dict[str, str] = {
     "threshold": "compute_bound_threshold",
     "outer_overlap": "outer_overlap",
     "balance_steps": "balance_steps",
+    "backward_overlap": "backward_overlap",
+    "payload": "payload",
+    "failures": "failures",
 }
 
 
@@ -60,7 +66,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--inner-steps", "-H", type=positive_int, help="H: inner steps per outer round")
     add("--bits", type=int, choices=(32, 16, 8, 4), help="pseudo-gradient bits q")
     add("--grad-bits", type=int, choices=(32, 16, 8), help="sync DP gradient bits")
-    add("--fragments", type=positive_int, help="Streaming DiLoCo fragments P")
+    add(
+        "--fragments",
+        metavar="P|OFFSET:LAYERS,...",
+        help="Streaming DiLoCo schedule: P fragments at round(k·H/P), or an explicit list",
+    )
     add("--overlap-steps", type=nonneg_int, help="Streaming DiLoCo overlap τ (inner steps)")
     add(
         "--outer-overlap",
@@ -74,7 +84,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="DiLoCo/Streaming: faster islands run more inner steps per round",
     )
-    add("--reduce", choices=("ring", "hub"), help="outer all-reduce pattern")
+    add(
+        "--no-backward-overlap",
+        dest="backward_overlap",
+        action="store_false",
+        default=None,
+        help="the WAN exchange waits for the end of the step (no bucketed backward overlap)",
+    )
+    add(
+        "--no-overlap",
+        action="store_true",
+        help="pessimistic: no backward overlap, no eager outer step, τ = 0",
+    )
+    add(
+        "--payload",
+        metavar="KIND[:KEY=VALUE,...]",
+        help="what crosses the WAN: dense, topk:fraction=0.01, sign, lowrank:rank=4, "
+        "dct_topk:fraction=0.05 (docs/islands.md)",
+    )
+    add(
+        "--failures",
+        metavar="KEY=VALUE,...",
+        help="failures and churn, e.g. gpu_mtbf_hours=50000,restart_s=600,checkpoint_s=60",
+    )
+    add(
+        "--step-time",
+        metavar="SECONDS|ISLAND=SECONDS,...",
+        help="given inner step time (measured or what-if), for every island or per island",
+    )
+    add(
+        "--bucket",
+        metavar="KEY=VALUE,...",
+        help="object storage for --reduce bucket, e.g. bandwidth_gbit=10,egress_usd_per_gb=0.09",
+    )
+    add("--reduce", choices=("ring", "hub", "bucket"), help="outer collective pattern")
     add("--server", help="hub / parameter-server island")
     add("--tokens", type=positive_float, help="token budget (e.g. 1e12)")
     add(
@@ -92,10 +135,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=bounded(float, 0, 1, low_open=True),
         help="utilization that counts as compute-bound",
     )
+    add(
+        "--compare-modes",
+        action="store_true",
+        help="also predict every outer mode (sync, diloco, streaming, async) and compare them",
+    )
     add("--json", action="store_true", help="print JSON instead of tables")
     add("--model", help="model preset or file (overrides run.model)")
     quality.add_arguments(parser)
     parser.set_defaults(topology_foreign_defaults=foreign)
+
+
+def topology_from(args: argparse.Namespace) -> Topology:
+    """The --topology file with the flags that change islands or the WAN applied."""
+    topo = load_topology(args.topology)
+    topo = with_wan(topo, bucket=getattr(args, "bucket", None))
+    return with_step_times(topo, getattr(args, "step_time", None))
 
 
 def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
@@ -108,16 +163,25 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
         if value is None or (flag in foreign and value == foreign[flag]):
             continue
         out[field] = value
+    if getattr(args, "no_overlap", False):
+        out.update(backward_overlap=False, outer_overlap=False, overlap_steps=0)
     return out
 
 
 def run_topology(args: argparse.Namespace) -> int:
     """Predict the topology in `args.topology` and print tables or JSON."""
     quality.apply(args)
-    topo = load_topology(args.topology)
-    est = predict_topology(topo, **overrides_from(args))
+    topo = topology_from(args)
+    overrides = overrides_from(args)
+    est = predict_topology(topo, **overrides)
+    modes = compare_modes(topo, **overrides) if getattr(args, "compare_modes", False) else []
     if getattr(args, "json", False):
-        print_json(topology_json(est))
+        doc = topology_json(est)
+        if modes:
+            doc["modes"] = [topology_json(m) for m in modes]
+        print_json(doc)
     else:
         render_topology(est)
+        if modes:
+            Console().print(modes_table(modes))
     return 0

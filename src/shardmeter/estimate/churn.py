@@ -5,7 +5,8 @@ Per island i: failure rate λ_i = 1/MTBF_i (an island's MTBF is the run's per-GP
 by its GPUs unless given per island). A failure costs the failed island its restart R plus the
 work since its last recovery point: the later of its last checkpoint and the last
 synchronisation (peers hold the synchronised model, as torchft and INTELLECT-1 recover), half
-that interval on average. Checkpoints cost C every τ_c of work.
+that interval on average. Checkpoints cost C every τ_c of work (no cost given: no checkpoints,
+recovery from the peers' copy).
 
 - Synchronous modes stall every island for each failure anywhere: island i keeps
   g = 1 / ((1 + C/τ_c) · (1 + Σ_j λ_j (R + rework_j))).
@@ -58,10 +59,8 @@ def island_mtbf_s(spec: FailureSpec, n_gpus: FloatArray, override_hours: FloatAr
 
 def daly_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
     """Daly's first-order optimum checkpoint interval (2006, eq. 20), seconds of work."""
-    if not math.isfinite(mtbf_s):
-        return math.inf  # nothing fails: never checkpoint
-    if checkpoint_s <= 0:
-        return 0.0  # free checkpoints: take them continuously
+    if not math.isfinite(mtbf_s) or checkpoint_s <= 0:
+        return math.inf  # nothing fails, or no checkpoint cost given: recover from peers
     if checkpoint_s >= mtbf_s / 2:
         return mtbf_s
     return math.sqrt(2.0 * checkpoint_s * mtbf_s) - checkpoint_s

@@ -10,7 +10,7 @@ estimator on each island (explicit plan, or an "auto" FSDP/HSDP plan) and then c
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -30,10 +30,13 @@ from shardmeter.specs.model import TransformerSpec
 from shardmeter.specs.plan import Plan, validate_plan
 from shardmeter.specs.topology import (
     GBIT,
+    IslandSpec,
     OuterSpec,
     RunSpec,
     Topology,
+    WanSpec,
     island_plan,
+    parse_settings,
     resolve_cluster,
     resolve_model,
     validate_topology,
@@ -353,7 +356,7 @@ def _regime(
     if loss == "straggler wait":
         return f"straggler-bound (waiting for {inputs[pace].name})", loss
     if loss == "WAN exchange":
-        return f"communication-bound (WAN {link}: {wan})", f"WAN exchange: {wan}"
+        return f"communication-bound (WAN {link})", f"WAN exchange: {wan}"
     if loss == "failures":
         return "failure-bound (restarts, rework and checkpoints)", loss
     return "outer-optimizer-bound", loss
@@ -670,6 +673,47 @@ def with_run(topo: Topology, **overrides: Any) -> Topology:
     except ValidationError as exc:
         raise validation_error(exc, "run") from None
     new = topo.model_copy(update={"run": run})
+    validate_topology(new)
+    return new
+
+
+def with_step_times(topo: Topology, given: float | str | Mapping[str, float] | None) -> Topology:
+    """The topology with given inner step times: one number for every island (the run's
+    `step_time_s`), or island name -> seconds, or its text form 'name=seconds,...'."""
+    if given is None:
+        return topo
+    if isinstance(given, str) and "=" not in given:
+        try:
+            given = float(given)
+        except ValueError:
+            raise UserInputError("step_time_s", given, "seconds, or name=seconds,...") from None
+    if isinstance(given, int | float):
+        return with_run(topo, step_time_s=float(given))
+    table = parse_settings(given, "step_time_s") if isinstance(given, str) else dict(given)
+    names = topo.island_names
+    islands = list(topo.islands)
+    for name, seconds in table.items():
+        if name not in names:
+            raise UserInputError("step_time_s", name, f"known islands: {', '.join(names)}")
+        k = names.index(name)
+        data = {**islands[k].model_dump(exclude_unset=True), "step_time_s": seconds}
+        try:
+            islands[k] = IslandSpec.model_validate(data)
+        except ValidationError as exc:
+            raise validation_error(exc, f"islands[{k}]") from None
+    return topo.model_copy(update={"islands": islands})
+
+
+def with_wan(topo: Topology, **overrides: Any) -> Topology:
+    """The topology with WAN settings replaced (e.g. `bucket="bandwidth_gbit=10"`), re-validated."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if not given:
+        return topo
+    try:
+        wan = WanSpec.model_validate({**topo.wan.model_dump(by_alias=True), **given})
+    except ValidationError as exc:
+        raise validation_error(exc, "wan") from None
+    new = topo.model_copy(update={"wan": wan})
     validate_topology(new)
     return new
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 from rich.console import Console
 from rich.table import Table
 
@@ -28,6 +29,7 @@ from shardmeter.io import atomic_savefig
 from shardmeter.report.islands import fmt_time, fmt_usd
 from shardmeter.report.plotfiles import check_plot_path
 from shardmeter.report.step import plan_summary
+from shardmeter.search.pareto import pareto_front
 from shardmeter.search.result import Candidate, PlanSearchResult
 
 SCHEMA = "shardmeter.plan/1"
@@ -228,6 +230,23 @@ def render_result(res: PlanSearchResult, console: Console | None = None, top: in
         console.print(f"[bold]Why #1 wins:[/] {res.explanation.text}")
 
 
+def front_line(res: PlanSearchResult) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """(wall s, cost USD) of the Pareto line the plot draws: the front of the plotted points
+    within the deadline and budget (the search puts its whole front among them), fastest
+    first, so the line joins plotted points only."""
+    w, c = res.cloud_wall_s, res.cloud_cost_usd
+    con = res.constraints
+    ok = np.isfinite(w) & np.isfinite(c)
+    if con.deadline_s is not None:
+        ok &= w <= con.deadline_s
+    if con.budget_usd is not None:
+        ok &= c <= con.budget_usd
+    idx = np.flatnonzero(ok)
+    front = idx[pareto_front(w[idx], c[idx])]
+    front = front[np.argsort(w[front], kind="stable")]
+    return w[front], c[front]
+
+
 def plot_result(res: PlanSearchResult, path: Path) -> Path:
     """Scatter the evaluated plans (time vs cost), draw the Pareto front and mark the bests."""
     check_plot_path("--plot", path)
@@ -253,14 +272,15 @@ def plot_result(res: PlanSearchResult, path: Path) -> Path:
             label=label,
             rasterized=True,
         )
-    if res.pareto:
+    line_w, line_c = front_line(res)
+    if line_w.size:
         ax.plot(
-            [c.wall_s / day for c in res.pareto],
-            [c.cost_usd for c in res.pareto],
+            line_w / day,
+            line_c,
             "o-",
             color="black",
             ms=4,
-            label=f"Pareto front ({len(res.pareto)} plans)",
+            label=f"Pareto front ({line_w.size} plans)",
         )
     for c, marker, name in ((res.best_time, "*", "fastest"), (res.best_cost, "D", "cheapest")):
         if c is not None:

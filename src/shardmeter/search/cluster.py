@@ -273,7 +273,10 @@ def _result(
         np.concatenate([c[2] for c in policy.cloud]) if policy.cloud else np.zeros(0, np.int64)
     )
     step = max(1, cloud_w.size // CLOUD_POINTS)
-    cloud_w, cloud_c, cloud_n = cloud_w[::step], cloud_c[::step], cloud_n[::step]
+    # The sample plus the whole front, so the plot's Pareto line joins plotted points only.
+    cloud_w = np.concatenate([cloud_w[::step], wall[front_idx]])
+    cloud_c = np.concatenate([cloud_c[::step], cost[front_idx]])
+    cloud_n = np.concatenate([cloud_n[::step], pool.n_gpus[front_idx]])
     gpu_values, cloud_g = np.unique(cloud_n, return_inverse=True)
     stats = counts.stats(start, jobs)
     return PlanSearchResult(

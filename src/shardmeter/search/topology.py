@@ -580,7 +580,7 @@ def _topology_result(
             front_all, con, bool(finite.size), f"{model.name} on {topo.name}"
         )
     stats = counts.stats(start, jobs, outer_combinations=int(wall.size))
-    stride = max(1, wall.size // CLOUD_POINTS)
+    stride = max(1, wall.size // CLOUD_POINTS)  # a sample, plus the front (the plot's line)
     labels = tuple(dict.fromkeys(b.mode for b in blocks))
     group = np.concatenate(
         [np.full(b.wall_s.size, labels.index(b.mode), dtype=np.int64) for b in blocks]
@@ -598,9 +598,9 @@ def _topology_result(
         infeasible=infeasible,
         stats=stats,
         top_estimate=top_est,
-        cloud_wall_s=wall[finite][::stride],
-        cloud_cost_usd=cost[finite][::stride],
-        cloud_group=group[finite][::stride],
+        cloud_wall_s=np.concatenate([wall[finite][::stride], wall[front_idx]]),
+        cloud_cost_usd=np.concatenate([cost[finite][::stride], cost[front_idx]]),
+        cloud_group=np.concatenate([group[finite][::stride], group[front_idx]]),
         cloud_labels=tuple(MODE_LABELS.get(m, m) for m in labels),
     )
 

@@ -208,13 +208,13 @@ class PayloadSpec(BaseModel):
     def label(self) -> str:
         """Short text: 'top-1% + idx32', 'sign/128', 'rank-4', 'DCT 64 top-10%'."""
         if self.kind == "topk":
-            return f"top-{self.fraction:.3g} + {self.index_bits or 32}-bit indices"
+            return f"top-{100 * (self.fraction or 1):.3g}% + {self.index_bits or 32}-bit indices"
         if self.kind == "sign":
             return f"sign, a {self.scale_bits}-bit scale per {self.group}"
         if self.kind == "lowrank":
             return f"rank-{self.rank} factors"
         if self.kind == "dct_topk":
-            return f"DCT chunks of {self.chunk}, top-{self.fraction:.3g}"
+            return f"DCT chunks of {self.chunk}, top-{100 * (self.fraction or 1):.3g}%"
         return "dense"
 
 
