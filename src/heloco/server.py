@@ -187,6 +187,11 @@ class Server:
         params = self.optimizer.dispatch_params(self.params)
         return Dispatch(params, self.revision, steps, round_id, worker)
 
+    def dispatched_steps(self, worker: int) -> int | None:
+        """Steps of ``worker``'s outstanding round (None: it has none), to bound a push's claim."""
+        out = self._outstanding.get(worker)
+        return None if out is None else out.steps
+
     # -- submission -------------------------------------------------------------------------
     def check(self, result: RoundResult) -> RejectReason | None:
         """Why ``result`` would be rejected, or None if :meth:`submit` would accept it."""

@@ -126,12 +126,15 @@ def test_port_in_use_exits_2(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv(SECRET_ENV, "a-test-secret-of-enough-bytes")
+    assert main(["keys", "--out", str(tmp_path / "keys"), "--workers", "1"]) == 0
+    capsys.readouterr()
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         argv = ["serve", "--preset", "default", "--set", "workers=1", "--set", "paces=[1.0]"]
-        code = main([*argv, "--bind", f"tcp://127.0.0.1:{port}", "--out", str(tmp_path)])
+        argv += ["--keys", str(tmp_path / "keys" / "server"), "--out", str(tmp_path / "run")]
+        code = main([*argv, "--bind", f"tcp://127.0.0.1:{port}"])
     assert code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("heloco: error: --bind") and "in use" in err

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from heloco.cli import main
+from heloco.cli.launch import local_cluster
 from heloco.cli.serve import status
 from heloco.config import save_config
 from heloco.net import checkpoint, wire
@@ -61,7 +62,7 @@ def wait_until(pred: Callable[[], bool], timeout_s: float, what: str) -> None:
 
 
 def server_status(cluster: LocalCluster) -> dict[str, Any]:
-    return status(cluster.address, cluster.secret, timeout_s=5.0)
+    return status(cluster.address, cluster.secret, 5.0, cluster.client_keys())
 
 
 def final_state(out: Path) -> dict[str, Any]:
@@ -104,12 +105,12 @@ def start(
         config=config,
         out_dir=tmp_path / "run",
         workers=workers,
-        seconds_per_step=[sps] * workers,
+        paces=[sps] * workers,
         serve_args=["--heartbeat-s", "0.3", "--evict-after-s", "3", *serve],
         work_args=["--timeout-s", "2", "--deadline-s", "60", *(work or [])],
         threads=1,
     )
-    cluster = LocalCluster(cfg, SECRET)
+    cluster = local_cluster(cfg, SECRET)
     cluster.start()
     return cluster
 
@@ -187,12 +188,14 @@ def test_adversarial_client(
     cfg = LaunchConfig(
         config=config, out_dir=tmp_path / "run", workers=2, serve_args=["--max-mb", "1"]
     )
-    cluster = LocalCluster(cfg, SECRET)
+    cluster = local_cluster(cfg, SECRET)
     try:
         address = cluster.start_server()
         me = {"worker": 0, "incarnation": "test"}
+        keys0 = cluster.client_keys("worker0")
         client = Client(
-            ClientConfig(address, timeout_s=5, deadline_s=10, max_bytes=1 << 20), SECRET
+            ClientConfig(address, timeout_s=5, deadline_s=10, max_bytes=1 << 20, keys=keys0),
+            SECRET,
         )
         assert client.request("hello", me).type == "welcome"
         d = client.request("pull", me)
@@ -224,12 +227,19 @@ def test_adversarial_client(
         dup = client.call(push_msg(d, small))  # same round, fresh message (a retry): acked once
         assert dup.type == "ack" and dup.body["duplicate"] and dup.body["revision"] == 1
 
-        intruder = Client(
-            ClientConfig(address, timeout_s=0.5, deadline_s=0.8), b"not-the-secret-0123456789"
+        intruder = Client(  # an allowed key but the wrong HMAC secret: dropped, counted
+            ClientConfig(address, timeout_s=0.5, deadline_s=0.8, keys=keys0),
+            b"not-the-secret-0123456789",
         )
         with pytest.raises(ServerUnreachable):
             intruder.request("status")
         intruder.close()
+        stranger = Client(  # the secret but no CURVE key: refused in the handshake
+            ClientConfig(address, timeout_s=0.5, deadline_s=0.8), SECRET
+        )
+        with pytest.raises(ServerUnreachable):
+            stranger.request("status")
+        stranger.close()
 
         d2 = client.request("pull", me)
         nan = {k: v.clone() for k, v in small.items()}
@@ -248,16 +258,17 @@ def test_adversarial_client(
         assert client.receive(one_frame.id, 0.5) is None
         client.close()
 
-        ok = Client(ClientConfig(address, timeout_s=5, deadline_s=10), SECRET)
+        ok = Client(ClientConfig(address, timeout_s=5, deadline_s=10, keys=keys0), SECRET)
         assert ok.call(push_msg(d2, small, "bf16")).body["revision"] == 2
-        s = status(address, SECRET, 5)
+        s = status(address, SECRET, 5, cluster.client_keys())
         ok.close()
         c = s["counters"]
         assert s["revision"] == s["log_length"] == 2 and c["accepted"] == 2
         assert c["replay"] == 1 and c["duplicate"] == 1 and c["bad_mac"] >= 1
         assert c["bad_update"] == 4 and c["too_large"] == 1
         monkeypatch.setenv(SECRET_ENV, SECRET.decode())
-        assert main(["serve", "--status", address]) == 0  # the CLI's status query
+        server_keys = str(cluster.keys_dir / "server")
+        assert main(["serve", "--status", address, "--keys", server_keys]) == 0  # the CLI's
         assert json.loads(capsys.readouterr().out)["revision"] == 2
         cluster.kill_server(signal.SIGTERM)  # clean shutdown writes a final checkpoint
     finally:

@@ -240,8 +240,8 @@ def test_any_authenticated_request_gets_a_reply_and_keeps_state_consistent(
     consistent(coord)
 
 
-@pytest.mark.parametrize("compute_s", [float("inf"), float("nan"), -1.0, 0.0, "x", None])
-def test_bad_compute_time_does_not_break_an_accepted_push(compute_s: object) -> None:
+@pytest.mark.parametrize("compute_s", [float("inf"), float("nan"), -1.0, 0.0, "x", 10**400])
+def test_bad_compute_time_is_refused_and_the_round_stays_good(compute_s: object) -> None:
     coord = make_coord()
     d = pull(coord, 0)
     body = {
@@ -254,6 +254,10 @@ def test_bad_compute_time_does_not_break_an_accepted_push(compute_s: object) -> 
         "compute_s": compute_s,
     }
     delta = {"w": torch.zeros(3, 4), "b": torch.zeros(5)}
-    assert coord.handle(wire.make("push", body, delta)).type == "ack"
-    assert coord.server.speeds[0] is None
+    reply = coord.handle(wire.make("push", body, delta))
+    assert reply.type == "error" and reply.body["reason"] == "malformed"
+    assert "compute_s" in reply.body["detail"]
+    assert coord.server.speeds[0] is None and coord.server.revision == 0
+    ok = coord.handle(wire.make("push", body | {"compute_s": None}, delta))
+    assert ok.type == "ack" and coord.server.speeds[0] is None
     consistent(coord)

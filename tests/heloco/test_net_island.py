@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from heloco.net import keys
 from heloco.net.auth import SECRET_ENV
 from heloco.net.endpoint import EndpointConfig
 from heloco.net.session import Session
@@ -44,16 +45,21 @@ def test_torchrun_island_with_two_gloo_ranks(
             token_budget=4 * 2 * ROUND_TOKENS,  # 4 rounds of an island of 2 ranks
         )
     )
+    keys.generate(tmp_path / "keys", 1, SECRET)
     session = Session(
         cfg,
         SECRET,
-        EndpointConfig(checkpoint_dir=tmp_path / "ck", drain_s=2.0),
+        EndpointConfig(
+            checkpoint_dir=tmp_path / "ck",
+            drain_s=2.0,
+            keys=keys.load_server(tmp_path / "keys" / "server"),
+        ),
         out_dir=tmp_path / "run",
     )
     server, address = session.serve_in_thread()
     report = tmp_path / "island.json"
     env = os.environ | {
-        SECRET_ENV: SECRET.decode(),
+        SECRET_ENV: "",
         "GLOO_SOCKET_IFNAME": "lo",
         "OMP_NUM_THREADS": "1",
     }
@@ -76,6 +82,8 @@ def test_torchrun_island_with_two_gloo_ranks(
         address,
         "--worker",
         "0",
+        "--keys",
+        str(tmp_path / "keys" / "worker0"),
         "--timeout-s",
         "20",
         "--deadline-s",

@@ -1,4 +1,4 @@
-"""Unit tests of the wire format, codecs, authentication and checkpoints (single process)."""
+"""Unit tests of the wire format, codecs and authentication (single process)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from heloco.net import auth, checkpoint, compress, wire
+from heloco.net import auth, compress, wire
 from heloco.net.wire import WireError
 from shardmeter.errors import UserInputError
 
@@ -127,20 +127,6 @@ def test_load_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     f = tmp_path / "s"
     f.write_text("y" * 32 + "\n")
     assert auth.load_secret(f) == b"y" * 32
-
-
-def test_checkpoint_atomic_roundtrip(tmp_path: Path) -> None:
-    assert checkpoint.latest(tmp_path) is None
-    for rev in (3, 5, 9):
-        checkpoint.save(
-            tmp_path, rev, {"w": torch.full((2,), float(rev))}, {"revision": rev}, keep=2
-        )
-    (tmp_path / ".tmp-ckpt-000000010-1").mkdir()  # a crashed half-written one is ignored
-    path = checkpoint.latest(tmp_path)
-    assert path is not None and path.name == "ckpt-000000009"
-    ck = checkpoint.load(path)
-    assert ck.state == {"revision": 9} and torch.equal(ck.tensors["w"], torch.full((2,), 9.0))
-    assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == ["ckpt-000000005", "ckpt-000000009"]
 
 
 _json = st.recursive(

@@ -1,10 +1,14 @@
-"""Worker-side pieces that need no server: the pacer that emulates slower machines."""
+"""Worker-side pieces that need no server: the pacer that emulates slower machines and stops
+a round when the run is over."""
 
 from __future__ import annotations
 
+import threading
 import time
 
-from heloco.net.worker_loop import Pacer
+import pytest
+
+from heloco.net.worker_loop import Pacer, RunOver
 
 
 def run_steps(pacer: Pacer, steps: int, compute_s: float) -> float:
@@ -17,19 +21,30 @@ def run_steps(pacer: Pacer, steps: int, compute_s: float) -> float:
     return time.perf_counter() - t0
 
 
-def test_pace_multiplies_every_step() -> None:
-    # 4 steps of >= 20 ms compute at pace 3 last >= 4 * 60 ms (sleep 2x each step, last one too).
-    elapsed = run_steps(Pacer(pace=3.0, seconds_per_step=None), 4, 0.02)
-    assert elapsed >= 4 * 0.06 * 0.98
-
-
-def test_seconds_per_step_sets_a_floor() -> None:
-    elapsed = run_steps(Pacer(pace=1.0, seconds_per_step=0.05), 4, 0.0)
+def test_pace_sets_a_floor_per_step() -> None:
+    elapsed = run_steps(Pacer(pace=0.05), 4, 0.0)
     assert elapsed >= 4 * 0.05 * 0.98
+
+
+def test_a_step_slower_than_the_pace_is_not_slowed_further() -> None:
+    # 3 steps of 30 ms against a 10 ms floor: no sleep is added (generous bound).
+    assert run_steps(Pacer(pace=0.01), 3, 0.03) < 3 * 0.03 + 0.5
 
 
 def test_time_between_rounds_is_not_paced() -> None:
     # The idle gap before a round (pull, network) is not part of its first step.
-    pacer = Pacer(pace=10.0, seconds_per_step=None)
+    pacer = Pacer(pace=0.01)
     time.sleep(0.05)
     assert run_steps(pacer, 1, 0.0) < 0.05
+
+
+def test_run_over_stops_the_round_at_the_next_step() -> None:
+    over = threading.Event()
+    pacer = Pacer(pace=30.0, over=over)  # without the stop, each step would last 30 s
+    threading.Timer(0.05, over.set).start()
+    t0 = time.perf_counter()
+    with pytest.raises(RunOver):
+        run_steps(pacer, 3, 0.0)
+    assert time.perf_counter() - t0 < 10
+    with pytest.raises(RunOver):  # without a pace, the hook only checks the flag
+        Pacer(None, over)(0)

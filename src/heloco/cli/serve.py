@@ -10,23 +10,33 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from heloco.cli.netargs import add_wire_args, check_folder, max_bytes
+from heloco.cli.netargs import (
+    add_wire_args,
+    check_folder,
+    client_keys,
+    max_bytes,
+    secret,
+    server_keys,
+)
 from heloco.config import load_config, parse_assignment, preset_names
-from heloco.net import auth
 from heloco.net.client import Client, ClientConfig, ServerUnreachable
 from heloco.net.endpoint import EndpointConfig
+from heloco.net.keys import ClientKeys
 from heloco.net.session import Liveness, Session
 from shardmeter.errors import UserInputError
+
+MAX_PERIOD_S = 86400.0  # heartbeat and eviction periods: at most a day
 
 
 def add_parser(sub: Any) -> None:
     """Register `heloco serve` and its flags on the subcommand parsers."""
     p = sub.add_parser(
         "serve",
-        help="serve a run to networked workers (ZeroMQ, HMAC-authenticated)",
-        description="Serve a run to workers that connect out to this address. "
-        "The shared secret comes from $HELOCO_SECRET, $HELOCO_SECRET_FILE or "
-        "--secret-file, never from the command line.",
+        help="serve a run to networked workers (ZeroMQ, CURVE + HMAC)",
+        description="Serve a run to workers that connect out to this address. Only "
+        "workers whose CURVE key is in --keys DIR/allowed/ complete the handshake; every "
+        "message also carries an HMAC of the shared secret (DIR/hmac.secret, "
+        "--secret-file, $HELOCO_SECRET or $HELOCO_SECRET_FILE; never a command-line value).",
     )
     p.add_argument(
         "--config", type=Path, help="run config TOML (the same file `heloco simulate` takes)"
@@ -55,6 +65,14 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--heartbeat-s", type=float, default=2.0)
     p.add_argument("--evict-after-s", type=float, default=10.0)
+    p.add_argument(
+        "--wait-for-workers",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="a fresh run starts when every worker has pulled, or SECONDS after the first "
+        "pull (default 0: each worker starts at once)",
+    )
     add_wire_args(p)
     p.add_argument(
         "--status", metavar="ADDR", help="print the status of the server at ADDR and exit"
@@ -62,9 +80,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--timeout-s", type=float, default=10.0, help="with --status: how long to wait")
 
 
-def status(address: str, secret: bytes, timeout_s: float) -> dict[str, Any]:
+def status(
+    address: str, secret: bytes, timeout_s: float, keys: ClientKeys | None = None
+) -> dict[str, Any]:
     """Ask a running server for its status (revision, workers, throughput, counters)."""
-    client = Client(ClientConfig(address, timeout_s=timeout_s, deadline_s=timeout_s), secret)
+    cfg = ClientConfig(address, timeout_s=timeout_s, deadline_s=timeout_s, keys=keys)
+    client = Client(cfg, secret)
     try:
         reply = client.request("status")
     finally:
@@ -75,13 +96,17 @@ def status(address: str, secret: bytes, timeout_s: float) -> dict[str, Any]:
 def _check(args: argparse.Namespace) -> None:
     max_bytes(args)
     for name in ("heartbeat_s", "evict_after_s"):
-        if not getattr(args, name) > 0:
-            raise UserInputError(f"--{name.replace('_', '-')}", getattr(args, name), "a number > 0")
+        if not 0 < getattr(args, name) <= MAX_PERIOD_S:
+            raise UserInputError(
+                f"--{name.replace('_', '-')}",
+                getattr(args, name),
+                f"seconds in (0, {MAX_PERIOD_S:g}]",
+            )
     if args.evict_after_s <= args.heartbeat_s:
         raise UserInputError(
             "--evict-after-s", args.evict_after_s, f"more than --heartbeat-s ({args.heartbeat_s})"
         )
-    for name in ("checkpoint_every", "checkpoint_every_s"):
+    for name in ("checkpoint_every", "checkpoint_every_s", "wait_for_workers"):
         if not getattr(args, name) >= 0:
             raise UserInputError(
                 f"--{name.replace('_', '-')}", getattr(args, name), "a number >= 0"
@@ -94,15 +119,19 @@ def _check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run `heloco serve`; bad input raises UserInputError (one line, exit 2)."""
-    secret = auth.load_secret(args.secret_file)
+    hmac_secret = secret(args)
     if args.status:
+        if not args.status.startswith("tcp://"):
+            raise UserInputError("--status", args.status, "a tcp://HOST:PORT address")
+        ask = client_keys(args)
         try:
-            print(json.dumps(status(args.status, secret, args.timeout_s), indent=1))
+            print(json.dumps(status(args.status, hmac_secret, args.timeout_s, ask), indent=1))
         except ServerUnreachable as exc:
             print(f"heloco: error: {exc}", file=sys.stderr)
             return 1
         return 0
     _check(args)
+    keys = server_keys(args)
     cfg = load_config(args.config, args.preset, dict(parse_assignment(x) for x in args.set))
     out = args.out if args.out is not None else cfg.out_dir
     ckpt = args.checkpoint_dir or (out / "checkpoints" if out is not None else None)
@@ -113,8 +142,15 @@ def run(args: argparse.Namespace) -> int:
         checkpoint_every=args.checkpoint_every,
         checkpoint_every_s=args.checkpoint_every_s,
         durable=args.durable,
+        keys=keys,
     )
-    session = Session(cfg, secret, endpoint, Liveness(args.heartbeat_s, args.evict_after_s), out)
+    session = Session(
+        cfg,
+        hmac_secret,
+        endpoint,
+        Liveness(args.heartbeat_s, args.evict_after_s, args.wait_for_workers),
+        out,
+    )
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         session.endpoint.stop.set()

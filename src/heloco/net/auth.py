@@ -2,8 +2,9 @@
 
 Every message carries ``HMAC-SHA256(secret, frames)`` (RFC 2104) over its header (which holds a
 random message id and a timestamp) and all tensor frames. This gives integrity and sender
-authentication between holders of the secret; it does not give confidentiality, for which
-``docs/network.md`` recommends a WireGuard or SSH tunnel rather than home-made crypto.
+authentication between holders of the secret, per message. Confidentiality, and refusing
+unknown peers before they can send anything, come from CURVE in the connection handshake
+(:mod:`heloco.net.keys`); the HMAC is a second, independent layer on top of it.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ from shardmeter.errors import UserInputError
 SECRET_ENV = "HELOCO_SECRET"
 SECRET_FILE_ENV = "HELOCO_SECRET_FILE"
 MIN_SECRET_BYTES = 16
+MAX_SECRET_BYTES = 4096
 TAG_BYTES = 32  # SHA-256 output
 
 
-def load_secret(secret_file: Path | None = None) -> bytes:
-    """The shared secret: from ``secret_file``, else ``$HELOCO_SECRET``, else ``$HELOCO_SECRET_FILE``.
+def load_secret(secret_file: Path | None = None, fallback: Path | None = None) -> bytes:
+    """The shared secret: from ``secret_file``, else ``$HELOCO_SECRET``, else
+    ``$HELOCO_SECRET_FILE``, else the ``fallback`` file (a key folder's ``hmac.secret``).
 
     Never taken from the command line, where it would show in ``ps`` and shell history.
     """
@@ -34,19 +37,25 @@ def load_secret(secret_file: Path | None = None) -> bytes:
         source = f"${SECRET_ENV}"
     else:
         path = secret_file or (
-            Path(os.environ[SECRET_FILE_ENV]) if os.environ.get(SECRET_FILE_ENV) else None
+            Path(os.environ[SECRET_FILE_ENV]) if os.environ.get(SECRET_FILE_ENV) else fallback
         )
         if path is None:
             raise UserInputError(
-                "secret", None, f"set ${SECRET_ENV}, ${SECRET_FILE_ENV} or pass --secret-file"
+                "secret",
+                None,
+                f"pass --keys DIR (from `heloco keys`), --secret-file, or set ${SECRET_ENV} "
+                f"or ${SECRET_FILE_ENV}",
             )
         if not path.is_file():
             raise UserInputError("secret_file", str(path), "an existing file holding the secret")
-        value = path.read_bytes().strip()
+        with path.open("rb") as f:
+            value = f.read(MAX_SECRET_BYTES + 1).strip()
         source = str(path)
-    if len(value) < MIN_SECRET_BYTES:
+    if not MIN_SECRET_BYTES <= len(value) <= MAX_SECRET_BYTES:
         raise UserInputError(
-            "secret", f"<{len(value)} bytes from {source}>", f"at least {MIN_SECRET_BYTES} bytes"
+            "secret",
+            f"<{len(value)} bytes from {source}>",
+            f"{MIN_SECRET_BYTES} to {MAX_SECRET_BYTES} bytes",
         )
     return value
 

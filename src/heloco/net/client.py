@@ -19,6 +19,7 @@ import zmq
 
 from heloco.net import compress, wire
 from heloco.net.compress import Codec
+from heloco.net.keys import ClientKeys, connect_securely
 from heloco.net.wire import Message, WireError
 from heloco.types import Params
 from shardmeter.errors import UserInputError
@@ -38,6 +39,7 @@ class ClientConfig:
     backoff_s: float = 0.1
     backoff_max_s: float = 5.0
     max_bytes: int = wire.DEFAULT_MAX_BYTES
+    keys: ClientKeys | None = None  # CURVE: the server's public key and ours (None: off)
 
 
 @dataclass
@@ -68,6 +70,8 @@ class Client:
             sock = self.ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, self.cfg.max_bytes)
+            if self.cfg.keys is not None:
+                connect_securely(sock, self.cfg.keys)
             try:
                 sock.connect(self.cfg.address)
             except zmq.ZMQError as exc:

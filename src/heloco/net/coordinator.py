@@ -7,16 +7,20 @@ Requests (worker → server) and replies:
 ``hello``     → ``welcome`` {run, heartbeat_s, revision}   (run: the run config the worker builds)
 ``pull``      → ``dispatch`` {revision, steps, round_id} + fp32 params | ``wait`` | ``done``
 ``push``      → ``ack`` {revision, applied, duplicate, staleness} | ``rejected`` {reason}
+              (staleness τ = revision at arrival − base revision, as in the revision log;
+              None while the round waits for a barrier or grace window)
 ``heartbeat`` → ``pong`` {revision, done}
 ``status``    → ``status`` (see :meth:`Coordinator.status`)
 ``bye``       → ``pong``
-Malformed or invalid requests get ``error`` {reason, detail}; nothing invalid is applied.
+Every body is validated by its model in :mod:`heloco.net.messages` first. Malformed or
+invalid requests get ``error`` {reason, detail}; nothing invalid is applied or stored.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -24,10 +28,12 @@ from typing import Any
 
 import torch
 
-from heloco.net import wire
+from heloco.net import messages, wire
 from heloco.net.wire import Message, WireError
 from heloco.server import Server, SubmissionRejected, UpdateRecord
 from heloco.types import Params, RoundResult
+
+WORKER_KEY = re.compile(r"worker(\d+)")  # allow-list name bound to one worker slot
 
 
 @dataclass
@@ -46,6 +52,8 @@ class Counters:
     accepted: int = 0
     evictions: int = 0
     rejoins: int = 0
+    forbidden: int = 0
+    checkpoint_failed: int = 0
 
 
 @dataclass
@@ -58,6 +66,7 @@ class WorkerInfo:
     last_seen: float = 0.0
     pulls: int = 0
     accepted: int = 0
+    applied: int = 0
     staleness_sum: int = 0
     steps: int = 0
     tokens: int = 0
@@ -93,6 +102,11 @@ class Coordinator:
     (the simulator checks its budget between rounds); buffered grace-window arrivals are
     flushed at the budget (as in the simulator).
 
+    A fresh run (revision 0) with ``wait_for_workers_s > 0`` starts together: pulls are
+    answered ``wait`` until every worker slot has pulled once, or that many seconds after the
+    first pull, and the clock (``t0``) restarts then, as the simulator starts all workers at
+    time 0. ``max_tokens_per_step`` bounds the tokens a push may claim per inner step.
+
     ``on_update`` is called after each applied update (metrics, evaluation, durable
     checkpoints); ``on_round`` after each accepted round with (worker, round_id, steps, tokens,
     loss, start, end) in wall seconds since ``t0``.
@@ -108,6 +122,8 @@ class Coordinator:
     on_event: Callable[[dict[str, Any]], None] | None = None
     clock: Callable[[], float] = time.time
     t0: float = field(default_factory=time.time)
+    max_tokens_per_step: int | None = None
+    wait_for_workers_s: float = 0.0
 
     def __post_init__(self) -> None:
         n = self.server.cfg.n_workers
@@ -117,6 +133,27 @@ class Coordinator:
         self.grace_started: float | None = None
         self._shapes = {k: tuple(v.shape) for k, v in self.server.params.items()}
         self._dispatch_time: dict[tuple[int, int], float] = {}
+        # durable serving: make the state so far survive a crash; False if it could not
+        self.persist: Callable[[], bool] | None = None
+        self._ready: set[int] = set()
+        self._first_pull: float | None = None
+        self.started = self.wait_for_workers_s <= 0
+
+    def _start_barrier(self, worker: int) -> bool:
+        """Whether dispatching may begin (see the class doc); opens the barrier when due."""
+        if self.started:
+            return True
+        now = self.clock()
+        self._ready.add(worker)
+        self._first_pull = now if self._first_pull is None else self._first_pull
+        if len(self._ready) == len(self.workers) or (
+            now - self._first_pull >= self.wait_for_workers_s
+        ):
+            self.started = True
+            if self.server.revision == 0 and self.tokens == 0:
+                self.t0 = now
+            self._emit({"type": "start", "workers": sorted(self._ready), "time": self.elapsed()})
+        return self.started
 
     # -- state ------------------------------------------------------------------------------
     def budget_reached(self) -> bool:
@@ -219,64 +256,87 @@ class Coordinator:
         return [self._applied(r) for r in self.server.flush()]
 
     # -- requests ---------------------------------------------------------------------------
-    def handle(self, msg: Message) -> Message:
-        """One reply for one authenticated request."""
-        handler = {
-            "hello": self._hello,
-            "pull": self._pull,
-            "push": self._push,
-            "heartbeat": self._heartbeat,
-            "bye": self._bye,
-            "status": lambda m: wire.make("status", self.status(), re=m.id),
-        }.get(msg.type)
-        if handler is None:
+    def handle(self, msg: Message, peer: str | None = None) -> Message:
+        """One reply for one authenticated request.
+
+        The body is validated against the request's model (:mod:`heloco.net.messages`) before
+        anything reads it; only ``push`` may carry tensors. ``peer`` is the name the transport
+        authenticated (a CURVE key's allow-list name): a key named ``worker<i>`` may speak
+        only for slot ``i``.
+        """
+        model = messages.REQUESTS.get(msg.type)
+        if model is None:
             self.counters.malformed += 1
-            return error(msg, "unknown_type", f"unknown message type {msg.type!r}")
+            return error(msg, "unknown_type", f"unknown message type {msg.type[:32]!r}")
         try:
-            return handler(msg)
+            if msg.tensors and msg.type not in messages.TENSOR_REQUESTS:
+                raise WireError("malformed", f"a {msg.type!r} request carries no tensors")
+            try:
+                body = messages.parse(model, msg.body)
+            except messages.InvalidMessage as exc:
+                raise WireError("malformed", f"{msg.type}: {exc}") from None
+            if isinstance(body, messages.Ident):
+                self._check_peer(peer, body.worker)
+            return self._answer(msg, body)
         except WireError as exc:
             if exc.reason == "bad_update":
                 self.counters.bad_update += 1
+            elif exc.reason == "forbidden":
+                self.counters.forbidden += 1
             elif exc.reason != "replaced":
                 self.counters.malformed += 1
             return error(msg, exc.reason, str(exc))
 
-    def _worker_of(self, msg: Message) -> tuple[int, str]:
-        w = msg.body.get("worker")
-        if not isinstance(w, int) or isinstance(w, bool) or not 0 <= w < len(self.workers):
-            raise WireError("bad_worker", f"worker {w!r} not in [0, {len(self.workers)})")
-        inc = msg.body.get("incarnation", "")
-        return w, inc if isinstance(inc, str) else ""
+    def _answer(self, msg: Message, body: Any) -> Message:
+        if isinstance(body, messages.Push):
+            return self._push(msg, body)
+        if isinstance(body, messages.Ident):
+            handler = {"hello": self._hello, "pull": self._pull, "heartbeat": self._heartbeat}
+            return handler.get(msg.type, self._bye)(msg, body)
+        return wire.make("status", self.status(), re=msg.id)
 
-    def _hello(self, msg: Message) -> Message:
-        w, inc = self._worker_of(msg)
-        info = self._seen(w, inc)
-        body = {
+    def _check_peer(self, peer: str | None, worker: int) -> None:
+        """A ``worker<i>`` key speaks only for slot ``i``; other allowed names for any slot."""
+        if peer is None:
+            return
+        match = WORKER_KEY.fullmatch(peer)
+        if match is not None and int(match.group(1)) != worker:
+            raise WireError("forbidden", f"key {peer!r} may not speak for worker {worker}")
+
+    def _slot(self, body: messages.Ident) -> int:
+        if not body.worker < len(self.workers):
+            raise WireError("bad_worker", f"worker {body.worker} not in [0, {len(self.workers)})")
+        return body.worker
+
+    def _hello(self, msg: Message, body: messages.Ident) -> Message:
+        info = self._seen(self._slot(body), body.incarnation)
+        welcome = {
             "run": self.run,
             "heartbeat_s": self.heartbeat_s,
             "revision": self.server.revision,
             "n_workers": len(self.workers),
             "worker_steps": info.steps,
         }
-        return wire.make("welcome", body, re=msg.id)
+        return wire.make("welcome", welcome, re=msg.id)
 
-    def _heartbeat(self, msg: Message) -> Message:
-        w, inc = self._worker_of(msg)
-        self._seen(w, inc)
+    def _heartbeat(self, msg: Message, body: messages.Ident) -> Message:
+        self._seen(self._slot(body), body.incarnation)
         return wire.make("pong", {"revision": self.server.revision, "done": self.done}, re=msg.id)
 
-    def _bye(self, msg: Message) -> Message:
-        w, inc = self._worker_of(msg)
-        self._seen(w, inc)
+    def _bye(self, msg: Message, body: messages.Ident) -> Message:
+        w = self._slot(body)
+        self._seen(w, body.incarnation)
         self.workers[w].active = False
         self._emit({"type": "worker", "event": "left", "worker": w, "time": self.elapsed()})
         return wire.make("pong", {"revision": self.server.revision, "done": self.done}, re=msg.id)
 
-    def _pull(self, msg: Message) -> Message:
-        w, inc = self._worker_of(msg)
-        info = self._seen(w, inc)
+    def _pull(self, msg: Message, body: messages.Ident) -> Message:
+        w = self._slot(body)
+        info = self._seen(w, body.incarnation)
         if self.done:
             return wire.make("done", {"revision": self.server.revision}, re=msg.id)
+        if not self._start_barrier(w):
+            return wire.make("wait", {"retry_s": 0.1, "revision": self.server.revision}, re=msg.id)
         if w in self.server.pending_workers:
             # Sync barrier or grace window still open: the next model does not exist yet.
             return wire.make("wait", {"retry_s": 0.05, "revision": self.server.revision}, re=msg.id)
@@ -286,28 +346,32 @@ class Coordinator:
         for key in [k for k in self._dispatch_time if k[0] == w]:
             del self._dispatch_time[key]
         self._dispatch_time[(w, d.round_id)] = self.elapsed()
-        body = {"revision": d.revision, "steps": d.steps, "round_id": d.round_id}
-        return wire.make("dispatch", body, d.params, codec="fp32", re=msg.id)
+        reply = {"revision": d.revision, "steps": d.steps, "round_id": d.round_id}
+        return wire.make("dispatch", reply, d.params, codec="fp32", re=msg.id)
 
-    def _header_result(self, msg: Message) -> RoundResult:
+    def _header_result(self, w: int, body: messages.Push) -> RoundResult:
         """The push's round without its pseudo-gradient (enough for the revision-log check)."""
-        w, _ = self._worker_of(msg)
-        fields = {}
-        for key in ("round_id", "base_revision", "steps", "tokens"):
-            value = msg.body.get(key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise WireError("malformed", f"push field {key!r} must be an integer >= 0")
-            fields[key] = value
-        loss = msg.body.get("mean_loss")
         return RoundResult(
             worker=w,
             delta={},
-            steps=fields["steps"],
-            tokens=fields["tokens"],
-            mean_loss=float(loss) if isinstance(loss, int | float) else math.nan,
-            base_revision=fields["base_revision"],
-            round_id=fields["round_id"],
+            steps=body.steps,
+            tokens=body.tokens,
+            mean_loss=math.nan if body.mean_loss is None else body.mean_loss,
+            base_revision=body.base_revision,
+            round_id=body.round_id,
         )
+
+    def _check_claims(self, w: int, body: messages.Push) -> None:
+        """A round's claims are bounded by its dispatch: no more inner steps than it was
+        given, no more tokens than those steps hold (``max_tokens_per_step``)."""
+        steps = self.server.dispatched_steps(w)
+        if steps is not None and body.steps > steps:
+            raise WireError("malformed", f"push steps {body.steps} > dispatched {steps}")
+        limit = self.max_tokens_per_step
+        if limit is not None and body.tokens > body.steps * limit:
+            raise WireError(
+                "malformed", f"push tokens {body.tokens} > {body.steps} steps x {limit} per step"
+            )
 
     def _checked_delta(self, msg: Message) -> Params:
         """Decode the pseudo-gradient; wrong names, wrong shapes or non-finite values raise."""
@@ -327,10 +391,10 @@ class Coordinator:
                 raise WireError("bad_update", f"{name}: non-finite values")
         return {name: delta[name] for name in self._shapes}
 
-    def _push(self, msg: Message) -> Message:
-        w, inc = self._worker_of(msg)
-        info = self._seen(w, inc)
-        probe = self._header_result(msg)
+    def _push(self, msg: Message, body: messages.Push) -> Message:
+        w = self._slot(body)
+        info = self._seen(w, body.incarnation)
+        probe = self._header_result(w, body)
         if self.budget_reached() and not (
             self.server.cfg.synchronous and self.server.pending_workers
         ):
@@ -343,6 +407,7 @@ class Coordinator:
             reason = self.server.check(probe)
             if reason is not None and reason != "bad_delta":  # the probe carries no delta yet
                 raise SubmissionRejected(reason, w, probe.round_id)
+            self._check_claims(w, body)
             result = dataclasses.replace(probe, delta=self._checked_delta(msg))
             record = self.server.submit(result)
         except SubmissionRejected as exc:
@@ -371,16 +436,13 @@ class Coordinator:
         info.steps += result.steps
         info.last_loss = result.mean_loss
         self.tokens += result.tokens
-        compute_s = msg.body.get("compute_s")
-        if isinstance(compute_s, int | float) and 0 < compute_s < math.inf and result.steps > 0:
-            self.server.observe_speed(w, result.steps / float(compute_s))
-        staleness = self.server.revision - result.base_revision
-        info.staleness_sum += staleness
-        start = self._dispatch_time.pop((w, result.round_id or 0), 0.0)
+        if body.compute_s is not None:
+            self.server.observe_speed(w, result.steps / body.compute_s)
+        start = self._dispatch_time.pop((w, body.round_id), 0.0)
         if self.on_round is not None:
             self.on_round(
                 w,
-                result.round_id or 0,
+                body.round_id,
                 result.steps,
                 result.tokens,
                 result.mean_loss,
@@ -391,18 +453,25 @@ class Coordinator:
             self.grace_started = self.clock()
         if record is not None:
             self._applied(record)
+        if self.persist is not None and not self.persist():
+            # Applied (or buffered) but not on disk: no ack, so no promise a crash would break.
+            detail = "accepted but the checkpoint failed; not acknowledged"
+            return wire.make("error", {"reason": "not_durable", "detail": detail}, re=msg.id)
         return wire.make(
             "ack",
             {
                 "revision": self.server.revision,
                 "applied": record is not None,
                 "duplicate": False,
-                "staleness": staleness,
+                "staleness": _staleness_of(record, w, body.round_id),
             },
             re=msg.id,
         )
 
     def _applied(self, record: UpdateRecord) -> UpdateEvent:
+        for arrival in record.arrivals:  # staleness as the revision log has it (spec 1.1, τ)
+            self.workers[arrival.worker].applied += 1
+            self.workers[arrival.worker].staleness_sum += arrival.staleness
         event = UpdateEvent(record, self.elapsed(), self.tokens)
         if self.on_update is not None:
             self.on_update(event)
@@ -419,7 +488,7 @@ class Coordinator:
                 "active": i.active,
                 "silent_s": round(now - i.last_seen, 3) if i.last_seen else None,
                 "accepted": i.accepted,
-                "mean_staleness": i.staleness_sum / i.accepted if i.accepted else None,
+                "mean_staleness": i.staleness_sum / i.applied if i.applied else None,
                 "last_loss": i.last_loss if math.isfinite(i.last_loss) else None,
                 "speed": self.server.speeds[i.worker],
             }
@@ -439,6 +508,16 @@ class Coordinator:
             "workers": workers,
             "counters": asdict(self.counters),
         }
+
+
+def _staleness_of(record: UpdateRecord | None, worker: int, round_id: int) -> int | None:
+    """Staleness of ``worker``'s round in ``record``, as logged (None: not applied yet)."""
+    if record is None:
+        return None
+    for a in record.arrivals:
+        if a.worker == worker and a.round_id == round_id:
+            return a.staleness
+    return None
 
 
 def error(msg: Message, reason: str, detail: str) -> Message:

@@ -1,18 +1,23 @@
 """Local launches: a server and N workers as subprocesses on loopback, for demos and tests.
 
-The server binds ``tcp://127.0.0.1`` on a free port and writes the address it got to
-``<out>/address.txt``; workers get the address and the shared secret (through the environment,
-never the command line). :class:`LocalCluster` keeps handles to every process so tests can kill
-and restart them; :func:`launch` runs one to completion.
+Keys come first: :func:`heloco.net.keys.generate` writes ``<out>/keys/`` (CURVE key pairs and
+the HMAC secret; kept when the folder exists, so a resumed launch reuses them). The server
+binds ``tcp://127.0.0.1`` on a free port with ``--keys <out>/keys/server`` and writes the
+address it got to ``<out>/address.txt``; worker ``i`` gets the address and
+``--keys <out>/keys/worker<i>``. No secret is ever on a command line. :class:`LocalCluster`
+keeps handles to every process so tests can kill and restart them; :func:`launch` runs one to
+completion and reports how every process ended.
 
-Processes are forked from a ``multiprocessing`` fork server that has imported torch (and the
-lazy ``torch._dynamo`` that ``torch.optim`` pulls in) once, so N workers do not each pay
-seconds of imports; each child runs the ordinary ``heloco serve`` / ``heloco work`` entry
-point. ``fresh_interpreters=True`` uses ``python -m heloco`` subprocesses instead.
+Processes are forked from a ``multiprocessing`` fork server that has imported ``preload``
+(torch, the CLI modules) once, so N workers do not each pay seconds of imports; each child
+runs ``entry(argv)``, the command line's ``main`` that the caller passes in (this module
+never imports the command line). ``fresh_interpreters=True`` runs ``python -m heloco``
+subprocesses instead.
 """
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import multiprocessing.context
 import os
@@ -21,13 +26,17 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from heloco.net import auth
+from heloco.net import auth, keys
 from heloco.net.session import ADDRESS_FILE
 from shardmeter.errors import UserInputError
+
+Entry = Callable[[Sequence[str]], int]  # a command line's main(argv) -> exit code
+KEYS_DIR = "keys"
 
 LOOPBACK = "tcp://127.0.0.1:0"
 
@@ -41,15 +50,15 @@ def free_loopback_address() -> str:
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """What to start. ``paces`` are slowdown factors (≥ 1), ``seconds_per_step`` fixed speeds;
-    give at most one (one value per worker). Extra CLI flags go to ``serve_args``/``work_args``.
+    """What to start. ``paces`` are seconds per inner step, one per worker, as in the run
+    config and ``heloco simulate``; each worker makes its steps last at least that long
+    (None: full speed). Extra CLI flags go to ``serve_args``/``work_args``.
     """
 
     config: Path
     out_dir: Path
     workers: int
     paces: list[float] | None = None
-    seconds_per_step: list[float] | None = None
     serve_args: list[str] = field(default_factory=list)
     work_args: list[str] = field(default_factory=list)
     threads: int | None = None
@@ -59,21 +68,15 @@ class LaunchConfig:
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise UserInputError("workers", self.workers, "an integer >= 1")
-        if self.paces is not None and self.seconds_per_step is not None:
-            raise UserInputError("paces", self.paces, "give paces or seconds_per_step, not both")
-        for name in ("paces", "seconds_per_step"):
-            values = getattr(self, name)
-            if values is not None and len(values) != self.workers:
-                raise UserInputError(name, values, f"{self.workers} values, one per worker")
-        if self.paces is not None and any(not p >= 1 for p in self.paces):
-            raise UserInputError("paces", self.paces, "slowdown factors >= 1")
-        if self.seconds_per_step is not None and any(not s > 0 for s in self.seconds_per_step):
-            raise UserInputError("seconds_per_step", self.seconds_per_step, "numbers > 0")
+        if self.paces is not None and len(self.paces) != self.workers:
+            raise UserInputError("paces", self.paces, f"{self.workers} values, one per worker")
+        if self.paces is not None and any(not 0 < p < math.inf for p in self.paces):
+            raise UserInputError("paces", self.paces, "seconds per step > 0")
         if self.threads is not None and self.threads < 1:
             raise UserInputError("threads", self.threads, "an integer >= 1")
 
 
-PRELOAD = ["torch", "torch._dynamo", "heloco.cli.serve", "heloco.cli.work"]
+TORCH_PRELOAD = ("torch", "torch._dynamo")  # torch.optim imports _dynamo lazily: pay it once
 
 
 class Proc(Protocol):
@@ -88,8 +91,8 @@ class Proc(Protocol):
     def kill(self) -> None: ...
 
 
-def _child_main(argv: list[str], log: str, env: dict[str, str]) -> None:
-    """Entry point of a forked child: log to a file, set the environment, run the CLI."""
+def _child_main(entry: Entry, argv: list[str], log: str, env: dict[str, str]) -> None:
+    """Entry point of a forked child: log to a file, set the environment, run ``entry``."""
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -98,9 +101,7 @@ def _child_main(argv: list[str], log: str, env: dict[str, str]) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
     os.environ.update(env)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    from heloco.cli import main
-
-    sys.exit(main(argv))
+    sys.exit(entry(argv))
 
 
 class ForkedProc:
@@ -109,11 +110,12 @@ class ForkedProc:
     def __init__(
         self,
         ctx: multiprocessing.context.ForkServerContext,
+        entry: Entry,
         argv: list[str],
         log: Path,
         env: dict[str, str],
     ) -> None:
-        self.proc = ctx.Process(target=_child_main, args=(argv, str(log), env), daemon=False)
+        self.proc = ctx.Process(target=_child_main, args=(entry, argv, str(log), env), daemon=False)
         self.proc.start()
         assert self.proc.pid is not None
         self.pid = self.proc.pid
@@ -138,29 +140,48 @@ class ForkedProc:
         self.send_signal(signal.SIGKILL)
 
 
-def fork_server() -> multiprocessing.context.ForkServerContext:
-    """The fork-server context, preloading torch and the CLI modules once per parent process."""
+def fork_server(preload: Sequence[str]) -> multiprocessing.context.ForkServerContext:
+    """The fork-server context, preloading ``preload`` modules once per parent process."""
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
+    ctx.set_forkserver_preload(list(preload))
     return ctx
 
 
 class LocalCluster:
-    """Handles to a local server process and its worker processes."""
+    """Handles to a local server process and its worker processes.
 
-    def __init__(self, cfg: LaunchConfig, secret: bytes | None = None) -> None:
+    ``entry`` is the command line's ``main`` each forked child runs, ``preload`` the modules
+    the fork server imports once. ``secret`` seeds the HMAC secret of new key folders.
+    """
+
+    def __init__(
+        self,
+        cfg: LaunchConfig,
+        entry: Entry,
+        secret: bytes | None = None,
+        preload: Sequence[str] = TORCH_PRELOAD,
+    ) -> None:
         self.cfg = cfg
-        self.secret = secret or auth.new_secret()
+        self.entry = entry
+        self.keys_dir = cfg.out_dir / KEYS_DIR
+        keys.generate(self.keys_dir, cfg.workers, secret)
+        self.secret = auth.load_secret(self.keys_dir / keys.SERVER / keys.HMAC_FILE)
         self.server: Proc | None = None
         self.workers: dict[int, Proc] = {}
-        self._ctx = None if cfg.fresh_interpreters else fork_server()
+        self._ctx = None if cfg.fresh_interpreters else fork_server(preload)
         self.address = ""
         self.logs = cfg.out_dir / "logs"
+        self.latest_logs: dict[str, Path] = {}
         self._generation: dict[str, int] = {}
 
+    def client_keys(self, name: str = keys.SERVER) -> keys.ClientKeys:
+        """CURVE keys of one of the cluster's key folders (``server``: status queries)."""
+        return keys.load_client(self.keys_dir / name)
+
     def env(self) -> dict[str, str]:
-        """What a child's environment adds: the secret (never on a command line), threads."""
-        env = {auth.SECRET_ENV: self.secret.decode(), auth.SECRET_FILE_ENV: ""}
+        """What a child's environment sets: no inherited secret (the key folders hold it),
+        threads."""
+        env = {auth.SECRET_ENV: "", auth.SECRET_FILE_ENV: ""}
         if self.cfg.threads is not None:
             env["OMP_NUM_THREADS"] = str(self.cfg.threads)
         return env
@@ -169,12 +190,14 @@ class LocalCluster:
         self.logs.mkdir(parents=True, exist_ok=True)
         n = self._generation.get(name, 0)
         self._generation[name] = n + 1
-        return self.logs / (f"{name}.log" if n == 0 else f"{name}.{n}.log")
+        path = self.logs / (f"{name}.log" if n == 0 else f"{name}.{n}.log")
+        self.latest_logs[name] = path
+        return path
 
     def _spawn(self, name: str, args: list[str]) -> Proc:
         log_path = self._log(name)
         if self._ctx is not None:
-            return ForkedProc(self._ctx, args, log_path, self.env())
+            return ForkedProc(self._ctx, self.entry, args, log_path, self.env())
         with log_path.open("wb") as log:
             return subprocess.Popen(
                 [sys.executable, "-m", "heloco", *args],
@@ -198,6 +221,8 @@ class LocalCluster:
             str(out),
             "--bind",
             bind,
+            "--keys",
+            str(self.keys_dir / keys.SERVER),
             *self.cfg.serve_args,
         ]
         self.server = self._spawn("server", args)
@@ -231,13 +256,13 @@ class LocalCluster:
             self.address,
             "--worker",
             str(w),
+            "--keys",
+            str(self.keys_dir / f"worker{w}"),
             "--report",
             str(self.cfg.out_dir / "workers" / f"worker{w}.json"),
         ]
         if self.cfg.paces is not None:
             args += ["--pace", repr(self.cfg.paces[w])]
-        if self.cfg.seconds_per_step is not None:
-            args += ["--seconds-per-step", repr(self.cfg.seconds_per_step[w])]
         if self.cfg.threads is not None:
             args += ["--threads", str(self.cfg.threads)]
         return args + self.cfg.work_args
@@ -293,13 +318,81 @@ class LocalCluster:
                 p.wait(timeout=10)
 
 
-def launch(cfg: LaunchConfig, timeout_s: float) -> int:
-    """Start everything, wait for the run to finish; returns the server's exit code."""
+@dataclass(frozen=True)
+class ProcessEnd:
+    """How one launched process ended: its exit code (None: it had to be stopped)."""
+
+    name: str
+    code: int | None
+    log: Path
+
+    @property
+    def ok(self) -> bool:
+        """Exited by itself with code 0."""
+        return self.code == 0
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    """How the server and every worker of a launch ended."""
+
+    server: ProcessEnd
+    workers: list[ProcessEnd]
+
+    @property
+    def failures(self) -> list[ProcessEnd]:
+        """The processes that did not exit by themselves with code 0."""
+        return [p for p in [self.server, *self.workers] if not p.ok]
+
+
+def launch(
+    cfg: LaunchConfig,
+    entry: Entry,
+    timeout_s: float,
+    watch: Callable[[], None] | None = None,
+    grace_s: float = 30.0,
+    preload: Sequence[str] = TORCH_PRELOAD,
+) -> LaunchResult:
+    """Start everything and wait until the server has finished the run (or ``timeout_s``).
+
+    ``watch`` is called a few times a second (progress display). Workers learn from the
+    server that the run is over and leave by themselves; the ones still running ``grace_s``
+    after the server ended are stopped and count as failed. If every worker has exited while
+    the server still waits for them, the server is stopped (it writes its final checkpoint).
+    """
     if not timeout_s > 0:
         raise UserInputError("timeout_s", timeout_s, "a number of seconds > 0")
-    cluster = LocalCluster(cfg)
+    cluster = LocalCluster(cfg, entry, preload=preload)
+    codes: dict[str, int | None] = {}
     try:
         cluster.start()
-        return cluster.wait(timeout_s)
+        assert cluster.server is not None
+        server = cluster.server
+        deadline = time.monotonic() + timeout_s
+        while server.poll() is None and time.monotonic() < deadline:
+            if all(p.poll() is not None for p in cluster.workers.values()):
+                server.terminate()
+                server.wait(timeout=30)
+                break
+            if watch is not None:
+                watch()
+            time.sleep(0.2)
+        codes["server"] = server.poll()
+        leave_by = time.monotonic() + (grace_s if codes["server"] is not None else 0.0)
+        for w, proc in cluster.workers.items():
+            try:
+                codes[f"worker{w}"] = proc.wait(timeout=max(0.0, leave_by - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                codes[f"worker{w}"] = None
+        if watch is not None:
+            watch()
     finally:
         cluster.stop()
+    logs = cluster.latest_logs
+    return LaunchResult(
+        ProcessEnd("server", codes.get("server"), logs["server"]),
+        [
+            ProcessEnd(f"worker{w}", codes.get(f"worker{w}"), logs[f"worker{w}"])
+            for w in sorted(cluster.workers)
+        ],
+    )

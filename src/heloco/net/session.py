@@ -42,10 +42,25 @@ STATUS_FILE = "status.json"
 
 @dataclass(frozen=True)
 class Liveness:
-    """Heartbeat period the workers are told to use, and silence before eviction (seconds)."""
+    """Heartbeat period the workers are told to use, silence before eviction, and how long a
+    fresh run waits for every worker's first pull before it starts anyway (seconds; 0: no
+    wait)."""
 
     heartbeat_s: float = 2.0
     evict_after_s: float = 10.0
+    wait_for_workers_s: float = 0.0
+
+
+MAX_ISLAND_RANKS = 65536  # ranks of one torchrun island: a push's tokens cover them all
+
+
+def _evals_of(extra: dict[str, Any]) -> tuple[list[EvalPoint], int]:
+    """The evaluations and the next eval point a checkpoint's ``extra`` holds (raises
+    ``TypeError``/``ValueError`` if they are malformed, so the checkpoint is skipped)."""
+    evals, next_eval = extra.get("evals", []), extra.get("next_eval", 0)
+    if not isinstance(evals, list) or not isinstance(next_eval, int):
+        raise ValueError("evals or next_eval malformed")
+    return [EvalPoint(**e) for e in evals], next_eval
 
 
 class Session:
@@ -69,6 +84,8 @@ class Session:
             run=run,
             heartbeat_s=liveness.heartbeat_s,
             evict_after_s=liveness.evict_after_s,
+            max_tokens_per_step=cfg.inner.batch_size * cfg.inner.seq_len * MAX_ISLAND_RANKS,
+            wait_for_workers_s=liveness.wait_for_workers_s,
         )
         self.endpoint = Endpoint(self.coord, secret, endpoint)
         self.writer = MetricsWriter(self.out_dir)
@@ -93,22 +110,26 @@ class Session:
 
     # -- persistence of the session's own state (evals) ------------------------------------
     def _resume(self) -> None:
-        if not self.endpoint.restore():
+        self.endpoint.check_extra = _evals_of
+        restored = self.endpoint.restore()
+        skipped = [{"checkpoint": s.path.name, "reason": s.reason} for s in self.endpoint.skipped]
+        if not restored:
             return
         self.resumed = True
         for record in self.side.server.log:
             self.stats.add(record)
         self.traj.tokens = self.coord.tokens
         self.traj.steps = sum(a.steps for r in self.side.server.log for a in r.arrivals)
-        ck_evals = self.endpoint.restored_extra.get("evals", [])
-        self.traj.evals = [EvalPoint(**e) for e in ck_evals]
-        self.rec.next_eval = int(self.endpoint.restored_extra.get("next_eval", self.cfg.eval_every))
+        self.traj.evals, self.rec.next_eval = _evals_of(self.endpoint.restored_extra)
+        assert self.endpoint.restored_from is not None
         self.writer.event(
             {
                 "type": "restart",
                 "revision": self.side.server.revision,
                 "tokens": self.coord.tokens,
                 "time": self.coord.elapsed(),
+                "checkpoint": self.endpoint.restored_from.name,
+                "skipped": skipped,
             }
         )
 
@@ -117,7 +138,7 @@ class Session:
 
     # -- hooks ------------------------------------------------------------------------------
     def _on_update(self, event: UpdateEvent) -> None:
-        self.endpoint.after_update(event)  # durable checkpoint before anything is acknowledged
+        self.endpoint.after_update(event)
         self.traj.time = event.time
         self.rec.record_update(event.record, event.time, event.tokens)
         self.rec.maybe_eval(event.time)
@@ -145,7 +166,7 @@ class Session:
         if on_ready is not None:
             on_ready(address)
         if not self.traj.evals:
-            self.eval_now()
+            self.rec.eval_now(0.0)  # the start point, at time 0 as in the simulator
         try:
             self.endpoint.serve()
         finally:

@@ -18,20 +18,24 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
-from heloco.net import auth, compress
+from heloco.net import auth, compress, messages
 from heloco.net.compress import Codec, Encoded
+from heloco.net.messages import Header
 from heloco.types import Params
 
 PROTOCOL_VERSION = 1
 DEFAULT_MAX_BYTES = 1 << 30  # 1 GiB per message: a 250M-parameter fp32 model
 MAX_HEADER_BYTES = 1 << 20  # the JSON header (names, shapes, metadata) stays small
+MAX_JSON_DEPTH = 16  # nesting of the header's JSON (ours is at most 5 deep)
 
 Frame = bytes | memoryview
 
@@ -122,37 +126,50 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-standard JSON constant {name}")
 
 
-def _parse_header(raw: Frame) -> dict[str, Any]:
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_OPEN = np.zeros(256, dtype=np.int8)
+_OPEN[[ord("["), ord("{")]] = 1
+_OPEN[[ord("]"), ord("}")]] = -1
+
+
+def json_depth(raw: bytes) -> int:
+    """Deepest nesting of ``[``/``{`` in JSON text, strings skipped; linear time, no recursion.
+
+    Run before ``json.loads`` so a header nested 100,000 deep is refused by a count, not by
+    the parser's recursion limit.
+    """
+    outside = _STRING.sub(b"", raw)
+    if not outside:
+        return 0
+    steps = _OPEN[np.frombuffer(outside, dtype=np.uint8)].astype(np.int64)
+    return int(np.cumsum(steps).max(initial=0))
+
+
+def _parse_header(raw: Frame) -> Header:
+    """The header frame as a validated :class:`Header` (bounded size and depth, strict JSON)."""
+    text = bytes(raw)
+    if len(text) > MAX_HEADER_BYTES:
+        raise WireError("too_large", f"header of {len(text)} bytes > {MAX_HEADER_BYTES}")
+    depth = json_depth(text)
+    if depth > MAX_JSON_DEPTH:
+        raise WireError("bad_header", f"JSON nested {depth} deep > {MAX_JSON_DEPTH}")
     try:
-        head = json.loads(bytes(raw), parse_constant=_reject_constant)
-    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
-        raise WireError("bad_header", str(exc)) from exc
-    if not isinstance(head, dict) or head.get("v") != PROTOCOL_VERSION:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError: ValueError
+        raise WireError("bad_header", str(exc)[:200]) from None
+    if isinstance(data, dict) and data.get("v", PROTOCOL_VERSION) != PROTOCOL_VERSION:
         raise WireError("bad_version", f"expected protocol v{PROTOCOL_VERSION}")
-    for key, kind in (("type", str), ("id", str), ("re", str), ("body", dict), ("tensors", list)):
-        if not isinstance(head.get(key), kind):
-            raise WireError("bad_header", f"field {key!r} missing or not {kind.__name__}")
-    if not isinstance(head.get("ts"), int | float):
-        raise WireError("bad_header", "field 'ts' missing or not a number")
+    try:
+        head = messages.parse(Header, data)
+    except messages.InvalidMessage as exc:
+        raise WireError("bad_header", str(exc)) from None
+    names = [t.name for t in head.tensors]
+    if len(set(names)) != len(names):
+        raise WireError("bad_header", "a tensor name appears twice")
+    for t in head.tensors:
+        if (t.codec == "int8") != (t.block >= 1):
+            raise WireError("bad_header", f"tensor {t.name!r}: block {t.block} with {t.codec}")
     return head
-
-
-def _tensor_meta(meta: Any) -> tuple[str, Codec, tuple[int, ...], int]:
-    if not isinstance(meta, dict):
-        raise WireError("bad_header", "tensor entry is not an object")
-    name, codec, shape, block = (
-        meta.get("name"),
-        meta.get("codec"),
-        meta.get("shape"),
-        meta.get("block"),
-    )
-    if not isinstance(name, str) or codec not in compress.CODECS:
-        raise WireError("bad_header", f"tensor {name!r}: bad name or codec {codec!r}")
-    if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
-        raise WireError("bad_header", f"tensor {name!r}: bad shape {shape!r}")
-    if not isinstance(block, int) or (codec == "int8" and block < 1):
-        raise WireError("bad_header", f"tensor {name!r}: bad block {block!r}")
-    return name, codec, tuple(shape), block
 
 
 def decode(frames: Sequence[Frame], secret: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> Message:
@@ -170,25 +187,22 @@ def decode(frames: Sequence[Frame], secret: bytes, max_bytes: int = DEFAULT_MAX_
     body_frames, tag = frames[:-1], bytes(frames[-1])
     if len(tag) != auth.TAG_BYTES or not auth.verify(secret, body_frames, tag):
         raise WireError("bad_mac", "HMAC tag does not match")
-    if len(body_frames[0]) > MAX_HEADER_BYTES:
-        raise WireError("too_large", f"header of {len(body_frames[0])} bytes")
     head = _parse_header(body_frames[0])
     tensors: dict[str, Encoded] = {}
     cursor = 1
-    for meta in head["tensors"]:
-        name, codec, shape, block = _tensor_meta(meta)
-        want = 2 if codec == "int8" else 1
+    for meta in head.tensors:
+        want = 2 if meta.codec == "int8" else 1
         if cursor + want > len(body_frames):
-            raise WireError("bad_frames", f"tensor {name!r}: missing frames")
-        data = bytes(body_frames[cursor])
-        scales = bytes(body_frames[cursor + 1]) if codec == "int8" else b""
+            raise WireError("bad_frames", f"tensor {meta.name!r}: missing frames")
+        data, scales = body_frames[cursor], body_frames[cursor + 1] if want == 2 else b""
         cursor += want
-        want_data, want_scales = compress.expected_nbytes(codec, shape, block or 1)
+        shape = tuple(meta.shape)
+        want_data, want_scales = compress.expected_nbytes(meta.codec, shape, meta.block or 1)
         if len(data) != want_data or len(scales) != want_scales:
             raise WireError(
-                "bad_tensor", f"tensor {name!r}: byte count does not match shape {shape}"
+                "bad_tensor", f"tensor {meta.name!r}: byte count does not match shape {shape}"
             )
-        tensors[name] = Encoded(codec, shape, block, data, scales)
+        tensors[meta.name] = Encoded(meta.codec, shape, meta.block, bytes(data), bytes(scales))
     if cursor != len(body_frames):
         raise WireError("bad_frames", f"{len(body_frames) - cursor} unexpected frames")
-    return Message(head["type"], head["body"], tensors, head["id"], head["re"], float(head["ts"]))
+    return Message(head.type, head.body, tensors, head.id, head.re, head.ts)
