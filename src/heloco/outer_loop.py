@@ -2,7 +2,7 @@
 
 ::
 
-    link = heloco.connect("tcp://server:5555", worker=0)        # the server's address
+    link = heloco.connect("tcp://server:5555", worker=0, key_folder="keys/worker0")
     with heloco.OuterLoop(model, optimizer, link, tokens_per_step=B * T) as outer:
         while not outer.done:
             loss = loss_fn(model(x), y)

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from heloco.net import auth, messages, wire
 from heloco.net.coordinator import Budget, Coordinator
 from heloco.net.endpoint import Endpoint, EndpointConfig
+from heloco.net.link import ProtocolError, reply_body
 from heloco.net.wire import WireError
-from heloco.net.worker_loop import ProtocolError, reply_body
 from heloco.outer import OuterConfig, build_optimizer
 from heloco.server import Server, ServerConfig
 

@@ -1,14 +1,12 @@
 """Worker-side pieces that need no server: the pacer that emulates slower machines and stops
-a round when the run is over."""
+sleeping when the run is over."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-import pytest
-
-from heloco.net.worker_loop import Pacer, RunOver
+from heloco.net.worker_loop import Pacer
 
 
 def run_steps(pacer: Pacer, steps: int, compute_s: float) -> float:
@@ -38,13 +36,8 @@ def test_time_between_rounds_is_not_paced() -> None:
     assert run_steps(pacer, 1, 0.0) < 0.05
 
 
-def test_run_over_stops_the_round_at_the_next_step() -> None:
+def test_run_over_ends_the_sleep_at_once() -> None:
     over = threading.Event()
     pacer = Pacer(pace=30.0, over=over)  # without the stop, each step would last 30 s
     threading.Timer(0.05, over.set).start()
-    t0 = time.perf_counter()
-    with pytest.raises(RunOver):
-        run_steps(pacer, 3, 0.0)
-    assert time.perf_counter() - t0 < 10
-    with pytest.raises(RunOver):  # without a pace, the hook only checks the flag
-        Pacer(None, over)(0)
+    assert run_steps(pacer, 3, 0.0) < 10

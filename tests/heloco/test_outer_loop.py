@@ -18,6 +18,7 @@ from torch import nn
 
 from heloco.data.seeding import derive_seed
 from heloco.island import Island
+from heloco.net import keys
 from heloco.net.client import ClientConfig
 from heloco.net.endpoint import EndpointConfig
 from heloco.net.link import connect
@@ -167,8 +168,12 @@ def test_hand_written_loop_matches_heloco_work_over_the_network(
         tiny_net_values(method="heloco", workers=1, token_budget=6 * 128, eval_every=256)
     )
 
+    keys.generate(tmp_path / "keys", 1, SECRET)
+    server_keys = keys.load_server(tmp_path / "keys" / "server")
+
     def serve(name: str, work: Callable[[str], None]) -> Session:
-        session = Session(cfg, SECRET, EndpointConfig(drain_s=1.0), out_dir=tmp_path / name)
+        endpoint = EndpointConfig(drain_s=1.0, keys=server_keys)
+        session = Session(cfg, SECRET, endpoint, out_dir=tmp_path / name)
         server, address = session.serve_in_thread()
         thread = threading.Thread(target=work, args=(address,), daemon=True)
         thread.start()
@@ -178,11 +183,13 @@ def test_hand_written_loop_matches_heloco_work_over_the_network(
         return session
 
     def heloco_work(address: str) -> None:
-        client = ClientConfig(address, timeout_s=20, deadline_s=60)
+        curve = keys.load_client(tmp_path / "keys" / "worker0")
+        client = ClientConfig(address, timeout_s=20, deadline_s=60, keys=curve)
         NetWorker(client, SECRET, WorkerOptions(worker=0)).run()
 
     def user_loop(address: str) -> None:
-        link = connect(address, 0, secret=SECRET, timeout_s=20, deadline_s=60)
+        folder = tmp_path / "keys" / "worker0"  # CURVE keys and the HMAC secret
+        link = connect(address, 0, key_folder=folder, timeout_s=20, deadline_s=60)
         hand_written_loop(build_run(cfg), cfg, 0, link)
 
     reference = serve("work", heloco_work)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
+from heloco.cli.common import add_out, require_out
 from heloco.cli.netargs import check_folder
 from heloco.net.keys import generate
 
@@ -21,21 +21,22 @@ def add_parser(sub: Any) -> None:
         "`scp -rp`; secret files are mode 0600. Run again with a larger --workers to add "
         "workers: existing keys are kept.",
     )
-    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder to write")
+    add_out(p, "folder to write the key folders into (required)")
     p.add_argument("--workers", type=int, required=True, help="number of worker key folders")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run `heloco keys`; bad input raises UserInputError (one line, exit 2)."""
-    check_folder("--out", args.out)
-    made = generate(args.out, args.workers)
+    out = require_out(args)
+    check_folder("--out", out)
+    made = generate(out, args.workers)
     for path in made.created:
         print(f"created {path}")
     for path in made.kept:
         print(f"kept    {path}")
     print(
-        f"heloco keys: copy {args.out / 'server'} to the server host and each "
-        f"{args.out / 'worker<i>'} to worker i's host (scp -rp)",
+        f"heloco keys: copy {out / 'server'} to the server host and each "
+        f"{out / 'worker<i>'} to worker i's host (scp -rp)",
         file=sys.stderr,
     )
     return 0

@@ -18,9 +18,16 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from heloco.cli import main
+from heloco.cli.common import (
+    add_config_args,
+    add_out,
+    load_run_config,
+    parse_paces,
+    require_out,
+    set_overrides,
+)
 from heloco.cli.netargs import check_folder
-from heloco.cli.simulate import parse_paces
-from heloco.config import load_config, parse_assignment, preset_names, save_config
+from heloco.config import save_config
 from heloco.metrics import EVENTS_FILE, SUMMARY_FILE
 from heloco.net.launcher import TORCH_PRELOAD, LaunchConfig, LaunchResult, LocalCluster, launch
 from heloco.sim import SimConfig, resolve_paces
@@ -46,10 +53,8 @@ def add_parser(sub: Any) -> None:
         "worker's steps last at least that long. Results go to OUT (read by "
         "`heloco report`); exit code 1 if any process failed.",
     )
-    p.add_argument("--config", type=Path, help="run config TOML (as for `heloco simulate`)")
-    p.add_argument("--preset", choices=preset_names(), help="start from a shipped preset instead")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--out", type=Path, required=True)
+    add_config_args(p)
+    add_out(p, "run folder: events.jsonl, summary.json, checkpoints, keys, logs (required)")
     p.add_argument("--workers", type=int, help="default: the config's workers")
     p.add_argument(
         "--paces", help="seconds per inner step per worker, e.g. 1,2,4 (default: the config's)"
@@ -65,41 +70,42 @@ def add_parser(sub: Any) -> None:
 
 def run_config(args: argparse.Namespace) -> SimConfig:
     """The run config: file or preset, then ``--set``, then ``--workers``/``--paces``."""
-    overrides = dict(parse_assignment(x) for x in args.set)
+    overrides = set_overrides(args)
     if args.paces is not None:
         overrides["paces"] = parse_paces(args.paces)
     if args.workers is not None:
         overrides["workers"] = args.workers
         # a preset's paces are for its own K: one second per step unless --paces says more
         overrides.setdefault("paces", [1.0] * args.workers)
-    return load_config(args.config, args.preset, overrides)
+    return load_run_config(args, overrides)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run `heloco launch`; bad input raises UserInputError (one line, exit 2)."""
-    check_folder("--out", args.out)
+    out = require_out(args)
+    check_folder("--out", out)
     if not args.timeout_s > 0:
         raise UserInputError("--timeout-s", args.timeout_s, "a number of seconds > 0")
     run_cfg = run_config(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    resolved = args.out / "launch-config.toml"
+    out.mkdir(parents=True, exist_ok=True)
+    resolved = out / "launch-config.toml"
     save_config(run_cfg, resolved)
     cfg = LaunchConfig(
         config=resolved,
-        out_dir=args.out,
+        out_dir=out,
         workers=run_cfg.workers,
         paces=resolve_paces(run_cfg),
         serve_args=["--wait-for-workers", str(START_WAIT_S), *args.serve_arg],
         work_args=["--codec", args.codec],
         threads=args.threads,
     )
-    watch = EventWatch(args.out / EVENTS_FILE, run_cfg)
+    watch = EventWatch(out / EVENTS_FILE, run_cfg)
     if args.quiet:
         result = launch(cfg, main, args.timeout_s, preload=PRELOAD)
     else:
         with watch.progress():
             result = launch(cfg, main, args.timeout_s, watch.poll, preload=PRELOAD)
-    return report(result, args.out)
+    return report(result, out)
 
 
 def report(result: LaunchResult, out: Path) -> int:

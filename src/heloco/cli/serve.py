@@ -10,6 +10,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from heloco.cli.common import add_config_args, add_out, load_run_config
 from heloco.cli.netargs import (
     add_wire_args,
     check_folder,
@@ -18,7 +19,6 @@ from heloco.cli.netargs import (
     secret,
     server_keys,
 )
-from heloco.config import load_config, parse_assignment, preset_names
 from heloco.net.client import Client, ClientConfig, ServerUnreachable
 from heloco.net.endpoint import EndpointConfig
 from heloco.net.keys import ClientKeys
@@ -38,30 +38,20 @@ def add_parser(sub: Any) -> None:
         "message also carries an HMAC of the shared secret (DIR/hmac.secret, "
         "--secret-file, $HELOCO_SECRET or $HELOCO_SECRET_FILE; never a command-line value).",
     )
-    p.add_argument(
-        "--config", type=Path, help="run config TOML (the same file `heloco simulate` takes)"
-    )
-    p.add_argument("--preset", choices=preset_names(), help="start from a shipped preset instead")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config field (repeatable), e.g. --set workers=4",
-    )
+    add_config_args(p)
     p.add_argument(
         "--bind",
         default="tcp://127.0.0.1:5555",
         help="listen address; use tcp://0.0.0.0:PORT for other hosts, port 0 = any free",
     )
-    p.add_argument("--out", type=Path, help="results folder (events.jsonl, summary.json)")
+    add_out(p, "results folder (events.jsonl, summary.json, checkpoints)")
     p.add_argument("--checkpoint-dir", type=Path, help="default: OUT/checkpoints")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="UPDATES")
     p.add_argument("--checkpoint-every-s", type=float, default=60.0, metavar="SECONDS")
     p.add_argument(
         "--durable",
         action="store_true",
-        help="checkpoint after every update before acknowledging it",
+        help="checkpoint every accepted push before acknowledging it",
     )
     p.add_argument("--heartbeat-s", type=float, default=2.0)
     p.add_argument("--evict-after-s", type=float, default=10.0)
@@ -132,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _check(args)
     keys = server_keys(args)
-    cfg = load_config(args.config, args.preset, dict(parse_assignment(x) for x in args.set))
+    cfg = load_run_config(args)
     out = args.out if args.out is not None else cfg.out_dir
     ckpt = args.checkpoint_dir or (out / "checkpoints" if out is not None else None)
     endpoint = EndpointConfig(

@@ -7,9 +7,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from heloco.cli.netargs import add_wire_args, max_bytes
-from heloco.net import auth, compress
+from heloco.cli.netargs import add_wire_args, client_keys, max_bytes, secret
+from heloco.net import compress
 from heloco.net.client import ClientConfig, ServerUnreachable
+from heloco.net.link import ProtocolError
 from heloco.net.worker_loop import NetWorker, Replaced, WorkerOptions
 from shardmeter.errors import UserInputError
 
@@ -31,8 +32,13 @@ def add_parser(sub: Any) -> None:
         "--codec", default="fp32", choices=compress.CODECS, help="pseudo-gradient encoding"
     )
     p.add_argument("--block", type=int, default=compress.DEFAULT_BLOCK, help="int8 block size")
-    p.add_argument("--pace", type=float, default=1.0, help="slowdown factor >= 1 (sleeps)")
-    p.add_argument("--seconds-per-step", type=float, help="fixed emulated speed instead of --pace")
+    p.add_argument(
+        "--pace",
+        type=float,
+        metavar="SECONDS",
+        help="emulate a slower machine: every inner step lasts at least SECONDS "
+        "(as `heloco simulate --paces`; default: full speed)",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--island-mode", default="grads", choices=("grads", "deltas"))
     p.add_argument(
@@ -51,18 +57,18 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run `heloco work`; bad input raises UserInputError (one line, exit 2)."""
-    secret = auth.load_secret(args.secret_file)
+    hmac_secret = secret(args)
     if not args.connect.startswith("tcp://"):
         raise UserInputError("--connect", args.connect, "a tcp://HOST:PORT address")
     if not (args.timeout_s > 0 and args.deadline_s >= args.timeout_s):
         raise UserInputError("--deadline-s", args.deadline_s, "a number >= --timeout-s > 0")
     limit = max_bytes(args)
+    keys = client_keys(args)
     opts = WorkerOptions(
         worker=args.worker,
         codec=args.codec,
         block=args.block,
         pace=args.pace,
-        seconds_per_step=args.seconds_per_step,
         device=args.device,
         island_mode=args.island_mode,
         report=args.report,
@@ -73,10 +79,11 @@ def run(args: argparse.Namespace) -> int:
         timeout_s=args.timeout_s,
         deadline_s=args.deadline_s,
         max_bytes=limit,
+        keys=keys,
     )
     try:
-        report = NetWorker(client, secret, opts).run()
-    except (ServerUnreachable, Replaced) as exc:
+        report = NetWorker(client, hmac_secret, opts).run()
+    except (ServerUnreachable, Replaced, ProtocolError) as exc:
         print(f"heloco work: {exc}", file=sys.stderr)
         return 1
     if report.rank == 0:

@@ -9,12 +9,16 @@ from a stale process.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
-from heloco.net import auth, compress
+from pydantic import BaseModel
+
+from heloco.net import auth, compress, keys, messages
 from heloco.net.client import Client, ClientConfig, ServerUnreachable
 from heloco.net.compress import Codec
 from heloco.net.wire import Message
@@ -23,31 +27,51 @@ from heloco.server import Dispatch
 from heloco.types import RoundResult
 from shardmeter.errors import UserInputError
 
+M = TypeVar("M", bound=BaseModel)
+
 
 class Replaced(RuntimeError):
     """The server handed this worker's slot to a newer process."""
 
 
+class ProtocolError(RuntimeError):
+    """The server answered with something the protocol does not allow."""
+
+
+def reply_body(reply: Message, model: type[M]) -> M:
+    """The validated body of a server reply (:mod:`heloco.net.messages`); a reply that breaks
+    the protocol raises :class:`ProtocolError` rather than reaching the worker's state."""
+    try:
+        return messages.parse(model, reply.body)
+    except messages.InvalidMessage as exc:
+        raise ProtocolError(f"invalid {reply.type!r} reply from the server: {exc}") from None
+
+
 class Heartbeat:
-    """A background thread with its own socket that tells the server this worker is alive."""
+    """A background thread with its own socket that tells the server this worker is alive.
+
+    ``over`` is set once a reply says the run is done, so the worker can stop mid-round.
+    """
 
     def __init__(
         self, cfg: ClientConfig, secret: bytes, body: dict[str, Any], period_s: float
     ) -> None:
-        short = ClientConfig(
-            cfg.address, timeout_s=period_s, deadline_s=period_s, max_bytes=cfg.max_bytes
+        self.client = Client(
+            dataclasses.replace(cfg, timeout_s=period_s, deadline_s=period_s), secret
         )
-        self.client = Client(short, secret)
         self.body = body
         self.period_s = period_s
         self.stop = threading.Event()
+        self.over = threading.Event()
         self.thread = threading.Thread(target=self._run, name="heloco-heartbeat", daemon=True)
 
     def _run(self) -> None:
         while not self.stop.wait(self.period_s):
             try:
-                self.client.request("heartbeat", self.body)
-            except ServerUnreachable:
+                reply = self.client.request("heartbeat", self.body)
+                if reply.type == "pong" and reply_body(reply, messages.Pong).done:
+                    self.over.set()
+            except (ServerUnreachable, ProtocolError):
                 continue
         self.client.close()
 
@@ -86,6 +110,7 @@ class NetLink:
         self.incarnation = f"{time.time_ns():020d}-{os.urandom(4).hex()}"
         self.client = Client(cfg, secret)
         self.heartbeat: Heartbeat | None = None
+        self.over = threading.Event()  # the server said the run is over (heartbeat or pull)
         self.finished = False
         self.acked: list[list[int]] = []  # [round_id, revision after]
         self.rejected: dict[str, int] = {}
@@ -113,9 +138,9 @@ class NetLink:
         reply = self._call("hello")
         if reply.type != "welcome":
             raise UserInputError("worker", self._worker, f"server refused: {reply.body}")
-        welcome = dict(reply.body)
-        period = float(welcome.get("heartbeat_s", 2.0))
-        self.heartbeat = Heartbeat(self.cfg, self.secret, self.ident, period)
+        welcome = reply_body(reply, messages.Welcome).model_dump()
+        self.heartbeat = Heartbeat(self.cfg, self.secret, self.ident, welcome["heartbeat_s"])
+        self.heartbeat.over = self.over
         self.heartbeat.__enter__()
         return welcome
 
@@ -124,18 +149,22 @@ class NetLink:
         while True:
             reply = self._call("pull")
             if reply.type == "wait":
-                time.sleep(float(reply.body.get("retry_s", 0.05)))
+                time.sleep(reply_body(reply, messages.Wait).retry_s)
                 continue
             if reply.type == "dispatch":
-                b = reply.body
+                b = reply_body(reply, messages.DispatchBody)
                 params = reply.params("cpu")
-                return Dispatch(params, b["revision"], b["steps"], b["round_id"], self._worker)
+                return Dispatch(params, b.revision, b.steps, b.round_id, self._worker)
             if reply.type == "done":
                 self.finished = True
+                self.over.set()
                 return None
-            if reply.body.get("reason") == "replaced":
-                raise Replaced(f"worker {self._worker}: {reply.body.get('detail')}")
-            raise RuntimeError(f"unexpected reply to pull: {reply.type} {reply.body}")
+            if reply.type == "error":
+                err = reply_body(reply, messages.ErrorBody)
+                if err.reason == "replaced":
+                    raise Replaced(f"worker {self._worker}: {err.detail}")
+                raise ProtocolError(f"pull refused: {err.reason}: {err.detail}")
+            raise ProtocolError(f"unexpected reply to pull: {reply.type!r}")
 
     def push(self, result: RoundResult, compute_s: float) -> PushOutcome:
         """Send Δ with the round's counts; the server's ack or rejection is recorded."""
@@ -148,22 +177,28 @@ class NetLink:
             "compute_s": compute_s,
         }
         reply = self._call("push", body, result)
-        revision = int(reply.body.get("revision", -1))
         if reply.type == "ack":
-            self.acked.append([int(result.round_id or 0), revision])
-            duplicate = bool(reply.body.get("duplicate"))
-            self.duplicates += int(duplicate)
-            return PushOutcome(True, revision, duplicate=duplicate)
-        reason = str(reply.body.get("reason", reply.type))
+            ack = reply_body(reply, messages.Ack)
+            self.acked.append([int(result.round_id or 0), ack.revision])
+            self.duplicates += int(ack.duplicate)
+            return PushOutcome(True, ack.revision, duplicate=ack.duplicate)
+        if reply.type == "rejected":
+            rejected = reply_body(reply, messages.Rejected)
+            reason, revision = rejected.reason, rejected.revision
+        elif reply.type == "error":
+            reason, revision = reply_body(reply, messages.ErrorBody).reason, -1
+        else:
+            raise ProtocolError(f"unexpected reply to push: {reply.type!r}")
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
         return PushOutcome(False, revision, reason)
 
     def close(self) -> None:
-        """Say bye if training ended normally; stop the heartbeats; close the socket.
-        Idempotent."""
+        """Say bye if training ended normally (or the server said it is over); stop the
+        heartbeats; close the socket. Idempotent."""
         try:
-            if self.finished:
+            if self.finished or self.over.is_set():
                 self.finished = False
+                self.over.clear()
                 self._call("bye")
         finally:
             if self.heartbeat is not None:
@@ -175,15 +210,22 @@ class NetLink:
 def connect(
     address: str,
     worker: int,
+    key_folder: Path | str | None = None,
     secret: bytes | None = None,
     codec: Codec = "fp32",
     timeout_s: float = 60.0,
     deadline_s: float = 600.0,
 ) -> NetLink:
-    """A link to the `heloco serve` at ``address`` as worker slot ``worker``; the shared
-    secret defaults to ``$HELOCO_SECRET`` / ``$HELOCO_SECRET_FILE`` (never an argument on a
-    command line). Nothing is sent until the :class:`~heloco.outer_loop.OuterLoop` starts."""
+    """A link to the `heloco serve` at ``address`` as worker slot ``worker``.
+
+    ``key_folder`` is this host's folder from ``heloco keys`` (CURVE keys; `heloco serve`
+    admits no one without); the HMAC secret defaults to ``$HELOCO_SECRET`` /
+    ``$HELOCO_SECRET_FILE``, then the folder's ``hmac.secret`` (never an argument on a command
+    line). Nothing is sent until the :class:`~heloco.outer_loop.OuterLoop` starts."""
     if not address.startswith("tcp://"):
         raise UserInputError("address", address, "a tcp://HOST:PORT address")
-    key = secret if secret is not None else auth.load_secret(None)
-    return NetLink(ClientConfig(address, timeout_s, deadline_s), key, worker, codec)
+    folder = Path(key_folder) if key_folder is not None else None
+    curve = keys.load_client(folder) if folder is not None else None
+    key = secret if secret is not None else auth.load_secret(None, keys.hmac_secret_file(folder))
+    cfg = ClientConfig(address, timeout_s, deadline_s, keys=curve)
+    return NetLink(cfg, key, worker, codec)

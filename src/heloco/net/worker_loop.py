@@ -12,7 +12,9 @@ and their deltas are averaged (``"deltas"``).
 from __future__ import annotations
 
 import json
+import math
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,7 +27,7 @@ from heloco.net.client import ClientConfig
 from heloco.net.compress import Codec
 from heloco.net.link import NetLink, Replaced
 from heloco.outer_loop import OuterLoop, PushOutcome
-from heloco.sim import build_run, parse_sim_config
+from heloco.sim import PACE_RULE, build_run, parse_sim_config
 from heloco.types import RoundResult
 from heloco.worker import Worker, check_device
 from shardmeter.errors import UserInputError
@@ -39,15 +41,15 @@ ISLAND_KEY = 20  # derive_seed key of the data streams of ranks > 0 inside an is
 class WorkerOptions:
     """How this worker trains and talks.
 
-    Pacing emulates a slower machine (:class:`Pacer`): each inner step of ``t`` seconds is
-    followed by a sleep of ``t·(pace − 1)``, or, with ``seconds_per_step``, lasts that long.
+    ``pace`` emulates a slower machine (:class:`Pacer`): seconds per inner step, as in
+    ``heloco simulate --paces``, enforced as a floor (a step that took less sleeps out the
+    rest). None trains at full speed.
     """
 
     worker: int
     codec: Codec = "fp32"
     block: int = compress.DEFAULT_BLOCK
-    pace: float = 1.0
-    seconds_per_step: float | None = None
+    pace: float | None = None
     device: str = "cpu"
     island_mode: IslandMode = "grads"
     report: Path | None = None
@@ -58,10 +60,8 @@ class WorkerOptions:
             raise UserInputError("--threads", self.threads, "an integer >= 1")
         if self.worker < 0:
             raise UserInputError("worker", self.worker, "an integer >= 0")
-        if not self.pace >= 1.0:
-            raise UserInputError("pace", self.pace, "a slowdown factor >= 1")
-        if self.seconds_per_step is not None and not self.seconds_per_step > 0:
-            raise UserInputError("seconds_per_step", self.seconds_per_step, "a number > 0")
+        if self.pace is not None and not 0 < self.pace < math.inf:
+            raise UserInputError("pace", self.pace, PACE_RULE)
         if self.block < 1:
             raise UserInputError("block", self.block, "an integer >= 1 (elements per int8 block)")
         compress.check_codec(self.codec)
@@ -89,19 +89,20 @@ class WorkerReport:
     wall_s: float = 0.0
     delta_checksums: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
+    stopped_mid_round: bool = False
 
 
 # -- the loop ----------------------------------------------------------------------------------
 class Pacer:
-    """A worker's ``on_step`` hook that makes every inner step last as long as a slower
-    machine's: after a step of ``t`` seconds it sleeps ``t·(pace − 1)``, or until the step
-    took ``seconds_per_step``. A step is timed from the previous step's end, or from
-    :meth:`start_round` for a round's first step.
+    """A worker's step hook that makes every inner step last at least ``pace`` seconds, as a
+    slower machine's would. A step is timed from the previous step's end, or from
+    :meth:`start_round` for a round's first step. The sleep ends early once ``over`` is set
+    (the server said the run is over).
     """
 
-    def __init__(self, pace: float, seconds_per_step: float | None) -> None:
+    def __init__(self, pace: float, over: threading.Event | None = None) -> None:
         self.pace = pace
-        self.seconds_per_step = seconds_per_step
+        self.over = over or threading.Event()
         self._start = time.perf_counter()
 
     def start_round(self) -> None:
@@ -110,9 +111,7 @@ class Pacer:
 
     def __call__(self, step: int) -> None:
         """Sleep out step ``step`` of the round, then start timing the next one."""
-        took = time.perf_counter() - self._start
-        target = self.seconds_per_step if self.seconds_per_step is not None else took * self.pace
-        time.sleep(max(0.0, target - took))
+        self.over.wait(max(0.0, self.pace - (time.perf_counter() - self._start)))
         self._start = time.perf_counter()
 
 
@@ -139,12 +138,17 @@ class NetWorker:
             cfg = cfg.model_copy(update={"threads": self.opts.threads})
         batch_seed = derive_seed(cfg.seed, ISLAND_KEY, self.rank) if self.rank else None
         worker = build_run(cfg, self.opts.device).worker(self.opts.worker, batch_seed)
-        if self.opts.pace != 1.0 or self.opts.seconds_per_step is not None:
-            self.pacer = Pacer(self.opts.pace, self.opts.seconds_per_step)
+        if self.opts.pace is not None:
+            self.pacer = Pacer(self.opts.pace, self.link.over if self.link is not None else None)
         if self.world > 1 and self.opts.island_mode == "grads":
             average_grads_each_step(worker.model)
         self.worker = worker
         return worker
+
+    def _over(self) -> bool:
+        """The server said the run is over while this round ran: stop now rather than finish
+        a round it would refuse. Only a lone process may: island ranks share collectives."""
+        return self.world == 1 and self.link is not None and self.link.over.is_set()
 
     def _on_round(self, result: RoundResult, compute_s: float, _: PushOutcome | None) -> None:
         self.report.compute_s += compute_s
@@ -174,6 +178,9 @@ class NetWorker:
             worker.model.train()
             with outer:
                 while not outer.done:
+                    if self._over():
+                        self.report.stopped_mid_round = True
+                        break
                     i = worker.boundary.steps_done
                     if i == 0 and self.pacer is not None:
                         self.pacer.start_round()
