@@ -31,6 +31,7 @@ from heloco.net.wire import Message, WireError
 from heloco.server import ServerState
 from shardmeter.errors import UserInputError
 
+FINAL_LINGER_MS = 500  # at a normal end, the last replies (the byes' pongs) still go out
 MAX_BATCH = 4096  # messages handled per wake-up: drain the queue (heartbeats too) before evicting
 
 
@@ -236,10 +237,11 @@ class Endpoint:
         self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         return self.address
 
-    def close(self) -> None:
-        """Close the socket, stop the ZAP handler and end the context."""
+    def close(self, linger_ms: int = 0) -> None:
+        """Close the socket (sending queued replies for up to ``linger_ms``), stop the ZAP
+        handler and end the context."""
         if self._sock is not None:
-            self._sock.close(linger=0)
+            self._sock.close(linger=linger_ms)
             self._sock = None
         if self._auth is not None:
             self._auth.stop()
@@ -319,7 +321,7 @@ class Endpoint:
             self.close()
             raise
         self.save_checkpoint()
-        self.close()
+        self.close(linger_ms=FINAL_LINGER_MS)
 
 
 _ID_PREFIX = re.compile(rb'^\{"v":1,"type":"[a-z]{1,16}","id":"([0-9a-f]{32})"')

@@ -28,6 +28,7 @@ from heloco.types import RoundResult
 from shardmeter.errors import UserInputError
 
 M = TypeVar("M", bound=BaseModel)
+BYE_S = 3.0  # seconds a leaving worker waits for the server to acknowledge its bye
 
 
 class Replaced(RuntimeError):
@@ -194,12 +195,24 @@ class NetLink:
 
     def close(self) -> None:
         """Say bye if training ended normally (or the server said it is over); stop the
-        heartbeats; close the socket. Idempotent."""
+        heartbeats; close the socket. Idempotent.
+
+        The bye is a courtesy that lets the server finish without waiting for eviction: it
+        is tried for a few seconds and given up silently (the server may have finished).
+        """
         try:
             if self.finished or self.over.is_set():
                 self.finished = False
                 self.over.clear()
-                self._call("bye")
+                patience = min(self.cfg.timeout_s, BYE_S)
+                short = dataclasses.replace(self.cfg, timeout_s=patience, deadline_s=patience)
+                bye = Client(short, self.secret)
+                try:
+                    bye.request("bye", self.ident)
+                except ServerUnreachable:
+                    pass
+                finally:
+                    bye.close()
         finally:
             if self.heartbeat is not None:
                 self.heartbeat.__exit__()
