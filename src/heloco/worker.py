@@ -183,21 +183,33 @@ class Worker:
     def inner_step(self) -> torch.Tensor:
         """One AdamW step at the schedule's current rate on the next batch; returns the loss
         (on the device, not synchronised). Does not count the step: the caller does."""
-        model, cfg, opt = self.model, self.cfg, self.optimizer
-        lr = cosine_lr(self.boundary.step, cfg)
-        for group in opt.param_groups:
+        inputs, targets = self.next_batch()
+        loss = self.loss_fn(self.model, inputs, targets)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.apply_gradients()
+        return loss
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Set the schedule's rate for the coming step; its batch, on the model's device.
+
+        The first half of :meth:`inner_step`; the simulator's batched path calls it for each
+        worker, computes the gradients of many workers at once, then :meth:`apply_gradients`.
+        """
+        lr = cosine_lr(self.boundary.step, self.cfg)
+        for group in self.optimizer.param_groups:
             group["lr"] = lr
         inputs, targets = self.sampler.next()
         if not self._on_cpu:
             inputs = inputs.to(self.boundary.device, non_blocking=True)
             targets = targets.to(self.boundary.device, non_blocking=True)
-        loss = self.loss_fn(model, inputs, targets)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip is not None:
-            nn.utils.clip_grad_norm_(self._trainable, cfg.grad_clip, foreach=True)
-        opt.step()
-        return loss
+        return inputs, targets
+
+    def apply_gradients(self) -> None:
+        """Clip the gradients in ``.grad`` (if configured) and take the AdamW step."""
+        if self.cfg.grad_clip is not None:
+            nn.utils.clip_grad_norm_(self._trainable, self.cfg.grad_clip, foreach=True)
+        self.optimizer.step()
 
     def train_round(self) -> None:
         """Take the begun round's remaining steps (the loop the simulator and `heloco work`

@@ -47,6 +47,7 @@ FLAG_KEYS: dict[str, str] = {
     "out": "out_dir",
     "outer_lr": "outer.lr",
     "threads": "threads",
+    "batch": "batch",
 }
 
 
@@ -83,6 +84,14 @@ def add_parser(sub: Any) -> None:
         type=positive_int,
         help="torch threads, the config key `threads` (default 1: these small models gain "
         "little from intra-op threads; the losses depend on the count)",
+    )
+    p.add_argument(
+        "--no-batch",
+        dest="batch",
+        action="store_const",
+        const="off",
+        help="compute one round at a time (the key `batch`; default auto: rounds in flight "
+        "together run in one batched kernel, with the same losses)",
     )
     p.add_argument("--print-config", action="store_true", help="print the TOML and exit")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import nn
 
 from heloco.data import ValLoss, WorkerData, build_data, derive_seed
 from heloco.model import ModelConfig, TinyGPT, preset_config
@@ -83,11 +84,15 @@ class RunParts:
     inner: list[InnerConfig]  # each worker's inner config (its cosine length)
     server: Server
 
-    def worker(self, w: int, batch_seed: int | None = None) -> Worker:
-        """Worker ``w`` on :attr:`model`; ``batch_seed`` replaces the run seed for its batch
-        order only (island ranks > 0 draw other batches from the same stream)."""
+    def worker(
+        self, w: int, batch_seed: int | None = None, model: nn.Module | None = None
+    ) -> Worker:
+        """Worker ``w`` on :attr:`model` (or on ``model``: a batched slot); ``batch_seed``
+        replaces the run seed for its batch order only (island ranks > 0 draw other batches
+        from the same stream)."""
         seed = self.cfg.seed if batch_seed is None else batch_seed
-        return Worker(w, self.model, self.data.streams[w], self.inner[w], seed)
+        on = self.model if model is None else model
+        return Worker(w, on, self.data.streams[w], self.inner[w], seed)
 
     @torch.no_grad()
     def evaluate(self, params: Params) -> ValLoss:
@@ -115,16 +120,19 @@ def build_server(cfg: SimConfig, init: Params, rates: list[float]) -> Server:
     return Server(init, optimizer, server_cfg)
 
 
-def build_run(cfg: SimConfig, device: torch.device | str | None = None) -> RunParts:
-    """Seed, build data, initial model (on ``device``, default ``cfg.device``), per-worker
-    schedules and the server of ``cfg``.
+def build_run(
+    cfg: SimConfig, device: torch.device | str | None = None, data: WorkerData | None = None
+) -> RunParts:
+    """Seed, build data (or take ``data``, built for the same data config, worker count and
+    seed), initial model (on ``device``, default ``cfg.device``), per-worker schedules and the
+    server of ``cfg``.
 
     Sets torch's thread count to ``cfg.threads`` first, in every process that builds a run
     (simulator, network server, network worker), so a config gives the same losses whichever
     path runs it; :func:`heloco.sim.run_simulation` restores the caller's count afterwards."""
     torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
-    data = build_data(cfg.data, cfg.workers, cfg.seed)
+    data = build_data(cfg.data, cfg.workers, cfg.seed) if data is None else data
     model = initial_model(cfg, data, device)
     init = {k: v.detach().to("cpu", torch.float32).clone() for k, v in model.named_parameters()}
     paces, comm = resolve_paces(cfg), resolve_comm(cfg)

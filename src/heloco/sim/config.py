@@ -113,6 +113,11 @@ class SimConfig(BaseModel):
         description="torch intra-op threads, set before any work: the reduction order and so "
         "the losses depend on it",
     )
+    batch: Literal["auto", "off"] = Field(
+        "auto",
+        description="compute rounds in flight at the same time in one batched kernel (auto: "
+        "for TinyGPT models; the losses are the same either way) or one at a time (off)",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -33,21 +33,52 @@ class RoundRunner(Protocol):
     ) -> RoundResult: ...
 
 
+class RoundSource(Protocol):
+    """Where the event loop gets its workers' rounds. A round is submitted when its worker is
+    dispatched (with its simulated arrival time) and taken when it arrives; ``ready`` says
+    whether it can be taken now. A batched source computes many submitted rounds at once
+    while the loop waits (see :func:`simulation`)."""
+
+    def submit(self, dispatch: Dispatch, arrival: float) -> None: ...
+
+    def ready(self, worker: int) -> bool: ...
+
+    def take(self, worker: int) -> RoundResult: ...
+
+
+class DirectRounds:
+    """Each round computed by its worker when the loop takes it, one at a time."""
+
+    def __init__(self, workers: Sequence[RoundRunner]) -> None:
+        self.workers = workers
+        self.pending: dict[int, Dispatch] = {}
+
+    def submit(self, dispatch: Dispatch, arrival: float) -> None:
+        self.pending[dispatch.worker] = dispatch
+
+    def ready(self, worker: int) -> bool:
+        return True
+
+    def take(self, worker: int) -> RoundResult:
+        d = self.pending.pop(worker)
+        return self.workers[worker].run_round(d.params, d.steps, d.revision, d.round_id)
+
+
+Loop = Generator[None, None, "Trajectory"]
+"""A simulated run in progress: yields while it waits for a round, returns its trajectory."""
+
+
 class _Sim:
     """The event loop shared by async and sync methods."""
 
     def __init__(
-        self,
-        server: Server,
-        workers: Sequence[RoundRunner],
-        clock: Clock,
-        recorder: Recorder,
+        self, server: Server, rounds: RoundSource, clock: Clock, recorder: Recorder
     ) -> None:
-        self.server, self.workers, self.clock, self.rec = server, workers, clock, recorder
+        self.server, self.rounds, self.clock, self.rec = server, rounds, clock, recorder
         self.traj = recorder.traj
         self.jitter_rngs = [
             np.random.default_rng(derive_seed(clock.seed, JITTER_KEY, w))
-            for w in range(len(workers))
+            for w in range(len(clock.paces))
         ]
 
     # -- helpers ----------------------------------------------------------------------------
@@ -86,8 +117,14 @@ class _Sim:
         self.rec.finish(self.traj.time)
         return self.traj
 
+    def take(self, worker: int) -> Generator[None, None, RoundResult]:
+        """The worker's round, once its source has it (yields until then)."""
+        while not self.rounds.ready(worker):
+            yield
+        return self.rounds.take(worker)
+
     # -- async ------------------------------------------------------------------------------
-    def run_async(self) -> Trajectory:
+    def run_async(self) -> Loop:
         heap: list[tuple[float, int]] = []
         inflight: dict[int, tuple[Dispatch, float, float]] = {}
         grace = self.server.cfg.grace_window
@@ -97,9 +134,11 @@ class _Sim:
             d = self.server.dispatch(w)
             compute = self.compute_seconds(w, d.steps)
             inflight[w] = (d, t, compute)
-            heapq.heappush(heap, (t + compute + self.clock.comm_delays[w], w))
+            arrival = t + compute + self.clock.comm_delays[w]
+            heapq.heappush(heap, (arrival, w))
+            self.rounds.submit(d, arrival)
 
-        for w in range(len(self.workers)):
+        for w in range(len(self.clock.paces)):
             start(w, 0.0)
         self.eval_now()
         window_end: float | None = None
@@ -124,7 +163,7 @@ class _Sim:
             t, w = heapq.heappop(heap)
             self.traj.time = t
             d, t0, compute = inflight.pop(w)
-            result = self.workers[w].run_round(d.params, d.steps, d.revision, d.round_id)
+            result: RoundResult = yield from self.take(w)
             if d.steps > 0 and compute > 0:
                 self.server.observe_speed(w, d.steps / compute)
             self.record_round(result, t0, t)
@@ -148,8 +187,8 @@ class _Sim:
         return self.finish()
 
     # -- sync -------------------------------------------------------------------------------
-    def run_sync(self) -> Trajectory:
-        k = len(self.workers)
+    def run_sync(self) -> Loop:
+        k = len(self.clock.paces)
         tbud = self.clock.time_budget
         self.eval_now()
         while not self.budget_reached():
@@ -161,10 +200,12 @@ class _Sim:
             if tbud is not None and round_end > tbud:
                 self.traj.stopped_by = "time"
                 break
+            for w, d in enumerate(dispatches):
+                self.rounds.submit(d, ends[w])
             record = None
             for w in sorted(range(k), key=lambda i: (ends[i], i)):
                 d = dispatches[w]
-                result = self.workers[w].run_round(d.params, d.steps, d.revision, d.round_id)
+                result: RoundResult = yield from self.take(w)
                 if d.steps > 0 and computes[w] > 0:
                     self.server.observe_speed(w, d.steps / computes[w])
                 self.record_round(result, now, ends[w])
@@ -179,26 +220,26 @@ class _Sim:
         return self.finish()
 
 
-def simulate(
+def simulation(
     server: Server,
-    workers: Sequence[RoundRunner],
+    rounds: RoundSource,
     clock: Clock,
     evaluate: Evaluator,
     writer: MetricsWriter | None = None,
     stats: RunStats | None = None,
     progress: Callable[[EvalPoint], None] | None = None,
-) -> Trajectory:
-    """Drive ``server`` and ``workers`` on the simulated clock until a budget is reached.
+) -> Loop:
+    """Drive ``server`` on the simulated clock until a budget is reached, taking rounds from
+    ``rounds``; a generator that yields whenever the round it needs next is not ready.
 
     The server is told each worker's configured speed (1/pace) before the first dispatch, so
     DyLU applies from the first round; afterwards it sees the measured (jittered) speed.
     """
-    k = len(workers)
-    if len(clock.paces) != k or len(clock.comm_delays) != k:
+    k = len(clock.paces)
+    if len(clock.comm_delays) != k:
         raise ValueError("clock needs one pace and one comm delay per worker")
     for w, pace in enumerate(clock.paces):
         server.observe_speed(w, 1.0 / pace)
-    t0 = time.perf_counter()
     steps = [server.steps_for(w) for w in range(k)]
     recorder = Recorder(
         server,
@@ -210,7 +251,36 @@ def simulate(
         clock.eval_unit,
         progress,
     )
-    sim = _Sim(server, workers, clock, recorder)
-    traj = sim.run_sync() if server.cfg.synchronous else sim.run_async()
+    sim = _Sim(server, rounds, clock, recorder)
+    traj: Trajectory = yield from (sim.run_sync() if server.cfg.synchronous else sim.run_async())
+    return traj
+
+
+def run_to_end(loop: Loop) -> Trajectory:
+    """The trajectory of a loop whose rounds are always ready (it never waits)."""
+    try:
+        next(loop)
+    except StopIteration as stop:
+        return stop.value
+    raise RuntimeError("the event loop waits for a round that nothing computes")
+
+
+def simulate(
+    server: Server,
+    workers: Sequence[RoundRunner],
+    clock: Clock,
+    evaluate: Evaluator,
+    writer: MetricsWriter | None = None,
+    stats: RunStats | None = None,
+    progress: Callable[[EvalPoint], None] | None = None,
+) -> Trajectory:
+    """Drive ``server`` and ``workers`` on the simulated clock until a budget is reached, each
+    round computed by its worker when it arrives (see :func:`simulation`)."""
+    if len(workers) != len(clock.paces):
+        raise ValueError("clock needs one pace and one comm delay per worker")
+    t0 = time.perf_counter()
+    traj = run_to_end(
+        simulation(server, DirectRounds(workers), clock, evaluate, writer, stats, progress)
+    )
     traj.loop_seconds = time.perf_counter() - t0
     return traj

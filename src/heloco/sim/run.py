@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
 
+from heloco.data import WorkerData
 from heloco.metrics import (
     EvalPoint,
     MetricsWriter,
@@ -14,11 +17,13 @@ from heloco.metrics import (
     atomic_write_json,
     loss_at,
 )
-from heloco.sim.build import build_run, torch_threads
+from heloco.sim.batch import BatchedRounds, BatchEngine
+from heloco.sim.build import RunParts, build_run, torch_threads
 from heloco.sim.clock import Clock
 from heloco.sim.config import SimConfig
-from heloco.sim.loop import simulate
+from heloco.sim.loop import DirectRounds, Loop, RoundSource, simulation
 from heloco.sim.recorder import Trajectory
+from heloco.sim.stacked import supports
 from heloco.types import Params
 
 CONFIG_FILE = "config.json"
@@ -40,22 +45,156 @@ class RunResult:
         return [e.loss for e in self.evals]
 
 
-def run_simulation(
-    cfg: SimConfig, progress: Callable[[EvalPoint], None] | None = None
-) -> RunResult:
+Progress = Callable[[EvalPoint], None]
+
+
+def run_simulation(cfg: SimConfig, progress: Progress | None = None) -> RunResult:
     """Build the run's parts from ``cfg``; run on the simulated clock; write metrics; summarise.
 
     Runs with ``cfg.threads`` torch threads and restores the caller's count afterwards."""
-    with torch_threads(cfg.threads):
-        return _run(cfg, progress)
+    outcome = run_simulations([cfg], [progress])[0]
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
 
 
-def _run(cfg: SimConfig, progress: Callable[[EvalPoint], None] | None) -> RunResult:
+def run_simulations(
+    cfgs: Sequence[SimConfig], progress: Sequence[Progress | None] | None = None
+) -> list[RunResult | Exception]:
+    """Simulate several runs side by side in this process (e.g. the methods and seeds of one
+    grid setting); a run that fails gives its exception and the others go on.
+
+    Each run keeps its own clock, server and metrics; their rounds meet in one
+    :class:`~heloco.sim.batch.BatchEngine` per model shape (``batch = "auto"``), which
+    computes every round submitted so far whenever some run waits for one. Losses are the
+    same as running each config alone. Data is built once per (data config, workers, seed).
+    Wall time of the batch is shared equally among its runs in their summaries.
+    """
+    threads = {c.threads for c in cfgs}
+    if len(threads) > 1:
+        raise ValueError(f"runs simulated together need one thread count, got {sorted(threads)}")
+    with torch_threads(threads.pop() if threads else 1):
+        return _simulate_side_by_side(list(cfgs), list(progress or [None] * len(cfgs)))
+
+
+@dataclass(eq=False)
+class _Run:
+    """One run in progress."""
+
+    cfg: SimConfig
+    parts: RunParts
+    rounds: RoundSource
+    stats: RunStats
+    writer: MetricsWriter
+    loop: Loop | None = None
+    traj: Trajectory | None = None
+
+
+def _simulate_side_by_side(
+    cfgs: list[SimConfig], progress: list[Progress | None]
+) -> list[RunResult | Exception]:
     wall0 = time.perf_counter()
-    parts = build_run(cfg)
-    # One model object serves every worker and the evaluator: each round loads its start first.
-    workers = [parts.worker(w) for w in range(cfg.workers)]
-    clock = Clock(
+    outcomes: list[RunResult | Exception | _Run] = []
+    data: dict[tuple[str, int, int], WorkerData] = {}
+    built: list[RunParts | Exception] = []
+    for cfg in cfgs:
+        try:
+            key = (cfg.data.model_dump_json(), cfg.workers, cfg.seed)
+            parts = build_run(cfg, data=data.get(key))
+            data[key] = parts.data
+            built.append(parts)
+        except Exception as exc:  # this run fails, the others go on
+            built.append(exc)
+    sources = round_sources(built)
+    with ExitStack() as stack:
+        for cfg, item, source, prog in zip(cfgs, built, sources, progress, strict=True):
+            if isinstance(item, Exception):
+                outcomes.append(item)
+                continue
+            assert source is not None
+            writer = stack.enter_context(MetricsWriter(_prepare_out(cfg)))
+            stats = RunStats(cfg.workers, item.data.worker_languages)
+            run = _Run(cfg, item, source, stats, writer)
+            run.loop = simulation(
+                item.server, source, clock_of(cfg, item), item.evaluate, writer, stats, prog
+            )
+            outcomes.append(run)
+        loop0 = time.perf_counter()
+        _drive([o for o in outcomes if isinstance(o, _Run)], outcomes)
+        loop_wall = time.perf_counter() - loop0
+        finished = [o for o in outcomes if isinstance(o, _Run)]
+        evals = sum(r.traj.eval_seconds for r in finished if r.traj is not None)
+        share = (loop_wall - evals) / max(1, len(finished))
+        wall = (time.perf_counter() - wall0) / max(1, len(finished))
+        for i, o in enumerate(outcomes):
+            if isinstance(o, _Run):
+                outcomes[i] = _finish(o, share, wall)
+    return [o for o in outcomes if not isinstance(o, _Run)]
+
+
+def round_sources(built: Sequence[RunParts | Exception]) -> list[RoundSource | None]:
+    """Each run's round source: slots of a shared BatchEngine per model shape and device
+    (``batch = "auto"`` and a TinyGPT model, two or more workers in the group), else its
+    workers one round at a time on the run's own model."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, parts in enumerate(built):
+        if isinstance(parts, Exception) or parts.cfg.batch == "off" or not supports(parts.model):
+            continue
+        key = (parts.model.cfg.model_dump_json(), str(parts.model.positions.device))
+        groups.setdefault(key, []).append(i)
+    out: list[RoundSource | None] = [None] * len(built)
+    for members in groups.values():
+        runs = [built[i] for i in members]
+        slots = sum(p.cfg.workers for p in runs if isinstance(p, RunParts))
+        if slots < 2:
+            continue
+        first = runs[0]
+        assert isinstance(first, RunParts)
+        engine = BatchEngine(first.model.cfg, slots, first.model.positions.device)
+        offset = 0
+        for i, parts in zip(members, runs, strict=True):
+            assert isinstance(parts, RunParts)
+            for w in range(parts.cfg.workers):
+                engine.bind(offset + w, parts.worker(w, model=engine.models[offset + w]))
+            out[i] = BatchedRounds(engine, offset, parts.cfg.workers)
+            offset += parts.cfg.workers
+    for i, parts in enumerate(built):
+        if out[i] is None and isinstance(parts, RunParts):
+            # One model object serves every worker and the evaluator: each round loads its start.
+            out[i] = DirectRounds([parts.worker(w) for w in range(parts.cfg.workers)])
+    return out
+
+
+def _drive(runs: list[_Run], outcomes: list[RunResult | Exception | _Run]) -> None:
+    """Advance every run until it waits for a round; then compute the waiting rounds (and all
+    others submitted) in their engines; repeat until every run has finished or failed."""
+    live = list(runs)
+    while live:
+        waiting = []
+        for run in live:
+            assert run.loop is not None
+            try:
+                next(run.loop)
+                waiting.append(run)
+            except StopIteration as stop:
+                run.traj = stop.value
+            except Exception as exc:  # this run fails, the others go on
+                outcomes[outcomes.index(run)] = exc
+                if isinstance(run.rounds, BatchedRounds):
+                    run.rounds.cancel()
+        engines = {
+            id(r.rounds.engine): r.rounds.engine
+            for r in waiting
+            if isinstance(r.rounds, BatchedRounds)
+        }
+        if waiting and sum(e.run() for e in engines.values()) == 0:
+            raise RuntimeError("simulated runs wait for rounds that nothing computes")
+        live = waiting
+
+
+def clock_of(cfg: SimConfig, parts: RunParts) -> Clock:
+    """The simulated-time settings of a run."""
+    return Clock(
         paces=parts.paces,
         comm_delays=parts.comm,
         jitter=cfg.pace_jitter,
@@ -65,16 +204,25 @@ def _run(cfg: SimConfig, progress: Callable[[EvalPoint], None] | None) -> RunRes
         eval_every=cfg.eval_every,
         eval_unit=cfg.eval_unit,
     )
-    stats = RunStats(cfg.workers, parts.data.worker_languages)
+
+
+def _prepare_out(cfg: SimConfig) -> Path | None:
+    """Create the run folder and write its config.json (None: nothing is written)."""
     if cfg.out_dir is not None:
         cfg.out_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(cfg.out_dir / CONFIG_FILE, cfg.model_dump(mode="json"))
-    with MetricsWriter(cfg.out_dir) as writer:
-        traj = simulate(parts.server, workers, clock, parts.evaluate, writer, stats, progress)
-        wall = time.perf_counter() - wall0
-        summary = summarize(cfg, traj, stats, parts.paces, wall)
-        writer.write_summary(summary)
-    return RunResult(cfg, traj.evals, summary, parts.server.params, parts.paces)
+    return cfg.out_dir
+
+
+def _finish(run: _Run, train_share: float, wall: float) -> RunResult:
+    """Summary of a finished run; ``train_share`` is its part of the batch's training time."""
+    traj = run.traj
+    assert traj is not None
+    traj.loop_seconds = traj.eval_seconds + train_share
+    summary = summarize(run.cfg, traj, run.stats, run.parts.paces, wall)
+    run.writer.write_summary(summary)
+    server = run.parts.server
+    return RunResult(run.cfg, traj.evals, summary, server.params, run.parts.paces)
 
 
 def loss_at_time_budget(cfg: SimConfig, traj: Trajectory) -> float | None:

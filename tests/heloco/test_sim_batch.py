@@ -1,0 +1,129 @@
+"""Batched simulation: the same losses, bit for bit, as computing each round on its own.
+
+The stacked TinyGPT gives each model the loss and gradients it has alone; the batch engine
+runs every worker's own sampler, schedule, clipping and AdamW; the event loop takes rounds in
+the same order whoever computed them. So batched runs, and runs simulated side by side, equal
+``batch = "off"`` exactly (the issue asks for 1e-6 in loss at every evaluation).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from heloco.data.validation import token_cross_entropy
+from heloco.model import TinyGPT, preset_config
+from heloco.sim import SimConfig, parse_sim_config, run_simulation
+from heloco.sim.batch import BatchedRounds
+from heloco.sim.build import build_run
+from heloco.sim.run import round_sources, run_simulations
+from heloco.sim.stacked import stacked_losses
+
+BASE: dict[str, Any] = {
+    "model": "tiny",
+    "inner_steps": 3,
+    "token_budget": 2400,
+    "eval_every": 480,
+    "eval_windows": 2,
+    "eval_batch_size": 8,
+    "seed": 5,
+    "data": {"seq_len": 16, "synthetic_chars_per_language": 4000, "val_chars_per_language": 800},
+    "inner": {"batch_size": 2, "seq_len": 16, "total_steps": 40, "lr": 3e-3, "warmup_steps": 4},
+}
+
+
+def config(**over: Any) -> SimConfig:
+    values = {**BASE, **over}
+    values["inner"] = {**BASE["inner"], **over.get("inner", {})}
+    return parse_sim_config(values)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_stacked_losses_and_gradients_equal_each_model_alone(threads: int) -> None:
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        cfg = preset_config("tiny", vocab_size=97, seq_len=24)
+        models = [TinyGPT(cfg, seed=s) for s in range(3)]
+        names = [n for n, _ in models[0].named_parameters()]
+        gen = torch.Generator().manual_seed(0)
+        tokens = torch.randint(0, 97, (3, 2, 21), generator=gen)
+        inputs, targets = tokens[:, :, :-1], tokens[:, :, 1:]
+        stack = {
+            n: torch.stack([dict(m.named_parameters())[n].detach() for m in models])
+            .clone()
+            .requires_grad_()
+            for n in names
+        }
+        losses = stacked_losses(cfg, stack, inputs, targets)
+        losses.sum().backward()
+        for i, model in enumerate(models):
+            alone = token_cross_entropy(model, inputs[i], targets[i])
+            alone.backward()
+            assert torch.equal(alone, losses[i])
+            for name, p in model.named_parameters():
+                grad = stack[name].grad
+                assert grad is not None and p.grad is not None
+                assert torch.equal(p.grad, grad[i]), name
+    finally:
+        torch.set_num_threads(before)
+
+
+CASES: list[dict[str, Any]] = [
+    {"method": "heloco", "workers": 3, "paces": [1.0, 1.0, 2.5]},
+    {"method": "sync", "workers": 3, "paces": [1.0, 2.0, 3.0]},
+    {"method": "dn-dylu", "workers": 3, "paces": [1.0, 3.0, 3.0], "pace_jitter": 0.3},
+    {
+        "method": "mla",
+        "workers": 2,
+        "paces": [1.0, 4.0],
+        "inner": {"grad_clip": 0.05, "reset_each_round": False},
+    },
+    {"method": "heloco", "workers": 2, "paces": [1.0, 1.5], "inner_schedule": "budget"},
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["method"] for c in CASES])
+def test_batched_run_equals_unbatched(case: dict[str, Any]) -> None:
+    reference = run_simulation(config(**case, batch="off"))
+    batched = run_simulation(config(**case))
+    assert len(reference.losses) >= 4
+    assert batched.losses == reference.losses
+    assert [e.tokens for e in batched.evals] == [e.tokens for e in reference.evals]
+    for name, p in reference.params.items():
+        assert torch.equal(batched.params[name], p)
+    assert batched.summary.staleness_max == reference.summary.staleness_max
+
+
+def test_runs_side_by_side_equal_each_run_alone() -> None:
+    cfgs = [config(**case) for case in CASES[:3]] + [config(**CASES[0], seed=6)]
+    together = run_simulations(cfgs)
+    for cfg, got in zip(cfgs, together, strict=True):
+        assert not isinstance(got, Exception)
+        assert got.losses == run_simulation(cfg.model_copy(update={"batch": "off"})).losses
+
+
+def test_runs_of_one_shape_share_one_engine_and_off_opts_out() -> None:
+    parts = [build_run(config(**CASES[0])), build_run(config(**CASES[1]))]
+    parts.append(build_run(config(**CASES[0], batch="off")))
+    parts.append(build_run(config(**CASES[0], model="small")))
+    sources = round_sources(parts)
+    a, b, off, other = sources
+    assert isinstance(a, BatchedRounds) and isinstance(b, BatchedRounds)
+    assert a.engine is b.engine and a.engine.slots == 6 and b.offset == 3
+    assert not isinstance(off, BatchedRounds)
+    assert isinstance(other, BatchedRounds)  # another shape: an engine of its own
+    assert other.engine is not a.engine and other.engine.slots == 3
+    alone = round_sources([build_run(config(**{**CASES[0], "workers": 1, "paces": [1.0]}))])[0]
+    assert alone is not None and not isinstance(alone, BatchedRounds)  # nothing to batch
+
+
+def test_a_failing_run_does_not_stop_the_others(tmp_path: Any) -> None:
+    bad = config(**CASES[0], data={**BASE["data"], "data_dir": str(tmp_path / "absent")})
+    good = config(**CASES[0])
+    failed, ok = run_simulations([bad, good])
+    assert isinstance(failed, Exception) and "data_dir" in str(failed)
+    assert not isinstance(ok, Exception)
+    assert ok.losses == run_simulation(good).losses
