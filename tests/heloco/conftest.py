@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -9,6 +10,8 @@ import pytest
 import torch
 
 TinyNetValues = Callable[..., dict[str, Any]]
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may reach the internet (transformers)
 
 
 @pytest.fixture

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from heloco.data.corpus import Corpus, LanguageSplit, load_corpus, split_language
 from heloco.data.partition import Assignment, partition
 from heloco.data.seeding import derive_seed
 from heloco.data.stream import TokenStream
 from heloco.data.synthetic import synthetic_corpus
-from heloco.data.tokenizer import ByteTokenizer, Tokenizer, cached_bpe, cached_encode
+from heloco.data.tokenizer import (
+    ByteTokenizer,
+    FileTokenizer,
+    Tokenizer,
+    cached_bpe,
+    cached_encode,
+)
 from heloco.data.validation import ValidationSet
 from shardmeter.errors import UserInputError, from_pydantic
 
@@ -30,7 +36,9 @@ class DataConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     data_dir: Path | None = None  # None: the built-in synthetic multilingual corpus
-    tokenizer: Literal["byte", "bpe"] = "byte"
+    tokenizer: str = Field(
+        default="byte", description="byte, bpe (trained locally), or a local tokenizer.json path"
+    )
     bpe_vocab_size: int = Field(default=4096, ge=257, le=1 << 20)
     cache_dir: Path | None = None  # trained BPE tokenizers and BPE ids (None: ~/.cache/heloco)
     assignment: Assignment = "language"
@@ -39,6 +47,13 @@ class DataConfig(BaseModel):
     train_fraction: float = Field(default=1.0, gt=0, le=1)
     seq_len: int = Field(default=128, ge=1)
     synthetic_chars_per_language: int = Field(default=400_000, ge=1000, le=100_000_000)
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer_kind(cls, value: str) -> str:
+        if value in ("byte", "bpe") or "/" in value or value.endswith(".json"):
+            return value
+        raise ValueError("byte, bpe, or a path to a local tokenizer.json (or its folder)")
 
 
 def parse_data_config(values: dict[str, Any]) -> DataConfig:
@@ -62,9 +77,11 @@ class WorkerData:
 
 
 def make_tokenizer(cfg: DataConfig, splits: list[LanguageSplit]) -> Tokenizer:
-    """The byte tokenizer, or a BPE trained on the training text only (cached)."""
+    """The byte tokenizer, a BPE trained on the training text only (cached), or a file."""
     if cfg.tokenizer == "byte":
         return ByteTokenizer()
+    if cfg.tokenizer != "bpe":
+        return FileTokenizer(Path(cfg.tokenizer).expanduser())
     return cached_bpe([s.train for s in splits], cfg.bpe_vocab_size, cfg.cache_dir)
 
 

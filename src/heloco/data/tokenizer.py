@@ -1,7 +1,10 @@
-"""Tokenizers: raw UTF-8 bytes (no files, no downloads) or a byte-level BPE trained locally.
+"""Tokenizers: raw UTF-8 bytes (no files, no downloads), a byte-level BPE trained locally, or
+a local ``tokenizer.json`` (any Hugging Face fast tokenizer, e.g. a Llama or GPT-2 one).
 
 The BPE tokenizer is trained with the Hugging Face ``tokenizers`` package on the training text
 only, and cached as JSON under a key of (corpus hash, vocab size) so a run trains it once.
+Every tokenizer converts to a ``tokenizers.Tokenizer`` (:func:`to_hf`), so an exported model
+ships the exact tokenizer it was trained with.
 """
 
 from __future__ import annotations
@@ -50,6 +53,30 @@ class ByteTokenizer:
         return np.asarray(ids).astype(np.uint8).tobytes().decode("utf-8", errors="replace")
 
 
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from the 256 byte values to printable characters (Radford et
+    al. 2019, ``encoder.py``), which the ``tokenizers`` ByteLevel pre-tokenizer applies."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    chars = {b: chr(b) for b in printable}
+    extra = (b for b in range(BYTE_VOCAB) if b not in chars)
+    for n, b in enumerate(extra):
+        chars[b] = chr(BYTE_VOCAB + n)
+    return chars
+
+
+def byte_tokenizer_hf() -> HFTokenizer:
+    """:class:`ByteTokenizer` as a ``tokenizers.Tokenizer``: id b is byte b, no merges."""
+    vocab = {ch: b for b, ch in bytes_to_unicode().items()}
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
 class BpeTokenizer:
     """A trained byte-level BPE (GPT-2 style pre-tokenisation, no special tokens), lossless."""
 
@@ -73,6 +100,51 @@ class BpeTokenizer:
     def to_json(self) -> str:
         """The trained BPE tokenizer as a `tokenizers` JSON string."""
         return self._tok.to_str()
+
+    @property
+    def hf(self) -> HFTokenizer:
+        """The underlying ``tokenizers.Tokenizer``."""
+        return self._tok
+
+
+class FileTokenizer(BpeTokenizer):
+    """A local ``tokenizer.json`` (a folder holding one also works), e.g. a Llama tokenizer.
+
+    Encoded line by line like the BPE; ids are whatever the file defines.
+    """
+
+    name = "file"
+
+    def __init__(self, path: Path) -> None:
+        file = path / "tokenizer.json" if path.is_dir() else path
+        if not file.is_file():
+            raise UserInputError(
+                "data.tokenizer", str(path), "byte, bpe, or a local tokenizer.json (or its folder)"
+            )
+        try:
+            tok = HFTokenizer.from_file(str(file))
+        except Exception as exc:  # tokenizers raises its own exception type
+            raise UserInputError(
+                "data.tokenizer", str(file), f"a tokenizers JSON file ({str(exc)[:120]})"
+            ) from None
+        super().__init__(tok)
+        self.path = file
+
+    def encode(self, text: str) -> np.ndarray:
+        """Ids of ``text`` without the file's special tokens (no BOS added per line)."""
+        lines = text.splitlines(keepends=True)
+        encodings = self._tok.encode_batch_fast(lines, add_special_tokens=False)
+        ids = [np.asarray(e.ids, dtype=np.int32) for e in encodings]
+        return np.concatenate(ids) if ids else np.zeros(0, dtype=np.int32)
+
+
+def to_hf(tokenizer: Tokenizer) -> HFTokenizer | None:
+    """The ``tokenizers.Tokenizer`` equivalent of ``tokenizer`` (None if it has none)."""
+    if isinstance(tokenizer, ByteTokenizer):
+        return byte_tokenizer_hf()
+    if isinstance(tokenizer, BpeTokenizer):
+        return tokenizer.hf
+    return None
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int) -> BpeTokenizer:

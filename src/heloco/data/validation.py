@@ -44,8 +44,10 @@ def window_starts(n_tokens: int, seq_len: int, max_windows: int | None) -> torch
 def token_cross_entropy(
     model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
 ) -> torch.Tensor:
-    """Mean next-token cross-entropy of a model that returns ``(B, T, V)`` logits."""
-    logits = model(inputs)
+    """Mean next-token cross-entropy of a model that returns ``(B, T, V)`` logits, or an
+    output object holding them as ``.logits`` (Hugging Face causal LMs)."""
+    out = model(inputs)
+    logits = out if isinstance(out, torch.Tensor) else out.logits
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 

@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from heloco.data import ValLoss, WorkerData, build_data, derive_seed
-from heloco.model import ModelConfig, TinyGPT, preset_config
+from heloco.model import ModelConfig
+from heloco.modelspec import build_model, describe, tinygpt_config
 from heloco.outer import build_optimizer, resolve_method
 from heloco.server import Server, ServerConfig
 from heloco.sim.clock import (
@@ -48,26 +49,27 @@ def seed_everything(seed: int) -> None:
 
 
 def model_config_for(cfg: SimConfig, vocab_size: int) -> ModelConfig:
-    """The model shape: a preset sized to the data's vocabulary and window, or as given."""
-    seq = max(cfg.inner.seq_len, cfg.data.seq_len)
-    if isinstance(cfg.model, str):
-        return preset_config(cfg.model, vocab_size=vocab_size, seq_len=seq)
-    if cfg.model.vocab_size < vocab_size:
-        raise UserInputError("model.vocab_size", cfg.model.vocab_size, f">= {vocab_size}")
-    if cfg.model.seq_len < seq:
-        raise UserInputError("model.seq_len", cfg.model.seq_len, f">= {seq}")
-    return cfg.model
+    """The TinyGPT shape of a TinyGPT run: a preset sized to the data's vocabulary and
+    window, or as given."""
+    if not isinstance(cfg.model, str | ModelConfig):
+        raise UserInputError("model", describe(cfg.model), "a TinyGPT preset or table")
+    return tinygpt_config(cfg.model, vocab_size, model_seq_len(cfg))
+
+
+def model_seq_len(cfg: SimConfig) -> int:
+    """The longest window the run feeds its model (training or validation)."""
+    return max(cfg.inner.seq_len, cfg.data.seq_len)
 
 
 def initial_model(
     cfg: SimConfig, data: WorkerData, device: torch.device | str | None = None
-) -> TinyGPT:
+) -> nn.Module:
     """The run's initial model, seeded by the run seed (identical in every process)."""
     target = cfg.device if device is None else device
     if isinstance(target, str):
         check_device(target)
-    model = TinyGPT(model_config_for(cfg, data.vocab_size), seed=derive_seed(cfg.seed, MODEL_KEY))
-    return model.to(torch.device(target))
+    seed = derive_seed(cfg.seed, MODEL_KEY)
+    return build_model(cfg.model, data.vocab_size, model_seq_len(cfg), seed, target)
 
 
 @dataclass(eq=False)
@@ -77,7 +79,7 @@ class RunParts:
 
     cfg: SimConfig
     data: WorkerData
-    model: TinyGPT  # initial model; the simulator's workers and evaluator share it
+    model: nn.Module  # initial model; the simulator's workers and evaluator share it
     paces: list[float]  # configured seconds per inner step
     comm: list[float]  # configured seconds added to each round
     steps: list[int]  # steps per round from the configured paces (H or DyLU's H_w)

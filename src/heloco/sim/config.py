@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from heloco.data import DataConfig
-from heloco.model import ModelConfig
+from heloco.modelspec import ModelChoice
 from heloco.outer import OuterConfig, resolve_method
 from heloco.server import DyluReference
 from heloco.worker import InnerConfig
@@ -90,7 +90,9 @@ class SimConfig(BaseModel):
     dylu_quantile: float = Field(0.9, gt=0, le=1, description="quantile for dylu_reference")
     grace_window: float = Field(0.0, ge=0, description="seconds; 0 = fully asynchronous")
     data: DataConfig = DataConfig()
-    model: str | ModelConfig = "tiny"
+    model: ModelChoice = Field(
+        "tiny", description="TinyGPT preset or table, {hf = DIR}, or {factory = 'pkg.mod:fn'}"
+    )
     inner: InnerConfig = InnerConfig()
     inner_schedule: Literal["budget", "config"] = Field(
         "config",
