@@ -8,8 +8,11 @@ push a worker saw acknowledged is in the log exactly once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -275,3 +278,180 @@ def test_adversarial_client(
         cluster.stop()
     state = final_state(tmp_path / "run")
     assert state["server"]["revision"] == 2 and state["coordinator"]["counters"]["accepted"] == 2
+
+
+# -- faults: a frozen worker, a network partition, a server frozen and killed mid-push ---------
+def events_of(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+
+
+def worker_events(out: Path, w: int) -> list[str]:
+    return [e["event"] for e in events_of(out) if e["type"] == "worker" and e["worker"] == w]
+
+
+def accepted_of(cluster: LocalCluster, w: int) -> int:
+    return int(server_status(cluster)["workers"][w]["accepted"])
+
+
+def test_frozen_worker_rejoins_without_double_application(
+    tmp_path: Path, tiny_config: Callable[..., Path]
+) -> None:
+    """Worker 1 is frozen (SIGSTOP) mid-run until the server evicts it, then thawed
+    (SIGCONT): it rejoins, its round in flight is applied once, and the run completes."""
+    config = tiny_config(tmp_path / "run.toml", token_budget=60 * ROUND_TOKENS)
+    cluster = start(tmp_path, config, 3, sps=0.25, serve=["--evict-after-s", "2"])
+    try:
+        wait_until(lambda: accepted_of(cluster, 1) >= 1, 60, "a round of worker 1")
+        cluster.workers[1].send_signal(signal.SIGSTOP)
+        frozen_at = accepted_of(cluster, 1)
+        wait_until(lambda: not server_status(cluster)["workers"][1]["active"], 20, "eviction")
+        revision = server_status(cluster)["revision"]
+        wait_until(lambda: server_status(cluster)["revision"] >= revision + 2, 30, "progress")
+        cluster.workers[1].send_signal(signal.SIGCONT)
+        wait_until(lambda: accepted_of(cluster, 1) > frozen_at, 30, "worker 1 back")
+        assert cluster.wait(120) == 0
+    finally:
+        cluster.stop()
+    out = tmp_path / "run"
+    assert_consistent(out, 3)
+    assert {"evicted", "rejoined"} <= set(worker_events(out, 1))
+
+
+class Proxy:
+    """A TCP proxy in front of the server. :meth:`partition` cuts every connection and holds
+    new ones open without forwarding a byte (a black hole); :meth:`heal` forwards again."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.removeprefix("tcp://").rsplit(":", 1)
+        self.target = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.2)
+        self.address = f"tcp://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.cut = threading.Event()
+        self.closed = threading.Event()
+        self.open: list[socket.socket] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:  # closed
+                return
+            with self.lock:
+                self.open.append(client)
+            if self.cut.is_set():
+                continue  # held open, nothing forwarded: a black hole
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self.lock:
+                self.open.append(upstream)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while (data := src.recv(1 << 16)) and not self.cut.is_set():
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def _drop_all(self) -> None:
+        with self.lock:
+            conns, self.open = self.open, []
+        for s in conns:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+    def partition(self) -> None:
+        self.cut.set()
+        self._drop_all()
+
+    def heal(self) -> None:
+        self._drop_all()  # the black-holed connections; clients reconnect
+        self.cut.clear()
+
+    def close(self) -> None:
+        self.closed.set()
+        self._drop_all()
+        self.listener.close()
+
+
+def test_network_partition_through_a_proxy(
+    tmp_path: Path, tiny_config: Callable[..., Path]
+) -> None:
+    """Worker 0 reaches the server through a TCP proxy that partitions it away long enough
+    to be evicted, then heals: worker 0 reconnects by itself, rejoins, and every round it
+    had acknowledged is applied exactly once."""
+    config = tiny_config(tmp_path / "run.toml", token_budget=60 * ROUND_TOKENS)
+    cfg = LaunchConfig(
+        config=config,
+        out_dir=tmp_path / "run",
+        workers=3,
+        paces=[0.25] * 3,
+        serve_args=["--heartbeat-s", "0.3", "--evict-after-s", "2"],
+        work_args=["--timeout-s", "1", "--deadline-s", "60"],
+        threads=1,
+    )
+    cluster = local_cluster(cfg, SECRET)
+    proxy: Proxy | None = None
+    try:
+        address = cluster.start_server()
+        proxy = Proxy(address)
+        cluster.start_worker(0, proxy.address)
+        for w in (1, 2):
+            cluster.start_worker(w)
+        wait_until(lambda: accepted_of(cluster, 0) >= 1, 60, "a round of worker 0")
+        proxy.partition()
+        cut_at = accepted_of(cluster, 0)
+        wait_until(lambda: not server_status(cluster)["workers"][0]["active"], 20, "eviction")
+        revision = server_status(cluster)["revision"]
+        wait_until(lambda: server_status(cluster)["revision"] >= revision + 2, 30, "progress")
+        assert accepted_of(cluster, 0) == cut_at  # nothing got through the partition
+        proxy.heal()
+        wait_until(lambda: accepted_of(cluster, 0) > cut_at, 30, "worker 0 back")
+        assert cluster.wait(120) == 0
+    finally:
+        cluster.stop()
+        if proxy is not None:
+            proxy.close()
+    out = tmp_path / "run"
+    assert_consistent(out, 3)
+    assert {"evicted", "rejoined"} <= set(worker_events(out, 0))
+
+
+def test_server_frozen_and_killed_while_workers_push(
+    tmp_path: Path, tiny_config: Callable[..., Path]
+) -> None:
+    """The server is frozen (SIGSTOP) until every worker has finished its round and is
+    waiting on its push, then SIGKILLed and restarted from its durable checkpoint: the pushes
+    in flight are retried to the new server and applied once; nothing acknowledged is lost."""
+    budget = 24
+    config = tiny_config(tmp_path / "run.toml", token_budget=budget * ROUND_TOKENS)
+    cluster = start(tmp_path, config, 3, sps=0.1, serve=["--durable"])
+    try:
+        wait_until(lambda: server_status(cluster)["revision"] >= 4, 60, "four updates")
+        assert cluster.server is not None
+        cluster.server.send_signal(signal.SIGSTOP)
+        time.sleep(2.0)  # rounds take 0.2 s: every worker is now waiting on a push
+        cluster.kill_server(signal.SIGKILL)
+        cluster.start_server()
+        assert cluster.wait(120) == 0
+    finally:
+        cluster.stop()
+    out = tmp_path / "run"
+    state = assert_consistent(out, 3)
+    assert state["server"]["revision"] == budget  # durable acks: none lost, none doubled
+    reports = [json.loads((out / "workers" / f"worker{w}.json").read_text()) for w in range(3)]
+    assert sum(r["retries"] for r in reports) >= 1  # some push really was in flight

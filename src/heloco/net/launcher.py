@@ -248,12 +248,13 @@ class LocalCluster:
         self.address = address_file.read_text().strip()
         return self.address
 
-    def worker_args(self, w: int) -> list[str]:
-        """The `heloco work` command line of worker ``w`` (pace, threads, report path)."""
+    def worker_args(self, w: int, address: str | None = None) -> list[str]:
+        """The `heloco work` command line of worker ``w`` (pace, threads, report path);
+        ``address`` replaces the server's (a proxy in front of it)."""
         args = [
             "work",
             "--connect",
-            self.address,
+            address or self.address,
             "--worker",
             str(w),
             "--keys",
@@ -267,9 +268,9 @@ class LocalCluster:
             args += ["--threads", str(self.cfg.threads)]
         return args + self.cfg.work_args
 
-    def start_worker(self, w: int) -> Proc:
-        """Start (or replace) worker ``w``."""
-        self.workers[w] = self._spawn(f"worker{w}", self.worker_args(w))
+    def start_worker(self, w: int, address: str | None = None) -> Proc:
+        """Start (or replace) worker ``w``, connecting to ``address`` (default: the server)."""
+        self.workers[w] = self._spawn(f"worker{w}", self.worker_args(w, address))
         return self.workers[w]
 
     def start(self) -> None:

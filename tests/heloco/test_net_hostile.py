@@ -1,0 +1,619 @@
+"""A hostile network against a live `heloco serve` on 127.0.0.1 (issue 11, "What to build").
+
+One real server process (CURVE keys, HMAC secret, ``--max-mb 4``) takes 60 hostile cases:
+strangers without keys, key holders without the secret, and secret holders sending
+malformed frames, wrong counts, huge or deep JSON, bad types and values, replays and
+truncated payloads. After every case the server must still answer, and the reply must be the
+expected refusal (or none); nothing may be accepted. Afterwards a good worker completes a
+round, the revision log holds exactly that one update, and the server's log holds no
+traceback. A second test measures that a stranger cannot make the server allocate memory.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import zmq
+
+from heloco.cli.launch import local_cluster
+from heloco.cli.serve import status
+from heloco.config import save_config
+from heloco.net import auth, keys, wire
+from heloco.net.launcher import LaunchConfig, LocalCluster
+from heloco.sim import parse_sim_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+SECRET = b"hostile-test-secret-0123456789abcdef"
+MAX_MB = 4
+NO_REPLY_S = 0.4  # how long a case waits for a reply it must not get
+
+
+@dataclass
+class Peer:
+    """A raw DEALER socket to the server, with or without CURVE keys and the secret."""
+
+    sock: zmq.Socket[bytes]
+    secret: bytes
+
+    def send(self, frames: list[bytes]) -> None:
+        self.sock.send_multipart(frames)
+
+    def reply(self, timeout_s: float) -> wire.Message | None:
+        if not self.sock.poll(int(timeout_s * 1000)):
+            return None
+        return wire.decode(self.sock.recv_multipart(), self.secret)
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+class Live:
+    """The live server and what a test needs to attack it."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.cluster = cluster
+        self.address = cluster.address
+        self.ctx: zmq.Context[Any] = zmq.Context()
+        self.worker1 = keys.load_client(cluster.keys_dir / "worker1")
+        self.replay: list[bytes] = []  # a message the server has seen, to send again
+
+    def peer(self, curve: keys.ClientKeys | None = None, secret: bytes = SECRET) -> Peer:
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            keys.connect_securely(sock, curve)
+        sock.connect(self.address)
+        return Peer(sock, secret)
+
+    def insider(self) -> Peer:
+        """Holds worker 1's key and the secret."""
+        return self.peer(self.worker1)
+
+    def status(self) -> dict[str, Any]:
+        return status(self.address, SECRET, 10.0, self.cluster.client_keys())
+
+
+@pytest.fixture
+def server(tmp_path: Path, tiny_net_values: Callable[..., dict[str, Any]]) -> Iterator[Live]:
+    root = tmp_path
+    values = tiny_net_values(method="async-nesterov", workers=2, token_budget=10**9, eval_every=0)
+    save_config(parse_sim_config(values), root / "run.toml")
+    cfg = LaunchConfig(
+        config=root / "run.toml",
+        out_dir=root / "run",
+        workers=2,
+        serve_args=["--max-mb", str(MAX_MB), "--heartbeat-s", "1", "--evict-after-s", "60"],
+    )
+    cluster = local_cluster(cfg, SECRET)
+    cluster.start_server()
+    srv = Live(cluster)
+    try:
+        yield srv
+    finally:
+        cluster.stop()
+        srv.ctx.term()
+
+
+# -- message builders ---------------------------------------------------------------------------
+def sign(frames: list[bytes], secret: bytes = SECRET) -> list[bytes]:
+    return [*frames, auth.sign(secret, frames)]
+
+
+def header(type_: str = "status", body: dict[str, Any] | None = None, **over: Any) -> bytes:
+    head = {
+        "v": 1,
+        "type": type_,
+        "id": wire.new_id(),
+        "re": "",
+        "ts": time.time(),
+        "body": body or {},
+        "tensors": [],
+    } | over
+    return json.dumps(head).encode()
+
+
+def raw_header(text: str) -> bytes:
+    """A header whose JSON is written by hand (NaN, 10**400, 1e400 ...)."""
+    return text.replace("ID", wire.new_id()).replace("TS", repr(time.time())).encode()
+
+
+@dataclass
+class Round:
+    """A dispatch worker 1 really got: what a push must refer to."""
+
+    round_id: int
+    revision: int
+    shapes: dict[str, tuple[int, ...]]
+
+
+def dispatch_for_worker1(srv: Live) -> Round:
+    peer = srv.insider()
+    try:
+        peer.send(wire.encode(wire.make("pull", {"worker": 1, "incarnation": "h"}), SECRET))
+        reply = peer.reply(10)
+    finally:
+        peer.close()
+    assert reply is not None and reply.type == "dispatch", reply
+    shapes = {k: e.shape for k, e in reply.tensors.items()}
+    return Round(reply.body["round_id"], reply.body["revision"], shapes)
+
+
+def push_frames(rnd: Round, body: dict[str, Any] | None = None, **tweak: Any) -> list[bytes]:
+    """A push of worker 1's round; ``tweak`` bends the delta (names, shapes, values, codec)."""
+    delta = {k: torch.full(s, 1e-3) for k, s in rnd.shapes.items()}
+    if "delta" in tweak:
+        delta = tweak["delta"](delta)
+    b = {
+        "worker": 1,
+        "incarnation": "h",
+        "round_id": rnd.round_id,
+        "base_revision": rnd.revision,
+        "steps": 2,
+        "tokens": 128,
+        "mean_loss": 5.0,
+        "compute_s": 0.1,
+    } | (body or {})
+    msg = wire.make("push", b, delta, codec=tweak.get("codec", "fp32"))
+    return [bytes(f) for f in wire.encode(msg, SECRET)]
+
+
+def nan_at_first(delta: dict[str, torch.Tensor], value: float) -> dict[str, torch.Tensor]:
+    first = next(iter(delta))
+    delta[first] = delta[first].clone()
+    delta[first].view(-1)[0] = value
+    return delta
+
+
+# -- the cases ----------------------------------------------------------------------------------
+# Each case sends something hostile and names what must come back: None (dropped without a
+# reply) or the reason of an ``error``/``rejected`` reply. ``who`` is the sender.
+Case = tuple[str, str, Callable[[Live, Round], list[bytes]], str | None]
+
+GOOD_STATUS = lambda s, r: [bytes(f) for f in wire.encode(wire.make("status"), SECRET)]  # noqa: E731
+
+
+def _tensor_header(meta: list[dict[str, Any]]) -> bytes:
+    return header("push", {"worker": 1}, tensors=meta)
+
+
+CASES: list[Case] = [
+    # strangers: no CURVE key, an unknown key, or the wrong server key -> refused in handshake
+    ("no keys, valid message", "stranger", GOOD_STATUS, None),
+    ("unknown key, valid message", "unknown_key", GOOD_STATUS, None),
+    ("wrong server key", "wrong_server", GOOD_STATUS, None),
+    (
+        "no keys, issue case 1",
+        "stranger",
+        lambda s, r: [b"[" * 150_000 + b"]" * 150_000, b"x" * 2_000_000, b"\0" * 32],
+        None,
+    ),
+    ("unknown key, 20 MB", "unknown_key", lambda s, r: [b"h", *[b"\0" * 1_000_000] * 20], None),
+    # key holders without the secret -> dropped after the HMAC check
+    ("wrong secret", "insider", lambda s, r: sign([header()], b"wrong-secret-0123456789"), None),
+    ("tag truncated", "insider", lambda s, r: [*sign([header()])[:-1], b"\0" * 31], None),
+    ("no tag", "insider", lambda s, r: [header()], None),
+    ("empty frame", "insider", lambda s, r: [b""], None),
+    ("tag only", "insider", lambda s, r: [b"\0" * 32], None),
+    (
+        "issue case 1 as insider",
+        "insider",
+        lambda s, r: [b"[" * 150_000 + b"]" * 150_000, b"x" * 2_000_000, b"\0" * 32],
+        None,
+    ),
+    ("replayed good status", "insider", lambda s, r: s.replay, None),
+    ("stale timestamp", "insider", lambda s, r: sign([header(ts=time.time() - 10_000)]), None),
+    ("future timestamp", "insider", lambda s, r: sign([header(ts=time.time() + 10_000)]), None),
+    # secret holders: malformed headers -> dropped (counted as malformed)
+    ("header not JSON", "insider", lambda s, r: sign([b"\x00\xffnot json"]), None),
+    ("header invalid UTF-8", "insider", lambda s, r: sign([b'{"v":1,"type":"\xff"}']), None),
+    ("header is a list", "insider", lambda s, r: sign([b"[1,2,3]"]), None),
+    ("header nested 100k", "insider", lambda s, r: sign([b"[" * 100_000 + b"]" * 100_000]), None),
+    (
+        "header body nested 1k",
+        "insider",
+        lambda s, r: sign(
+            [
+                raw_header(
+                    '{"v":1,"type":"status","id":"ID","re":"","ts":TS,"body":'
+                    + '{"a":' * 1000
+                    + "1"
+                    + "}" * 1000
+                    + ',"tensors":[]}'
+                )
+            ]
+        ),
+        None,
+    ),
+    ("header 2 MiB", "insider", lambda s, r: sign([header(body={"x": "a" * (2 << 20)})]), None),
+    ("version 2", "insider", lambda s, r: sign([header(v=2)]), None),
+    (
+        "ts 10**400",
+        "insider",
+        lambda s, r: sign(
+            [
+                raw_header(
+                    '{"v":1,"type":"status","id":"ID","re":"","ts":1'
+                    + "0" * 400
+                    + ',"body":{},"tensors":[]}'
+                )
+            ]
+        ),
+        None,
+    ),
+    (
+        "ts NaN",
+        "insider",
+        lambda s, r: sign(
+            [
+                raw_header(
+                    '{"v":1,"type":"status","id":"ID","re":"","ts":NaN,"body":{},"tensors":[]}'
+                )
+            ]
+        ),
+        None,
+    ),
+    ("id not hex", "insider", lambda s, r: sign([header(id="zz")]), None),
+    ("type 1000 chars", "insider", lambda s, r: sign([header(type_="x" * 1000)]), None),
+    ("body is a list", "insider", lambda s, r: sign([header(body=[1])]), None),  # type: ignore[arg-type]
+    ("tensors is an object", "insider", lambda s, r: sign([header(tensors={})]), None),
+    (
+        "tensor frame missing",
+        "insider",
+        lambda s, r: sign(
+            [_tensor_header([{"name": "w", "codec": "fp32", "shape": [4], "block": 0}])]
+        ),
+        None,
+    ),
+    ("extra frame", "insider", lambda s, r: sign([header(), b"\0" * 16]), None),
+    (
+        "payload truncated",
+        "insider",
+        lambda s, r: sign(
+            [_tensor_header([{"name": "w", "codec": "fp32", "shape": [4], "block": 0}]), b"\0" * 15]
+        ),
+        None,
+    ),
+    (
+        "int8 block 2**62",
+        "insider",
+        lambda s, r: sign(
+            [
+                _tensor_header([{"name": "w", "codec": "int8", "shape": [4], "block": 2**62}]),
+                b"\0" * 4,
+                b"\0" * 4,
+            ]
+        ),
+        None,
+    ),
+    (
+        "negative shape",
+        "insider",
+        lambda s, r: sign(
+            [
+                _tensor_header([{"name": "w", "codec": "fp32", "shape": [-4], "block": 0}]),
+                b"\0" * 16,
+            ]
+        ),
+        None,
+    ),
+    (
+        "shape product 2**80",
+        "insider",
+        lambda s, r: sign(
+            [
+                _tensor_header(
+                    [{"name": "w", "codec": "fp32", "shape": [2**40, 2**40], "block": 0}]
+                ),
+                b"\0" * 16,
+            ]
+        ),
+        None,
+    ),
+    (
+        "tensor name twice",
+        "insider",
+        lambda s, r: sign(
+            [
+                _tensor_header([{"name": "w", "codec": "fp32", "shape": [1], "block": 0}] * 2),
+                b"\0" * 4,
+                b"\0" * 4,
+            ]
+        ),
+        None,
+    ),
+    # secret holders: well-formed messages with bad content -> an error reply, nothing stored
+    ("unknown type", "insider", lambda s, r: sign([header("launch_missiles")]), "unknown_type"),
+    ("status with a body", "insider", lambda s, r: sign([header(body={"x": 1})]), "malformed"),
+    (
+        "status, 10k-element body",
+        "insider",
+        lambda s, r: sign([header(body={"x": list(range(10_000))})]),
+        "malformed",
+    ),
+    (
+        "pull with tensors",
+        "insider",
+        lambda s, r: [
+            bytes(f)
+            for f in wire.encode(wire.make("pull", {"worker": 1}, {"w": torch.ones(2)}), SECRET)
+        ],
+        "malformed",
+    ),
+    (
+        "hello, 10 KB incarnation",
+        "insider",
+        lambda s, r: [
+            bytes(f)
+            for f in wire.encode(
+                wire.make("hello", {"worker": 1, "incarnation": "x" * 10_000}), SECRET
+            )
+        ],
+        "malformed",
+    ),
+    (
+        "worker slot 99",
+        "insider",
+        lambda s, r: [bytes(f) for f in wire.encode(wire.make("pull", {"worker": 99}), SECRET)],
+        "forbidden",
+    ),
+    (
+        "worker0 by worker1's key",
+        "insider",
+        lambda s, r: [bytes(f) for f in wire.encode(wire.make("pull", {"worker": 0}), SECRET)],
+        "forbidden",
+    ),
+    (
+        "push tokens 10**400",
+        "insider",
+        lambda s, r: push_frames(r, {"tokens": 10**400}),
+        "malformed",
+    ),
+    (
+        "push tokens beyond its steps",
+        "insider",
+        lambda s, r: push_frames(r, {"tokens": 10**12}),
+        "malformed",
+    ),
+    ("push steps 2**62", "insider", lambda s, r: push_frames(r, {"steps": 2**62}), "malformed"),
+    (
+        "push steps above dispatch",
+        "insider",
+        lambda s, r: push_frames(r, {"steps": 3}),
+        "malformed",
+    ),
+    (
+        "push mean_loss 1e400",
+        "insider",
+        lambda s, r: sign(
+            [
+                raw_header(
+                    '{"v":1,"type":"push","id":"ID","re":"","ts":TS,"body":{"worker":1,"round_id":0,'
+                    '"base_revision":0,"steps":2,"tokens":1,"mean_loss":1e400},"tensors":[]}'
+                )
+            ]
+        ),
+        "malformed",
+    ),
+    ("push compute_s 0", "insider", lambda s, r: push_frames(r, {"compute_s": 0}), "malformed"),
+    ("push worker true", "insider", lambda s, r: push_frames(r, {"worker": True}), "malformed"),
+    ("push worker '1'", "insider", lambda s, r: push_frames(r, {"worker": "1"}), "malformed"),
+    ("push round_id float", "insider", lambda s, r: push_frames(r, {"round_id": 0.0}), "malformed"),
+    ("push extra field", "insider", lambda s, r: push_frames(r, {"admin": True}), "malformed"),
+    (
+        "push never-dispatched round",
+        "insider",
+        lambda s, r: push_frames(r, {"round_id": 999}),
+        "unknown",
+    ),
+    (
+        "push wrong base revision",
+        "insider",
+        lambda s, r: push_frames(r, {"base_revision": 7}),
+        "revision_mismatch",
+    ),
+    (
+        "push wrong names",
+        "insider",
+        lambda s, r: push_frames(r, delta=lambda d: {f"x.{k}": v for k, v in d.items()}),
+        "bad_update",
+    ),
+    (
+        "push wrong shapes",
+        "insider",
+        lambda s, r: push_frames(
+            r, delta=lambda d: {k: v.reshape(-1)[:-1] if v.numel() > 1 else v for k, v in d.items()}
+        ),
+        "bad_update",
+    ),
+    (
+        "push NaN",
+        "insider",
+        lambda s, r: push_frames(r, delta=lambda d: nan_at_first(d, float("nan"))),
+        "bad_update",
+    ),
+    (
+        "push inf in bf16",
+        "insider",
+        lambda s, r: push_frames(r, codec="bf16", delta=lambda d: nan_at_first(d, float("inf"))),
+        "bad_update",
+    ),
+    (
+        "push NaN in int8",
+        "insider",
+        lambda s, r: push_frames(r, codec="int8", delta=lambda d: nan_at_first(d, float("nan"))),
+        "bad_update",
+    ),
+    (
+        "push over --max-mb",
+        "insider",
+        lambda s, r: [
+            bytes(f)
+            for f in wire.encode(
+                wire.make("push", {"worker": 1}, {f"t{i}": torch.zeros(250_000) for i in range(5)}),
+                SECRET,
+            )
+        ],
+        "too_large",
+    ),
+    (
+        "frame over the frame limit",
+        "insider",
+        lambda s, r: [
+            bytes(f)
+            for f in wire.encode(
+                wire.make("push", {"worker": 1}, {"t": torch.zeros(2 << 20)}), SECRET
+            )
+        ],
+        None,
+    ),
+]
+
+
+def expected_reply(reply: wire.Message | None, want: str | None) -> bool:
+    if want is None:
+        return reply is None
+    return (
+        reply is not None
+        and reply.type in ("error", "rejected")
+        and reply.body.get("reason") == want
+    )
+
+
+def test_hostile_network_suite(server: Live) -> None:
+    """60 hostile cases, then a good worker: 0 crashes, 0 tracebacks, 0 hangs, 0 accepted."""
+    assert len(CASES) >= 50
+    strangers = {
+        "stranger": None,
+        "unknown_key": keys.ClientKeys(server.worker1.server_public, keys.new_keypair()),
+        "wrong_server": keys.ClientKeys(keys.new_keypair().public, server.worker1.keypair),
+    }
+    rnd = dispatch_for_worker1(server)
+    good = [bytes(f) for f in wire.encode(wire.make("status"), SECRET)]
+    first = server.insider()
+    first.send(good)
+    assert first.reply(10) is not None
+    first.close()
+    server.replay = good
+    failures = []
+    for name, who, build, want in CASES:
+        peer = server.insider() if who == "insider" else server.peer(strangers[who])
+        try:
+            peer.send(build(server, rnd))
+            reply = peer.reply(NO_REPLY_S if want is None else 10.0)
+        finally:
+            peer.close()
+        if not expected_reply(reply, want):
+            failures.append(f"{name}: got {reply and (reply.type, reply.body)}, want {want}")
+        s = server.status()  # answers within 10 s: no crash, no hang
+        if s["revision"] != 0 or s["counters"]["accepted"] != 0:
+            failures.append(f"{name}: something was accepted: {s['counters']}")
+        assert server.cluster.server is not None and server.cluster.server.poll() is None, name
+    assert not failures, "\n".join(failures)
+
+    counters = server.status()["counters"]
+    assert counters["bad_mac"] == 2 and counters["malformed"] >= 20
+    assert counters["bad_update"] == 5 and counters["forbidden"] == 2
+    assert counters["replay"] == 1 and counters["stale"] == 2 and counters["too_large"] >= 1
+
+    # A good worker is still served: hello, pull, push, ack; the log holds its round only.
+    me = keys.load_client(server.cluster.keys_dir / "worker0")
+    peer = server.peer(me)
+    try:
+        ident = {"worker": 0, "incarnation": "good"}
+        peer.send([bytes(f) for f in wire.encode(wire.make("hello", ident), SECRET)])
+        assert (welcome := peer.reply(10)) is not None and welcome.type == "welcome"
+        peer.send([bytes(f) for f in wire.encode(wire.make("pull", ident), SECRET)])
+        d = peer.reply(10)
+        assert d is not None and d.type == "dispatch"
+        body = ident | {
+            "round_id": d.body["round_id"],
+            "base_revision": d.body["revision"],
+            "steps": d.body["steps"],
+            "tokens": 128,
+        }
+        delta = {k: torch.full(e.shape, 1e-3) for k, e in d.tensors.items()}
+        peer.send([bytes(f) for f in wire.encode(wire.make("push", body, delta), SECRET)])
+        ack = peer.reply(10)
+        assert ack is not None and ack.type == "ack" and ack.body["staleness"] == 0
+    finally:
+        peer.close()
+    s = server.status()
+    assert s["revision"] == s["log_length"] == 1 and s["counters"]["accepted"] == 1
+    assert server.cluster.kill_server(signal.SIGTERM) == 0
+    log = (server.cluster.logs / "server.log").read_text()
+    assert "Traceback" not in log, log[-2000:]
+
+
+def _peak_rss_kib(pid: int) -> int:
+    text = Path(f"/proc/{pid}/status").read_text()
+    match = re.search(r"VmHWM:\s+(\d+) kB", text)
+    assert match is not None
+    return int(match.group(1))
+
+
+def _flood_tcp(port: int, greeting: bytes, total: int) -> int:
+    """Send ``greeting`` then up to ``total`` bytes of ZMTP frames; returns bytes accepted."""
+    frame = b"\x02" + (1 << 20).to_bytes(8, "big") + b"\0" * (1 << 20)
+    sent = 0
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        try:
+            s.sendall(greeting)
+            while sent < total:
+                s.sendall(frame)
+                sent += len(frame)
+        except (BrokenPipeError, ConnectionResetError, TimeoutError, OSError):
+            pass
+    return sent
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+def test_a_stranger_cannot_make_the_server_allocate(tmp_path: Path, tiny_net_values: Any) -> None:
+    """Case 2's 228 MiB of 120 frames, sent by peers without an allowed key: the server's peak
+    memory grows by less than 32 MiB (libzmq never gets past the handshake)."""
+    values = tiny_net_values(method="async-nesterov", workers=1, token_budget=10**9)
+    save_config(parse_sim_config(values), tmp_path / "run.toml")
+    cfg = LaunchConfig(tmp_path / "run.toml", tmp_path / "run", 1, serve_args=["--max-mb", "4"])
+    cluster = local_cluster(cfg, SECRET)
+    try:
+        address = cluster.start_server()
+        assert cluster.server is not None
+        pid = cluster.server.pid
+        port = int(address.rsplit(":", 1)[1])
+        status(address, SECRET, 10.0, cluster.client_keys())  # warm: first request's buffers
+        before = _peak_rss_kib(pid)
+        null_greeting = (
+            b"\xff" + b"\0" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0") + b"\0" * 32
+        )
+        accepted = _flood_tcp(port, null_greeting, 228 << 20)
+        accepted += _flood_tcp(port, b"GET / HTTP/1.1\r\n\r\n", 228 << 20)
+        ctx: zmq.Context[Any] = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        stranger = keys.ClientKeys(
+            keys.load_client(cluster.keys_dir / "worker0").server_public, keys.new_keypair()
+        )
+        keys.connect_securely(sock, stranger)
+        sock.connect(address)
+        chunk = b"\0" * (1_900_000)
+        for _ in range(3):
+            sock.send_multipart([b"h", *[chunk] * 120], copy=False)
+        time.sleep(2.0)
+        sock.close(linger=0)
+        ctx.term()
+        s = status(address, SECRET, 10.0, cluster.client_keys())  # still serving
+        grew_mib = (_peak_rss_kib(pid) - before) / 1024
+        assert grew_mib < 32, f"peak RSS grew by {grew_mib:.0f} MiB (accepted {accepted} B)"
+        assert s["counters"]["bad_mac"] == s["counters"]["too_large"] == 0
+    finally:
+        cluster.stop()
