@@ -354,21 +354,35 @@ def launch(
     grace_s: float = 30.0,
     preload: Sequence[str] = TORCH_PRELOAD,
 ) -> LaunchResult:
-    """Start everything and wait until the server has finished the run (or ``timeout_s``).
+    """Start a server and ``cfg.workers`` workers and run them to the end (:func:`run_to_end`)."""
+    if not timeout_s > 0:
+        raise UserInputError("timeout_s", timeout_s, "a number of seconds > 0")
+    cluster = LocalCluster(cfg, entry, preload=preload)
+    try:
+        cluster.start()
+    except BaseException:
+        cluster.stop()
+        raise
+    return run_to_end(cluster, timeout_s, watch, grace_s)
+
+
+def run_to_end(
+    cluster: LocalCluster,
+    timeout_s: float,
+    watch: Callable[[], None] | None = None,
+    grace_s: float = 30.0,
+) -> LaunchResult:
+    """Wait until the server has finished the run (or ``timeout_s``); then stop everything.
 
     ``watch`` is called a few times a second (progress display). Workers learn from the
     server that the run is over and leave by themselves; the ones still running ``grace_s``
     after the server ended are stopped and count as failed. If every worker has exited while
     the server still waits for them, the server is stopped (it writes its final checkpoint).
     """
-    if not timeout_s > 0:
-        raise UserInputError("timeout_s", timeout_s, "a number of seconds > 0")
-    cluster = LocalCluster(cfg, entry, preload=preload)
+    assert cluster.server is not None
+    server = cluster.server
     codes: dict[str, int | None] = {}
     try:
-        cluster.start()
-        assert cluster.server is not None
-        server = cluster.server
         deadline = time.monotonic() + timeout_s
         while server.poll() is None and time.monotonic() < deadline:
             if all(p.poll() is not None for p in cluster.workers.values()):
