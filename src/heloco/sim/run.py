@@ -17,6 +17,7 @@ from heloco.metrics import (
     atomic_write_json,
     loss_at,
 )
+from heloco.model import TinyGPT
 from heloco.sim.batch import BatchedRounds, BatchEngine
 from heloco.sim.build import RunParts, build_run, torch_threads
 from heloco.sim.clock import Clock
@@ -140,7 +141,9 @@ def round_sources(built: Sequence[RunParts | Exception]) -> list[RoundSource | N
     for i, parts in enumerate(built):
         if isinstance(parts, Exception) or parts.cfg.batch == "off" or not supports(parts.model):
             continue
-        key = (parts.model.cfg.model_dump_json(), str(parts.model.positions.device))
+        model = parts.model
+        assert isinstance(model, TinyGPT)  # supports() admits TinyGPT only
+        key = (model.cfg.model_dump_json(), str(model.positions.device))
         groups.setdefault(key, []).append(i)
     out: list[RoundSource | None] = [None] * len(built)
     for members in groups.values():
@@ -150,6 +153,7 @@ def round_sources(built: Sequence[RunParts | Exception]) -> list[RoundSource | N
             continue
         first = runs[0]
         assert isinstance(first, RunParts)
+        assert isinstance(first.model, TinyGPT)
         engine = BatchEngine(first.model.cfg, slots, first.model.positions.device)
         offset = 0
         for i, parts in zip(members, runs, strict=True):
