@@ -273,15 +273,13 @@ def _bottleneck_gbit(wan: WanPaths, outer: OuterSpec) -> tuple[float, str]:
 
 
 def _min_inner_steps(util: Callable[[Any], FloatArray], outer: OuterSpec) -> int | None:
-    """Smallest H (≥ P, ≥ τ, past every listed offset) with utilization ≥ threshold: one
+    """Smallest H (≥ τ, past every listed offset) with utilization ≥ threshold: one
     vectorized pass over a geometric grid up to 1e7, then every H in the bracket."""
     if outer.mode == "sync":
         return None
     lo = max(1, outer.overlap_steps)
-    if outer.mode == "streaming":
-        lo = max(lo, outer.n_fragments)
-        if isinstance(outer.fragments, list):
-            lo = max(lo, 1 + max(f.offset for f in outer.fragments))
+    if outer.mode == "streaming" and isinstance(outer.fragments, list):
+        lo = max(lo, 1 + max(f.offset for f in outer.fragments))
     hi = 10**7
     theta = outer.compute_bound_threshold
     coarse = np.unique(np.round(np.geomspace(lo, hi, 400)).astype(np.int64))

@@ -2,8 +2,9 @@
 leave per round.
 
 An outer round is H inner steps of `step_s` each (the slowest island's, in lockstep). Fragment f
-(a share of the payload) is released at inner step o_f: bucket by bucket over the backward pass
-of that step (per-layer buckets, as DDP/FSDP reduce gradients, C.7), or at its end without
+(a share of the payload) is released at inner step o_f: layer by layer as the backward pass of
+that step reaches its layers (per-layer buckets, as DDP/FSDP reduce gradients, C.7; the
+fragment is complete when its layer nearest the input is), or at the end of the step without
 backward overlap. It must have crossed the WAN by the end of step o_f + τ, when it is merged
 (Streaming DiLoCo, Douillard et al. 2025, arXiv 2501.18512, Alg. 2; τ = H is the one-outer-step
 overlap of Kale et al. 2025, arXiv 2502.12996). The WAN is one FIFO link: a fragment starts when
@@ -29,10 +30,13 @@ ROUNDS = 4  # rounds replayed; the last one is reported (with the link-capacity 
 @dataclass(frozen=True)
 class Schedule:
     """Fragments of one round: offsets (inner step, 0 ≤ o < H) and payload shares (Σ = 1),
-    arrays (..., P); padding fragments have share 0."""
+    arrays (..., P); padding fragments have share 0. `strided`: fragment f of P holds layers
+    f, f+P, f+2P, ... (the pattern Streaming DiLoCo prefers, its Fig. 7); otherwise fragments
+    hold consecutive layers from the input side in list order."""
 
     offsets: FloatArray
     shares: FloatArray
+    strided: bool = True
 
     @property
     def n(self) -> int:
@@ -56,12 +60,34 @@ def even_schedule(inner_steps: ArrayLike, fragments: ArrayLike) -> Schedule:
 
 
 def explicit_schedule(offsets: list[int], layers: list[int]) -> Schedule:
-    """A schedule listed fragment by fragment: payload shares in proportion to their layers."""
+    """A schedule listed fragment by fragment: payload shares in proportion to their layers,
+    consecutive layers from the input side in list order."""
     total = float(sum(layers))
     return Schedule(
         offsets=np.asarray(offsets, dtype=np.float64),
         shares=np.asarray(layers, dtype=np.float64) / total,
+        strided=False,
     )
+
+
+def release_span(
+    schedule: Schedule, shares: FloatArray, layers: FloatArray
+) -> tuple[FloatArray, FloatArray]:
+    """(u, v): when fragment f's first and last gradient bucket are ready, as fractions of the
+    backward pass. The backward runs from the last layer to the first, one layer per 1/L of it,
+    so layer l is ready at (L − l)/L; a fragment is ready when its layer nearest the input is."""
+    ell = layers[..., None]
+    n = np.maximum(1.0, shares * ell)  # layers in the fragment
+    if schedule.strided:
+        p = (shares > 0).sum(axis=-1, keepdims=True).astype(np.float64)
+        f = np.arange(shares.shape[-1], dtype=np.float64)
+        last = (ell - f) / ell
+        first = last - (n - 1.0) * p / ell
+    else:
+        start = (np.cumsum(shares, axis=-1) - shares) * ell  # layers before the fragment
+        last = (ell - start) / ell
+        first = (ell - start - n + 1.0) / ell
+    return np.clip(first, 0.0, 1.0), np.clip(last, 0.0, 1.0)
 
 
 def round_stall_s(
@@ -109,6 +135,7 @@ def round_stall_s(
     comm = np.where(shares > 0, fixed[..., None] + shares * transfer[..., None], 0.0)
     k = np.maximum(1.0, np.round(shares * layers[..., None]))
     b = np.minimum(window, t)
+    u, v = release_span(schedule, shares, layers)
 
     # Events of ROUNDS rounds: releases (key o + 0.5, inside step o) and deadlines (key
     # o + τ + 1, the end of step o + τ); fragment e = r·P + f.
@@ -119,6 +146,7 @@ def round_stall_s(
     n_ev = ROUNDS * p
     comm_e = np.tile(comm, ROUNDS)
     k_e = np.tile(k, ROUNDS)
+    u_e, v_e = np.tile(u, ROUNDS), np.tile(v, ROUNDS)
     last_round = np.arange(n_ev) >= (ROUNDS - 1) * p
 
     delay = np.zeros(lead)  # stall accumulated so far
@@ -133,8 +161,9 @@ def round_stall_s(
         c = np.take_along_axis(comm_e, e, axis=-1)[..., 0]
         kk = np.take_along_axis(k_e, e, axis=-1)[..., 0]
         end = (step + 1.0) * t + delay
-        first = end - b + b / kk
-        done = np.maximum(np.maximum(link_free, first) + c, end + c / kk)
+        first = end - b + b * np.take_along_axis(u_e, e, axis=-1)[..., 0]
+        last = end - b + b * np.take_along_axis(v_e, e, axis=-1)[..., 0]
+        done = np.maximum(np.maximum(link_free, first) + c, last + c / kk)
         release = is_release & (c > 0)
         link_free = np.where(release, done, link_free)
         np.put_along_axis(

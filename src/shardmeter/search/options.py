@@ -72,7 +72,7 @@ class OuterOptions:
     modes: tuple[str, ...] = MODES
     inner_steps: tuple[int, ...] = ()  # H
     bits: tuple[int, ...] = ()  # pseudo-gradient bits q
-    fragments: tuple[int, ...] = (1, 2, 4, 8)  # Streaming DiLoCo P (at most H)
+    fragments: tuple[int, ...] = (1, 2, 4, 8)  # Streaming DiLoCo P (offsets round(k·H/P))
     overlap_steps: tuple[int, ...] = ()  # Streaming DiLoCo τ (default: the file's, at least 1)
     batch_per_gpu: tuple[int, ...] = ()  # sequences per GPU per inner step (default: the file's)
 

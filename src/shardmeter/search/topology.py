@@ -217,7 +217,7 @@ def outer_grid(mode: str, run: OuterSpec, outer: OuterOptions) -> OuterGrid:
         combos = [
             (h, q, p, t)
             for h, q, p, t in itertools.product(hs, qs, ps, taus)
-            if p <= h and t <= h and h >= first
+            if t <= h and h >= first
         ]
     else:
         combos = [(h, q, 1, run.overlap_steps) for h, q in itertools.product(hs, qs)]

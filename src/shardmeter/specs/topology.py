@@ -443,10 +443,6 @@ def validate_run(run: OuterSpec, topo: Topology) -> None:
         raise UserInputError(
             "run.overlap_steps", run.overlap_steps, f"must be ≤ inner_steps = {h} (a whole round)"
         )
-    if isinstance(run.fragments, int) and run.fragments > h:
-        raise UserInputError(
-            "run.fragments", run.fragments, f"at most one fragment per inner step (H = {h})"
-        )
     if isinstance(run.fragments, list):
         for k, frag in enumerate(run.fragments):
             if frag.offset >= h:
