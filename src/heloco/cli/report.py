@@ -13,11 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rich.table import Table
-
+from heloco.cli.common import add_out
 from heloco.config import atomic_write_text
 from heloco.report import (
-    TABLE_HEADER,
     common_budget,
     comparison_rows,
     language_table,
@@ -27,7 +25,23 @@ from heloco.report import (
     row_cells,
     runs_to_json,
 )
-from shardmeter.report.step import console_for
+from shardmeter.report.terminal import Col, add_wide_flag, console_for, fit_table, si
+
+# The comparison table on a terminal: row_cells order, short headers (table.md spells them
+# out); the run, the final loss and the loss at the common token budget are never left out.
+TERMINAL_COLUMNS: tuple[Col, ...] = (
+    Col("run", "left"),
+    Col("method", "left", drop=1),
+    Col("paces", "left", drop=3),
+    Col("tokens", drop=4),
+    Col("time (s)", drop=5),
+    Col("updates", drop=5),
+    Col("start", drop=6),
+    Col("end"),
+    Col("@tokens"),
+    Col("@time", drop=2),
+    Col("cycle", drop=2),
+)
 
 
 def add_parser(sub: Any) -> None:
@@ -38,9 +52,10 @@ def add_parser(sub: Any) -> None:
         "tokens, vs time and per language (PNG and SVG).",
     )
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
-    p.add_argument("--out", type=Path, help="folder for plots and table.md")
+    add_out(p, "folder for plots, table.md and report.json (default: report/ beside the first run)")
     p.add_argument("--no-plots", action="store_true", help="tables only")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    add_wide_flag(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,20 +69,16 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(payload, indent=2))
         return 0
-    console = console_for(sys.stdout.isatty())
+    console = console_for(sys.stdout.isatty(), args.wide)
     tok, sec = common_budget(runs, "tokens"), common_budget(runs, "time")
-    table = Table(title=f"{len(runs)} run(s); common budget {tok:,.0f} tokens, {sec:,.1f} s")
-    for name in TABLE_HEADER:
-        table.add_column(name, justify="left" if name in ("run", "method", "paces") else "right")
-    for row in comparison_rows(runs):
-        table.add_row(*row_cells(row))
-    console.print(table)
-    header, rows = language_table(runs)
-    langs = Table(title="final validation loss per language")
-    for name in header:
-        langs.add_column(name, justify="left" if name == "run" else "right")
-    for cells in rows:
-        langs.add_row(*cells)
-    console.print(langs)
+    title = (
+        f"{len(runs)} run(s), validation loss; @tokens and @time: at the common budget "
+        f"({si(tok)} tokens, {sec:,.1f} s), cycle: mean over the last slowest-worker cycle"
+    )
+    rows = [row_cells(row) for row in comparison_rows(runs)]
+    console.print(fit_table(console, title, TERMINAL_COLUMNS, rows))
+    header, cells = language_table(runs)
+    langs = [Col(header[0], "left")] + [Col(name, drop=1) for name in header[1:]]
+    console.print(fit_table(console, "final validation loss per language", langs, cells))
     console.print(f"wrote {out / 'table.md'}" + "".join(f"\nwrote {p}" for p in plots))
     return 0

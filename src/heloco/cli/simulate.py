@@ -27,7 +27,7 @@ from heloco.outer import resolve_method
 from heloco.outer.registry import method_names
 from heloco.sim import RunResult, SimConfig, run_simulation
 from shardmeter.clikit import nonneg_int, positive_float, positive_int
-from shardmeter.report.step import console_for
+from shardmeter.report.terminal import add_wide_flag, console_for, key_value_table, si
 
 # flag dest -> dotted config key
 FLAG_KEYS: dict[str, str] = {
@@ -96,6 +96,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--print-config", action="store_true", help="print the TOML and exit")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_wide_flag(p)
     topology_flags.add_arguments(p)
 
 
@@ -132,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary_dict(result), indent=2))
     else:
-        console_for(sys.stdout.isatty()).print(summary_table(result))
+        console_for(sys.stdout.isatty(), args.wide).print(summary_table(result))
     return 0
 
 
@@ -200,24 +201,22 @@ def _fmt(x: float | None, spec: str = ".4f") -> str:
 def summary_table(result: RunResult) -> Table:
     """A two-column table of the run's headline numbers."""
     s = result.summary
-    t = Table(title=f"heloco simulate: {s.method}, {s.n_workers} workers", show_header=False)
-    t.add_column("quantity", style="bold")
-    t.add_column("value", justify="right")
     first = result.evals[0].loss if result.evals else None
-    t.add_row("validation loss (start -> end)", f"{_fmt(first)} -> {_fmt(s.final_loss)}")
-    t.add_row("mean loss over the last slowest-worker cycle", _fmt(s.cycle_loss))
-    for lang, loss in sorted(s.final_per_language.items()):
-        t.add_row(f"  {lang}", _fmt(loss))
-    t.add_row("training tokens", f"{s.tokens:,}")
-    t.add_row("simulated time", f"{s.time:,.0f} s")
-    t.add_row("outer updates", f"{s.updates:,}")
-    t.add_row("worker paces (s/step)", ", ".join(f"{p:g}" for p in s.paces))
-    t.add_row("arrival share per worker", ", ".join(f"{x:.2f}" for x in s.worker_shares))
-    t.add_row(
-        "mean staleness per worker",
-        ", ".join("-" if x is None else f"{x:.1f}" for x in s.staleness_mean),
-    )
-    t.add_row("wall time", f"{s.wall_seconds:.1f} s ({s.train_tokens_per_second:,.0f} tok/s)")
+    rows = [
+        ("validation loss (start -> end)", f"{_fmt(first)} -> {_fmt(s.final_loss)}"),
+        ("mean over the last slowest-worker cycle", _fmt(s.cycle_loss)),
+        *((f"  {lang}", _fmt(loss)) for lang, loss in sorted(s.final_per_language.items())),
+        ("training tokens", f"{s.tokens:,}"),
+        ("simulated time", f"{s.time:,.0f} s"),
+        ("outer updates", f"{s.updates:,}"),
+        ("worker paces (s/step)", ", ".join(f"{p:g}" for p in s.paces)),
+        ("arrival share per worker", ", ".join(f"{x:.2f}" for x in s.worker_shares)),
+        (
+            "mean staleness per worker",
+            ", ".join("-" if x is None else f"{x:.1f}" for x in s.staleness_mean),
+        ),
+        ("wall time", f"{s.wall_seconds:.1f} s ({si(s.train_tokens_per_second)} tok/s)"),
+    ]
     if result.config.out_dir is not None:
-        t.add_row("run folder", str(result.config.out_dir))
-    return t
+        rows.append(("run folder", str(result.config.out_dir)))
+    return key_value_table(f"heloco simulate: {s.method}, {s.n_workers} workers", rows)

@@ -24,7 +24,8 @@ from shardmeter.predict import (
     resolve_cluster,
     resolve_model,
 )
-from shardmeter.report.step import console_for, estimate_to_dict, render_step
+from shardmeter.report.step import estimate_to_dict, render_step
+from shardmeter.report.terminal import add_wide_flag, console_for
 from shardmeter.specs.loader import load_plan
 
 try:
@@ -86,6 +87,7 @@ def add_parser(subparsers: Any) -> None:
         help="overlap TP collectives with GEMMs",
     )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the JSON document (docs/model.md)")
+    add_wide_flag(p)
     if topology_predict is not None:
         topology_predict.add_arguments(p)
 
@@ -132,5 +134,6 @@ def run(args: argparse.Namespace) -> int:
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    render_step(console_for(sys.stdout.isatty()), est, inputs.model, inputs.cluster, inputs.plan)
+    console = console_for(sys.stdout.isatty(), args.wide)
+    render_step(console, est, inputs.model, inputs.cluster, inputs.plan)
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import sys
 from dataclasses import asdict
 from typing import Any
 
@@ -12,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shardmeter.errors import UserInputError
+from shardmeter.report.terminal import add_wide_flag, console_for
 from shardmeter.specs.hardware import Accelerator, Cluster
 from shardmeter.specs.loader import (
     KINDS,
@@ -44,10 +46,11 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument("name", nargs="?", help="preset name (with `show`)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    add_wide_flag(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    console = Console(highlight=False)
+    console = console_for(sys.stdout.isatty(), args.wide, highlight=False)
     if args.what == "show":
         if not args.name:
             raise UserInputError(

@@ -26,7 +26,7 @@ from shardmeter.calibrate import (
 from shardmeter.errors import UserInputError
 from shardmeter.paths import missing_shared_reason, shared_path
 from shardmeter.report.jsonout import print_json
-from shardmeter.report.step import console_for
+from shardmeter.report.terminal import Col, add_wide_flag, console_for, fit_table, si
 
 DEFAULT_RUNS = ("calibration", "runs.csv")
 
@@ -41,6 +41,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("runs", nargs="?", help="CSV in the calibration schema")
     p.add_argument("--json", action="store_true", help="print JSON (APE as fractions)")
     p.add_argument("--source", action="append", help="only rows of this source_id (repeatable)")
+    add_wide_flag(p)
 
 
 def _summary_dict(summary: ErrorSummary) -> dict[str, Any]:
@@ -81,24 +82,33 @@ def _pct(x: float) -> str:
 
 
 def render(console: Console, results: list[RowResult]) -> None:
-    rows = Table(title="predicted vs measured tokens/s per GPU", title_justify="left")
-    for name in ("run", "source", "model", "gpu", "GPUs", "predicted", "measured", "error", "APE"):
-        rows.add_column(name, justify="left" if name in ("source", "model", "gpu") else "right")
-    for r in results:
-        if r.ape is None or r.predicted is None or r.measured is None or r.run is None:
-            continue
-        rows.add_row(
+    cols = [
+        Col("run"),
+        Col("source", "left", drop=2),
+        Col("model", "left", drop=1),
+        Col("gpu", "left", drop=3),
+        Col("GPUs", drop=3),
+        Col("predicted"),
+        Col("measured"),
+        Col("error"),
+        Col("APE", drop=4),
+    ]
+    rows = [
+        [
             r.run_id,
             r.source_id,
             r.run.model.name,
             r.run.cluster.accelerator.name,
             str(r.run.plan.n_gpus),
-            f"{r.predicted:,.0f}",
-            f"{r.measured:,.0f}",
+            si(r.predicted),
+            si(r.measured),
             f"{100 * (r.predicted / r.measured - 1):+.1f}%",
             _pct(r.ape),
-        )
-    console.print(rows)
+        ]
+        for r in results
+        if r.ape is not None and r.predicted is not None and r.measured is not None and r.run
+    ]
+    console.print(fit_table(console, "predicted vs measured tokens/s per GPU", cols, rows))
     overall, per_source = summarize_results(results)
     summary = Table(title="absolute percentage error", title_justify="left")
     for name in ("rows", "n", "median", "mean", "p90"):
@@ -122,5 +132,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(results_to_dict(results))
     else:
-        render(console_for(sys.stdout.isatty()), results)
+        render(console_for(sys.stdout.isatty(), args.wide), results)
     return 0

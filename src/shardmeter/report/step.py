@@ -107,11 +107,6 @@ def plan_summary(plan: Plan) -> str:
     return ", ".join(parts)
 
 
-def console_for(stream_is_tty: bool) -> Console:
-    """A console that keeps wide tables on one line when output is piped to a file."""
-    return Console() if stream_is_tty else Console(width=160)
-
-
 def render_step(
     console: Console, est: StepEstimate, model: TransformerSpec, cluster: Cluster, plan: Plan
 ) -> None:
