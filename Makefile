@@ -14,11 +14,20 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# About one screen per step; each step's full output is one flag away (--wide, --json).
 demo: $(STAMP)
-	mkdir -p out
-	$(BIN)/shardmeter predict
-	$(BIN)/shardmeter plan --topology eight-heterogeneous --plot out/plan-eight-heterogeneous.png
-	$(BIN)/heloco simulate --out out/heloco-default
+	@mkdir -p out
+	@echo "== 1/3 shardmeter predict: Llama-3.1-8B on one 8-GPU H100 node"
+	@$(BIN)/shardmeter predict
+	@echo
+	@echo "== 2/3 shardmeter plan: the best plans over eight heterogeneous islands"
+	@$(BIN)/shardmeter plan --topology eight-heterogeneous --top 3 --no-progress \
+		--plot out/plan-eight-heterogeneous.png
+	@echo
+	@echo "== 3/3 heloco simulate: five workers, two at half speed, one language each"
+	@$(BIN)/heloco simulate --out out/heloco-default
+	@echo
+	@echo "Next: . $(VENV)/bin/activate, then shardmeter --help, heloco --help, README.md"
 
 plots: $(STAMP)
 	$(BIN)/python benchmarks/islands_plots.py

@@ -24,8 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from rich.console import Console
+
 from shardmeter.clikit import positive_float
 from shardmeter.errors import UserInputError
+from shardmeter.report.terminal import Col, duration, fit_table, si, usd
 
 SUMMARY_FILE = "summary.json"
 EVENTS_FILE = "events.jsonl"
@@ -376,33 +379,46 @@ def ranked_json(ranked: Sequence[RankedPlan], quality: QualityFactors) -> dict[s
     }
 
 
-def render_ranked(ranked: Sequence[RankedPlan], quality: QualityFactors, top: int = 10) -> None:
-    """Print the quality-ranked plans as a rich table."""
-    from rich.console import Console
-    from rich.table import Table
-
+def render_ranked(
+    ranked: Sequence[RankedPlan],
+    quality: QualityFactors,
+    top: int = 10,
+    console: Console | None = None,
+) -> None:
+    """Print the quality-ranked plans as a table that fits the console."""
+    console = console or Console()
     title = (
         f"Plans by time to loss {quality.target_loss:.4f} (q = tokens to it relative to the "
         f"{quality.reference!r} run in {quality.source})"
     )
-    table = Table(title=title)
-    cols = ("#", "mode", "method", "isl", "GPUs", "q", "Mtok/s", "wall h", "target h", "target $")
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("mode", "method") else "right")
-    for k, r in enumerate(ranked[:top], 1):
-        table.add_row(
+    cols = (
+        Col("#"),
+        Col("mode", "left"),
+        Col("method", "left", drop=2),
+        Col("isl", drop=3),
+        Col("GPUs"),
+        Col("q", drop=1),
+        Col("tokens/s", drop=3),
+        Col("wall", drop=2),
+        Col("to target"),
+        Col("cost to target"),
+    )
+    rows = [
+        [
             str(k),
             r.mode,
             r.method,
             str(len(getattr(r.candidate, "islands", ()))),
             str(r.candidate.n_gpus),
             f"{r.quality_factor:.3f}",
-            f"{r.candidate.tokens_per_s / 1e6:.3f}",
-            f"{r.candidate.wall_s / 3600:,.0f}",
-            f"{r.time_to_target_s / 3600:,.0f}",
-            f"{r.cost_to_target_usd:,.0f}",
-        )
-    Console().print(table)
+            si(r.candidate.tokens_per_s),
+            duration(r.candidate.wall_s),
+            duration(r.time_to_target_s),
+            usd(r.cost_to_target_usd),
+        ]
+        for k, r in enumerate(ranked[:top], 1)
+    ]
+    console.print(fit_table(console, title, cols, rows))
 
 
 def _finite(x: float) -> float | None:

@@ -100,3 +100,19 @@ def test_report_of_a_glob_twice_skips_its_own_output(
     assert json.loads((root / "report" / "report.json").read_text())["runs"] == payload["runs"]
     assert main(["report", str(root / "report")]) == 2
     assert "these are reports" in capsys.readouterr().err
+
+
+def test_report_table_fits_80_columns_when_piped(
+    two_runs: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["report", str(two_runs), "--out", str(tmp_path), "--no-plots"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    assert not any("…" in line for line in lines)
+    assert sum("heloco" in line for line in lines) >= 1  # one line per run, never wrapped
+    assert main(["report", str(two_runs), "--out", str(tmp_path), "--no-plots", "--wide"]) == 0
+    assert "loss" in capsys.readouterr().out and "updates" in (tmp_path / "table.md").read_text()

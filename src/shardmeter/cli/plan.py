@@ -21,6 +21,7 @@ from shardmeter.estimate.outer import MODES
 from shardmeter.predict import resolve_cluster
 from shardmeter.report.plan import plot_result, render_result, result_json
 from shardmeter.report.plotfiles import check_plot_path
+from shardmeter.report.terminal import console_for
 from shardmeter.search.api import node_multiples, plan
 from shardmeter.search.options import (
     PRECISIONS,
@@ -94,6 +95,12 @@ def add_parser(subparsers: Any) -> None:
     out.add_argument("--jobs", type=nonneg_int, default=1, help="processes (0: all cores)")
     out.add_argument("--no-prune", action="store_true", help="evaluate every plan")
     out.add_argument("--no-progress", action="store_true", help="no progress bar")
+    out.add_argument(
+        "--wide",
+        action="store_true",
+        help="every table column, 25 plans of the Pareto front and 10 ranks (default: fit "
+        "the terminal or 80 columns, 8 and 5)",
+    )
     quality.add_arguments(p)
 
 
@@ -264,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
             progress=advance,
             on_space=set_total,
         )
-    shown = min(args.top, 10) if args.top > 0 else 10
+    shown = min(args.top, 10 if args.wide else 5) if args.top > 0 else 10
     ranked = quality.rank_from_args(args, shown, **search)
     if args.plot is not None:
         plot_result(res, args.plot)
@@ -275,9 +282,10 @@ def run(args: argparse.Namespace) -> int:
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        render_result(res, Console(), top=shown)
+        console = console_for(sys.stdout.isatty(), args.wide)
+        render_result(res, console, top=shown, front=25 if args.wide else 8)
         if ranked:
-            quality.render_ranked(ranked, args.quality)
+            quality.render_ranked(ranked, args.quality, console=console)
         if args.plot is not None:
-            Console().print(f"wrote {args.plot}")
+            console.print(f"wrote {args.plot}")
     return 0 if res.infeasible is None else 1

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +14,9 @@ from rich.table import Table
 from shardmeter.analysis import SWEEP_PARAMS, SweepResult, plot_sweep, sweep
 from shardmeter.cli.topology_predict import add_arguments, overrides_from, topology_from
 from shardmeter.errors import UserInputError
-from shardmeter.report.islands import fmt_time, fmt_usd
 from shardmeter.report.jsonout import jsonable, print_json
 from shardmeter.report.plotfiles import PLOT_FORMATS, parse_formats
+from shardmeter.report.terminal import Col, console_for, duration, fit_table, pct, si, usd
 
 
 def add_parser(subparsers: Any) -> None:
@@ -50,29 +52,45 @@ def _values(text: str | None, knobs: list[str]) -> list[float] | None:
     if len(knobs) != 1:
         raise UserInputError("--values", text, "needs exactly one --over knob")
     try:
-        return [float(v) for v in text.split(",") if v.strip()]
+        values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise UserInputError("--values", text, "comma-separated numbers") from None
+    if not values or not all(math.isfinite(v) for v in values):
+        raise UserInputError("--values", text, "comma-separated finite numbers")
+    return values
 
 
-def sweep_table(result: SweepResult) -> Table:
-    t = Table(title=f"{result.topology} ({result.mode}): {result.label}", title_justify="left")
-    for col in ("value", "GPUs", "tokens/s", "tok/s/GPU", "util", "time", "cost", "$/Mtok"):
-        t.add_column(col, justify="right", no_wrap=True)
-    t.add_column("regime")
-    for p in result.points:
-        t.add_row(
+SWEEP_COLUMNS: tuple[Col, ...] = (
+    Col("value"),
+    Col("GPUs", drop=2),
+    Col("tokens/s", drop=1),
+    Col("tok/s/GPU", drop=3),
+    Col("util"),
+    Col("time"),
+    Col("cost"),
+    Col("$/Mtok", drop=2),
+    Col("regime", "left", drop=1),
+)
+
+
+def sweep_table(result: SweepResult, console: Console) -> Table:
+    """One row per swept value, the columns that fit ``console``."""
+    rows = [
+        [
             f"{p.value:g}",
             str(p.n_gpus),
-            f"{p.tokens_per_s:,.0f}",
-            f"{p.tokens_per_s_per_gpu:,.0f}",
-            f"{p.utilization:.1%}",
-            fmt_time(p.wall_s),
-            fmt_usd(p.cost_usd),
-            f"{p.usd_per_mtok:.3g}",
+            si(p.tokens_per_s),
+            si(p.tokens_per_s_per_gpu),
+            pct(p.utilization),
+            duration(p.wall_s),
+            usd(p.cost_usd),
+            usd(p.usd_per_mtok),
             p.regime,
-        )
-    return t
+        ]
+        for p in result.points
+    ]
+    title = f"{result.topology} ({result.mode}): {result.label}"
+    return fit_table(console, title, SWEEP_COLUMNS, rows)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,13 +113,13 @@ def run(args: argparse.Namespace) -> int:
         doc = {"sweeps": jsonable(results), "plots": [str(p) for p in plots]}
         print_json(doc)
         return 0
-    console = Console()
+    console = console_for(sys.stdout.isatty(), args.wide)
     for result in results:
-        console.print(sweep_table(result))
+        console.print(sweep_table(result, console))
         for knee in result.knees:
-            console.print(f"  • {knee.text}", soft_wrap=True)
+            console.print(f"  • {knee.text}")
         for skip in result.skipped:
-            console.print(f"  (skipped {skip})", style="dim", soft_wrap=True)
+            console.print(f"  (skipped {skip})", style="dim")
         console.print()
     for path in plots:
         console.print(f"wrote {path}")

@@ -7,9 +7,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
-
-from rich.console import Console
 
 from shardmeter import quality
 from shardmeter.analysis import compare_modes
@@ -17,6 +16,7 @@ from shardmeter.clikit import bounded, nonneg_int, positive_float, positive_int
 from shardmeter.estimate.islands import predict_topology, with_step_times, with_wan
 from shardmeter.report.islands import modes_table, render_topology, topology_json
 from shardmeter.report.jsonout import print_json
+from shardmeter.report.terminal import console_for
 from shardmeter.specs.topology import Topology, load_topology
 
 # CLI flag -> RunSpec field overridden by it.
@@ -141,6 +141,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also predict every outer mode (sync, diloco, streaming, async) and compare them",
     )
     add("--json", action="store_true", help="print JSON instead of tables")
+    add("--wide", action="store_true", help="every table column (default: fit the terminal)")
     add("--model", help="model preset or file (overrides run.model)")
     quality.add_arguments(parser)
     parser.set_defaults(topology_foreign_defaults=foreign)
@@ -181,7 +182,8 @@ def run_topology(args: argparse.Namespace) -> int:
             doc["modes"] = [topology_json(m) for m in modes]
         print_json(doc)
     else:
-        render_topology(est)
+        console = console_for(sys.stdout.isatty(), getattr(args, "wide", False))
+        render_topology(est, console)
         if modes:
-            Console().print(modes_table(modes))
+            console.print(modes_table(modes, console))
     return 0

@@ -8,8 +8,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from shardmeter.estimate.islands import IslandEstimate, TopologyEstimate
+from shardmeter.estimate.islands import TopologyEstimate
 from shardmeter.report.jsonout import jsonable
+from shardmeter.report.step import plan_label
+from shardmeter.report.terminal import Col, duration, fit_table, nbytes, si, usd
 
 
 def topology_json(est: TopologyEstimate) -> dict[str, Any]:
@@ -18,31 +20,10 @@ def topology_json(est: TopologyEstimate) -> dict[str, Any]:
     return out
 
 
-def fmt_time(seconds: float) -> str:
-    """Seconds in the largest sensible unit."""
-    if not math.isfinite(seconds):
-        return "∞"
-    for unit, size in (
-        ("y", 365.25 * 86400.0),
-        ("d", 86400.0),
-        ("h", 3600.0),
-        ("min", 60.0),
-        ("s", 1.0),
-    ):
-        if seconds >= size:
-            return f"{seconds / size:.3g} {unit}"
-    return f"{seconds * 1e3:.3g} ms"
-
-
-def fmt_bytes(n: float) -> str:
-    for unit, size in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
-        if n >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n:.3g} B"
-
-
-def fmt_usd(x: float) -> str:
-    return f"${x:,.0f}" if x >= 100 else f"${x:.3g}"
+# The shared compact formats (report/terminal.py) under the names this module's callers use.
+fmt_time = duration
+fmt_bytes = nbytes
+fmt_usd = usd
 
 
 def schedule_text(est: TopologyEstimate) -> str:
@@ -105,15 +86,15 @@ def failure_text(est: TopologyEstimate) -> str:
 def summary_table(est: TopologyEstimate) -> Table:
     """Totals: throughput, utilization, time, cost, regime and thresholds."""
     t = Table(title=f"{est.name}: {_mode_line(est)}", show_header=False, title_justify="left")
-    t.add_column("what", style="bold")
-    t.add_column("value")
+    t.add_column("what", style="bold", no_wrap=True)
+    t.add_column("value", overflow="fold")
     t.add_row("islands / GPUs", f"{len(est.islands)} / {est.n_gpus}")
-    t.add_row("model parameters", f"{est.n_params / 1e9:.3g} B")
+    t.add_row("model parameters", si(est.n_params))
     given = [isl.name for isl in est.islands if isl.step_source == "given"]
     if given:
         t.add_row("inner step times", f"given for {', '.join(given)}; the others predicted")
     t.add_row(
-        "tokens/s (total, per GPU)", f"{est.tokens_per_s:,.0f}  ({est.tokens_per_s_per_gpu:,.0f})"
+        "tokens/s (total, per GPU)", f"{si(est.tokens_per_s)} ({si(est.tokens_per_s_per_gpu)})"
     )
     shares = ", ".join(f"{k} {v:.1%}" for k, v in est.time_shares.items() if v > 5e-4)
     t.add_row("compute utilization", f"{est.utilization:.1%}  ({shares})")
@@ -128,7 +109,7 @@ def summary_table(est: TopologyEstimate) -> Table:
         "WAN bytes per round / run",
         f"{fmt_bytes(est.wan_bytes_per_round)} / {fmt_bytes(est.wan_bytes_total)}",
     )
-    t.add_row(f"wall-clock to {est.tokens:.3g} tokens", fmt_time(est.wall_s))
+    t.add_row(f"wall-clock to {si(est.tokens)} tokens", fmt_time(est.wall_s))
     t.add_row(
         "cost (GPU + egress)",
         f"{fmt_usd(est.cost_usd)} = {fmt_usd(est.gpu_cost_usd)} + {fmt_usd(est.egress_cost_usd)}"
@@ -163,74 +144,75 @@ def summary_table(est: TopologyEstimate) -> Table:
     return t
 
 
-def plan_label(isl: IslandEstimate) -> str:
-    """Short plan text: 'HSDP8 mb2', 'FSDP tp2 mb1 rc:full'."""
-    p = isl.plan
-    if p is None:
-        return "-"
-    shard: str = "FSDP" if p.sharding == "zero3" else p.sharding
-    if p.sharding != "none" and p.shard_degree not in (None, p.dp):
-        shard = f"HSDP{p.shard_degree}"
-    if p.sharding == "none":
-        shard = "DDP"
-    parts = [shard] + [f"{k}{v}" for k, v in (("tp", p.tp), ("pp", p.pp), ("cp", p.cp)) if v > 1]
-    parts.append(f"mb{p.micro_batch}")
-    if p.recompute != "none":
-        parts.append(f"rc:{p.recompute[:3]}")
-    return " ".join(parts)
+# Per-island columns; at 80 columns the plan, MFU, H, wait, WAN and staleness give way first.
+ISLAND_COLUMNS: tuple[Col, ...] = (
+    Col("island", "left"),
+    Col("GPUs", "left"),
+    Col("plan", "left", drop=3),
+    Col("step", drop=1),
+    Col("MFU", drop=4),
+    Col("H", drop=4),
+    Col("tok/s/GPU"),
+    Col("util"),
+    Col("wait", drop=2),
+    Col("WAN", drop=2),
+    Col("stale", drop=5),
+    Col("$"),
+)
 
 
-def islands_table(est: TopologyEstimate) -> Table:
-    """One row per island."""
-    t = Table(title="per island", title_justify="left")
-    heads: tuple[str, ...] = ("island", "GPUs", "plan", "step", "MFU", "H", "tok/s/GPU")
-    heads = (*heads, "util", "wait", "WAN", "stale")
-    widest = max(len(isl.name) for isl in est.islands)
-    for col in (*heads, "$"):
-        t.add_column(
-            col,
-            justify="left" if col in ("island", "GPUs", "plan") else "right",
-            no_wrap=col == "island",
-            min_width=widest if col == "island" else None,
-        )
-    for isl in est.islands:
-        t.add_row(
+def islands_table(est: TopologyEstimate, console: Console) -> Table:
+    """One row per island, the columns that fit ``console`` (``--wide``: all)."""
+    rows = [
+        [
             isl.name,
             f"{isl.n_gpus}× {isl.accelerator}",
-            plan_label(isl),
+            "-" if isl.plan is None else plan_label(isl.plan, batch=False),
             fmt_time(isl.step.step_time_s) + ("*" if isl.step_source == "given" else ""),
             f"{isl.step.mfu:.0%}",
             f"{isl.inner_steps:g}",
-            f"{isl.tokens_per_s_per_gpu:,.0f}",
+            si(isl.tokens_per_s_per_gpu),
             f"{isl.utilization:.1%}",
             fmt_time(isl.straggler_s) if isl.straggler_s > 0 else "-",
             fmt_time(isl.wan_exposed_s) if isl.wan_exposed_s > 0 else "-",
             f"{isl.staleness:.2g}",
             fmt_usd(isl.gpu_cost_usd + isl.egress_cost_usd),
-        )
-    return t
+        ]
+        for isl in est.islands
+    ]
+    return fit_table(console, "per island", ISLAND_COLUMNS, rows)
 
 
-def modes_table(ests: list[TopologyEstimate]) -> Table:
+MODE_COLUMNS: tuple[Col, ...] = (
+    Col("mode", "left"),
+    Col("tokens/s"),
+    Col("util"),
+    Col("goodput", drop=2),
+    Col("time"),
+    Col("cost"),
+    Col("regime", "left", drop=1),
+)
+
+
+def modes_table(ests: list[TopologyEstimate], console: Console) -> Table:
     """One row per outer mode: throughput, utilization, goodput, expected time and cost."""
-    t = Table(title=f"{ests[0].name}: the outer modes compared", title_justify="left")
-    for col in ("mode", "tokens/s", "util", "goodput", "time", "cost", "regime"):
-        t.add_column(col, justify="left" if col in ("mode", "regime") else "right")
-    for est in ests:
-        t.add_row(
+    rows = [
+        [
             est.mode,
-            f"{est.tokens_per_s:,.0f}",
+            si(est.tokens_per_s),
             f"{est.utilization:.1%}",
             f"{est.failures.goodput:.1%}",
             fmt_time(est.wall_s),
             fmt_usd(est.cost_usd),
             est.regime,
-        )
-    return t
+        ]
+        for est in ests
+    ]
+    return fit_table(console, f"{ests[0].name}: the outer modes compared", MODE_COLUMNS, rows)
 
 
 def render_topology(est: TopologyEstimate, console: Console | None = None) -> None:
     """Print the summary and per-island tables."""
     out = console or Console()
     out.print(summary_table(est))
-    out.print(islands_table(est))
+    out.print(islands_table(est, out))

@@ -17,6 +17,7 @@ JSON schema `shardmeter.plan/1` (stable; fields are only ever added):
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,9 @@ from rich.console import Console
 from rich.table import Table
 
 from shardmeter.io import atomic_savefig
-from shardmeter.report.islands import fmt_time, fmt_usd
 from shardmeter.report.plotfiles import check_plot_path
-from shardmeter.report.step import plan_summary
+from shardmeter.report.step import plan_label
+from shardmeter.report.terminal import Col, duration, fit_table, pct, si, usd
 from shardmeter.search.pareto import pareto_front
 from shardmeter.search.result import Candidate, PlanSearchResult
 
@@ -132,13 +133,13 @@ def result_json(res: PlanSearchResult) -> dict[str, Any]:
 
 
 def candidate_label(c: Candidate) -> str:
-    """One line: the inner plan (one cluster), or the outer settings and islands used."""
+    """One short line: the inner plan (one cluster), or the outer settings and islands used."""
     if c.outer is None:
-        return plan_summary(c.islands[0].plan)
+        return plan_label(c.islands[0].plan)
     o = c.outer
     if o.mode == "single":
-        head = "one island"
-    elif o.mode == "sync":
+        return ", ".join(f"{i.name}×{i.n_gpus}" for i in c.islands)
+    if o.mode == "sync":
         head = "sync DP"
     else:
         head = f"{o.mode} H={o.inner_steps} q={o.bits}"
@@ -146,44 +147,70 @@ def candidate_label(c: Candidate) -> str:
             head += f" P={o.fragments} τ={o.overlap_steps}"
     if len(c.islands) <= 2:
         return head + ": " + ", ".join(f"{i.name}×{i.n_gpus}" for i in c.islands)
-    return f"{head}: {len(c.islands)} islands"
+    return f"{head}, {len(c.islands)} islands"
 
 
-def islands_table(c: Candidate) -> Table:
+ISLAND_COLUMNS: tuple[Col, ...] = (
+    Col("island", "left"),
+    Col("GPU", "left", drop=2),
+    Col("GPUs"),
+    Col("step"),
+    Col("MFU", drop=1),
+    Col("inner plan", "left"),
+)
+CANDIDATE_COLUMNS: tuple[Col, ...] = (
+    Col(""),
+    Col("GPUs"),
+    Col("tokens/s", drop=2),
+    Col("MFU", drop=3),
+    Col("time"),
+    Col("cost"),
+    Col("$/Mtok", drop=1),
+    Col("plan", "left"),
+)
+
+
+def islands_table(c: Candidate, console: Console) -> Table:
     """The islands of one candidate: GPUs, inner plan, step time and MFU."""
-    t = Table(title="Islands of the fastest plan", title_justify="left")
-    for col in ("island", "GPU", "GPUs", "step", "MFU"):
-        t.add_column(col, justify="right" if col in ("GPUs", "step", "MFU") else "left")
-    t.add_column("inner plan")
-    for i in c.islands:
-        t.add_row(
+    rows = [
+        [
             i.name,
             i.accelerator,
             str(i.n_gpus),
-            fmt_time(i.step.step_time_s),
-            f"{i.step.mfu:.1%}",
-            plan_summary(i.plan),
-        )
-    return t
+            duration(i.step.step_time_s),
+            pct(i.step.mfu),
+            plan_label(i.plan),
+        ]
+        for i in c.islands
+    ]
+    return fit_table(console, "Islands of the fastest plan", ISLAND_COLUMNS, rows)
 
 
-def _table(title: str, rows: list[tuple[str, Candidate]]) -> Table:
-    t = Table(title=title, title_justify="left")
-    for col in ("", "GPUs", "tokens/s", "MFU", "time", "cost", "$/Mtok"):
-        t.add_column(col, justify="right")
-    t.add_column("plan")
-    for label, c in rows:
-        t.add_row(
+def _table(console: Console, title: str, rows: list[tuple[str, Candidate]]) -> Table:
+    cells = [
+        [
             label,
             str(c.n_gpus),
-            f"{c.tokens_per_s:,.0f}",
-            f"{c.mfu:.1%}",
-            fmt_time(c.wall_s),
-            fmt_usd(c.cost_usd),
-            f"{c.usd_per_mtok:.3g}",
+            si(c.tokens_per_s),
+            pct(c.mfu),
+            duration(c.wall_s),
+            usd(c.cost_usd),
+            usd(c.usd_per_mtok),
             candidate_label(c),
-        )
-    return t
+        ]
+        for label, c in rows
+    ]
+    return fit_table(console, title, CANDIDATE_COLUMNS, cells)
+
+
+def spread(items: Sequence[Candidate], k: int) -> list[Candidate]:
+    """At most ``k`` items evenly spaced along the list, the first and the last included."""
+    if k <= 1:
+        return list(items[: max(k, 0)])
+    if len(items) <= k:
+        return list(items)
+    picks = sorted({round(i * (len(items) - 1) / (k - 1)) for i in range(k)})
+    return [items[i] for i in picks]
 
 
 def stats_line(res: PlanSearchResult) -> str:
@@ -198,34 +225,39 @@ def stats_line(res: PlanSearchResult) -> str:
     return line + "."
 
 
-def render_result(res: PlanSearchResult, console: Console | None = None, top: int = 10) -> None:
-    """Best plans by each objective, the Pareto front, the top ranks, and the reasons."""
+def render_result(
+    res: PlanSearchResult, console: Console | None = None, top: int = 5, front: int = 8
+) -> None:
+    """Best plans by each objective, ``front`` plans spread along the Pareto front, the
+    ``top`` ranks, the fastest plan's islands, and why it wins."""
     console = console or Console()
-    console.print(f"[bold]{res.model}[/] on [bold]{res.target}[/], {res.tokens:.3g} tokens")
+    console.print(f"[bold]{res.model}[/] on [bold]{res.target}[/], {si(res.tokens)} tokens")
     console.print(stats_line(res))
     if res.infeasible is not None:
         console.print(f"[bold red]{res.infeasible.text}[/]")
         if res.infeasible.closest is not None:
-            console.print(_table("Closest plan", [("closest", res.infeasible.closest)]))
+            closest = [("closest", res.infeasible.closest)]
+            console.print(_table(console, "Closest plan", closest))
         return
     best = [
         (name, c)
         for name, c in (
             ("fastest", res.best_time),
             ("cheapest", res.best_cost),
-            ("lowest $/Mtok", res.best_usd_per_mtok),
+            ("$/Mtok", res.best_usd_per_mtok),
         )
         if c is not None
     ]
-    console.print(_table("Best plans", best))
-    console.print(_table("Time-cost Pareto front", [("", c) for c in res.pareto[:25]]))
-    if len(res.pareto) > 25:
-        console.print(f"  ... {len(res.pareto) - 25} more on the front (--json lists all)")
-    console.print(
-        _table("Ranked by wall-clock", [(f"#{k + 1}", c) for k, c in enumerate(res.ranked[:top])])
-    )
+    console.print(_table(console, "Best plans", best))
+    shown = spread(res.pareto, front)
+    title = "Time-cost Pareto front"
+    if len(shown) < len(res.pareto):
+        title += f" ({len(shown)} of {len(res.pareto)} plans, evenly spaced; --json lists all)"
+    console.print(_table(console, title, [("", c) for c in shown]))
+    ranked = [(f"#{k + 1}", c) for k, c in enumerate(res.ranked[:top])]
+    console.print(_table(console, "Ranked by wall-clock", ranked))
     if res.best_time is not None and res.best_time.outer is not None:
-        console.print(islands_table(res.best_time))
+        console.print(islands_table(res.best_time, console))
     if res.explanation is not None:
         console.print(f"[bold]Why #1 wins:[/] {res.explanation.text}")
 

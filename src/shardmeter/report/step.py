@@ -107,6 +107,33 @@ def plan_summary(plan: Plan) -> str:
     return ", ".join(parts)
 
 
+def plan_label(plan: Plan, batch: bool = True) -> str:
+    """A short plan for table cells: ``FSDP dp8 mb1 gb8``, ``ZeRO1 dp4 tp8 pp2v2 sp mb1 gb512
+    rc:sel fp8``, ``HSDP8 dp32 mb2`` (``batch=False`` leaves out the global batch)."""
+    names = {"none": "DDP", "zero1": "ZeRO1", "zero2": "ZeRO2", "zero3": "FSDP"}
+    shard = names[plan.sharding]
+    if plan.sharding != "none" and plan.shard_degree not in (None, plan.dp):
+        shard = (
+            f"HSDP{plan.shard_degree}"
+            if plan.sharding == "zero3"
+            else f"{shard}/{plan.shard_degree}"
+        )
+    parts = [shard, f"dp{plan.dp}"]
+    parts += [f"{k}{v}" for k, v in (("tp", plan.tp), ("cp", plan.cp), ("ep", plan.ep)) if v > 1]
+    if plan.pp > 1:
+        parts.append(f"pp{plan.pp}" + (f"v{plan.vpp}" if plan.vpp > 1 else ""))
+    if plan.sp:
+        parts.append("sp")
+    parts.append(f"mb{plan.micro_batch}")
+    if batch:
+        parts.append(f"gb{plan.global_batch}")
+    if plan.recompute != "none":
+        parts.append(f"rc:{plan.recompute[:3]}")
+    if plan.precision != "bf16":
+        parts.append(plan.precision)
+    return " ".join(parts)
+
+
 def render_step(
     console: Console, est: StepEstimate, model: TransformerSpec, cluster: Cluster, plan: Plan
 ) -> None:

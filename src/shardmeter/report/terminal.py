@@ -149,7 +149,8 @@ def fit_table(
     """A rich Table of ``rows`` that fits ``console.width``, one line per row.
 
     Columns are left out, highest ``drop`` first (the rightmost of equals first), until the
-    rest fits; the caption names what was left out and that ``--wide`` shows it.
+    rest fits; then any left-out column that fits is put back, the more important first. The
+    caption names what was left out and that ``--wide`` shows it.
     """
     columns = [[row[i] for row in rows] for i in range(len(cols))]
     mins = [_min_width(c, cells) for c, cells in zip(cols, columns, strict=True)]
@@ -157,8 +158,13 @@ def fit_table(
     droppable = sorted(
         (i for i, c in enumerate(cols) if c.drop > 0), key=lambda i: (cols[i].drop, i)
     )
+    dropped: list[int] = []
     while table_width([mins[i] for i in shown]) > console.width and droppable:
-        shown.remove(droppable.pop())
+        dropped.append(droppable.pop())
+        shown.remove(dropped[-1])
+    for i in reversed(dropped):  # the more important first: back in where it still fits
+        if table_width([mins[j] for j in shown] + [mins[i]]) <= console.width:
+            shown = sorted([*shown, i])
     left_out = [cols[i].name for i in range(len(cols)) if i not in shown]
     caption = None
     if left_out:
