@@ -35,6 +35,7 @@ SWEEP_PARAMS: dict[str, str] = {
     "bandwidth": "WAN bandwidth of the bottleneck link (Gbit/s)",
     "islands": "number of islands",
     "batch": "sequences per island per inner step",
+    "gpu_mtbf": "mean time between failures per GPU (hours)",
 }
 KNEE_FRACTION = 0.5  # marginal tokens/s per added GPU below this share of the first GPU's
 
@@ -53,6 +54,7 @@ class SweepPoint:
     usd_per_mtok: float
     compute_bound: bool
     regime: str
+    goodput: float = 1.0  # share of wall time not lost to failures and checkpoints
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,7 @@ def _point(value: float, est: TopologyEstimate) -> SweepPoint:
         usd_per_mtok=est.usd_per_mtok,
         compute_bound=est.compute_bound,
         regime=est.regime,
+        goodput=est.failures.goodput,
     )
 
 
@@ -140,6 +143,8 @@ def default_values(topo: Topology, param: str, base: TopologyEstimate) -> list[f
     if param == "batch":
         gpus = max(isl.n_gpus for isl in base.islands)
         return [float(gpus * 2**k) for k in range(0, 7)]
+    if param == "gpu_mtbf":
+        return [1e3, 3e3, 1e4, 3e4, 1e5, 3e5, 1e6]
     raise UserInputError("sweep", param, f"choose from {', '.join(SWEEP_PARAMS)}")
 
 
@@ -225,6 +230,11 @@ def _sweep_point(
         if k > len(inputs):
             raise UserInputError(param, value, f"at most the {len(inputs)} islands")
         return compose_run(topo, inputs[:k], model, wan=wan_paths(topo).subset(list(range(k))))
+    if param == "gpu_mtbf":
+        if not value > 0:
+            raise UserInputError(param, value, "a positive number of hours")
+        failures = topo.run.failures.model_copy(update={"gpu_mtbf_hours": float(value)})
+        return compose_run(topo, inputs, model, run=with_run(topo, failures=failures).run)
     if param == "island_size":
         sized = resize_islands(topo, _whole(param, value))
         return compose_run(sized, island_inputs(sized, model), model)
@@ -312,6 +322,53 @@ def find_knees(
     return (regime_flip(param, points, base),)
 
 
+def plot_compare(
+    results: Sequence[tuple[str, SweepResult]],
+    path: Path,
+    *,
+    title: str,
+    metrics: Sequence[str] = ("utilization", "cost_usd"),
+    dpi: int = 72,
+) -> Path:
+    """Several sweeps of the same knob on one figure, one line per labelled configuration and
+    one panel per metric (a SweepPoint field: utilization, tokens_per_s, wall_s, cost_usd)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = {
+        "utilization": "compute utilization",
+        "tokens_per_s": "tokens/s (total)",
+        "wall_s": "wall-clock to budget (days)",
+        "cost_usd": "cost (USD)",
+    }
+    scale = {"wall_s": 1 / 86400.0}
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4), squeeze=False)
+    first = results[0][1]
+    for ax, metric in zip(axes.flat, metrics, strict=True):
+        for label, res in results:
+            xs = [p.value for p in res.points]
+            ys = [getattr(p, metric) * scale.get(metric, 1.0) for p in res.points]
+            ax.plot(xs, ys, marker="o", markersize=3, label=label)
+        ax.set_title(names.get(metric, metric), fontsize=9)
+        ax.set_xlabel(first.label, fontsize=8)
+        ax.tick_params(labelsize=7)
+        if first.param != "islands":
+            ax.set_xscale("log")
+        if metric in ("cost_usd", "wall_s"):
+            ax.set_yscale("log")
+        if metric == "utilization":
+            ax.axhline(first.threshold, color="tab:gray", linestyle=":", linewidth=0.8)
+        ax.grid(alpha=0.3)
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    atomic_savefig(fig, path, format=path.suffix[1:], dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 def plot_sweep(
     result: SweepResult, out_dir: Path, dpi: int = 72, formats: Sequence[str] = ("png", "svg")
 ) -> list[Path]:
@@ -335,7 +392,7 @@ def plot_sweep(
         ax.set_title(title, fontsize=9)
         ax.set_xlabel(result.label, fontsize=8)
         ax.tick_params(labelsize=7)
-        if result.param in ("inner_steps", "bandwidth", "island_size", "batch"):
+        if result.param in ("inner_steps", "bandwidth", "island_size", "batch", "gpu_mtbf"):
             ax.set_xscale("log")
         ax.grid(alpha=0.3)
         if title == "compute utilization":

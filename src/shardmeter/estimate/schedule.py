@@ -138,46 +138,47 @@ def round_stall_s(
     u, v = release_span(schedule, shares, layers)
 
     # Events of ROUNDS rounds: releases (key o + 0.5, inside step o) and deadlines (key
-    # o + τ + 1, the end of step o + τ); fragment e = r·P + f.
+    # o + τ + 1, the end of step o + τ); fragment e = r·P + f. Configurations are flattened to
+    # rows and every event's data gathered in time order once, so the replay is one pass of
+    # column operations.
+    n_ev = ROUNDS * p
+    rows = int(np.prod(lead, dtype=np.int64))
     r = np.repeat(np.arange(ROUNDS, dtype=np.float64), p)
     base = np.tile(offsets, ROUNDS) + r * h[..., None]  # (..., R·P): step index of release
     keys = np.concatenate([base + 0.5, base + tau_[..., None] + 1.0], axis=-1)
-    order = np.argsort(keys, axis=-1, kind="stable")
-    n_ev = ROUNDS * p
-    comm_e = np.tile(comm, ROUNDS)
-    k_e = np.tile(k, ROUNDS)
-    u_e, v_e = np.tile(u, ROUNDS), np.tile(v, ROUNDS)
-    last_round = np.arange(n_ev) >= (ROUNDS - 1) * p
+    order = np.argsort(keys.reshape(rows, 2 * n_ev), axis=-1, kind="stable")
+    frag = order % n_ev
 
-    delay = np.zeros(lead)  # stall accumulated so far
-    link_free = np.full(lead, -np.inf)
-    finish = np.full((*lead, n_ev), -np.inf)
-    stall = np.zeros(lead)
+    def in_order(a: FloatArray) -> FloatArray:
+        flat = np.broadcast_to(a, (*lead, n_ev)).reshape(rows, n_ev)
+        return np.ascontiguousarray(np.take_along_axis(flat, frag, axis=-1).T)
+
+    step_o = in_order(base)
+    comm_o, k_o = in_order(np.tile(comm, ROUNDS)), in_order(np.tile(k, ROUNDS))
+    u_o, v_o = in_order(np.tile(u, ROUNDS)), in_order(np.tile(v, ROUNDS))
+    release_o = np.ascontiguousarray((order < n_ev).T)
+    counted_o = np.ascontiguousarray((frag >= (ROUNDS - 1) * p).T)  # the reported round
+    slot_o = np.ascontiguousarray(frag.T) * rows + np.arange(rows)
+    t1, tau1, b1 = t.reshape(rows), tau_.reshape(rows), b.reshape(rows)
+
+    delay = np.zeros(rows)  # stall accumulated so far
+    link_free = np.full(rows, -np.inf)
+    finish = np.full(n_ev * rows, -np.inf)  # when fragment e has crossed, per row
+    stall = np.zeros(rows)
     for j in range(2 * n_ev):
-        ev = order[..., j : j + 1]
-        is_release = (ev < n_ev)[..., 0]
-        e = ev % n_ev
-        step = np.take_along_axis(base, e, axis=-1)[..., 0]
-        c = np.take_along_axis(comm_e, e, axis=-1)[..., 0]
-        kk = np.take_along_axis(k_e, e, axis=-1)[..., 0]
-        end = (step + 1.0) * t + delay
-        first = end - b + b * np.take_along_axis(u_e, e, axis=-1)[..., 0]
-        last = end - b + b * np.take_along_axis(v_e, e, axis=-1)[..., 0]
-        done = np.maximum(np.maximum(link_free, first) + c, last + c / kk)
-        release = is_release & (c > 0)
+        step, c, slot = step_o[j], comm_o[j], slot_o[j]
+        end = (step + 1.0) * t1 + delay
+        first = end - b1 + b1 * u_o[j]
+        last = end - b1 + b1 * v_o[j]
+        done = np.maximum(np.maximum(link_free, first) + c, last + c / k_o[j])
+        release = release_o[j] & (c > 0)
         link_free = np.where(release, done, link_free)
-        np.put_along_axis(
-            finish,
-            e,
-            np.where(release, done, np.take_along_axis(finish, e, -1)[..., 0])[..., None],
-            -1,
-        )
-        due = (step + tau_ + 1.0) * t + delay
-        late = np.where(
-            is_release, 0.0, np.maximum(0.0, np.take_along_axis(finish, e, -1)[..., 0] - due)
-        )
+        finish[slot] = np.where(release, done, finish[slot])
+        due = (step + tau1 + 1.0) * t1 + delay
+        late = np.where(release_o[j], 0.0, np.maximum(0.0, finish[slot] - due))
         delay = delay + late
-        stall = stall + np.where(last_round[e[..., 0]], late, 0.0)
+        stall = stall + np.where(counted_o[j], late, 0.0)
+    stall = stall.reshape(lead)
     # A link busy all the time carries one round's fragments per round: round ≥ Σ c_f. The
     # replay starts from an idle link, so a backlog that grows slowly (τ near H) may not have
     # built up yet; the capacity bound is its steady state.
