@@ -178,8 +178,7 @@ def round_stall_s(
         late = np.where(release_o[j], 0.0, np.maximum(0.0, finish[slot] - due))
         delay = delay + late
         stall = stall + np.where(counted_o[j], late, 0.0)
-    stall = stall.reshape(lead)
     # A link busy all the time carries one round's fragments per round: round ≥ Σ c_f. The
     # replay starts from an idle link, so a backlog that grows slowly (τ near H) may not have
     # built up yet; the capacity bound is its steady state.
-    return np.maximum(stall, comm.sum(axis=-1) - h * t)
+    return np.maximum(stall.reshape(lead), comm.sum(axis=-1) - h * t)
