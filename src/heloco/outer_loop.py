@@ -31,6 +31,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -40,6 +41,7 @@ from heloco.island import Island, IslandMode
 from heloco.rounds import DataPosition, Rounds, StateDict
 from heloco.server import Dispatch, Server, SubmissionRejected
 from heloco.types import RoundResult
+from heloco.worker_state import load_states, pick_state, save_states
 from shardmeter.errors import UserInputError
 
 
@@ -145,7 +147,9 @@ class OuterLoop:
     a source whose read position joins :meth:`state_dict`. ``rounds``: an existing
     :class:`Rounds` to drive instead of a new one (the reference loop passes its own).
     ``on_round(result, compute_s, outcome)`` is called after every round (outcome None on
-    ranks that do not push).
+    ranks that do not push). ``state_file``: where the worker keeps its state between
+    process restarts (:mod:`heloco.worker_state`; one file per rank), so a restarted worker
+    continues its data exactly after the server's last accepted round of its slot.
     """
 
     def __init__(
@@ -163,6 +167,7 @@ class OuterLoop:
         rounds: Rounds | None = None,
         welcome: dict[str, Any] | None = None,
         on_round: RoundHook | None = None,
+        state_file: Path | None = None,
     ) -> None:
         self.island = island if island is not None else Island.current(island_mode)
         if self.island.leader and link is None:
@@ -177,6 +182,13 @@ class OuterLoop:
         self.use_hook = hook
         self.welcome = welcome
         self.on_round = on_round
+        self.state_file = state_file
+        if state_file is not None and self.island.size > 1:
+            self.state_file = state_file.with_name(
+                f"{state_file.stem}-rank{self.island.rank}{state_file.suffix}"
+            )
+        self.accepted_steps = 0
+        self._start_state: StateDict | None = None
         self.done = False
         self.started = False
         self._hook_handle: Any = None
@@ -217,6 +229,13 @@ class OuterLoop:
             )
             self.welcome = welcome
         self.rounds.step = int(welcome.get("worker_steps", self.rounds.step))
+        self.accepted_steps = int(welcome.get("worker_steps", 0))
+        if self.state_file is not None:
+            saved = pick_state(load_states(self.state_file), self.accepted_steps)
+            if saved is not None:
+                step = self.rounds.step
+                self.rounds.load_state_dict(saved)
+                self.rounds.step = step  # the server's count of this slot's steps wins
         self._next_round()
 
     @property
@@ -250,7 +269,18 @@ class OuterLoop:
     def _finish_round(self) -> None:
         result = self.island.reduce(self.rounds.end())
         compute_s = time.perf_counter() - self._round_t0
+        if self.state_file is not None and self._start_state is not None:
+            after = self.accepted_steps + result.steps
+            save_states(
+                self.state_file,
+                {self.accepted_steps: self._start_state, after: self.rounds.state_dict()},
+            )
         outcome = self.link.push(result, compute_s) if self.link is not None else None
+        if self.state_file is not None:
+            accepted = self.island.broadcast_json(
+                {"accepted": outcome.accepted} if outcome is not None else None
+            )["accepted"]
+            self.accepted_steps += result.steps if accepted else 0
         if self.on_round is not None:
             self.on_round(result, compute_s, outcome)
         self._next_round()
@@ -262,6 +292,8 @@ class OuterLoop:
             self.done = True
             return
         self.rounds.begin(dispatch)
+        if self.state_file is not None:
+            self._start_state = self.rounds.state_dict()
         self._round_t0 = time.perf_counter()
         if dispatch.steps == 0:  # possible under DyLU rounding: pushed at once
             self._finish_round()

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
+from heloco.data.packed import PackedStream
 from heloco.data.seeding import derive_seed
 from heloco.data.stream import TokenStream
 from heloco.data.validation import LossFn, token_cross_entropy
@@ -123,7 +124,7 @@ class Worker:
         self,
         worker_id: int,
         model: nn.Module,
-        stream: TokenStream,
+        stream: TokenStream | PackedStream,
         cfg: InnerConfig,
         seed: int,
         loss_fn: LossFn = token_cross_entropy,

@@ -11,7 +11,16 @@ from shardmeter.clikit import dispatch, parse_args
 
 # Subcommands in help order; each is `heloco.cli.<name>` exposing
 # `add_parser(subparsers) -> None` and `run(args) -> int`.
-COMMANDS: tuple[str, ...] = ("simulate", "report", "serve", "work", "launch", "keys", "export")
+COMMANDS: tuple[str, ...] = (
+    "simulate",
+    "report",
+    "serve",
+    "work",
+    "launch",
+    "keys",
+    "export",
+    "tensorboard",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

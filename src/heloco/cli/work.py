@@ -52,6 +52,13 @@ def add_parser(sub: Any) -> None:
         "--deadline-s", type=float, default=600.0, help="give up after this long unanswered"
     )
     p.add_argument("--report", type=Path, help="write a JSON report of this worker here")
+    p.add_argument(
+        "--state",
+        type=Path,
+        metavar="FILE",
+        help="keep this worker's state (data position, schedule) here, so a restarted "
+        "worker continues its data exactly (safetensors, written every round)",
+    )
     add_wire_args(p)
 
 
@@ -73,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
         island_mode=args.island_mode,
         report=args.report,
         threads=args.threads,
+        state=args.state,
     )
     client = ClientConfig(
         args.connect,

@@ -4,16 +4,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from heloco.data.corpus import Corpus, LanguageSplit, load_corpus, split_language
+from heloco.data.corpus import Corpus, LanguageSplit, load_corpus, sources_corpus, split_language
+from heloco.data.packed import PackedStream
 from heloco.data.partition import Assignment, partition
 from heloco.data.seeding import derive_seed
 from heloco.data.stream import TokenStream
+from heloco.data.streamed import build_streamed
 from heloco.data.synthetic import synthetic_corpus
 from heloco.data.tokenizer import (
     ByteTokenizer,
@@ -47,6 +56,23 @@ class DataConfig(BaseModel):
     train_fraction: float = Field(default=1.0, gt=0, le=1)
     seq_len: int = Field(default=128, ge=1)
     synthetic_chars_per_language: int = Field(default=400_000, ge=1000, le=100_000_000)
+    sampling: Literal["windows", "stream"] = Field(
+        default="windows",
+        description="windows: random stride-1 windows over the corpus in memory (the paper); "
+        "stream: shards read in order, packed to seq_len, never held whole",
+    )
+    text_field: str = Field(default="text", min_length=1, description="JSONL key / Parquet column")
+    sources: dict[str, list[str]] | None = Field(
+        default=None, description="name -> glob patterns of shards (instead of data_dir)"
+    )
+
+    @model_validator(mode="after")
+    def _one_place(self) -> DataConfig:
+        if self.sources is not None and self.data_dir is not None:
+            raise UserInputError(
+                "sources", list(self.sources), "either data_dir or sources, not both"
+            )
+        return self
 
     @field_validator("tokenizer")
     @classmethod
@@ -68,7 +94,7 @@ def parse_data_config(values: dict[str, Any]) -> DataConfig:
 class WorkerData:
     """Everything the workers and the evaluator need; streams share one token tensor."""
 
-    streams: list[TokenStream]
+    streams: list[TokenStream] | list[PackedStream]
     validation: ValidationSet
     vocab_size: int
     languages: list[str]
@@ -100,15 +126,22 @@ def encode_checked(
     return torch.from_numpy(ids.astype(np.int32, copy=False))
 
 
+def corpus_of(cfg: DataConfig) -> Corpus:
+    """The whole text per language: the sources, the data folder or the synthetic corpus."""
+    if cfg.sources is not None:
+        return sources_corpus(cfg.sources, cfg.text_field)
+    if cfg.data_dir is not None:
+        return load_corpus(cfg.data_dir, cfg.text_field)
+    return synthetic_corpus(cfg.synthetic_chars_per_language)
+
+
 def build_data(cfg: DataConfig, n_workers: int, seed: int) -> WorkerData:
     """Load, split, tokenise and partition the corpus for ``n_workers`` workers."""
     if not 1 <= n_workers <= MAX_WORKERS:
         raise UserInputError("n_workers", n_workers, f"an integer in [1, {MAX_WORKERS}]")
-    corpus: Corpus = (
-        synthetic_corpus(cfg.synthetic_chars_per_language)
-        if cfg.data_dir is None
-        else load_corpus(cfg.data_dir)
-    )
+    if cfg.sampling == "stream":
+        return build_streamed(cfg, n_workers, seed)
+    corpus = corpus_of(cfg)
     splits = [
         split_language(lang, text, cfg.val_chars_per_language, cfg.train_fraction)
         for lang, text in zip(corpus.languages, corpus.texts, strict=True)

@@ -1,8 +1,10 @@
-"""Per-language text corpora from a folder: ``xx.txt`` or ``xx.jsonl`` / ``xx.jsonl.gz``.
+"""Per-language text corpora held in memory (the ``windows`` sampling): a folder or globs.
 
-The language of a file is its name without the suffix (``de.txt`` -> ``de``). A JSONL file
-holds one JSON object per line with a ``text`` field (C4 style); records are joined by
-newlines, so both formats give one string per language.
+A folder holds ``xx.txt``, ``xx.jsonl`` / ``xx.jsonl.gz`` (one JSON object per line with a
+text field, C4 style), ``xx.parquet`` (a text column), or a folder ``xx/`` of such shards; the
+language is the name without the suffix (``de.txt`` -> ``de``). JSONL records are joined by
+newlines, so every format gives one string per language. Streamed reading of the same layouts
+(never the whole corpus in memory) is :mod:`heloco.data.shards`.
 """
 
 from __future__ import annotations
@@ -46,8 +48,8 @@ def language_of(path: Path) -> str | None:
     return None
 
 
-def read_jsonl(path: Path) -> str:
-    """The ``text`` fields of a (gzipped) JSONL file, joined by newlines."""
+def read_jsonl(path: Path, field: str = "text") -> str:
+    """The ``field`` strings of a (gzipped) JSONL file, joined by newlines."""
     opener = gzip.open if path.name.endswith(".gz") else open
     records: list[str] = []
     with opener(path, "rt", encoding="utf-8") as fh:
@@ -60,51 +62,66 @@ def read_jsonl(path: Path) -> str:
                 raise UserInputError(
                     f"{path.name}:{lineno}", line[:40], "one JSON object per line"
                 ) from None
-            text = record.get("text") if isinstance(record, dict) else None
+            text = record.get(field) if isinstance(record, dict) else None
             if not isinstance(text, str):
                 raise UserInputError(
-                    f"{path.name}:{lineno}", line[:40], 'a JSON object with a string "text" field'
+                    f"{path.name}:{lineno}",
+                    line[:40],
+                    f'a JSON object with a string "{field}" field',
                 )
             records.append(text)
     return "\n".join(records)
 
 
-def read_text_file(path: Path) -> str:
+def read_text_file(path: Path, field: str = "text") -> str:
     """One corpus file's text (UTF-8)."""
     try:
         if path.name.endswith(".txt"):
             return path.read_text(encoding="utf-8")
-        return read_jsonl(path)
+        return read_jsonl(path, field)
     except UnicodeDecodeError:
         raise UserInputError("data_dir", str(path), "UTF-8 text files") from None
     except (OSError, EOFError) as exc:
         raise UserInputError("data_dir", str(path), f"a readable file ({exc})") from None
 
 
-def load_corpus(data_dir: Path) -> Corpus:
-    """Read every ``xx.txt`` / ``xx.jsonl`` / ``xx.jsonl.gz`` in ``data_dir`` (not recursive)."""
+def load_corpus(data_dir: Path, field: str = "text") -> Corpus:
+    """Every language of ``data_dir``: ``xx.txt`` / ``xx.jsonl[.gz]`` files as they are,
+    ``xx.parquet`` files and ``xx/`` folders of shards as their records joined."""
+    from heloco.data.sources import folder_sources
+
     if not data_dir.is_dir():
         raise UserInputError(
             "data_dir", str(data_dir), "an existing folder of per-language xx.txt or xx.jsonl files"
         )
-    files: dict[str, Path] = {}
-    for path in sorted(data_dir.iterdir()):
-        language = language_of(path)
-        if language is None or not path.is_file():
-            continue
-        if language in files:
-            raise UserInputError(
-                "data_dir",
-                f"{files[language].name} and {path.name}",
-                "one file per language",
-            )
-        files[language] = path
-    if not files:
-        raise UserInputError(
-            "data_dir", str(data_dir), f"a folder holding files ending in {', '.join(SUFFIXES)}"
-        )
-    languages = tuple(sorted(files))
-    return Corpus(languages, tuple(read_text_file(files[lang]) for lang in languages))
+    try:
+        found = folder_sources(data_dir)
+    except UserInputError as exc:
+        if exc.allowed == "one entry per language":
+            raise UserInputError(exc.field, exc.value, "one file per language") from None
+        raise
+    return _corpus(found, field)
+
+
+def sources_corpus(patterns: dict[str, list[str]], field: str = "text") -> Corpus:
+    """The languages of ``data.sources`` (name -> glob patterns), read whole."""
+    from heloco.data.sources import glob_sources
+
+    return _corpus(glob_sources(patterns), field)
+
+
+def _corpus(found: dict[str, list[Path]], field: str) -> Corpus:
+    from heloco.data.shards import RecordPos, read_source
+
+    languages = tuple(sorted(found))
+    texts = []
+    for lang in languages:
+        files = found[lang]
+        if len(files) == 1 and files[0].name.endswith(SUFFIXES):
+            texts.append(read_text_file(files[0], field))
+        else:
+            texts.append("".join(t for _, t in read_source(files, field, RecordPos(), loop=False)))
+    return Corpus(languages, tuple(texts))
 
 
 def split_language(

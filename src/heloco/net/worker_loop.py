@@ -54,6 +54,7 @@ class WorkerOptions:
     island_mode: IslandMode = "grads"
     report: Path | None = None
     threads: int | None = None  # None: the run config's; another count changes the losses
+    state: Path | None = None  # the worker's state between restarts (heloco.worker_state)
 
     def __post_init__(self) -> None:
         if self.threads is not None and self.threads < 1:
@@ -173,6 +174,7 @@ class NetWorker:
                 rounds=worker.boundary,
                 welcome=welcome,
                 on_round=self._on_round,
+                state_file=self.opts.state,
             )
             tokens = worker.sampler.tokens_per_batch
             worker.model.train()
