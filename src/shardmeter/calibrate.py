@@ -2,7 +2,8 @@
 
 A CSV row becomes a TransformerSpec (architecture columns), a Cluster (the accelerator preset
 named by `gpu` on its reference cluster, with the row's node shape and NIC speed) and a Plan
-(parallel columns). Blank cells take the documented framework defaults in `FRAMEWORK_DEFAULTS`.
+(parallel columns). Blank cells take the documented defaults of the row's framework
+(`shardmeter.specs.framework`); a framework name that is not on that list is an error.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from shardmeter.estimate.plan_arrays import PlanArrays
 from shardmeter.estimate.result import StepEstimate
 from shardmeter.estimate.step import estimate_step_arrays, view
 from shardmeter.predict import cluster_for_gpu
+from shardmeter.specs.framework import framework_id
 from shardmeter.specs.hardware import Accelerator, Cluster, Efficiency
 from shardmeter.specs.hf import gqa_equivalent, mla_attention_params
 from shardmeter.specs.loader import load_cluster
@@ -43,38 +45,6 @@ REQUIRED_COLUMNS: tuple[str, ...] = (
     "global_batch",
     "tokens_per_sec_per_gpu",
 )
-
-
-@dataclass(frozen=True)
-class FrameworkDefaults:
-    """What a framework does when the source leaves a plan column blank."""
-
-    sharding: str  # Megatron/NeMo: distributed optimizer (zero1); FSDP stacks: zero3
-    recompute: str
-    overlap_tp: bool  # NeMo recipes enable TP comm-GEMM overlap (userbuffers) with TP+SP
-    overlap_param_gather: bool = True  # ZeRO-3 parameter all-gathers prefetched under compute
-
-
-FRAMEWORK_DEFAULTS: dict[str, FrameworkDefaults] = {
-    "nemo": FrameworkDefaults("zero1", "none", True),
-    "megatron": FrameworkDefaults("none", "none", False),
-    "torchtitan": FrameworkDefaults("zero3", "selective", False),  # its default is op-level SAC
-    "llm-foundry": FrameworkDefaults("zero3", "none", False),
-    "maxtext": FrameworkDefaults("zero3", "none", False),
-    # DeepSpeed ZeRO-3 as measured in 2021 (Narayanan et al. SC'21, Table 2): parameters are
-    # fetched on demand, so its all-gathers sit on the critical path (no prefetch overlap).
-    "deepspeed": FrameworkDefaults("zero3", "none", False, overlap_param_gather=False),
-}
-GENERIC_DEFAULTS = FrameworkDefaults("none", "none", False)
-
-
-def framework_key(framework: str) -> str:
-    """Normalise a `framework` cell (e.g. 'NeMo 24.09', 'DeepSpeed ZeRO-3') to a defaults key."""
-    low = framework.lower()
-    for key in FRAMEWORK_DEFAULTS:
-        if key in low:
-            return key
-    return "generic"
 
 
 @dataclass(frozen=True)
@@ -219,12 +189,15 @@ def model_from_row(row: Mapping[str, str]) -> TransformerSpec:
     experts = _cell(row, "moe_experts")
     if experts:
         dense_layers, dense_ffn = _dense_layers(_cell(row, "notes"), _cell(row, "model"))
+        groups = (8, 4) if _is_deepseek_v3(_cell(row, "model")) else (None, None)
         moe = MoESpec(
             experts=_int(row, "moe_experts"),
             top_k=_int(row, "moe_topk", 1),
             shared_experts=_int(row, "moe_shared_experts", 0),
             dense_layers=dense_layers,
             dense_ffn=dense_ffn,
+            n_groups=groups[0],  # DeepSeek-V3 config.json n_group / topk_group
+            topk_groups=groups[1],
         )
     kwargs = {
         "name": _cell(row, "model") or "custom",
@@ -296,35 +269,86 @@ def _precision(text: str) -> str:
     return low or "bf16"
 
 
+def global_batch_from_row(row: Mapping[str, str]) -> int:
+    """The global batch in sequences: stated, or derived from the measured throughput and
+    iteration time (tokens/s/GPU × GPUs × seconds / sequence length) when the row gives
+    both; otherwise UserInputError with the reason."""
+    if _cell(row, "global_batch"):
+        return _int(row, "global_batch")
+    rate = _float(row, "tokens_per_sec_per_gpu")
+    seconds = _float(row, "iteration_time_s")
+    if rate is None or seconds is None:
+        raise UserInputError(
+            "global_batch", "", "blank and not derivable: give it, or iteration_time_s with "
+            "tokens_per_sec_per_gpu",
+        )  # fmt: skip
+    sequences = rate * _int(row, "n_gpus") * seconds / _int(row, "seq_len")
+    return max(round(sequences), 1)
+
+
 def plan_from_row(row: Mapping[str, str]) -> Plan:
-    """Plan from the parallel columns; blanks take `FRAMEWORK_DEFAULTS` (vpp 1, micro-batch 1,
-    SP on whenever tp > 1 unless stated)."""
-    defaults = FRAMEWORK_DEFAULTS.get(framework_key(_cell(row, "framework")), GENERIC_DEFAULTS)
+    """Plan from the parallel columns; blank cells take the row framework's defaults
+    (`shardmeter.specs.framework`; vpp 1 unless the framework interleaves, micro-batch 1)."""
+    framework = framework_id(_cell(row, "framework")) if _cell(row, "framework") else None
     tp = _int(row, "tp", 1)
     sp = _yes_no(row, "sp")
+    shard_degree = _optional_int(row, "shard_degree")
+    stated: dict[str, object] = {
+        "dp": _int(row, "dp", 1),
+        "tp": tp,
+        "pp": _int(row, "pp", 1),
+        "cp": _int(row, "cp", 1),
+        "ep": _int(row, "ep", 1),
+        "micro_batch": _int(row, "micro_batch", 1),
+        "global_batch": global_batch_from_row(row),
+        "precision": _precision(_cell(row, "precision")),
+        "framework": framework,
+    }
+    if _cell(row, "vpp"):
+        stated["vpp"] = _int(row, "vpp")
+    if sp is not None:
+        stated["sp"] = sp
+    elif framework is None:
+        stated["sp"] = tp > 1
+    if _cell(row, "sharding"):
+        stated["sharding"] = _alias(row, "sharding", SHARDING_ALIASES)
+    if shard_degree is not None:
+        stated["shard_degree"] = shard_degree
+    if _cell(row, "recompute"):
+        stated["recompute"] = _alias(row, "recompute", RECOMPUTE_ALIASES)
+    stated.update(_plan_extras(row))
     try:
-        return Plan(
-            dp=_int(row, "dp", 1),
-            tp=tp,
-            pp=_int(row, "pp", 1),
-            cp=_int(row, "cp", 1),
-            ep=_int(row, "ep", 1),
-            vpp=_int(row, "vpp", 1),
-            sp=tp > 1 if sp is None else sp,
-            sharding=_alias(row, "sharding", SHARDING_ALIASES) or defaults.sharding,
-            shard_degree=_optional_int(row, "shard_degree"),
-            micro_batch=_int(row, "micro_batch", 1),
-            global_batch=_int(row, "global_batch"),
-            recompute=_alias(row, "recompute", RECOMPUTE_ALIASES) or defaults.recompute,
-            precision=_precision(_cell(row, "precision")),
-            overlap_tp=defaults.overlap_tp and tp > 1,
-            overlap_param_gather=defaults.overlap_param_gather,
-        )
+        return Plan(**{k: v for k, v in stated.items() if v is not None})
     except ValueError as exc:
         errors = getattr(exc, "errors", None)
         detail = errors()[0] if callable(errors) else {"loc": ("plan",), "msg": str(exc)}
-        loc = ".".join(str(x) for x in detail.get("loc", ("plan",)))
+        loc = ".".join(str(x) for x in detail.get("loc", ("plan",))) or "plan"
         raise UserInputError(f"plan.{loc}", detail.get("input"), str(detail.get("msg"))) from None
+
+
+# Optional plan columns (not in the shared schema): `pp_layers` as "7;8;...;7", `attention`,
+# `ep_dispatch`, `ep_imbalance`, and yes/no `ep_dedup`, `overlap_ep`, `graphs`, `fused_ce`.
+_BOOL_EXTRAS = ("ep_dedup", "overlap_ep", "graphs", "fused_ce")
+
+
+def _plan_extras(row: Mapping[str, str]) -> dict[str, object]:
+    extras: dict[str, object] = {}
+    layers = _cell(row, "pp_layers")
+    if layers:
+        try:
+            extras["pp_layers"] = tuple(int(x) for x in layers.split(";"))
+        except ValueError:
+            raise UserInputError("pp_layers", layers, "layer counts separated by ';'") from None
+    for name in ("attention", "ep_dispatch"):
+        if _cell(row, name):
+            extras[name] = _cell(row, name).lower()
+    if _cell(row, "ep_imbalance"):
+        extras["ep_imbalance"] = _float(row, "ep_imbalance")
+    for name in _BOOL_EXTRAS:
+        flag = _yes_no(row, name)
+        if flag is not None:
+            extras[name] = flag
+    return extras
 
 
 def validate_relaxed(plan: Plan, model: TransformerSpec, n_gpus: int) -> tuple[str, ...]:
@@ -459,12 +483,14 @@ FAMILIES: dict[str, str] = {
     "h100-pcie": "hopper",
     "h200": "hopper",
     "h20": "hopper",
+    "h800": "hopper",
     "h100-sxm-96gb-500w": "hopper-500w",
     "b200": "blackwell",
     "gb200": "blackwell",
     "gb300": "blackwell",
     "tpu-v4": "tpu",
     "tpu-v5p": "tpu",
+    "tpu-v5e": "tpu",
     "mi250x": "cdna",
     "mi300x": "cdna",
     "mi325x": "cdna",
@@ -499,30 +525,26 @@ FAMILY_BOUND: tuple[float, float] = (0.2, 0.98)
 # Starts are the last fit's values (fitted on runs.csv + holdout, 2026-11-29); cdna and ada have
 # no runs, so their starts are never used: they take `Calibration.prior_matmul_max`.
 FAMILY_START: dict[str, float] = {
-    "ampere": 0.7216,
-    "hopper": 0.6313,
-    "hopper-500w": 0.5085,
-    "blackwell": 0.6898,
-    "tpu": 0.7876,
+    "ampere": 0.7686,
+    "hopper": 0.7185,
+    "hopper-500w": 0.5394,
+    "blackwell": 0.7801,
+    "tpu": 0.7892,
     "cdna": 0.6,
     "ada": 0.6,
 }
 SHARED_PARAMETERS: tuple[Bound, ...] = (
-    Bound("matmul_half_us", 0.5, 50.0, 8.0782),
-    Bound("attention_ratio", 0.4, 1.0, 0.4440),
-    Bound("memory", 0.6, 0.95, 0.6003),
-    Bound("fp8_speedup", 1.2, 2.0, 1.7052),
-    Bound("nvlink_efficiency", 0.6, 0.95, 0.6006),
-    Bound("nic_efficiency", 0.7, 0.95, 0.7065),
-    Bound("overlap_slowdown", 0.0, 0.2, 0.2),
+    Bound("matmul_half_us", 0.5, 50.0, 21.6200),
+    Bound("attention_ratio", 0.4, 1.0, 0.4002),
+    Bound("memory", 0.6, 0.95, 0.6720),
+    Bound("fp8_speedup", 1.2, 2.0, 1.4820),
+    Bound("nvlink_efficiency", 0.6, 0.95, 0.6894),
+    Bound("nic_efficiency", 0.7, 0.95, 0.7883),
+    Bound("overlap_slowdown", 0.0, 0.2, 0.2000),
+    # Host time per kernel launch: a CUDA launch is 2-5 µs, an eager PyTorch op with its
+    # Python dispatch 5-30 µs (measured dispatch overheads of eager frameworks).
+    Bound("kernel_launch_us", 1.0, 30.0, 23.8983),
 )
-
-
-# Host cost per local expert and MoE layer forward when no MoE run is fitted: about three
-# eager PyTorch dispatches (two GEMMs and the activation, ~10 µs each) that the dropless
-# routing's host synchronisation leaves un-hidden.
-MOE_OVERHEAD_PRIOR_US = 30.0
-MOE_OVERHEAD = Bound("moe_expert_overhead_us", 0.0, 1000.0, 115.69)  # start: the last fit
 
 
 def families_of(runs: Sequence[RunSpec]) -> list[str]:
@@ -531,15 +553,10 @@ def families_of(runs: Sequence[RunSpec]) -> list[str]:
                    if r.cluster.accelerator.name in FAMILIES})  # fmt: skip
 
 
-def has_moe(runs: Sequence[RunSpec]) -> bool:
-    return any(r.model.moe is not None for r in runs)
-
-
-def free_parameters(families: Sequence[str], moe: bool = False) -> tuple[Bound, ...]:
-    """matmul_max of each family with data, the shared parameters, and the MoE host overhead
-    when MoE runs are fitted (else it keeps its prior)."""
+def free_parameters(families: Sequence[str]) -> tuple[Bound, ...]:
+    """matmul_max of each family with data, and the shared parameters."""
     fam = tuple(Bound(f"matmul_max.{f}", *FAMILY_BOUND, FAMILY_START[f]) for f in families)
-    return fam + SHARED_PARAMETERS + ((MOE_OVERHEAD,) if moe else ())
+    return fam + SHARED_PARAMETERS
 
 
 @dataclass(frozen=True)
@@ -555,30 +572,29 @@ class Calibration:
     nvlink_efficiency: float  # achieved / nominal NVLink bus bandwidth
     nic_efficiency: float  # achieved / nominal IB or RoCE bandwidth per GPU
     overlap_slowdown: float  # compute lost while communication overlaps
-    moe_expert_overhead_us: float = MOE_OVERHEAD_PRIOR_US  # host µs per local expert forward
+    kernel_launch_us: float  # host µs per kernel launch
 
     @classmethod
     def from_values(cls, names: Sequence[str], values: Sequence[float]) -> Calibration:
         named = dict(zip(names, values, strict=True))
         families = {k.split(".", 1)[1]: v for k, v in named.items() if k.startswith("matmul_max.")}
         shared = {b.name: named[b.name] for b in SHARED_PARAMETERS}
-        moe = named.get(MOE_OVERHEAD.name, MOE_OVERHEAD_PRIOR_US)
-        return cls(matmul_max=families, moe_expert_overhead_us=moe, **shared)
+        return cls(matmul_max=families, **shared)
 
     @classmethod
-    def start(cls, families: Sequence[str], moe: bool = True) -> Calibration:
+    def start(cls, families: Sequence[str]) -> Calibration:
         """The last fit's values (the Bound starts) for these families."""
-        bounds = free_parameters(families, moe)
+        bounds = free_parameters(families)
         return cls.from_values([b.name for b in bounds], [b.start for b in bounds])
 
     def vector(self) -> list[float]:
         fam = [self.matmul_max[f] for f in sorted(self.matmul_max)]
         shared = [float(getattr(self, b.name)) for b in SHARED_PARAMETERS]
-        return fam + shared + [self.moe_expert_overhead_us]
+        return fam + shared
 
     def names(self) -> list[str]:
         fam = [f"matmul_max.{f}" for f in sorted(self.matmul_max)]
-        return fam + [b.name for b in SHARED_PARAMETERS] + [MOE_OVERHEAD.name]
+        return fam + [b.name for b in SHARED_PARAMETERS]
 
     @property
     def prior_matmul_max(self) -> float:
@@ -605,7 +621,7 @@ class Calibration:
             "matmul_half_gflop": self.matmul_half_us * acc.peak("bf16") * 1e-3,
             "attention": min(1.0, eta * self.attention_ratio),
             "memory": self.memory,
-            "moe_expert_overhead_us": self.moe_expert_overhead_us,
+            "kernel_launch_us": self.kernel_launch_us,
         }
         if "fp8" in acc.peak_tflops:
             update["fp8_speedup"] = self.fp8_speedup
@@ -701,7 +717,7 @@ def fit(
     """Fit matmul_max of every family with runs plus the shared parameters (bounded via a
     logistic transform); returns the calibration and its loss."""
     weights = source_weights(runs)
-    bounds = free_parameters(families_of(runs), has_moe(runs))
+    bounds = free_parameters(families_of(runs))
     names = [b.name for b in bounds]
     starts = dict(zip(start.names(), start.vector(), strict=True)) if start else {}
     x0 = [starts.get(b.name, b.start) for b in bounds]

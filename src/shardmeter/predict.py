@@ -39,11 +39,13 @@ REFERENCE_CLUSTERS: dict[str, str] = {
     "h100-sxm": "dgx-h100",
     "h100-sxm-96gb-500w": "grand-teton-h100",
     "h200": "hgx-h200",
+    "h800": "hgx-h800",
     "b200": "dgx-b200",
     "gb200": "gb200-nvl72",
     "gb300": "gb300-nvl72",
     "tpu-v4": "tpu-v4-pod",
     "tpu-v5p": "tpu-v5p-pod",
+    "tpu-v5e": "tpu-v5e-pod",
     "mi300x": "mi300x-node",
 }
 
@@ -57,7 +59,8 @@ def default_plan(n_gpus: int, **fields: Any) -> Plan:
 
     dp fills the GPUs left by tp·pp·cp; the global batch defaults to dp·micro_batch sequences,
     times 4·pp micro-batches when pipelining (so the 1F1B bubble is (p−1)/(4p)); sharding
-    defaults to zero3 without model parallelism and to zero1 (distributed optimizer) with it.
+    defaults to zero3 without model parallelism and to zero1 (distributed optimizer) with it,
+    unless a `framework` field brings its documented defaults (`shardmeter.specs.framework`).
     """
     values: dict[str, Any] = {k: v for k, v in fields.items() if v is not None}
     for name in ("dp", "tp", "pp", "cp", "micro_batch"):  # 0 is a mistake, never "default"
@@ -68,7 +71,8 @@ def default_plan(n_gpus: int, **fields: Any) -> Plan:
         raise UserInputError("gpus", n_gpus, f"must be a multiple of tp*pp*cp = {tp * pp * cp}")
     dp = int(values.get("dp", n_gpus // (tp * pp * cp)))
     micro = int(values.get("micro_batch", 1))
-    values.setdefault("sharding", "zero3" if tp * pp == 1 else "zero1")
+    if not values.get("framework"):  # a named framework brings its own sharding default
+        values.setdefault("sharding", "zero3" if tp * pp == 1 else "zero1")
     values.setdefault("global_batch", dp * micro * (4 * pp if pp > 1 else 1))
     values.update(dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=micro)
     return load_plan(values)

@@ -82,13 +82,14 @@ def test_plan_defaults_by_framework() -> None:
     assert titan.overlap_param_gather
     deepspeed = plan_from_row({**BASE, "framework": "DeepSpeed ZeRO-3", "tp": "1", "dp": "16"})
     assert (deepspeed.sharding, deepspeed.overlap_param_gather) == ("zero3", False)
+    assert (deepspeed.gather_unit, deepspeed.attention) == ("matrix", "unfused")
 
 
 def test_run_from_row_blank_recompute_and_gpu_check() -> None:
     run = run_from_row({**BASE, "model": "Llama 70B", "n_layers": "80", "hidden": "8192",
                         "n_heads": "64", "ffn": "28672", "tp": "1", "dp": "16",
                         "sharding": "zero3"})  # fmt: skip
-    assert run.plan.recompute == "none"  # NeMo recipes: no recompute unless stated
+    assert run.plan.recompute == "none"  # the DGX Cloud NeMo recipes: no recompute unless stated
     with pytest.raises(UserInputError, match="GPU count"):
         run_from_row({**BASE, "n_gpus": "32"})
 
@@ -184,3 +185,32 @@ def test_power_capped_variant_without_runs_follows_its_parent_at_the_capped_cloc
     capped = cal.apply(cluster_from_row({**BASE, "gpu": "h100-sxm-96gb-500w"}))
     expected = cal.matmul_max["hopper"] * (500 / 700) ** (1 / 3)
     assert capped.accelerator.efficiency.matmul_max == pytest.approx(expected)
+
+
+def test_deepseek_v3_public_figure_within_20_percent() -> None:
+    """2,048 H800, 180K GPU-hours per trillion tokens (1,543 tokens/s/GPU), with its published
+    plan: PP16 (DualPipe), EP64 over 8 nodes, ZeRO-1, FP8, no TP (benchmarks/holdout_runs.csv)."""
+    from pathlib import Path
+
+    holdout = Path(__file__).resolve().parents[2] / "benchmarks" / "holdout_runs.csv"
+    row = next(r for r in read_rows(holdout) if r["model"] == "DeepSeek-V3")
+    run = run_from_row(row)
+    assert (run.plan.pp, run.plan.ep, run.plan.tp, run.plan.precision) == (16, 64, 1, "fp8")
+    assert (run.plan.ep_dispatch, run.plan.ep_dedup, run.plan.overlap_ep) == ("fp8", True, True)
+    result = evaluate_rows([row])[0]
+    assert result.ape is not None and result.ape <= 0.20
+
+
+def test_llama3_405b_meta_plan_is_expressible_and_fits() -> None:
+    """Meta's 405B plan (Llama 3 paper Table 4, 16,384 GPUs): TP8, PP16 over 126 layers with one
+    layer fewer on the first and last stages, interleaved (v = 8), DP 128, 8K sequences."""
+    from shardmeter.estimate.step import estimate_step
+    from shardmeter.specs.loader import load_cluster, load_model
+    from shardmeter.specs.plan import Plan
+
+    plan = Plan(
+        framework="meta-llama3", tp=8, pp=16, vpp=8, dp=128, pp_first=7, pp_last=7,
+        micro_batch=1, global_batch=2048,
+    )  # fmt: skip
+    est = estimate_step(load_model("llama-3.1-405b"), load_cluster("dgx-h100"), plan)
+    assert est.fits and est.n_gpus == 16384

@@ -93,7 +93,7 @@ def _write_csv(path: Path) -> None:
         "3,SY,bad,32,4096,32,8,128,14336,128256,8192,swiglu,,,,h100-sxm,8,8,8,400,"
         "3,1,8,1,1,1,no,zero3,,1,8,none,bf16,torchtitan,7000,",
         "4,SY,Mixtral,32,4096,32,8,128,14336,32000,4096,swiglu,8,2,,h100-sxm,16,8,8,,"
-        "1,1,16,1,8,1,no,zero3,,1,16,full,bf16,megatron,4000,",
+        "1,1,16,1,8,1,no,zero3,,1,16,full,bf16,megatron-core,4000,",
     ]
     path.write_text(CSV_HEADER + "\n".join(rows) + "\n")
 

@@ -52,6 +52,7 @@ DEEPSEEK_V3 = {
     "kv_lora_rank": 512,
     "max_position_embeddings": 163840,
     "moe_intermediate_size": 2048,
+    "n_group": 8,
     "n_routed_experts": 256,
     "n_shared_experts": 1,
     "num_attention_heads": 128,
@@ -62,6 +63,7 @@ DEEPSEEK_V3 = {
     "qk_nope_head_dim": 128,
     "qk_rope_head_dim": 64,
     "tie_word_embeddings": False,
+    "topk_group": 4,
     "v_head_dim": 128,
     "vocab_size": 129280,
 }

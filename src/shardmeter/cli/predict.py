@@ -26,6 +26,7 @@ from shardmeter.predict import (
 )
 from shardmeter.report.step import estimate_to_dict, render_step
 from shardmeter.report.terminal import add_wide_flag, console_for
+from shardmeter.specs.framework import FRAMEWORKS
 from shardmeter.specs.loader import load_plan
 
 try:
@@ -75,6 +76,10 @@ def add_parser(subparsers: Any) -> None:
     )
     plan.add_argument("--precision", choices=("bf16", "fp16", "fp8"), help="default bf16")
     plan.add_argument(
+        "--framework", choices=tuple(FRAMEWORKS),
+        help="training stack whose documented defaults fill the unstated plan fields",
+    )  # fmt: skip
+    plan.add_argument(
         "--no-overlap-dp", dest="overlap_dp", action="store_false", default=None,
         help="do not overlap gradient reduction with backward",
     )  # fmt: skip
@@ -94,7 +99,7 @@ def add_parser(subparsers: Any) -> None:
 
 def _plan_fields(args: argparse.Namespace) -> dict[str, Any]:
     fields: dict[str, Any] = {name: getattr(args, name) for name in PLAN_INT_FLAGS}
-    for name in ("sp", "sharding", "precision", "overlap_dp", "overlap_param_gather"):
+    for name in ("sp", "sharding", "precision", "overlap_dp", "overlap_param_gather", "framework"):
         fields[name] = getattr(args, name)
     fields["overlap_tp"] = args.overlap_tp
     if args.recompute not in (None, "auto"):

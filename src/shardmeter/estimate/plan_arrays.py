@@ -21,8 +21,35 @@ BoolArray = NDArray[np.bool_]
 SHARDING_CODES: dict[str, int] = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
 PRECISION_CODES: dict[str, int] = {"bf16": 0, "fp16": 1, "fp8": 2}
+ATTENTION_CODES: dict[str, int] = {"flash": 0, "unfused": 1}
 
-_BOOL_FIELDS = ("sp", "overlap_dp", "overlap_param_gather", "overlap_tp")
+_BOOL_FIELDS = (
+    "sp", "overlap_dp", "overlap_param_gather", "overlap_tp", "fused_ce", "gather_matrix",
+    "overlap_ep", "ep_fp8", "ep_dedup", "graphs", "master_remainder",
+)  # fmt: skip
+
+
+_DTYPES: dict[str, Any] = {**{name: np.bool_ for name in _BOOL_FIELDS}, "ep_imbalance": np.float64}
+
+
+def _plan_value(plan: Plan, name: str) -> Any:
+    """Column `name`'s entry for one Plan: categoricals as codes, derived flags and stage
+    layer counts (-1 where the split is even), else the Plan attribute of that name."""
+    first, mid, last = plan.stage_layer_counts
+    derived: dict[str, Any] = {
+        "sharding": SHARDING_CODES[plan.sharding],
+        "recompute": RECOMPUTE_CODES[plan.recompute],
+        "precision": PRECISION_CODES[plan.precision],
+        "attention": ATTENTION_CODES[plan.attention],
+        "gather_matrix": plan.gather_unit == "matrix",
+        "ep_fp8": plan.ep_dispatch == "fp8",
+        "pp_first": first,
+        "pp_mid": mid,
+        "pp_last": last,
+        "ep_imbalance": plan.ep_imbalance or 0.0,
+        "master_remainder": plan.master_weights == "remainder",
+    }
+    return derived[name] if name in derived else getattr(plan, name)
 
 
 @dataclass(frozen=True)
@@ -45,6 +72,18 @@ class PlanArrays:
     overlap_dp: BoolArray
     overlap_param_gather: BoolArray
     overlap_tp: BoolArray
+    attention: Any = 0  # 0 flash, 1 unfused (scores through HBM)
+    fused_ce: Any = False  # fused cross-entropy (no fp32 logits copy)
+    gather_matrix: Any = False  # ZeRO-3 gathers one weight matrix at a time (not a layer)
+    overlap_ep: Any = False  # expert all-to-alls hidden under compute
+    ep_fp8: Any = False  # FP8 token dispatch (combine bf16)
+    ep_dedup: Any = False  # one copy per token and destination node
+    graphs: Any = False  # no per-kernel host launch (CUDA graphs / XLA)
+    pp_first: Any = -1  # layers on the first stage (-1: even split)
+    pp_mid: Any = -1  # layers on the fullest middle stage (-1: even split of the rest)
+    pp_last: Any = -1  # layers on the last stage (-1: even split)
+    ep_imbalance: Any = 0.0  # busiest EP rank / mean (0: uniform-routing statistics)
+    master_remainder: Any = False  # 16-bit remainders instead of an fp32 master copy
 
     @classmethod
     def from_columns(cls, **columns: ArrayLike) -> PlanArrays:
@@ -57,19 +96,13 @@ class PlanArrays:
                 values[f.name] = columns.pop(f.name)
             elif f.name == "shard_group":
                 values[f.name] = -1  # filled below: dp when sharded, else 1
-            elif f.name == "sharding":
-                values[f.name] = SHARDING_CODES[default.sharding]
-            elif f.name == "recompute":
-                values[f.name] = RECOMPUTE_CODES[default.recompute]
-            elif f.name == "precision":
-                values[f.name] = PRECISION_CODES[default.precision]
             else:
-                values[f.name] = getattr(default, f.name)
+                values[f.name] = _plan_value(default, f.name)
         if columns:
             raise TypeError(f"unknown PlanArrays columns: {sorted(columns)}")
         arrays = np.broadcast_arrays(*(np.asarray(v) for v in values.values()))
         typed: dict[str, Any] = {
-            name: arr.astype(np.bool_ if name in _BOOL_FIELDS else np.int64)
+            name: arr.astype(_DTYPES.get(name, np.int64))
             for name, arr in zip(values, arrays, strict=True)
         }
         if np.any(typed["shard_group"] < 0):
@@ -83,14 +116,7 @@ class PlanArrays:
         cols: dict[str, list[int | bool]] = {f.name: [] for f in fields(cls)}
         for plan in plans:
             for name in cols:
-                if name == "sharding":
-                    cols[name].append(SHARDING_CODES[plan.sharding])
-                elif name == "recompute":
-                    cols[name].append(RECOMPUTE_CODES[plan.recompute])
-                elif name == "precision":
-                    cols[name].append(PRECISION_CODES[plan.precision])
-                else:
-                    cols[name].append(getattr(plan, name))
+                cols[name].append(_plan_value(plan, name))
         return cls.from_columns(**{k: np.asarray(v) for k, v in cols.items()})
 
     @classmethod
@@ -100,13 +126,7 @@ class PlanArrays:
     @classmethod
     def scalar(cls, plan: Plan) -> PlanArrays:
         """One plan as Python scalars: the same formulas, without numpy's per-call overhead."""
-        codes = {
-            "sharding": SHARDING_CODES[plan.sharding],
-            "recompute": RECOMPUTE_CODES[plan.recompute],
-            "precision": PRECISION_CODES[plan.precision],
-        }
-        values = {f.name: codes.get(f.name, getattr(plan, f.name)) for f in fields(cls)}
-        return cls(**values)
+        return cls(**{f.name: _plan_value(plan, f.name) for f in fields(cls)})
 
     @property
     def shape(self) -> tuple[int, ...]:

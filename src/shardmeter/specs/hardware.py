@@ -29,10 +29,9 @@ class Efficiency(BaseModel):
     memory: float = Field(default=0.8, gt=0, le=1)  # achieved fraction of HBM bandwidth
     attention: float = Field(default=0.6, gt=0, le=1)  # flash-attention fraction of peak
     fp8_speedup: float = Field(default=1.5, ge=1)  # achieved end-to-end GEMM gain of fp8 over bf16
-    # host-side cost per local routed expert, MoE layer and micro-batch forward (µs; backward
-    # twice that): dropless routing syncs expert token counts to the host, then dispatches
-    # each local expert's GEMMs, so launch time is not hidden behind GPU work
-    moe_expert_overhead_us: float = Field(default=0.0, ge=0)
+    # host time to launch one kernel (µs): eager PyTorch dispatch and the CUDA launch. A layer
+    # takes at least its kernel count times this (none with CUDA graphs or XLA)
+    kernel_launch_us: float = Field(default=5.0, ge=0)
     source: str = ""
 
 
@@ -113,6 +112,9 @@ class Cluster(BaseModel):
     price_per_gpu_hour: float = Field(default=0.0, ge=0)  # USD
     overlap_slowdown: float = Field(default=0.1, ge=0, lt=1)  # compute lost while comms overlap
     memory_overhead_gb: float = Field(default=5.0, ge=0)  # CUDA context, NCCL buffers, allocator
+    # TPU: dimensions of the ICI torus (3 for v4/v5p, 2 for v5e); the slice is nvlink_domain
+    # chips as cubic as powers of two allow, and the intra bandwidth is split evenly over axes
+    ici_axes: int | None = Field(default=None, ge=1, le=3)
     source: str = ""
 
     @model_validator(mode="after")

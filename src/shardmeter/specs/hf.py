@@ -220,6 +220,8 @@ def _deepseek_v3(cfg: _Config) -> dict[str, Any]:
             shared_experts=int(cfg.data.get("n_shared_experts", 0) or 0),
             dense_layers=dense,
             dense_ffn=cfg.int("intermediate_size"),
+            n_groups=int(cfg.data["n_group"]) if cfg.data.get("topk_group") else None,
+            topk_groups=int(cfg.data["topk_group"]) if cfg.data.get("topk_group") else None,
         ),
     }
 

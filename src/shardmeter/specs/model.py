@@ -20,11 +20,30 @@ class MoESpec(BaseModel):
     expert_ffn: int | None = Field(default=None, gt=0)  # per-expert FFN width; None = model ffn
     dense_layers: int = Field(default=0, ge=0)  # leading layers with a dense MLP (DeepSeek-V3: 3)
     dense_ffn: int | None = Field(default=None, gt=0)  # their FFN width; None = model ffn
+    # Group-limited routing (DeepSeek-V3 n_group / topk_group): experts form `n_groups` groups
+    # and each token picks experts from at most `topk_groups` of them; with one group per node
+    # that is node-limited routing (each token reaches at most topk_groups nodes)
+    n_groups: int | None = Field(default=None, ge=1)
+    topk_groups: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> MoESpec:
         if self.top_k > self.experts:
             raise UserInputError("top_k", self.top_k, f"at most experts ({self.experts})")
+        if (self.n_groups is None) != (self.topk_groups is None):
+            raise UserInputError("topk_groups", self.topk_groups, "give n_groups and topk_groups")
+        if self.n_groups is not None and self.experts % self.n_groups:
+            raise UserInputError(
+                "n_groups", self.n_groups, f"a divisor of experts ({self.experts})"
+            )
+        if (
+            self.n_groups is not None
+            and self.topk_groups is not None
+            and self.topk_groups > self.n_groups
+        ):
+            raise UserInputError(
+                "topk_groups", self.topk_groups, f"at most n_groups ({self.n_groups})"
+            )
         return self
 
 

@@ -1,12 +1,25 @@
-"""Plan: how one island splits the work (parallel degrees, batch, sharding, recompute, overlap)."""
+"""Plan: how one island splits the work (parallel degrees, batch, sharding, recompute, overlap).
+
+A plan may name its `framework` (see `shardmeter.specs.framework`): fields it leaves out then
+take that framework's documented defaults; fields it states always win.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shardmeter.errors import UserInputError
+from shardmeter.specs.framework import (
+    Attention,
+    Dispatch,
+    GatherUnit,
+    MasterWeights,
+    framework_defaults,
+    framework_id,
+    resolve_framework,
+)
 from shardmeter.specs.model import TransformerSpec
 
 Sharding = Literal["none", "zero1", "zero2", "zero3"]
@@ -39,6 +52,34 @@ class Plan(BaseModel):
     overlap_dp: bool = True  # overlap gradient reduce with backward
     overlap_param_gather: bool = True  # prefetch FSDP/ZeRO parameter all-gathers
     overlap_tp: bool = False  # overlap TP collectives with GEMMs (comm-GEMM overlap)
+    attention: Attention = "flash"  # fused (flash) or unfused: scores and softmax through HBM
+    fused_ce: bool = False  # cross-entropy fused with the softmax: no fp32 copy of the logits
+    gather_unit: GatherUnit = "layer"  # ZeRO-3 fetches one layer (FSDP) or one weight matrix
+    overlap_ep: bool = False  # expert all-to-alls overlapped with compute (DualPipe-style)
+    ep_dispatch: Dispatch = "bf16"  # token dispatch precision; the combine is always bf16
+    ep_dedup: bool = False  # one copy per token and destination node, fanned out over NVLink
+    # busiest expert-parallel rank's tokens over the mean (1 = forced balance); None = the
+    # expected maximum under uniform routing
+    ep_imbalance: float | None = Field(default=None, ge=1)
+    graphs: bool = False  # kernels replayed from CUDA graphs / XLA: no per-kernel host launch
+    # Adam's fp32 master copy (4 B/param), or its 16-bit remainder over the bf16 weights (2 B;
+    # apex DistributedFusedAdam / TE FusedAdam store_param_remainders)
+    master_weights: MasterWeights = "fp32"
+    pp_first: int | None = Field(default=None, ge=0)  # layers on the first stage (None: even)
+    pp_last: int | None = Field(default=None, ge=0)  # layers on the last stage (None: even)
+    pp_layers: tuple[int, ...] | None = None  # explicit layers per stage (overrides the two)
+    framework: str | None = None  # identifier whose defaults filled the unstated fields
+
+    @model_validator(mode="before")
+    @classmethod
+    def _framework_defaults(cls, data: Any) -> Any:
+        """Fill fields the input leaves out from its framework's documented defaults."""
+        if not isinstance(data, dict) or data.get("framework") in (None, ""):
+            return data
+        framework = resolve_framework(str(data["framework"]))
+        filled = {**data, "framework": framework_id(str(data["framework"]))}
+        filled.update(framework_defaults(framework, data))
+        return filled
 
     @property
     def n_gpus(self) -> int:
@@ -56,6 +97,17 @@ class Plan(BaseModel):
         """Micro-batches per step per pipeline (gradient accumulation steps × pipeline fill)."""
         return self.global_batch // (self.dp * self.micro_batch)
 
+    @property
+    def stage_layer_counts(self) -> tuple[int, int, int]:
+        """(first, fullest middle, last) stage layer counts as stated; -1 where the split is
+        even (resolved against the model by the estimator)."""
+        if self.pp_layers is not None:
+            middle = self.pp_layers[1:-1]
+            return self.pp_layers[0], max(middle) if middle else -1, self.pp_layers[-1]
+        first = -1 if self.pp_first is None else self.pp_first
+        last = -1 if self.pp_last is None else self.pp_last
+        return first, -1, last
+
 
 def validate_plan(plan: Plan, model: TransformerSpec, n_gpus: int | None = None) -> None:
     """Raise UserInputError for combinations no framework can run."""
@@ -67,7 +119,10 @@ def validate_plan(plan: Plan, model: TransformerSpec, n_gpus: int | None = None)
         )
     if model.n_heads % plan.tp:
         raise UserInputError("plan.tp", plan.tp, f"must divide n_heads = {model.n_heads}")
-    if model.n_layers % (plan.pp * plan.vpp):
+    uneven = plan.pp_layers is not None or plan.pp_first is not None or plan.pp_last is not None
+    if uneven:
+        _validate_stages(plan, model.n_layers)
+    elif model.n_layers % (plan.pp * plan.vpp):
         raise UserInputError(
             "plan.pp",
             plan.pp,
@@ -102,3 +157,29 @@ def validate_plan(plan: Plan, model: TransformerSpec, n_gpus: int | None = None)
             raise UserInputError(
                 "plan.shard_degree", plan.shard_degree, f"must divide dp = {plan.dp}"
             )
+
+
+def _validate_stages(plan: Plan, n_layers: int) -> None:
+    """Uneven stages: an explicit list of pp counts summing to n_layers, or first/last counts
+    leaving at least one layer for every middle stage (Megatron-Core
+    decoder_first/last_pipeline_num_layers)."""
+    if plan.pp == 1:
+        raise UserInputError("plan.pp_layers", plan.pp_layers, "uneven stages need pp > 1")
+    if plan.pp_layers is not None:
+        counts = plan.pp_layers
+        if len(counts) != plan.pp or sum(counts) != n_layers or min(counts) < 0:
+            allowed = f"{plan.pp} non-negative counts summing to n_layers = {n_layers}"
+            raise UserInputError("plan.pp_layers", list(counts), allowed)
+        return
+    stated = (plan.pp_first or 0) + (plan.pp_last or 0)
+    unstated = plan.pp - (plan.pp_first is not None) - (plan.pp_last is not None)
+    rest = n_layers - stated
+    if rest < unstated or (unstated == 0 and rest != 0):
+        field = "plan.pp_first" if plan.pp_first is not None else "plan.pp_last"
+        allowed = (
+            f"first + last ({stated}) must leave at least one of the {n_layers} layers for "
+            f"each of the other {unstated} stages"
+            if unstated
+            else f"first + last must equal n_layers = {n_layers} with pp = 2"
+        )
+        raise UserInputError(field, stated, allowed)
