@@ -11,8 +11,10 @@ from shardmeter.estimate.compute import (
     layer_forward,
     matmul_efficiency,
     model_flops_per_token,
+    pipeline_times,
     recompute_flops_per_token,
-    stage_compute,
+    stage_layers,
+    unit_costs,
 )
 from shardmeter.estimate.plan_arrays import PlanArrays
 from shardmeter.specs.hardware import Accelerator, Efficiency
@@ -93,15 +95,21 @@ def test_layer_flops_count_gqa_swiglu_and_moe() -> None:
     np.testing.assert_allclose(moe_cost.gemm_flops, tokens * (attn + routed))
 
 
-def test_stage_compute_splits_layers_and_adds_logits() -> None:
-    one = stage_compute(GPT3, PlanArrays.from_columns(pp=1), ACC)
-    four = stage_compute(GPT3, PlanArrays.from_columns(pp=4), ACC)
-    assert float(four.layers[()]) == 24
-    assert float(four.forward_s[()]) < float(one.forward_s[()]) / 3.5
-    full = stage_compute(GPT3, PlanArrays.from_columns(recompute=2), ACC)
-    layers, layer_fwd = float(full.layers[()]), float(full.layer_forward_s[()])
-    assert float(full.recompute_s[()]) == pytest.approx(layers * layer_fwd)
-    assert float(full.forward_s[()]) > layers * layer_fwd  # plus the logits
+def test_stages_split_layers_and_the_last_adds_the_logits() -> None:
+    one, four = PlanArrays.from_columns(pp=1), PlanArrays.from_columns(pp=4)
+    assert float(stage_layers(GPT3, four).mid) == 24
+    units = unit_costs(GPT3, four, ACC)
+    times = pipeline_times(
+        GPT3, four, stage_layers(GPT3, four), units.layer_s, units.head_s, units.embed_s
+    )
+    assert float(times.critical_s) == pytest.approx(float(times.last_s))
+    assert float(times.last_s) == pytest.approx(24 * float(units.layer_s) + float(units.head_s))
+    whole = pipeline_times(
+        GPT3, one, stage_layers(GPT3, one), units.layer_s, units.head_s, units.embed_s
+    )
+    assert float(whole.critical_s) == pytest.approx(float(times.total_s))  # one stage holds all
+    full = unit_costs(GPT3, PlanArrays.from_columns(recompute=2), ACC)
+    assert float(full.layer_recompute_s) == pytest.approx(float(full.layer_forward_s))
 
 
 def test_ep_load_imbalance_is_one_without_ep_and_shrinks_with_tokens() -> None:
@@ -115,20 +123,36 @@ def test_ep_load_imbalance_is_one_without_ep_and_shrinks_with_tokens() -> None:
     assert few == pytest.approx(simulated, rel=0.03)
 
 
-def test_moe_small_experts_pay_size_curve_and_host_dispatch_dense_layers_do_not() -> None:
+def test_moe_small_experts_pay_size_curve_and_synced_launches_dense_layers_do_not() -> None:
     """Same active FLOPs split over many small experts run slower (smaller per-expert GEMMs
-    and one host dispatch per local expert); the dense layer has no host term."""
+    and 3 kernel launches per local expert behind the dropless routing's host sync); the dense
+    layer's launches hide behind its GPU work; CUDA graphs remove every launch."""
     base = TransformerSpec(
         n_layers=8, hidden=2048, n_heads=16, ffn=6144, mlp="swiglu", vocab=32000, seq_len=4096
     )
-    eff = ACC.efficiency.model_copy(update={"moe_expert_overhead_us": 30.0})
+    eff = ACC.efficiency.model_copy(update={"kernel_launch_us": 10.0})
     acc = ACC.model_copy(update={"efficiency": eff})
     plans = PlanArrays.from_columns(ep=1, micro_batch=1)
     coarse = base.model_copy(update={"moe": MoESpec(experts=8, top_k=1)})
     fine = base.model_copy(update={"ffn": 768, "moe": MoESpec(experts=64, top_k=8)})
     c, f = layer_forward(coarse, plans, acc, True), layer_forward(fine, plans, acc, True)
-    assert float(f.host_s) == pytest.approx(64 * 30e-6) and float(c.host_s) == pytest.approx(
-        8 * 30e-6
-    )
+    assert float(f.synced_launch_s) == pytest.approx((60 + 3 * 64) * 10e-6)
+    assert float(c.synced_launch_s) == pytest.approx((60 + 3 * 8) * 10e-6)
     assert float(f.forward_s) > float(c.forward_s)
-    assert float(layer_forward(base, plans, acc, False).host_s) == 0.0
+    dense = layer_forward(base, plans, acc, False)
+    assert float(dense.synced_launch_s) == 0.0
+    assert float(dense.forward_s) == pytest.approx(float(dense.gpu_forward_s))
+    graphs = PlanArrays.from_columns(ep=1, micro_batch=1, graphs=True)
+    assert float(layer_forward(fine, graphs, acc, True).synced_launch_s) == 0.0
+
+
+def test_tiny_layers_are_host_bound() -> None:
+    """A layer whose GPU work is shorter than launching its 11 kernels takes the launch time."""
+    tiny = TransformerSpec(n_layers=2, hidden=64, n_heads=1, ffn=256, vocab=100, seq_len=16)
+    eff = ACC.efficiency.model_copy(update={"kernel_launch_us": 10.0})
+    cost = layer_forward(
+        tiny, PlanArrays.from_columns(), ACC.model_copy(update={"efficiency": eff}), False
+    )
+    assert float(cost.gpu_forward_s) < 110e-6
+    assert float(cost.forward_s) == pytest.approx(11 * 10e-6)
+    assert float(cost.backward_s) == pytest.approx(2 * 11 * 10e-6)

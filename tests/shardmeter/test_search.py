@@ -39,7 +39,10 @@ SPACE = SpaceOptions(
 
 @pytest.fixture(scope="module")
 def a100_40() -> object:
-    return load_cluster("dgx-a100-40gb")
+    """DGX A100 40GB with a 32 GB budget per GPU, so the space holds plans that do not fit."""
+    cluster = load_cluster("dgx-a100-40gb")
+    small = cluster.accelerator.model_copy(update={"hbm_gb": 32.0})
+    return cluster.model_copy(update={"accelerator": small})
 
 
 @pytest.fixture(scope="module")

@@ -45,11 +45,16 @@ def test_bubble_fractions() -> None:
 
 
 def test_bubble_in_step_is_fraction_of_stage_work() -> None:
-    """With no TP/DP/CP the per-micro-batch stage time is compute + recompute + p2p-free."""
+    """With no TP/DP/CP and even stages of 8 layers the bubble is (Σ_s t_s − max_s t_s)/v:
+    three stages' layer work over v = 2 (the slowest, last stage also runs the logits)."""
+    from shardmeter.estimate.compute import unit_costs
+
     plan = Plan(pp=4, vpp=2, dp=1, micro_batch=1, global_batch=16, overlap_dp=True)
     est = estimate_step(LLAMA, CLUSTER, plan)
-    work = est.time_breakdown["compute"] + est.time_breakdown["recompute"]
-    assert est.time_breakdown["bubble"] == pytest.approx(work * 3 / (2 * 16))
+    units = unit_costs(LLAMA, PlanArrays.scalar(plan), CLUSTER.accelerator)
+    stage = 8 * units.layer_s
+    assert est.time_breakdown["compute"] == pytest.approx(16 * (stage + units.head_s))
+    assert est.time_breakdown["bubble"] == pytest.approx((3 * stage + units.embed_s) / 2)
 
 
 def test_step_is_sum_of_components_and_rates() -> None:
@@ -159,8 +164,8 @@ def _llama405_short() -> TransformerSpec:
 
 def test_context_parallel_does_not_pay_at_short_sequences() -> None:
     """405B at seq 2048 on 16k H100s: with the other degrees fixed (tp 8, pp 9, global batch
-    constant), moving GPUs from dp into cp makes the step slower, not faster: ring attention
-    runs cp tiny block kernels per layer and its K/V ring crosses nodes (tp·cp > 8)."""
+    constant), moving GPUs from dp into cp does not pay: ring attention runs cp tiny block
+    kernels per layer and its K/V ring crosses nodes (tp·cp > 8)."""
     from shardmeter.specs.loader import load_cluster
 
     model, cluster = _llama405_short(), load_cluster("dgx-h100")
@@ -171,7 +176,10 @@ def test_context_parallel_does_not_pay_at_short_sequences() -> None:
             global_batch=224 * 64, overlap_tp=True,
         )  # fmt: skip
         rates[cp] = estimate_step(model, cluster, plan).tokens_per_s_per_gpu
-    assert rates[1] > rates[2] > rates[4] > rates[16]
+    # cp 2 doubles the micro-batches per pipeline (dp halves), which shrinks the 1F1B bubble
+    # enough to break even; beyond that the tiny kernels and the ring lose.
+    assert rates[2] < 1.03 * rates[1]
+    assert rates[1] > rates[4] > rates[16]
     assert rates[16] < 0.5 * rates[1]
 
 

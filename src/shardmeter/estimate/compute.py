@@ -4,7 +4,9 @@ Every op's time is `max(F / (C·η_c(F)), B / (W_HBM·η_m))` (Calculon roofline
 SC'23), with the accelerator's size-dependent matmul efficiency η_c(F) = max·F/(F + F_half).
 Shapes follow Megatron's tensor-parallel split (Shoeybi et al. 2019): column- then row-parallel
 GEMMs of width /tp; sequence parallelism (Korthikanti et al. 2022) splits the norm and residual
-region by tp; context parallelism splits the sequence by cp. Units: FLOP, bytes, seconds.
+region by tp; context parallelism splits the sequence by cp. A layer's time is the larger of
+its GPU work and the host time to launch its kernels (a roofline of device vs host, per layer
+and micro-batch). Units: FLOP, bytes, seconds.
 """
 
 from __future__ import annotations
@@ -12,7 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardmeter.estimate._xp import Num, as_float, ceil, log, maximum, sqrt, where
-from shardmeter.estimate.plan_arrays import PRECISION_CODES, RECOMPUTE_CODES, PlanArrays
+from shardmeter.estimate.plan_arrays import (
+    ATTENTION_CODES,
+    PRECISION_CODES,
+    RECOMPUTE_CODES,
+    PlanArrays,
+)
 from shardmeter.specs.hardware import Accelerator, Efficiency
 from shardmeter.specs.model import TransformerSpec
 
@@ -22,6 +29,26 @@ BWD_ATTN = 2.5  # FlashAttention-2 backward runs 5 matmuls vs 2 forward (Dao 202
 BWD_ELEMENTWISE = 2.0  # backward of norms/activations reads and writes about twice the bytes
 CAUSAL_FRACTION = 0.5  # causal flash kernels skip the masked half of QKᵀ and AV (C.1 item 1)
 ADAM_BYTES_PER_PARAM = 28.0  # read fp32 master, m, v (12) + bf16 grad (2); write 12 + bf16 copy (2)
+# Unfused attention moves every fp16 score element through HBM, forward: QKᵀ writes it (2 B),
+# the fused scale-mask-softmax reads and writes it (4), dropout reads it and writes its mask
+# and output (2 + 1 + 2), AV reads it (2): 13 B. Korthikanti et al. 2022 §4.1 counts the 5 B
+# of it that stay stored (softmax output, mask, dropout output). Backward moves about twice.
+UNFUSED_SCORE_BYTES = 13.0
+# Kernels one dense decoder layer launches forward with fused norms and attention: 2 norms,
+# QKV GEMM, RoPE, attention, output GEMM, 2 residual adds, MLP up GEMM, activation, MLP down
+# GEMM (Megatron-Core / Transformer Engine layer); backward launches about twice as many.
+KERNELS_PER_LAYER = 11.0
+KERNELS_BWD = 2.0
+# A dropless MoE layer copies its tokens-per-expert counts to the host (the all-to-all splits
+# and grouped-GEMM sizes are host lists), which drains the GPU queue: the kernels launched
+# after that sync are not hidden behind earlier GPU work. They are the token dispatcher's
+# (router top-k, softmax and aux loss, token counts, permute, sort chunks by expert, unpermute:
+# about 60 eager ops in Megatron-Core's TopKRouter + MoEAlltoAllTokenDispatcher) plus fc1,
+# activation and fc2 per local expert
+# (TE GroupedLinear issues one GEMM per expert).
+MOE_SYNCED_KERNELS = 60.0
+KERNELS_PER_EXPERT = 3.0
+HEAD_KERNELS = 3.0  # output GEMM, softmax cross-entropy, loss reduction
 
 
 def matmul_efficiency(flops: Num, eff: Efficiency) -> Num:
@@ -60,26 +87,35 @@ def attention_core_time(flops: Num, n_bytes: Num, acc: Accelerator) -> Num:
 
 @dataclass(frozen=True)
 class LayerCost:
-    """Forward cost of one layer (or the logits) for one micro-batch on one GPU."""
+    """Forward cost of one layer (or the logits) for one micro-batch on one GPU.
+
+    The forward takes max(GPU work, host launch time) plus the launches serialised behind a
+    host synchronisation (`synced_launch_s`); the backward does twice the GEMM, element-wise
+    and launch work and `attention_bwd_s` of attention.
+    """
 
     gemm_s: Num  # linear layers
     attention_s: Num  # attention core (QKᵀ, softmax, AV)
     elementwise_s: Num  # norms, residual adds, activation function, RoPE, routing
     gemm_flops: Num
     attention_flops: Num
-    host_s: Num = 0.0  # un-hidden host dispatch (MoE expert loop); backward launches twice
+    launch_s: Num = 0.0  # host time to launch the forward's kernels
+    attention_bwd_s: Num | None = None  # default: BWD_ATTN × attention_s (FlashAttention-2)
+    synced_launch_s: Num = 0.0  # launches after a host sync (dropless MoE), not hidden
+
+    @property
+    def gpu_forward_s(self) -> Num:
+        return self.gemm_s + self.attention_s + self.elementwise_s
 
     @property
     def forward_s(self) -> Num:
-        return self.gemm_s + self.attention_s + self.elementwise_s + self.host_s
+        return maximum(self.gpu_forward_s, self.launch_s) + self.synced_launch_s
 
     @property
     def backward_s(self) -> Num:
-        return (
-            BWD_GEMM * (self.gemm_s + self.host_s)
-            + BWD_ATTN * self.attention_s
-            + BWD_ELEMENTWISE * self.elementwise_s
-        )
+        attn = BWD_ATTN * self.attention_s if self.attention_bwd_s is None else self.attention_bwd_s
+        gpu = BWD_GEMM * self.gemm_s + attn + BWD_ELEMENTWISE * self.elementwise_s
+        return maximum(gpu, KERNELS_BWD * (self.launch_s + self.synced_launch_s))
 
 
 @dataclass(frozen=True)
@@ -116,12 +152,54 @@ def _mlp_cost(
     return up + down, 2.0 * rows * h * width * n_mat
 
 
+def launch_time(kernels: Num, plans: PlanArrays, acc: Accelerator) -> Num:
+    """Host seconds to launch `kernels` kernels: kernel_launch_us each, none when the step is
+    replayed from CUDA graphs or an XLA executable."""
+    return where(plans.graphs, 0.0, kernels * acc.efficiency.kernel_launch_us * 1e-6)
+
+
+def attention_time(
+    model: TransformerSpec, plans: PlanArrays, acc: Accelerator, sh: _Shapes
+) -> tuple[Num, Num, Num]:
+    """(forward s, backward s, FLOPs) of the attention core of one layer.
+
+    Flash (Dao 2023): causal kernels skip the masked half; with ring attention (cp > 1) one
+    kernel per K/V block, cp kernels of 1/cp of the work re-reading Q and the output (Liu et al.
+    2023, Alg. 1); backward 2.5× (five matmuls vs two). Unfused: QKᵀ and AV as batched GEMMs
+    over the full (masked) s², plus UNFUSED_SCORE_BYTES per score element through HBM forward
+    and twice that backward (Korthikanti et al. 2022 §4.1).
+    """
+    t = sh.tokens
+    cp = as_float(plans.cp)
+    flops_causal = 4.0 * t * model.seq_len * sh.q_local * CAUSAL_FRACTION
+    block_bytes = t * (2.0 * sh.q_local + 2.0 * sh.kv_local / cp) * ACT_BYTES
+    flash = cp * attention_core_time(flops_causal / cp, block_bytes, acc)
+    unfused_flops = 2.0 * flops_causal
+    heads_local = model.n_heads / as_float(plans.tp)
+    scores = t * model.seq_len * heads_local
+    eff = acc.efficiency
+    bmm_eta = maximum(matmul_efficiency(unfused_flops / 2.0, eff), 1e-6)
+    bmm = unfused_flops / (acc.peak("bf16") * 1e12 * bmm_eta)
+    traffic = memory_time(UNFUSED_SCORE_BYTES * scores, acc)
+    unfused = plans.attention == ATTENTION_CODES["unfused"]
+    forward = where(unfused, bmm + traffic, flash)
+    backward = where(unfused, BWD_GEMM * bmm + BWD_ELEMENTWISE * traffic, BWD_ATTN * flash)
+    return forward, backward, where(unfused, unfused_flops, flops_causal)
+
+
 def ep_load_imbalance(tokens: Num, top_k: int, ep: Num) -> Num:
     """Tokens on the busiest of `ep` expert-parallel ranks over the mean, for uniformly
     random (ideally balanced) top-k routing of `tokens` tokens: the rank counts are
     Binomial(T·k, 1/ep), sd/mean = sqrt((ep−1)/(T·k)), and the expected maximum of ep such
     counts is ≈ mean + sqrt(2·ln ep)·sd (Gaussian extreme value). 1 when ep = 1."""
     return 1.0 + sqrt(2.0 * log(ep)) * sqrt((ep - 1.0) / (tokens * top_k))
+
+
+def expert_imbalance(plans: PlanArrays, tokens: Num, top_k: int) -> Num:
+    """Busiest expert-parallel rank over the mean: the plan's stated `ep_imbalance`, else the
+    statistical imbalance of uniform routing (`ep_load_imbalance`)."""
+    stated = plans.ep_imbalance
+    return where(stated > 0, stated, ep_load_imbalance(tokens, top_k, as_float(plans.ep)))
 
 
 def layer_forward(
@@ -141,20 +219,14 @@ def layer_forward(
     out = gemm_time(t, sh.q_local, h, acc, sh.fp8)
     gemm_s = qkv + out
     gemm_flops = 2.0 * t * h * (2.0 * sh.q_local + 2.0 * sh.kv_local)
-
-    attn_flops = 4.0 * t * model.seq_len * sh.q_local * CAUSAL_FRACTION
-    # Ring attention (cp > 1) runs one flash kernel per K/V block: cp kernels of 1/cp of the
-    # work, each re-reading Q and the output (Liu et al. 2023, Ring Attention, Alg. 1).
-    cp = as_float(plans.cp)
-    block_bytes = t * (2.0 * sh.q_local + 2.0 * sh.kv_local / cp) * ACT_BYTES
-    attention_s = cp * attention_core_time(attn_flops / cp, block_bytes, acc)
+    attention_s, attention_bwd_s, attn_flops = attention_time(model, plans, acc, sh)
 
     n_mat = model.mlp_matrices
     act_bytes_per_width = 3.0 if model.mlp == "swiglu" else 2.0  # read (2 or 1)·F, write F
     # Two norms (read + write h, 2 B each) and two residual adds (2 reads + 1 write), then RoPE
     # on q and k (read + write).
     elem_bytes = (8.0 + 12.0) * sh.norm_tokens * h + 2.0 * t * (sh.q_local + sh.kv_local) * 2.0
-    host_s = 0.0
+    synced: Num = 0.0
     if moe and model.moe is not None:
         spec = model.moe
         width = model.expert_ffn / tp
@@ -164,7 +236,7 @@ def layer_forward(
         rows_per_expert = t * spec.top_k * ep / spec.experts
         expert_s, _ = _mlp_cost(sh, h, width, n_mat, rows_per_expert, acc)
         local_experts = spec.experts / ep
-        routed_s = expert_s * local_experts * ep_load_imbalance(t, spec.top_k, ep)
+        routed_s = expert_s * local_experts * expert_imbalance(plans, t, spec.top_k)
         routed_flops = 2.0 * t * spec.top_k * h * width * n_mat
         router_s = gemm_time(t, h, spec.experts, acc, False)
         gemm_s = gemm_s + routed_s + router_s
@@ -178,7 +250,7 @@ def layer_forward(
         # (read T·h, write T·k·h) and unpermute (read T·k·h, write T·h), bf16 (Megatron-Core
         # moe_utils.permute/unpermute).
         elem_bytes = elem_bytes + 12.0 * t * spec.experts + 4.0 * t * h * (1.0 + spec.top_k)
-        host_s = acc.efficiency.moe_expert_overhead_us * 1e-6 * local_experts
+        synced = launch_time(MOE_SYNCED_KERNELS + KERNELS_PER_EXPERT * local_experts, plans, acc)
     else:
         width = model.dense_ffn / tp
         mlp_s, mlp_flops = _mlp_cost(sh, h, width, n_mat, t, acc)
@@ -192,16 +264,20 @@ def layer_forward(
         elementwise_s=memory_time(elem_bytes, acc),
         gemm_flops=gemm_flops,
         attention_flops=attn_flops,
-        host_s=host_s,
+        launch_s=launch_time(KERNELS_PER_LAYER, plans, acc),
+        attention_bwd_s=attention_bwd_s,
+        synced_launch_s=synced,
     )
 
 
 def logits_forward(model: TransformerSpec, plans: PlanArrays, acc: Accelerator) -> LayerCost:
-    """Output head (T×h)·(h×V/tp) and the fp32 softmax cross-entropy (read bf16, write fp32)."""
+    """Output head (T×h)·(h×V/tp) and the softmax cross-entropy: unfused reads the bf16
+    logits and writes an fp32 softmax (6 B per logit), fused reads them and writes the
+    gradient in place (4 B)."""
     sh = _shapes(model, plans)
     v_local = model.vocab / as_float(plans.tp)
     gemm_s = gemm_time(sh.tokens, model.hidden, v_local, acc, sh.fp8)
-    ce_bytes = sh.tokens * v_local * (ACT_BYTES + 4.0)
+    ce_bytes = sh.tokens * v_local * (ACT_BYTES + where(plans.fused_ce, ACT_BYTES, 4.0))
     zero = 0.0 * gemm_s
     return LayerCost(
         gemm_s=gemm_s,
@@ -209,6 +285,21 @@ def logits_forward(model: TransformerSpec, plans: PlanArrays, acc: Accelerator) 
         elementwise_s=memory_time(ce_bytes, acc),
         gemm_flops=2.0 * sh.tokens * model.hidden * v_local,
         attention_flops=zero,
+        launch_s=launch_time(HEAD_KERNELS, plans, acc),
+    )
+
+
+def embedding_forward(model: TransformerSpec, plans: PlanArrays, acc: Accelerator) -> LayerCost:
+    """Input embedding lookup: read and write T·h bf16 (backward scatter-adds twice that)."""
+    sh = _shapes(model, plans)
+    zero = 0.0 * sh.tokens
+    return LayerCost(
+        gemm_s=zero,
+        attention_s=zero,
+        elementwise_s=memory_time(2.0 * sh.tokens * model.hidden * ACT_BYTES, acc),
+        gemm_flops=zero,
+        attention_flops=zero,
+        launch_s=launch_time(1.0, plans, acc),
     )
 
 
@@ -230,36 +321,48 @@ def recompute_flops_per_token(model: TransformerSpec, recompute: Num) -> Num:
     return where(recompute == RECOMPUTE_CODES["full"], layers + attention, selective)
 
 
-def optimizer_time(params_owned: Num, acc: Accelerator) -> Num:
-    """Adam step over the parameters this GPU owns: memory-bound, 28 B/param (C.2)."""
-    return memory_time(params_owned * ADAM_BYTES_PER_PARAM, acc)
+def optimizer_time(params_owned: Num, acc: Accelerator, remainder: Num = False) -> Num:
+    """Adam step over the parameters this GPU owns: memory-bound, 28 B/param (C.2); 24 when
+    the master weights are 16-bit remainders (read and write 2 B less each)."""
+    per_param = ADAM_BYTES_PER_PARAM - where(remainder, 4.0, 0.0)
+    return memory_time(params_owned * per_param, acc)
 
 
 @dataclass(frozen=True)
-class StageCompute:
-    """Per-micro-batch compute of the slowest pipeline stage (last stage: layers + logits)."""
+class UnitCosts:
+    """Per-micro-batch seconds of the units a pipeline stage is built from: one decoder layer
+    (the dense/MoE mix of the model), the output head with its loss, the input embedding."""
 
-    layers: Num  # decoder layers held by one stage (all v chunks)
-    forward_s: Num
-    backward_s: Num
-    recompute_s: Num
-    gemm_forward_s: Num  # window for overlapped TP collectives
-    attention_forward_s: Num  # window for ring-attention (CP) exchange
-    layer_forward_s: Num  # one layer's forward (unit of FSDP prefetch)
+    layer_forward_s: Num
+    layer_backward_s: Num
+    layer_recompute_s: Num
+    layer_gemm_s: Num  # window for overlapped TP collectives
+    layer_attention_s: Num  # window for the ring-attention (CP) exchange
+    head_forward_s: Num
+    head_backward_s: Num
+    embed_forward_s: Num
+    embed_backward_s: Num
+
+    @property
+    def layer_s(self) -> Num:
+        return self.layer_forward_s + self.layer_backward_s + self.layer_recompute_s
+
+    @property
+    def head_s(self) -> Num:
+        return self.head_forward_s + self.head_backward_s
+
+    @property
+    def embed_s(self) -> Num:
+        return self.embed_forward_s + self.embed_backward_s
 
 
-def stage_layers(model: TransformerSpec, plans: PlanArrays) -> Num:
-    """Layers on the fullest stage: v chunks of ceil(L/(p·v)) layers (uneven splits round up)."""
-    chunks = plans.pp * plans.vpp
-    return ceil(model.n_layers / as_float(chunks)) * plans.vpp
+def unit_costs(model: TransformerSpec, plans: PlanArrays, acc: Accelerator) -> UnitCosts:
+    """Forward, backward and recompute of one layer, the head and the embedding.
 
-
-def stage_compute(model: TransformerSpec, plans: PlanArrays, acc: Accelerator) -> StageCompute:
-    """Forward, backward and recompute seconds of one micro-batch on the slowest stage."""
-    n_stage = stage_layers(model, plans)
+    Full recompute re-runs the layer forward; selective re-runs the attention core and the
+    element-wise ops (Korthikanti et al. 2022 §5)."""
     moe_share = model.n_moe_layers / model.n_layers
-    dense = layer_forward(model, plans, acc, moe=False)
-    costs = [(1.0 - moe_share, dense)]
+    costs = [(1.0 - moe_share, layer_forward(model, plans, acc, moe=False))]
     if moe_share > 0:
         costs.append((moe_share, layer_forward(model, plans, acc, moe=True)))
 
@@ -267,19 +370,103 @@ def stage_compute(model: TransformerSpec, plans: PlanArrays, acc: Accelerator) -
         return sum(w * getattr(c, attr) for w, c in costs)
 
     layer_fwd = mix("forward_s")
-    layer_bwd = mix("backward_s")
-    head = logits_forward(model, plans, acc)
     code = plans.recompute
     selective = where(
         code == RECOMPUTE_CODES["selective"], mix("attention_s") + mix("elementwise_s"), 0.0
     )
-    layer_recompute = where(code == RECOMPUTE_CODES["full"], layer_fwd, selective)
-    return StageCompute(
-        layers=n_stage,
-        forward_s=n_stage * layer_fwd + head.forward_s,
-        backward_s=n_stage * layer_bwd + head.backward_s,
-        recompute_s=n_stage * layer_recompute,
-        gemm_forward_s=n_stage * mix("gemm_s"),
-        attention_forward_s=n_stage * mix("attention_s"),
+    head = logits_forward(model, plans, acc)
+    embed = embedding_forward(model, plans, acc)
+    return UnitCosts(
         layer_forward_s=layer_fwd,
+        layer_backward_s=mix("backward_s"),
+        layer_recompute_s=where(code == RECOMPUTE_CODES["full"], layer_fwd, selective),
+        layer_gemm_s=mix("gemm_s"),
+        layer_attention_s=mix("attention_s"),
+        head_forward_s=head.forward_s,
+        head_backward_s=head.backward_s,
+        embed_forward_s=embed.forward_s,
+        embed_backward_s=embed.backward_s,
     )
+
+
+@dataclass(frozen=True)
+class StageLayers:
+    """Decoder layers (all v chunks) on the first stage, the fullest middle stage and the
+    last stage. With pp = 1 all three are the one stage."""
+
+    first: Num
+    mid: Num
+    last: Num
+
+
+def stage_layers(model: TransformerSpec, plans: PlanArrays) -> StageLayers:
+    """Stated first/middle/last counts, the rest split evenly: each unstated stage holds v
+    chunks of ceil(rest/(stages·v)) layers (a split that does not divide rounds up; Megatron-Core
+    decoder_first/last_pipeline_num_layers)."""
+    first_set, last_set = plans.pp_first >= 0, plans.pp_last >= 0
+    first_n, last_n = maximum(plans.pp_first, 0), maximum(plans.pp_last, 0)
+    v = as_float(plans.vpp)
+    stages = as_float(plans.pp) - as_float(first_set) - as_float(last_set)
+    rest = model.n_layers - as_float(first_n * first_set + last_n * last_set)
+    even = ceil(rest / maximum(stages * v, 1.0)) * v
+    return StageLayers(
+        first=where(first_set, as_float(first_n), even),
+        mid=where(plans.pp_mid >= 0, as_float(plans.pp_mid), even),
+        last=where(last_set, as_float(last_n), even),
+    )
+
+
+@dataclass(frozen=True)
+class PipelineTimes:
+    """Per-micro-batch seconds of each stage kind and what the schedule makes of them."""
+
+    first_s: Num
+    mid_s: Num  # 0 where there is no middle stage (pp ≤ 2)
+    last_s: Num
+    total_s: Num  # sum over all pp stages
+
+    @property
+    def critical_s(self) -> Num:
+        """The slowest stage: it sets the steady-state pace."""
+        return maximum(maximum(self.first_s, self.mid_s), self.last_s)
+
+    def bubble_s(self, v: Num) -> Num:
+        """Fill and drain: (Σ_s t_s − max_s t_s)/v (Sailor/Metis uneven-stage form; equals
+        (p−1)/v of a stage for even stages, Narayanan et al. SC'21 §2.2)."""
+        return (self.total_s - self.critical_s) / as_float(v)
+
+
+def pipeline_times(
+    model: TransformerSpec, plans: PlanArrays, layers: StageLayers, layer_s: Num, head_s: Num,
+    embed_s: Num, stage_s: Num = 0.0,
+) -> PipelineTimes:  # fmt: skip
+    """Stage times from a per-layer time, the head and embedding times and a per-stage
+    constant: the first stage holds the embedding, the last the head (both on the one stage
+    when pp = 1)."""
+    single = plans.pp == 1
+    first = layers.first * layer_s + embed_s + where(single, head_s, 0.0) + stage_s
+    last = where(single, first, layers.last * layer_s + head_s + stage_s)
+    mid = where(plans.pp > 2, layers.mid * layer_s + stage_s, 0.0)
+    total = model.n_layers * layer_s + head_s + embed_s + as_float(plans.pp) * stage_s
+    return PipelineTimes(first_s=first, mid_s=mid, last_s=last, total_s=total)
+
+
+def critical_layers(layers: StageLayers, times: PipelineTimes) -> Num:
+    """Layers on the stage kind the schedule waits on (the slowest)."""
+    critical = times.critical_s
+    return where(
+        times.first_s >= critical,
+        layers.first,
+        where(times.mid_s >= critical, layers.mid, layers.last),
+    )
+
+
+def compute_lower_bound(model: TransformerSpec, plans: PlanArrays, acc: Accelerator) -> Num:
+    """m·max_s(c_s) + (Σ_s c_s − max_s c_s)/v of the compute alone: every step spends it;
+    communication, the optimizer and overlap interference only add to it (C.6, C.7)."""
+    units = unit_costs(model, plans, acc)
+    times = pipeline_times(
+        model, plans, stage_layers(model, plans), units.layer_s, units.head_s, units.embed_s
+    )
+    m = as_float(plans.micro_batches)
+    return m * times.critical_s + times.bubble_s(plans.vpp)

@@ -3,16 +3,27 @@
 Model states follow the ZeRO paper (Rajbhandari et al. SC'20, §3.1 and Fig. 1): mixed-precision
 Adam keeps 2 (bf16 weights) + 2 (bf16 grads) + 12 (fp32 master, m, v) bytes per parameter;
 stage 1 shards the 12, stage 2 also the grads, stage 3 also the weights. Activations follow
-Korthikanti et al. 2022 (Table 2), recounted for flash attention without dropout. Bytes.
+Korthikanti et al. 2022 (Table 2), recounted for flash attention without dropout. Every
+pipeline stage kind (first, fullest middle, last) is counted with its own layers, tables and
+in-flight micro-batches; the fullest decides. Bytes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardmeter.estimate._xp import Num, as_float, full_like, maximum, minimum, where
-from shardmeter.estimate.compute import ACT_BYTES, stage_layers
+from shardmeter.estimate._xp import (
+    Num,
+    as_float,
+    full_like,
+    logical_not,
+    maximum,
+    minimum,
+    where,
+)
+from shardmeter.estimate.compute import ACT_BYTES, StageLayers, stage_layers
 from shardmeter.estimate.plan_arrays import (
+    ATTENTION_CODES,
     PRECISION_CODES,
     RECOMPUTE_CODES,
     SHARDING_CODES,
@@ -24,7 +35,12 @@ from shardmeter.specs.model import TransformerSpec
 WEIGHT_BYTES = 2.0  # bf16 weights
 GRAD_BYTES = 2.0  # bf16 gradients
 OPTIMIZER_BYTES = 12.0  # fp32 master copy + Adam m and v (ZeRO paper's K = 12)
+REMAINDER_SAVING = 2.0  # a 16-bit remainder over the bf16 weights replaces the fp32 master
 LOGITS_BYTES = 8.0  # per logit: bf16 output + fp32 softmax copy + bf16 gradient
+FUSED_LOGITS_BYTES = 2.0  # fused cross-entropy writes the gradient over the bf16 logits
+UNFUSED_SCORE_STORED = (
+    5.0  # per score element: softmax out 2 + dropout mask 1 + out 2 (Korthikanti §4.1)
+)
 
 
 @dataclass(frozen=True)
@@ -40,17 +56,19 @@ class ModelStates:
         return self.weights + self.gradients + self.optimizer
 
 
-def model_state_bytes(params: Num, shard: Num, stage: Num) -> ModelStates:
+def model_state_bytes(params: Num, shard: Num, stage: Num, remainder: Num = False) -> ModelStates:
     """ZeRO table (C.3): stage 0 16N; 1: 4N + 12N/d; 2: 2N + 14N/d; 3: 16N/d.
 
     `params` are the parameters this GPU holds before sharding (already /(tp·pp)), `shard`
-    the sharding group d (the HSDP shard group), `stage` 0..3.
+    the sharding group d (the HSDP shard group), `stage` 0..3; `remainder`: the optimizer keeps
+    a 16-bit remainder of the master weights, 10 bytes instead of 12.
     """
     d = where(stage >= 1, as_float(shard), 1.0)
+    optimizer = OPTIMIZER_BYTES - where(remainder, REMAINDER_SAVING, 0.0)
     return ModelStates(
         weights=WEIGHT_BYTES * params / where(stage >= 3, d, 1.0),
         gradients=GRAD_BYTES * params / where(stage >= 2, d, 1.0),
-        optimizer=OPTIMIZER_BYTES * params / d,
+        optimizer=optimizer * params / d,
     )
 
 
@@ -73,7 +91,7 @@ def korthikanti_activation_bytes(
 
 @dataclass(frozen=True)
 class LocalParams:
-    """Parameters held by one GPU on its fullest stage, before ZeRO/FSDP sharding."""
+    """Parameters held by one GPU on one stage, before ZeRO/FSDP sharding."""
 
     dense: Num  # attention, dense MLPs, shared experts, routers, embeddings
     expert: Num  # routed experts (split over ep as well)
@@ -84,11 +102,9 @@ class LocalParams:
         return self.dense + self.expert
 
 
-def local_params(model: TransformerSpec, plans: PlanArrays) -> LocalParams:
-    """Per-GPU parameters: the stage's L/pp layers split by tp (routed experts also by ep),
-    plus the embedding or output head (both when pp = 1 and untied)."""
+def per_layer_params(model: TransformerSpec, plans: PlanArrays) -> tuple[Num, Num]:
+    """(dense, routed-expert) parameters of one average layer on one GPU: /tp, experts /ep."""
     tp = as_float(plans.tp)
-    n_stage = stage_layers(model, plans)
     moe_share = model.n_moe_layers / model.n_layers
     attn = model.attn_params_per_layer / tp
     dense_mlp = model.mlp_matrices * model.hidden * model.dense_ffn / tp
@@ -101,12 +117,29 @@ def local_params(model: TransformerSpec, plans: PlanArrays) -> LocalParams:
             spec.shared_experts * expert + model.hidden * spec.experts
         )
         per_layer_expert = moe_share * expert * spec.experts / as_float(plans.ep)
-    both = 1.0 if model.tied_embeddings else 2.0
-    embeddings = where(plans.pp == 1, both, 1.0) * (model.vocab * model.hidden / tp)
+    return per_layer_dense, per_layer_expert
+
+
+def end_stage_tables(model: TransformerSpec, plans: PlanArrays) -> Num:
+    """Embedding-sized (V·h/tp) tables on the first and on the last stage: the input embedding
+    on the first, the output head on the last; the one stage holds both (one if tied) when
+    pp = 1."""
+    return where(plans.pp == 1, 1.0 if model.tied_embeddings else 2.0, 1.0)
+
+
+def local_params(
+    model: TransformerSpec, plans: PlanArrays, layers: Num | None = None, tables: Num | None = None
+) -> LocalParams:
+    """Per-GPU parameters of a stage of `layers` layers and `tables` embedding tables
+    (default: the stage holding the most: the fullest stage kind with its tables)."""
+    dense, expert = per_layer_params(model, plans)
+    if layers is None or tables is None:
+        counts = stage_layers(model, plans)
+        layers = maximum(maximum(counts.first, counts.mid), counts.last)
+        tables = end_stage_tables(model, plans)
+    embeddings = tables * (model.vocab * model.hidden / as_float(plans.tp))
     return LocalParams(
-        dense=n_stage * per_layer_dense + embeddings,
-        expert=n_stage * per_layer_expert,
-        layer=per_layer_dense + per_layer_expert,
+        dense=layers * dense + embeddings, expert=layers * expert, layer=dense + expert
     )
 
 
@@ -140,11 +173,16 @@ def _activation_sets(model: TransformerSpec, plans: PlanArrays) -> tuple[Num, Nu
     replicated = 4.0 * model.hidden * norm_tokens  # two norm inputs, QKV and MLP inputs
     split = tokens * (q_l + 2.0 * kv_l + q_l + per_width * mlp_width + mlp_copies)
     # FP8 GEMMs save their inputs as the 1-byte FP8 casts (Transformer Engine keeps them for
-    # the weight gradient): the two norm outputs and the activation-function output.
+    # the weight gradient): the two norm outputs, the routed token copies entering the experts
+    # and the activation-function output.
     fp8_half = where(plans.precision == PRECISION_CODES["fp8"], 0.5 * ACT_BYTES, 0.0)
-    norm_out_saving = fp8_half * 2.0 * model.hidden * norm_tokens
-    full_set = ACT_BYTES * (replicated + split) - norm_out_saving - fp8_half * tokens * mlp_width
-    selective_set = ACT_BYTES * (replicated + split - tokens * (q_l + mlp_width)) - norm_out_saving
+    gemm_inputs = fp8_half * (2.0 * model.hidden * norm_tokens + tokens * mlp_copies)
+    full_set = ACT_BYTES * (replicated + split) - gemm_inputs - fp8_half * tokens * mlp_width
+    selective_set = ACT_BYTES * (replicated + split - tokens * (q_l + mlp_width)) - gemm_inputs
+    # Unfused attention also keeps its score tensors (5·a·s²·b / tp, Korthikanti §4.1); selective
+    # recompute exists to drop exactly these.
+    scores = tokens * model.seq_len * model.n_heads / tp * UNFUSED_SCORE_STORED
+    full_set = full_set + where(plans.attention == ATTENTION_CODES["unfused"], scores, 0.0)
     return full_set, selective_set, ACT_BYTES * model.hidden * norm_tokens
 
 
@@ -167,12 +205,16 @@ def _saved_per_layer(plans: PlanArrays, full_set: Num, selective_set: Num, layer
     return where(code == RECOMPUTE_CODES["full"], layer_input, partial)
 
 
-def in_flight_micro_batches(plans: PlanArrays) -> Num:
-    """Micro-batches whose activations stage 0 holds: min(p, m) under 1F1B, times the
-    interleaving factor 1 + (p−1)/(p·v) when v > 1 (Korthikanti et al. 2022, §4.2.3)."""
-    p = as_float(plans.pp)
-    in_flight = minimum(p, as_float(plans.micro_batches))
-    return in_flight * where(plans.vpp > 1, 1.0 + (p - 1.0) / (p * plans.vpp), 1.0)
+def in_flight_micro_batches(plans: PlanArrays, stage: Num = 0) -> Num:
+    """Micro-batches whose activations pipeline stage `stage` holds at its peak, in units of
+    the whole stage: 1F1B min(p − i, m); interleaved (p·v + p − 1 − 2i)/v chunk-micro-batches
+    (Megatron's warm-up (p − i − 1)·2 + (v − 1)·p, plus one), which for stage 0 is Korthikanti
+    et al. 2022 §4.2.3's p·(1 + (p−1)/(p·v))."""
+    p, v = as_float(plans.pp), as_float(plans.vpp)
+    m = as_float(plans.micro_batches)
+    plain = minimum(p - stage, m)
+    interleaved = minimum((p * v + p - 1.0 - 2.0 * stage) / v, m)
+    return where(plans.vpp > 1, interleaved, plain)
 
 
 @dataclass(frozen=True)
@@ -189,45 +231,104 @@ class MemoryArrays:
     def as_dict(self) -> dict[str, Num]:
         return dict(self.__dict__)
 
+    @property
+    def total(self) -> Num:
+        return (
+            self.weights
+            + self.gradients
+            + self.optimizer_states
+            + self.activations
+            + self.buffers
+            + self.overhead
+        )
 
-def memory_breakdown(
+
+def _gather_unit_params(model: TransformerSpec, plans: PlanArrays, layer: Num) -> Num:
+    """Parameters one ZeRO-3 all-gather fetches: a whole layer (FSDP unit), or its largest
+    weight matrix (DeepSpeed ZeRO-3 fetches module by module)."""
+    tp = as_float(plans.tp)
+    h = model.hidden
+    width = model.expert_ffn if model.moe is not None else model.dense_ffn
+    matrix = maximum(h * (model.q_dim + 2.0 * model.kv_dim), (model.mlp_matrices - 1.0) * h * width)
+    return where(plans.gather_matrix, minimum(matrix / tp, layer), layer)
+
+
+def _stage_memory(
     model: TransformerSpec,
     cluster: Cluster,
     plans: PlanArrays,
-    params: LocalParams | None = None,
+    params: LocalParams,
+    layers: Num,
+    in_flight: Num,
+    logits: Num,
 ) -> MemoryArrays:
-    """Weights, grads, optimizer (ZeRO), activations (in-flight micro-batches), buffers
-    (FSDP all-gather of two units with prefetch, logits), and the cluster's fixed overhead.
-    `params` may pass `local_params(model, plans)` when the caller has it already."""
-    params = params if params is not None else local_params(model, plans)
+    """Memory of one stage kind: its states, `in_flight` micro-batches of `layers` layers'
+    activations, the full-recompute working layer, the ZeRO-3 prefetch buffer and `logits`."""
     d_dense, d_expert = shard_divisors(plans)
-    states_dense = model_state_bytes(params.dense, d_dense, plans.sharding)
-    states_expert = model_state_bytes(params.expert, d_expert, plans.sharding)
-
-    n_stage = stage_layers(model, plans)
+    states_dense = model_state_bytes(params.dense, d_dense, plans.sharding, plans.master_remainder)
+    states_expert = model_state_bytes(
+        params.expert, d_expert, plans.sharding, plans.master_remainder
+    )
     full_set, selective_set, layer_input = _activation_sets(model, plans)
     per_layer = _saved_per_layer(plans, full_set, selective_set, layer_input)
     # Under full recompute one layer's activations are rebuilt at a time during backward.
     working = where(plans.recompute == RECOMPUTE_CODES["full"], full_set, 0.0)
-    stage0 = per_layer * n_stage * in_flight_micro_batches(plans) + working
-
-    tokens = plans.micro_batch * model.seq_len / as_float(plans.cp)
-    logits = tokens * model.vocab / as_float(plans.tp) * LOGITS_BYTES
-    last_stage = per_layer * n_stage + working + logits
-    logits_extra = where(plans.pp == 1, logits, maximum(last_stage - stage0, 0.0))
+    activations = per_layer * layers * in_flight + working
 
     zero3 = plans.sharding == SHARDING_CODES["zero3"]
-    unit_bytes = WEIGHT_BYTES * minimum(2.0 * params.layer, params.total)
+    unit = _gather_unit_params(model, plans, params.layer)
+    unit_bytes = WEIGHT_BYTES * minimum(2.0 * unit, params.total)
     # The gathered unit lacks (1 - 1/d) of each part: dense weights shard over d_dense,
     # routed experts over d_expert (ZeRO paper, Rajbhandari et al. 2020, Sec. 5.3).
-    expert_share = params.expert / params.total
+    expert_share = params.expert / maximum(params.total, 1e-30)
     missing = (1.0 - expert_share) * (1.0 - 1.0 / d_dense) + expert_share * (1.0 - 1.0 / d_expert)
     gather = where(zero3, unit_bytes * missing, 0.0)
     return MemoryArrays(
         weights=states_dense.weights + states_expert.weights,
         gradients=states_dense.gradients + states_expert.gradients,
         optimizer_states=states_dense.optimizer + states_expert.optimizer,
-        activations=stage0,
-        buffers=gather + logits_extra,
-        overhead=full_like(stage0, cluster.memory_overhead_gb * 1e9),
+        activations=activations,
+        buffers=gather + logits,
+        overhead=full_like(activations, cluster.memory_overhead_gb * 1e9),
+    )
+
+
+def memory_breakdown(
+    model: TransformerSpec,
+    cluster: Cluster,
+    plans: PlanArrays,
+    counts: StageLayers | None = None,
+) -> MemoryArrays:
+    """Weights, grads, optimizer (ZeRO), activations (in-flight micro-batches), buffers
+    (ZeRO-3 all-gather of two units with prefetch, logits), and the cluster's fixed overhead,
+    for the fullest of the first, fullest middle and last pipeline stages."""
+    counts = counts if counts is not None else stage_layers(model, plans)
+    tables = end_stage_tables(model, plans)
+    tokens = plans.micro_batch * model.seq_len / as_float(plans.cp)
+    per_logit = where(plans.fused_ce, FUSED_LOGITS_BYTES, LOGITS_BYTES)
+    logits = tokens * model.vocab / as_float(plans.tp) * per_logit
+    single = plans.pp == 1
+    first = _stage_memory(
+        model, cluster, plans, local_params(model, plans, counts.first, tables), counts.first,
+        in_flight_micro_batches(plans, 0), where(single, logits, 0.0),
+    )  # fmt: skip
+    last = _stage_memory(
+        model, cluster, plans, local_params(model, plans, counts.last, tables), counts.last,
+        in_flight_micro_batches(plans, as_float(plans.pp) - 1.0), logits,
+    )  # fmt: skip
+    mid = _stage_memory(
+        model, cluster, plans, local_params(model, plans, counts.mid, 0.0), counts.mid,
+        in_flight_micro_batches(plans, 1.0), 0.0,
+    )  # fmt: skip
+    totals = [first.total, where(plans.pp > 2, mid.total, 0.0), where(single, 0.0, last.total)]
+    pick_mid = (totals[1] > totals[0]) & (totals[1] >= totals[2])
+    pick_last = (totals[2] > totals[0]) & logical_not(pick_mid)
+    return MemoryArrays(
+        **{
+            name: where(pick_last, last_get, where(pick_mid, mid_get, first_get))
+            for name, first_get, mid_get, last_get in (
+                (n, getattr(first, n), getattr(mid, n), getattr(last, n))
+                for n in MemoryArrays.__dataclass_fields__
+            )
+        }
     )

@@ -1,10 +1,13 @@
 """One island's training step: compute, recompute, bubble, exposed communication, optimizer.
 
-T_step = m·(t_f + t_b + t_recompute + exposed per-micro-batch comms) + bubble + exposed
-DP/ZeRO comms + optimizer (C.7, Calculon structure). Each communication is hidden up to its
-overlap window, `exposed = max(0, T_comm − W)`, and while it overlaps compute runs slower by
-u/(1−u) of the hidden time (u = `Cluster.overlap_slowdown`, Calculon's processor_usage).
-The pipeline bubble is (p−1)/(v·m) of the per-step stage time (Narayanan et al. SC'21, §2.2).
+A pipeline stage is built from units: decoder layers, the input embedding (first stage) and the
+output head (last stage). Each unit's per-micro-batch time is its compute plus the part of its
+communication that its overlap window cannot hide, `exposed = max(0, T_comm − W)`; while
+communication overlaps, compute runs slower by u/(1−u) of the hidden time
+(u = `Cluster.overlap_slowdown`, Calculon's processor_usage). The step is
+m·max_s(t_s) + (Σ_s t_s − max_s t_s)/v for the stages s (Sailor/Metis uneven-stage form, which
+is Narayanan et al. SC'21 §2.2's (p−1)/(v·m) bubble for even stages), plus once-per-step
+DP/ZeRO communication, pipeline sends, the step's synchronisations and the optimizer (C.7).
 `estimate_step_arrays` evaluates any number of plans at once; `estimate_step` is its view.
 """
 
@@ -21,15 +24,22 @@ from shardmeter.estimate._xp import Num, as_float, logical_not, maximum, minimum
 from shardmeter.estimate.compute import (
     ACT_BYTES,
     BWD_ATTN,
-    ep_load_imbalance,
+    PipelineTimes,
+    UnitCosts,
+    critical_layers,
+    expert_imbalance,
     model_flops_per_token,
     optimizer_time,
+    pipeline_times,
     recompute_flops_per_token,
-    stage_compute,
+    stage_layers,
+    unit_costs,
 )
 from shardmeter.estimate.memory import (
     GRAD_BYTES,
     WEIGHT_BYTES,
+    LocalParams,
+    end_stage_tables,
     local_params,
     memory_breakdown,
     shard_divisors,
@@ -55,6 +65,14 @@ FloatArray = NDArray[np.float64]
 COMM_COMPONENTS: tuple[str, ...] = tuple(c for c in TIME_COMPONENTS if c.endswith("_comm"))
 BOTTLENECK_MIN_SHARE = 0.05  # an overhead below 5% of the step is not called the bottleneck
 COMM_BOUND_SHARE = 0.10  # exposed communication above 10% of the step => communication-bound
+STEP_SYNCS = 2.0  # small all-reduces over every GPU each step: loss and gradient norm (clipping)
+FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128.0  # e4m3 value + one fp32 scale per 128 (DeepSeek-V3 §3.3)
+# Time components that scale with the stage's layers and tables, per micro-batch.
+STAGE_COMPONENTS: tuple[str, ...] = (
+    "compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "fsdp_comm", "dp_comm",
+)  # fmt: skip
+# Overlap windows of the once-per-step collectives, per micro-batch of a stage.
+STAGE_WINDOWS: tuple[str, ...] = ("forward", "backward")
 
 
 @dataclass(frozen=True)
@@ -92,9 +110,107 @@ def _finish(value: Num, zeros: FloatArray) -> FloatArray:
 
 
 def pipeline_bubble_fraction(p: Num, v: Num, m: Num) -> Num:
-    """Idle share of ideal stage time: (p−1)/m for 1F1B, (p−1)/(v·m) interleaved
-    (Narayanan et al. SC'21, §2.2.1-2.2.2)."""
+    """Idle share of ideal stage time for even stages: (p−1)/m for 1F1B, (p−1)/(v·m)
+    interleaved (Narayanan et al. SC'21, §2.2.1-2.2.2)."""
     return (as_float(p) - 1.0) / (as_float(v) * as_float(m))
+
+
+def expert_exchange_time(
+    model: TransformerSpec, cluster: Cluster, plans: PlanArrays, bytes_per_value: Num
+) -> Num:
+    """One token dispatch (or combine) of one MoE layer and micro-batch over the ep group.
+
+    Each of the T·k routed copies of an h-wide token goes to its expert's rank: (g−1)/ep of
+    them to peers in the NVLink domain, (ep−g)/ep over the NIC. With node-level
+    deduplication (DeepSeek-V3 §3.2.2) a token crosses the NIC once per distinct remote node,
+    E[nodes] = N·(1 − (1 − 1/N)^k) for N nodes in the group, at most the group-limited
+    routing's node count, and is fanned out to its experts over NVLink. The busiest rank
+    (uniform-routing load imbalance) sets the time.
+    """
+    moe = model.moe
+    if moe is None:
+        return 0.0
+    tokens = plans.micro_batch * model.seq_len / as_float(plans.cp)
+    ep = as_float(plans.ep)
+    stride = as_float(plans.tp * plans.cp)
+    k = float(moe.top_k)
+    g = comm.domain_members(ep, stride, cluster.nvlink_domain)
+    nodes = ep / g
+    reached = nodes * (1.0 - (1.0 - 1.0 / nodes) ** k)
+    if moe.n_groups is not None and moe.topk_groups is not None:
+        limit = minimum(nodes, moe.topk_groups * maximum(1.0, nodes / moe.n_groups))
+        reached = minimum(reached, limit)
+    inter = where(plans.ep_dedup, reached * (nodes - 1.0) / nodes, k * (ep - g) / ep)
+    intra = where(plans.ep_dedup, k * (g - 1.0) / g, k * (g - 1.0) / ep)
+    per_copy = tokens * model.hidden * bytes_per_value * expert_imbalance(plans, tokens, moe.top_k)
+    return comm.split_exchange_time(intra * per_copy, inter * per_copy, ep, stride, cluster)
+
+
+@dataclass(frozen=True)
+class _Sync:
+    """Data-parallel collectives over one set of parameters: gradient reduce-scatter over the
+    shard group, parameter all-gather, and the replica all-reduce of the 1/d shard (HSDP)."""
+
+    rs: Num
+    ag: Num
+    ar: Num
+
+
+def _sync(
+    model: TransformerSpec, params: LocalParams, cluster: Cluster, plans: PlanArrays,
+    units: Num = 1.0,
+) -> _Sync:  # fmt: skip
+    """DP/ZeRO collectives of `params`, gathered in `units` pieces (each paying latency).
+    Gradients reduce over dp·cp; routed experts over their own (dp·cp/ep) groups (C.5)."""
+    dp, tp, cp, ep = (as_float(x) for x in (plans.dp, plans.tp, plans.cp, plans.ep))
+    d_dense, d_expert = shard_divisors(plans)
+
+    def one(p_count: Num, d: Num, rep: Num, stride: Num) -> tuple[Num, Num, Num]:
+        grads = p_count * GRAD_BYTES
+        rs = comm.reduce_scatter_time(grads, d, stride, cluster)
+        ag = units * comm.all_gather_time(p_count * WEIGHT_BYTES / units, d, stride, cluster)
+        ar = comm.all_reduce_time(grads / d, rep, stride * d, cluster)
+        return rs, ag, ar
+
+    rs, ag, ar = one(params.dense, d_dense, maximum(dp * cp / d_dense, 1.0), tp)
+    if model.moe is not None:
+        rs_e, ag_e, ar_e = one(
+            params.expert, d_expert, maximum(dp * cp / ep / d_expert, 1.0), tp * cp * ep
+        )
+        rs, ag, ar = rs + rs_e, ag + ag_e, ar + ar_e
+    return _Sync(rs, ag, ar)
+
+
+def _unit_sharded_comm(
+    sync: _Sync, fwd_window: Num, bwd_window: Num, plans: PlanArrays, u: float
+) -> tuple[Num, Num]:
+    """(fsdp, dp) exposed seconds of one unit per micro-batch: ZeRO-2/3 reduce-scatter the
+    gradients in backward, ZeRO-3 also gathers the weights forward and backward, each hidden
+    under the unit's own compute when its overlap is on (FSDP prefetch, Zhao et al. 2023)."""
+    stage = plans.sharding
+    rs = where(stage >= SHARDING_CODES["zero2"], sync.rs, 0.0)
+    ag = where(stage == SHARDING_CODES["zero3"], sync.ag, 0.0)
+    opg, odp = plans.overlap_param_gather, plans.overlap_dp
+    fwd = _overlap(ag, where(opg, fwd_window, 0.0), u)
+    bwd = _overlap(ag * opg + rs * odp, bwd_window, u)
+    bwd_exposed = ag * logical_not(opg) + rs * logical_not(odp) + bwd.cost
+    ag_share = _share(ag, ag + rs)
+    return fwd.cost + bwd_exposed * ag_share, bwd_exposed * (1.0 - ag_share)
+
+
+def _stage_components(
+    layers: Num, tables: dict[str, Num], per_layer: dict[str, Num], per_table: dict[str, dict[str, Num]],
+    const: dict[str, Num],
+) -> dict[str, Num]:  # fmt: skip
+    """Per-micro-batch seconds of one stage by component: its layers, its tables (embedding,
+    head: 0 or 1 each) and a per-stage constant."""
+    out: dict[str, Num] = {}
+    for name in STAGE_COMPONENTS + STAGE_WINDOWS:
+        value = layers * per_layer.get(name, 0.0) + const.get(name, 0.0)
+        for table, count in tables.items():
+            value = value + count * per_table[table].get(name, 0.0)
+        out[name] = value
+    return out
 
 
 def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanArrays) -> StepArrays:
@@ -106,84 +222,134 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     )
     m = as_float(plans.micro_batches)
     full = plans.recompute == RECOMPUTE_CODES["full"]
-    sc = stage_compute(model, plans, acc)
+    units: UnitCosts = unit_costs(model, plans, acc)
+    counts = stage_layers(model, plans)
     tokens_mb = plans.micro_batch * model.seq_len / cp  # tokens per micro-batch per GPU
-    moe_layers = sc.layers * (model.n_moe_layers / model.n_layers)
+    moe_share = model.n_moe_layers / model.n_layers
 
-    # Tensor parallel: 2 all-reduces forward + 2 backward per layer (+2 when the forward is
+    # Tensor parallel, per layer: 2 all-reduces forward + 2 backward (+2 when the forward is
     # recomputed), each b·s·h bytes; SP's all-gather + reduce-scatter pair costs the same
     # (Korthikanti et al. 2022, §4.2.2). Overlap window: the layer GEMMs (comm-GEMM overlap).
     tp_msg = tokens_mb * model.hidden * ACT_BYTES
-    tp_count = sc.layers * (4.0 + 2.0 * full)
-    tp_total = tp_count * comm.all_reduce_time(tp_msg, tp, 1, cluster)
-    tp_window = where(plans.overlap_tp, sc.gemm_forward_s * (3.0 + full), 0.0)
-    tp_mb = _overlap(tp_total, tp_window, u)
+    tp_count = 4.0 + 2.0 * full
+    tp_layer = _overlap(
+        tp_count * comm.all_reduce_time(tp_msg, tp, 1, cluster),
+        where(plans.overlap_tp, units.layer_gemm_s * (3.0 + full), 0.0),
+        u,
+    )
 
-    # Context parallel (ring attention): c−1 K,V blocks per layer forward, twice that backward
+    # Context parallel (ring attention), per layer: c−1 K,V blocks forward, twice that backward
     # (K,V and their gradients), hidden only behind the attention core of the same layer
     # (C.5); the ring runs over the NIC once tp·cp spans NVLink domains.
     kv_local = maximum(model.kv_heads / tp, 1.0) * model.dim_head
     kv_block = 2.0 * tokens_mb * kv_local * ACT_BYTES
     hop = comm.ring_hop_time(kv_block, cp, tp, cluster) * (cp - 1.0)
-    cp_fwd = _overlap(sc.layers * hop * (1.0 + full), sc.attention_forward_s * (1.0 + full), u)
-    cp_bwd = _overlap(sc.layers * hop * 2.0, sc.attention_forward_s * BWD_ATTN, u)
-    cp_mb = cp_fwd.cost + cp_bwd.cost
+    cp_fwd = _overlap(hop * (1.0 + full), units.layer_attention_s * (1.0 + full), u)
+    cp_bwd = _overlap(hop * 2.0, units.layer_attention_s * BWD_ATTN, u)
 
-    # Expert parallel: dispatch + combine all-to-all of T·k·h bytes, forward and backward; the
-    # busiest rank (routing load imbalance) sets the time.
-    top_k = model.moe.top_k if model.moe is not None else 0
-    a2a_msg = tokens_mb * top_k * model.hidden * ACT_BYTES
-    if top_k:
-        a2a_msg = a2a_msg * ep_load_imbalance(tokens_mb, top_k, ep)
-    ep_count = moe_layers * (4.0 + 2.0 * full)
-    ep_mb = ep_count * comm.all_to_all_time(a2a_msg, ep, tp * cp, cluster)
+    # Expert parallel, per MoE layer: dispatch + combine forward, their transposes backward
+    # (+1 each when the forward is recomputed); FP8 dispatch where used, the combine in bf16.
+    # Overlap window (DualPipe): the layer's own forward and backward compute.
+    dispatch_bytes = where(plans.ep_fp8, FP8_DISPATCH_BYTES, ACT_BYTES)
+    dispatch = expert_exchange_time(model, cluster, plans, dispatch_bytes)
+    combine = expert_exchange_time(model, cluster, plans, ACT_BYTES)
+    ep_moe = (2.0 + full) * (dispatch + combine)
+    ep_layer = _overlap(ep_moe, where(plans.overlap_ep, units.layer_s, 0.0), u)
 
-    # Data parallel / ZeRO / FSDP. Gradients reduce over dp·cp; a shard group of d ranks
-    # reduce-scatters and all-gathers, replicas all-reduce the 1/d shard (HSDP, C.5).
-    params = local_params(model, plans)
-    d_dense, d_expert = shard_divisors(plans)
-    rep_dense = maximum(dp * cp / d_dense, 1.0)
-    rep_expert = maximum(dp * cp / ep / d_expert, 1.0)
-    stride_exp = tp * cp * ep
+    # Data parallel / ZeRO, per unit and micro-batch (ZeRO-2 reduce-scatter, ZeRO-3 gathers);
+    # DeepSpeed-style ZeRO-3 gathers one weight matrix at a time.
+    per_layer_params = local_params(model, plans, 1.0, 0.0)
+    matrices = where(plans.gather_matrix, 4.0 + model.mlp_matrices, 1.0)
+    layer_sync = _sync(model, per_layer_params, cluster, plans, matrices)
+    layer_fsdp, layer_dp = _unit_sharded_comm(
+        layer_sync,
+        units.layer_forward_s,
+        units.layer_backward_s + units.layer_recompute_s,
+        plans,
+        u,
+    )
+    table_sync = _sync(model, local_params(model, plans, 0.0, 1.0), cluster, plans)
+    head_fsdp, head_dp = _unit_sharded_comm(
+        table_sync, units.head_forward_s, units.head_backward_s, plans, u
+    )
+    embed_fsdp, embed_dp = _unit_sharded_comm(
+        table_sync, units.embed_forward_s, units.embed_backward_s, plans, u
+    )
+    # The first unit's gather of every micro-batch has nothing to hide behind.
+    first_gather = where(plans.sharding == SHARDING_CODES["zero3"], layer_sync.ag, 0.0)
 
-    def sync(p_count: Num, d: Num, rep: Num, stride: Num) -> tuple[Num, Num, Num]:
-        grads = p_count * GRAD_BYTES
-        rs = comm.reduce_scatter_time(grads, d, stride, cluster)
-        ag = comm.all_gather_time(p_count * WEIGHT_BYTES, d, stride, cluster)
-        ar = comm.all_reduce_time(grads / d, rep, stride * d, cluster)
-        return rs, ag, ar
+    per_layer = {
+        "compute": units.layer_forward_s + units.layer_backward_s,
+        "recompute": units.layer_recompute_s,
+        "tp_comm": tp_layer.cost,
+        "cp_comm": cp_fwd.cost + cp_bwd.cost,
+        "ep_comm": moe_share * ep_layer.cost,
+        "fsdp_comm": layer_fsdp,
+        "dp_comm": layer_dp,
+        "forward": units.layer_forward_s,
+        "backward": units.layer_backward_s + units.layer_recompute_s,
+    }
+    per_table = {
+        "embed": {
+            "compute": units.embed_s, "fsdp_comm": embed_fsdp, "dp_comm": embed_dp,
+            "forward": units.embed_forward_s, "backward": units.embed_backward_s,
+        },
+        "head": {
+            "compute": units.head_s, "fsdp_comm": head_fsdp, "dp_comm": head_dp,
+            "forward": units.head_forward_s, "backward": units.head_backward_s,
+        },
+    }  # fmt: skip
+    const = {"fsdp_comm": first_gather}
+    single = pp == 1
+    kinds = {
+        "first": _stage_components(
+            counts.first,
+            {"embed": 1.0, "head": where(single, 1.0, 0.0)},
+            per_layer,
+            per_table,
+            const,
+        ),
+        "mid": _stage_components(counts.mid, {}, per_layer, per_table, const),
+        "last": _stage_components(counts.last, {"head": 1.0}, per_layer, per_table, const),
+    }
 
-    rs, ag, ar = sync(params.dense, d_dense, rep_dense, tp)
-    if model.moe is not None:  # routed experts sync over their own (dp·cp/ep) groups
-        rs_e, ag_e, ar_e = sync(params.expert, d_expert, rep_expert, stride_exp)
-        rs, ag, ar = rs + rs_e, ag + ag_e, ar + ar_e
+    def time_of(parts: dict[str, Num]) -> Num:
+        return sum(parts.get(name, 0.0) for name in STAGE_COMPONENTS)
 
+    times: PipelineTimes = pipeline_times(
+        model,
+        plans,
+        counts,
+        time_of(per_layer),
+        time_of(per_table["head"]),
+        time_of(per_table["embed"]),
+        first_gather,
+    )
+    critical = times.critical_s
+    pick_first = times.first_s >= critical
+    pick_mid = logical_not(pick_first) & (times.mid_s >= critical)
+
+    def on_critical(name: str) -> Num:
+        first, mid, last = (kinds[k][name] for k in ("first", "mid", "last"))
+        return where(pick_first, first, where(pick_mid, mid, last))
+
+    # Once per step, on the stage holding the most parameters: the gradient reduce of the last
+    # micro-batch (all-reduce for DDP, RS for ZeRO-1, the replica all-reduce for all stages)
+    # hidden behind its backward, then ZeRO-1/2's parameter all-gather behind the next
+    # forward, then the optimizer over the parameters this GPU owns.
+    tables = end_stage_tables(model, plans)
+    heaviest = local_params(
+        model, plans, maximum(maximum(counts.first, counts.mid), counts.last), tables
+    )
+    stage_sync = _sync(model, heaviest, cluster, plans)
     stage = plans.sharding
-    zero2_up = stage >= SHARDING_CODES["zero2"]
     zero3 = stage == SHARDING_CODES["zero3"]
-    odp = plans.overlap_dp
-    opg = plans.overlap_param_gather
-    bwd_window = sc.backward_s + sc.recompute_s
-    fwd_window = sc.forward_s
-
-    # Per micro-batch: ZeRO-2 reduce-scatters grads, ZeRO-3 also gathers params fwd and bwd.
-    rs_mb = where(zero2_up, rs, 0.0)
-    ag_mb = where(zero3, ag, 0.0)
-    first_unit = ag_mb / maximum(sc.layers, 1.0)  # the first unit's gather cannot prefetch
-    fwd_ag = _overlap(ag_mb - first_unit, where(opg, fwd_window, 0.0), u)
-    bwd_hideable = ag_mb * opg + rs_mb * odp
-    bwd = _overlap(bwd_hideable, bwd_window, u)
-    bwd_exposed = ag_mb * logical_not(opg) + rs_mb * logical_not(odp) + bwd.cost
-    ag_share = _share(ag_mb, ag_mb + rs_mb)
-    fsdp_mb = fwd_ag.cost + first_unit + bwd_exposed * ag_share
-    dp_mb = bwd_exposed * (1.0 - ag_share)
-
-    # Once per step: the gradient reduce of the last micro-batch (all-reduce for DDP, RS for
-    # ZeRO-1, the replica all-reduce for all stages), then ZeRO-1/2's parameter all-gather.
-    grad_once = where(stage == SHARDING_CODES["zero1"], rs, 0.0) + ar
-    dp_once = _overlap(grad_once, where(odp, bwd_window, 0.0), u).cost
-    ag_once = where((stage >= SHARDING_CODES["zero1"]) & logical_not(zero3), ag, 0.0)
-    fsdp_once = _overlap(ag_once, where(opg, fwd_window, 0.0), u).cost
+    grad_once = where(stage == SHARDING_CODES["zero1"], stage_sync.rs, 0.0) + stage_sync.ar
+    dp_once = _overlap(grad_once, where(plans.overlap_dp, on_critical("backward"), 0.0), u).cost
+    ag_once = where((stage >= SHARDING_CODES["zero1"]) & logical_not(zero3), stage_sync.ag, 0.0)
+    fwd_window = where(plans.overlap_param_gather, on_critical("forward"), 0.0)
+    fsdp_once = _overlap(ag_once, fwd_window, u).cost
+    steps_sync = STEP_SYNCS * comm.sync_time(as_float(plans.n_gpus), cluster)
 
     # Pipeline point-to-point: activation forward and gradient backward per micro-batch and
     # chunk; interleaved schedules overlap it with compute except at fill and drain (Megatron's
@@ -195,39 +361,41 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     pp_hidden = (pp_sends * pp_hop - pp_exposed) * u / (1.0 - u)
     pp_total = where(pp > 1, pp_exposed + maximum(pp_hidden, 0.0), 0.0)
 
-    per_mb = sc.forward_s + sc.backward_s + sc.recompute_s + tp_mb.cost + cp_mb + ep_mb
-    per_mb = per_mb + fsdp_mb + dp_mb
-    bubble = pipeline_bubble_fraction(pp, vpp, m) * m * per_mb
-
+    d_dense, d_expert = shard_divisors(plans)
     d_opt_dense = where(stage >= SHARDING_CODES["zero1"], d_dense, 1.0)
     d_opt_expert = where(stage >= SHARDING_CODES["zero1"], d_expert, 1.0)
-    opt = optimizer_time(params.dense / d_opt_dense + params.expert / d_opt_expert, acc)
+    owned = heaviest.dense / d_opt_dense + heaviest.expert / d_opt_expert
+    opt = optimizer_time(owned, acc, plans.master_remainder)
 
     time = {
-        "compute": m * (sc.forward_s + sc.backward_s),
-        "recompute": m * sc.recompute_s,
+        "compute": m * on_critical("compute"),
+        "recompute": m * on_critical("recompute"),
         "optimizer": opt,
-        "bubble": bubble,
-        "tp_comm": m * tp_mb.cost,
+        "bubble": times.bubble_s(vpp),
+        "tp_comm": m * on_critical("tp_comm"),
         "pp_comm": pp_total,
-        "dp_comm": m * dp_mb + dp_once,
-        "fsdp_comm": m * fsdp_mb + fsdp_once,
-        "cp_comm": m * cp_mb,
-        "ep_comm": m * ep_mb,
+        "dp_comm": m * on_critical("dp_comm") + dp_once + steps_sync,
+        "fsdp_comm": m * on_critical("fsdp_comm") + fsdp_once,
+        "cp_comm": m * on_critical("cp_comm"),
+        "ep_comm": m * on_critical("ep_comm"),
     }
     shape = plans.shape
     zeros = np.zeros(shape)
     time = {k: _finish(v, zeros) for k, v in time.items()}
     step = sum(time.values(), start=zeros)
 
+    params = local_params(model, plans)
     grad_bytes = params.total * GRAD_BYTES
+    layers_crit = critical_layers(counts, times)
+    ep_count = layers_crit * moe_share * (4.0 + 2.0 * full)
+    top_k = model.moe.top_k if model.moe is not None else 0
     comm_bytes = {
-        "tp": m * tp_count * tp_msg * 2.0 * (tp - 1.0) / tp,
+        "tp": m * layers_crit * tp_count * tp_msg * 2.0 * (tp - 1.0) / tp,
         "pp": pp_sends * pp_msg,
-        "dp": where(zero2_up, m, 1.0) * grad_bytes,
+        "dp": where(stage >= SHARDING_CODES["zero2"], m, 1.0) * grad_bytes,
         "fsdp": where(zero3, 2.0 * m, where(stage >= 1, 1.0, 0.0)) * params.total * 2.0,
-        "cp": m * sc.layers * 3.0 * kv_block * (cp - 1.0),
-        "ep": m * ep_count * a2a_msg * (ep - 1.0) / ep,
+        "cp": m * layers_crit * 3.0 * kv_block * (cp - 1.0),
+        "ep": m * ep_count * tokens_mb * top_k * model.hidden * ACT_BYTES * (ep - 1.0) / ep,
     }
     comm_bytes = {k: _finish(v, zeros) for k, v in comm_bytes.items()}
 
@@ -237,7 +405,7 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     fp8 = plans.precision == PRECISION_CODES["fp8"]
     fp16 = plans.precision == PRECISION_CODES["fp16"]
     peak = where(fp8, acc.peak("fp8"), where(fp16, acc.peak("fp16"), acc.peak("bf16")))
-    memory = memory_breakdown(model, cluster, plans, params).as_dict()
+    memory = memory_breakdown(model, cluster, plans, counts).as_dict()
     return StepArrays(
         time=time,
         memory={k: _finish(memory[k], zeros) for k in MEMORY_COMPONENTS},
@@ -335,7 +503,8 @@ def estimate_step(
 
 def plan_validity(model: TransformerSpec, plans: PlanArrays) -> NDArray[np.bool_]:
     """Vectorized `validate_plan` (without the GPU-count check): True where a plan is runnable."""
-    ok = (model.n_heads % plans.tp == 0) & (model.n_layers % (plans.pp * plans.vpp) == 0)
+    stated = (plans.pp_first >= 0) | (plans.pp_mid >= 0) | (plans.pp_last >= 0)
+    ok = (model.n_heads % plans.tp == 0) & (stated | (model.n_layers % (plans.pp * plans.vpp) == 0))
     ok &= (plans.vpp == 1) | (plans.pp > 1)
     ok &= model.seq_len % plans.cp == 0
     experts = model.moe.experts if model.moe is not None else 1

@@ -2,7 +2,7 @@
 
 Two phases. `plan_work` enumerates shapes per GPU count and global batch, computes for each a
 lower bound on step time (compute + recompute + the bubble it implies, from the estimator's own
-`stage_compute`) and on memory (the most sharded allowed sync choice), drops shapes that cannot
+`compute_lower_bound`) and on memory (the most sharded allowed sync choice), drops shapes that cannot
 fit, and groups the rest into rectangular grids (one dp, one batch). `evaluate_work` walks the
 grids best bound first, in chunks of about `CHUNK` plans, skips rows a `Policy` proves useless,
 and calls `estimate_step_arrays` on the rest: the same formula as `predict`, on arrays.
@@ -20,7 +20,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from shardmeter.estimate.compute import stage_compute
+from shardmeter.estimate.compute import compute_lower_bound
 from shardmeter.estimate.memory import memory_breakdown
 from shardmeter.estimate.plan_arrays import SHARDING_CODES
 from shardmeter.estimate.step import estimate_step_arrays
@@ -194,14 +194,12 @@ class Policy(Protocol):
 def step_time_lower_bound(
     model: TransformerSpec, cluster: Cluster, rows: Shapes, global_batch: int
 ) -> FloatArray:
-    """(m + (p−1)/v)·(t_f + t_b + t_recompute) per row: every step spends m micro-batches of
-    stage compute plus the pipeline bubble (p−1)/(v·m) of it (C.6); communication, the
-    optimizer and overlap interference only add to it (C.7)."""
+    """m·max_s(c_s) + (Σ_s c_s − max_s c_s)/v per row, of compute c_s alone (the estimator's
+    `compute_lower_bound`, C.6); communication, the optimizer and overlap interference only
+    add to it (C.7)."""
     plans = rows.plan_arrays(global_batch)
-    sc = stage_compute(model, plans, cluster.accelerator)
-    m = plans.micro_batches.astype(np.float64)
-    fill = (rows.pp - 1.0) / rows.vpp
-    return np.asarray((m + fill) * (sc.forward_s + sc.backward_s + sc.recompute_s), np.float64)
+    bound = compute_lower_bound(model, plans, cluster.accelerator)
+    return np.asarray(np.broadcast_to(bound, (len(rows),)), np.float64)
 
 
 def memory_lower_bound(

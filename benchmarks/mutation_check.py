@@ -1,0 +1,157 @@
+"""Deliberate small bugs in the estimator, and which tests catch them.
+
+    python benchmarks/mutation_check.py                  # closed-form tests only (~1 min)
+    python benchmarks/mutation_check.py --tests tests/shardmeter   # the whole ShardMeter suite
+
+Each mutation is one exact text replacement in `src/shardmeter/estimate/*.py`. It is applied to
+a temporary copy of `src/` (the working tree is never touched), the tests run against that
+copy, and the table lists the tests that fail. A mutation no test catches is a hole in the
+suite; the script exits 1 if any. The first eleven are issue 13's list; the rest are the
+equivalents for the terms issue 13 added.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str  # relative to src/shardmeter/estimate
+    old: str
+    new: str
+
+
+MUTATIONS: tuple[Mutation, ...] = (
+    Mutation("overlap slowdown u/(1-u) written as u", "step.py",
+             "interference=hidden * slowdown / (1.0 - slowdown)",
+             "interference=hidden * slowdown"),
+    Mutation("pipeline sends halved", "step.py",
+             "pp_sends = where(pp > 1, 2.0 * m * vpp, 0.0)",
+             "pp_sends = where(pp > 1, m * vpp, 0.0)"),
+    Mutation("context-parallel backward hops 2 -> 1", "step.py",
+             "cp_bwd = _overlap(hop * 2.0,", "cp_bwd = _overlap(hop * 1.0,"),
+    Mutation("DP overlap window widened to include the forward", "step.py",
+             'where(plans.overlap_dp, on_critical("backward"), 0.0)',
+             'where(plans.overlap_dp, on_critical("backward") + on_critical("forward"), 0.0)'),
+    Mutation("ZeRO-1 parameter all-gather dropped", "step.py",
+             'ag_once = where((stage >= SHARDING_CODES["zero1"])',
+             'ag_once = where((stage >= SHARDING_CODES["zero2"])'),
+    Mutation("tensor-parallel all-reduces per layer 4 -> 2", "step.py",
+             "tp_count = 4.0 + 2.0 * full", "tp_count = 2.0 + 2.0 * full"),
+    Mutation("all-to-all max across links written as a sum", "comm.py",
+             "return maximum(t_intra, t_inter)", "return t_intra + t_inter"),
+    Mutation("pipeline-send node boundary >= written as >", "comm.py",
+             "across = stride >= cluster.nvlink_domain", "across = stride > cluster.nvlink_domain"),
+    Mutation("ZeRO-3 prefetch buffer 2 units -> 1", "memory.py",
+             "minimum(2.0 * unit, params.total)", "minimum(1.0 * unit, params.total)"),
+    Mutation("full-recompute working layer dropped", "memory.py",
+             "activations = per_layer * layers * in_flight + working",
+             "activations = per_layer * layers * in_flight + 0.0 * working"),
+    Mutation("last stage's logits dropped", "memory.py",
+             "in_flight_micro_batches(plans, as_float(plans.pp) - 1.0), logits,",
+             "in_flight_micro_batches(plans, as_float(plans.pp) - 1.0), 0.0,"),
+    # --- the terms issue 13 added ---
+    Mutation("interleaved bubble not divided by v", "compute.py",
+             "return (self.total_s - self.critical_s) / as_float(v)",
+             "return self.total_s - self.critical_s"),
+    Mutation("interleaved in-flight ignores the stage index", "memory.py",
+             "(p * v + p - 1.0 - 2.0 * stage) / v", "(p * v + p - 1.0) / v"),
+    Mutation("uneven split ignores the stated first/last layers", "compute.py",
+             "rest = model.n_layers - as_float(first_n * first_set + last_n * last_set)",
+             "rest = as_float(model.n_layers) + 0.0 * first_n"),
+    Mutation("ZeRO-3 first unit's gather hidden", "step.py",
+             'first_gather = where(plans.sharding == SHARDING_CODES["zero3"], layer_sync.ag, 0.0)',
+             "first_gather = 0.0 * layer_sync.ag"),
+    Mutation("ZeRO-2 per-micro-batch reduce-scatter dropped", "step.py",
+             'rs = where(stage >= SHARDING_CODES["zero2"], sync.rs, 0.0)',
+             'rs = where(stage >= SHARDING_CODES["zero3"], sync.rs, 0.0)'),
+    Mutation("expert dedup: every copy counted as a distinct node", "step.py",
+             "reached = nodes * (1.0 - (1.0 - 1.0 / nodes) ** k)", "reached = nodes * 1.0"),
+    Mutation("group-limited routing ignored", "step.py",
+             "reached = minimum(reached, limit)", "reached = reached + 0.0 * limit"),
+    Mutation("FP8 dispatch sent in bf16", "step.py",
+             "FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128.0", "FP8_DISPATCH_BYTES = 2.0"),
+    Mutation("expert all-to-all overlap window dropped", "step.py",
+             "where(plans.overlap_ep, units.layer_s, 0.0)", "0.0 * units.layer_s"),
+    Mutation("unfused attention score traffic 13 B -> 8 B", "compute.py",
+             "UNFUSED_SCORE_BYTES = 13.0", "UNFUSED_SCORE_BYTES = 8.0"),
+    Mutation("unfused attention scores not kept in memory", "memory.py",
+             'full_set = full_set + where(plans.attention == ATTENTION_CODES["unfused"], scores, 0.0)',
+             "full_set = full_set + 0.0 * scores"),
+    Mutation("MoE launches after the host sync hidden", "compute.py",
+             "return maximum(self.gpu_forward_s, self.launch_s) + self.synced_launch_s",
+             "return maximum(self.gpu_forward_s, self.launch_s + self.synced_launch_s)"),
+    Mutation("kernel launches per layer 11 -> 1", "compute.py",
+             "KERNELS_PER_LAYER = 11.0", "KERNELS_PER_LAYER = 1.0"),
+    Mutation("step synchronisations dropped", "step.py",
+             "STEP_SYNCS = 2.0", "STEP_SYNCS = 0.0"),
+    Mutation("TPU group gets every torus axis", "comm.py",
+             "share = maximum(axes_spanned(n, stride, shape), 1.0) / cluster.ici_axes",
+             "share = 1.0 + 0.0 * axes_spanned(n, stride, shape)"),
+    Mutation("selective recompute keeps the activation output", "memory.py",
+             "- tokens * (q_l + mlp_width)", "- tokens * q_l"),
+)  # fmt: skip
+
+
+def failing_tests(src: Path, tests: str) -> tuple[list[str], str]:
+    """Run pytest against the package in `src`; return the failed test ids and the tail."""
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", tests, "-W", "ignore"],
+        cwd=ROOT, env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    failed = re.findall(r"^FAILED (\S+)", proc.stdout, flags=re.M)
+    return [f.split("::", 1)[-1] for f in failed], proc.stdout[-400:]
+
+
+def apply(src: Path, mutation: Mutation) -> None:
+    path = src / "shardmeter" / "estimate" / mutation.path
+    text = path.read_text()
+    if text.count(mutation.old) != 1:
+        raise SystemExit(f"mutation {mutation.name!r}: the text to replace is not unique in "
+                         f"{mutation.path} (found {text.count(mutation.old)} times)")  # fmt: skip
+    path.write_text(text.replace(mutation.old, mutation.new))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tests", default="tests/shardmeter/test_closed_form.py")
+    ap.add_argument("--only", default="", help="run only mutations whose name contains this")
+    args = ap.parse_args()
+    holes = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        clean = Path(tmp) / "clean"
+        shutil.copytree(ROOT / "src", clean)
+        base, tail = failing_tests(clean, args.tests)
+        if base:
+            print(f"the unmutated tree already fails: {base}\n{tail}")
+            return 2
+        for mutation in MUTATIONS:
+            if args.only and args.only not in mutation.name:
+                continue
+            src = Path(tmp) / "mutant"
+            shutil.rmtree(src, ignore_errors=True)
+            shutil.copytree(ROOT / "src", src)
+            apply(src, mutation)
+            failed, _ = failing_tests(src, args.tests)
+            holes += not failed
+            caught = ", ".join(failed) if failed else "NOT CAUGHT"
+            print(f"{mutation.name:<52} {caught}")
+    print(f"\n{holes} mutation(s) not caught")
+    return 1 if holes else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,461 @@
+"""Hand-derived closed forms: one plan per mechanism, step time and memory worked out here.
+
+The worlds are chosen so every term is a short formula: matmul efficiency 1 (no half-size),
+latency 0 (except where a test is about latency), HBM so fast that element-wise traffic is
+negligible (except in the tests about it), and links of round bandwidths. Each test spells out
+its arithmetic from the papers' formulas, independently of the estimator's helpers, so a wrong
+count, factor or window in `estimate/step.py`, `comm.py`, `compute.py` or `memory.py` fails a
+named test here (see benchmarks/mutation_check.py, which applies such bugs and lists the
+failing tests).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from shardmeter.estimate.step import estimate_step
+from shardmeter.specs.hardware import Accelerator, Cluster, Efficiency, Link
+from shardmeter.specs.model import MoESpec, TransformerSpec
+from shardmeter.specs.plan import Plan
+
+H, HEADS, FFN, VOCAB, SEQ, LAYERS = 1024, 8, 4096, 8192, 1024, 8
+MODEL = TransformerSpec(
+    name="closed-form", n_layers=LAYERS, hidden=H, n_heads=HEADS, ffn=FFN, mlp="gelu",
+    vocab=VOCAB, seq_len=SEQ,
+)  # fmt: skip
+PEAK = 1000e12  # FLOP/s bf16
+W_NV, W_IB = 100e9, 10e9  # bytes/s per GPU per direction, efficiency 1
+U = 0.2  # overlap slowdown: hidden communication costs U/(1-U) = 1/4 of itself in compute
+K = U / (1.0 - U)
+OVERHEAD = 1e9
+REL = 1e-5  # element-wise traffic (1e18 B/s HBM) and float noise stay far below this
+
+
+def accelerator(hbm_bytes_per_s: float = 1e18, launch_us: float = 0.0) -> Accelerator:
+    return Accelerator(
+        name="closed-form-gpu",
+        peak_tflops={"bf16": PEAK / 1e12, "fp8": 2 * PEAK / 1e12},
+        hbm_gb=80,
+        hbm_gbps=hbm_bytes_per_s / 1e9,
+        efficiency=Efficiency(
+            matmul_max=1.0, matmul_half_gflop=0.0, memory=1.0, attention=1.0, fp8_speedup=2.0,
+            kernel_launch_us=launch_us,
+        ),
+    )  # fmt: skip
+
+
+def cluster(domain: int = 4, latency_us: float = 0.0, **acc: float) -> Cluster:
+    return Cluster(
+        name="closed-form",
+        accelerator=accelerator(**acc),
+        gpus_per_node=domain,
+        nvlink_domain=domain,
+        intra=Link(name="nvlink", bandwidth_gbps=W_NV / 1e9, latency_us=latency_us, efficiency=1),
+        inter=Link(name="ib", bandwidth_gbps=W_IB / 1e9, latency_us=latency_us, efficiency=1),
+        overlap_slowdown=U,
+        memory_overhead_gb=OVERHEAD / 1e9,
+    )
+
+
+CLUSTER = cluster()
+
+# --- per-layer work of MODEL at tp = 1 (Megatron shapes, causal flash attention) -----------
+LAYER_PARAMS = 4 * H * H + 2 * H * FFN  # Q, K, V, O + MLP up and down
+TABLE_PARAMS = VOCAB * H  # embedding or output head
+
+
+def gemm_s(tokens: float, tp: int = 1) -> float:
+    """QKV (3h wide), output projection and the 2-matrix MLP of one layer, forward."""
+    return 2 * tokens * H * (4 * H + 2 * FFN) / tp / PEAK
+
+
+def attn_s(tokens: float, tp: int = 1) -> float:
+    """Causal flash attention: 4·T·s·h/2 FLOPs forward."""
+    return 4 * tokens * SEQ * H / 2 / tp / PEAK
+
+
+def head_s(tokens: float, tp: int = 1) -> float:
+    return 2 * tokens * H * VOCAB / tp / PEAK
+
+
+def layer_fwd_bwd(tokens: float, tp: int = 1) -> float:
+    """Forward G + A, backward 2G (data + weight gradients) + 2.5A (FlashAttention-2)."""
+    return 3 * gemm_s(tokens, tp) + 3.5 * attn_s(tokens, tp)
+
+
+def layer_bwd(tokens: float, tp: int = 1) -> float:
+    return 2 * gemm_s(tokens, tp) + 2.5 * attn_s(tokens, tp)
+
+
+def activations(tokens: float, tp: int = 1, sp: bool = False) -> float:
+    """Saved bytes of one layer (flash, no dropout, GELU): 2 B × (two norm inputs, QKV and MLP
+    inputs: 4h, /tp with SP; q, k, v, attention output, MLP input and output: 4h + 2F, /tp)."""
+    norm = 4 * H * tokens / (tp if sp else 1)
+    return 2 * (norm + tokens * (4 * H + 2 * FFN) / tp)
+
+
+def overlap(comm: float, window: float) -> float:
+    """Exposed part plus the slowdown of the hidden part: max(0, c − W) + K·min(c, W)."""
+    return max(comm - window, 0.0) + K * min(comm, window)
+
+
+def ring(n: int, nbytes: float, w: float) -> float:
+    """Ring all-gather / reduce-scatter of an n-rank group: (n−1)/n · M / W."""
+    return (n - 1) / n * nbytes / w
+
+
+def states(params: float, shard: int, stage: int) -> float:
+    """ZeRO: 2 B weights, 2 B grads, 12 B optimizer; stage 1 shards the 12, 2 the grads, 3 all."""
+    return (
+        2 * params / (shard if stage >= 3 else 1)
+        + 2 * params / (shard if stage >= 2 else 1)
+        + 12 * params / shard
+    )
+
+
+def check(est_value: float, expected: float) -> None:
+    assert est_value == pytest.approx(expected, rel=REL)
+
+
+# --- ZeRO / DDP ------------------------------------------------------------------------------
+def _zero_plan(stage: str, overlap_on: bool) -> Plan:
+    return Plan(
+        dp=4, sharding=stage, micro_batch=1, global_batch=8, overlap_dp=overlap_on,
+        overlap_param_gather=overlap_on,
+    )  # fmt: skip
+
+
+T1 = 1024.0  # tokens of one micro-batch (b = 1, s = 1024)
+STAGE_PARAMS = LAYERS * LAYER_PARAMS + 2 * TABLE_PARAMS
+STAGE_WORK = LAYERS * layer_fwd_bwd(T1) + 3 * head_s(T1)  # + embedding (memory traffic only)
+STAGE_FWD = LAYERS * (gemm_s(T1) + attn_s(T1)) + head_s(T1)
+STAGE_BWD = LAYERS * layer_bwd(T1) + 2 * head_s(T1)
+LOGITS = T1 * VOCAB * 8  # bf16 logits + fp32 softmax + bf16 gradient
+SINGLE_STAGE_ACT = LAYERS * activations(T1)
+
+
+def test_zero1_without_overlap() -> None:
+    """ZeRO-1 over 4 GPUs of one NVLink domain, m = 2: once per step the gradients
+    reduce-scatter and the parameters all-gather, both fully exposed."""
+    est = estimate_step(MODEL, CLUSTER, _zero_plan("zero1", False))
+    rs = ring(4, 2 * STAGE_PARAMS, W_NV)
+    ag = ring(4, 2 * STAGE_PARAMS, W_NV)
+    check(est.step_time_s, 2 * STAGE_WORK + rs + ag)
+    check(est.time_breakdown["fsdp_comm"], ag)
+    check(est.time_breakdown["dp_comm"], rs)
+    memory = states(STAGE_PARAMS, 4, 1) + SINGLE_STAGE_ACT + LOGITS + OVERHEAD
+    check(est.memory_bytes, memory)
+
+
+def test_zero1_with_overlap() -> None:
+    """Overlapped: the reduce-scatter hides behind the last micro-batch's backward only, the
+    all-gather behind the next forward; each pays U/(1−U) of what it hides."""
+    est = estimate_step(MODEL, CLUSTER, _zero_plan("zero1", True))
+    rs = ring(4, 2 * STAGE_PARAMS, W_NV)
+    ag = ring(4, 2 * STAGE_PARAMS, W_NV)
+    check(est.time_breakdown["dp_comm"], overlap(rs, STAGE_BWD))
+    check(est.time_breakdown["fsdp_comm"], overlap(ag, STAGE_FWD))
+    check(est.step_time_s, 2 * STAGE_WORK + overlap(rs, STAGE_BWD) + overlap(ag, STAGE_FWD))
+
+
+def test_zero2_with_overlap() -> None:
+    """ZeRO-2 reduce-scatters every unit's gradients every micro-batch under that unit's
+    backward (layers, then the head; the embedding has nothing to hide behind), and
+    all-gathers the parameters once per step."""
+    est = estimate_step(MODEL, CLUSTER, _zero_plan("zero2", True))
+    layer_rs = overlap(ring(4, 2 * LAYER_PARAMS, W_NV), layer_bwd(T1))
+    head_rs = overlap(ring(4, 2 * TABLE_PARAMS, W_NV), 2 * head_s(T1))
+    embed_rs = ring(4, 2 * TABLE_PARAMS, W_NV)
+    per_mb = LAYERS * layer_rs + head_rs + embed_rs
+    ag = overlap(ring(4, 2 * STAGE_PARAMS, W_NV), STAGE_FWD)
+    check(est.time_breakdown["dp_comm"], 2 * per_mb)
+    check(est.step_time_s, 2 * (STAGE_WORK + per_mb) + ag)
+    memory = states(STAGE_PARAMS, 4, 2) + SINGLE_STAGE_ACT + LOGITS + OVERHEAD
+    check(est.memory_bytes, memory)
+
+
+def test_zero3_with_overlap() -> None:
+    """ZeRO-3: each unit gathers its weights under its own forward and again, with its
+    gradient reduce-scatter, under its backward; the first layer's gather of every
+    micro-batch is exposed. Memory: all states /d and a prefetch buffer of two layers."""
+    est = estimate_step(MODEL, CLUSTER, _zero_plan("zero3", True))
+    ag_l, rs_l = ring(4, 2 * LAYER_PARAMS, W_NV), ring(4, 2 * LAYER_PARAMS, W_NV)
+    ag_t, rs_t = ring(4, 2 * TABLE_PARAMS, W_NV), ring(4, 2 * TABLE_PARAMS, W_NV)
+    layer = overlap(ag_l, gemm_s(T1) + attn_s(T1)) + overlap(ag_l + rs_l, layer_bwd(T1))
+    head = overlap(ag_t, head_s(T1)) + overlap(ag_t + rs_t, 2 * head_s(T1))
+    embed = ag_t + ag_t + rs_t  # no compute window
+    per_mb = LAYERS * layer + head + embed + ag_l
+    check(est.time_breakdown["fsdp_comm"] + est.time_breakdown["dp_comm"], 2 * per_mb)
+    check(est.step_time_s, 2 * (STAGE_WORK + per_mb))
+    buffer = 2 * 2 * LAYER_PARAMS * (1 - 1 / 4)
+    memory = states(STAGE_PARAMS, 4, 3) + SINGLE_STAGE_ACT + LOGITS + buffer + OVERHEAD
+    check(est.memory_bytes, memory)
+
+
+def test_zero3_without_overlap() -> None:
+    """Gathers on demand: every gather and reduce-scatter is exposed."""
+    est = estimate_step(MODEL, CLUSTER, _zero_plan("zero3", False))
+    ag_l, ag_t = ring(4, 2 * LAYER_PARAMS, W_NV), ring(4, 2 * TABLE_PARAMS, W_NV)
+    per_mb = LAYERS * 3 * ag_l + 2 * 3 * ag_t + ag_l
+    check(est.step_time_s, 2 * (STAGE_WORK + per_mb))
+
+
+def test_ddp_gradient_all_reduce_across_nodes_with_step_syncs() -> None:
+    """DDP over 8 GPUs in 2 NVLink domains of 4 with 5 µs latency: the hierarchical
+    all-reduce RS_nvlink(M, 4) + AR_ib(M/4, 2) + AG_nvlink(M, 4) once per step, exposed; and
+    two latency-bound tree all-reduces (loss, gradient norm) of 2·log2(g)·α + 2·log2(n/g)·α."""
+    alpha = 5e-6
+    world = cluster(latency_us=5.0)
+    plan = Plan(dp=8, micro_batch=1, global_batch=8, overlap_dp=False)
+    est = estimate_step(MODEL, world, plan)
+    grads = 2 * STAGE_PARAMS
+    intra = 3 * (alpha + grads / (4 * W_NV))
+    inter = 2 * 1 * (alpha + (grads / 4) / (2 * W_IB))
+    syncs = 2 * (2 * math.log2(4) * alpha + 2 * math.log2(2) * alpha)
+    check(est.time_breakdown["dp_comm"], 2 * intra + inter + syncs)
+    check(est.step_time_s, STAGE_WORK + 2 * intra + inter + syncs)
+
+
+# --- pipelines ------------------------------------------------------------------------------
+HALF = LAYERS // 2
+
+
+def test_pipeline_1f1b() -> None:
+    """pp 2, dp 4, m = 4: the last stage (4 layers + head) sets the pace; the bubble is the
+    rest of the stages' work, (Σ_s t_s − max_s t_s)/1; every send is exposed: 2·m hops of
+    T·h·2 bytes, over the NIC because the stage stride tp·cp·dp = 4 reaches the domain size.
+    DDP gradients all-reduce once, exposed (overlap off). Memory: stage 0 holds p = 2
+    micro-batches of its 4 layers."""
+    plan = Plan(dp=4, pp=2, micro_batch=1, global_batch=16, overlap_dp=False)
+    est = estimate_step(MODEL, CLUSTER, plan)
+    last = HALF * layer_fwd_bwd(T1) + 3 * head_s(T1)
+    first = HALF * layer_fwd_bwd(T1)
+    sends = 2 * 4 * (T1 * H * 2 / W_IB)
+    stage_params = HALF * LAYER_PARAMS + TABLE_PARAMS
+    ar = 2 * ring(4, 2 * stage_params, W_NV)
+    check(est.time_breakdown["pp_comm"], sends)
+    check(est.time_breakdown["bubble"], first)
+    check(est.step_time_s, 4 * last + first + sends + ar)
+    memory = states(stage_params, 1, 0) + 2 * HALF * activations(T1) + OVERHEAD
+    check(est.memory_bytes, memory)
+
+
+def test_pipeline_interleaved() -> None:
+    """pp 2, v 2 (chunks of 2 layers), m = 4: the bubble shrinks by v; all but the 2(p−1)
+    fill/drain sends hide under compute at U/(1−U); stage 0 holds (p·v + p − 1)/v = 2.5
+    micro-batches of its layers (Megatron's warm-up)."""
+    plan = Plan(dp=4, pp=2, vpp=2, micro_batch=1, global_batch=16, overlap_dp=False)
+    est = estimate_step(MODEL, CLUSTER, plan)
+    last = HALF * layer_fwd_bwd(T1) + 3 * head_s(T1)
+    first = HALF * layer_fwd_bwd(T1)
+    hop = T1 * H * 2 / W_IB
+    sends = 2 * 1 * hop + K * (2 * 4 * 2 - 2) * hop
+    stage_params = HALF * LAYER_PARAMS + TABLE_PARAMS
+    ar = 2 * ring(4, 2 * stage_params, W_NV)
+    check(est.time_breakdown["bubble"], first / 2)
+    check(est.time_breakdown["pp_comm"], sends)
+    check(est.step_time_s, 4 * last + first / 2 + sends + ar)
+    memory = states(stage_params, 1, 0) + 2.5 * HALF * activations(T1) + OVERHEAD
+    check(est.memory_bytes, memory)
+
+
+def test_uneven_stages_middle_is_slowest_and_fullest() -> None:
+    """pp 4 with one layer on the first and last stages: the middle stages hold 3 each. The
+    slowest is a middle stage; the bubble is every other stage's work. The fullest is stage 1:
+    3 layers × 3 micro-batches in flight (1F1B: p − 1) and no embedding table."""
+    plan = Plan(pp=4, pp_first=1, pp_last=1, micro_batch=1, global_batch=8, overlap_dp=False)
+    est = estimate_step(MODEL, CLUSTER, plan)
+    mid = 3 * layer_fwd_bwd(T1)
+    total = LAYERS * layer_fwd_bwd(T1) + 3 * head_s(T1)
+    check(est.time_breakdown["bubble"], total - mid)
+    sends = 2 * 8 * (T1 * H * 2 / W_NV)  # stride 1: stages talk over NVLink
+    check(est.step_time_s, 8 * mid + (total - mid) + sends)
+    memory = states(3 * LAYER_PARAMS, 1, 0) + 3 * 3 * activations(T1) + OVERHEAD
+    check(est.memory_bytes, memory)
+
+
+def test_uneven_stages_last_holds_the_logits() -> None:
+    """pp 2 split 2 + 6 (explicit list), m = 2: the last stage has 6 layers, the head and the
+    logits buffer, and is both the slowest and the fullest."""
+    plan = Plan(pp=2, pp_layers=(2, 6), micro_batch=1, global_batch=2, overlap_dp=False)
+    est = estimate_step(MODEL, CLUSTER, plan)
+    last = 6 * layer_fwd_bwd(T1) + 3 * head_s(T1)
+    first = 2 * layer_fwd_bwd(T1)
+    sends = 2 * 2 * (T1 * H * 2 / W_NV)
+    check(est.step_time_s, 2 * last + first + sends)
+    memory = states(6 * LAYER_PARAMS + TABLE_PARAMS, 1, 0) + 6 * activations(T1) + LOGITS
+    check(est.memory_bytes, memory + OVERHEAD)
+
+
+# --- context and expert parallelism ------------------------------------------------------
+def test_context_parallel_ring() -> None:
+    """cp 2: each GPU holds 512 tokens and runs 2 flash kernels of half the work; per layer the
+    ring sends (cp−1) K,V blocks forward and twice that backward, each hidden only behind the
+    attention core (forward A, backward 2.5A). DDP gradients all-reduce over the 2 cp ranks."""
+    plan = Plan(cp=2, micro_batch=1, global_batch=1, overlap_dp=False)
+    est = estimate_step(MODEL, CLUSTER, plan)
+    t = 512.0
+    a = attn_s(t) * 1.0  # 4·T·s·h/2 with s = 1024 keys: cp kernels of 1/cp each, same total
+    block = 2 * t * H * 2  # K and V of the local tokens, bf16
+    hop = block / W_NV
+    cp_layer = overlap(hop, a) + overlap(2 * hop, 2.5 * a)
+    work = LAYERS * (layer_fwd_bwd(t) + cp_layer) + 3 * head_s(t)
+    ar = 2 * ring(2, 2 * STAGE_PARAMS, W_NV)
+    check(est.time_breakdown["cp_comm"], LAYERS * cp_layer)
+    check(est.step_time_s, work + ar)
+    memory = states(STAGE_PARAMS, 1, 0) + LAYERS * activations(t) + t * VOCAB * 8 + OVERHEAD
+    check(est.memory_bytes, memory)
+
+
+MOE = MODEL.model_copy(update={"moe": MoESpec(experts=4, top_k=2)})
+EP_CLUSTER = cluster(domain=2)
+
+
+def _moe_compute(tokens: float) -> float:
+    """Per-layer forward+backward of the MoE model with 1 local expert of tokens·k·ep/E rows
+    and a router GEMM of 2·T·h·E."""
+    attn_gemm = 2 * tokens * H * 4 * H / PEAK
+    expert = 2 * (tokens * 2 * 4 / 4) * H * FFN * 2 / PEAK
+    router = 2 * tokens * H * 4 / PEAK
+    return 3 * (attn_gemm + expert + router) + 3.5 * attn_s(tokens)
+
+
+def test_expert_all_to_all() -> None:
+    """ep 4 over 2 NVLink domains of 2, forced balance: each token's k = 2 copies go 1/4 to the
+    domain peer and 2/4 to the other domain; the NIC and NVLink parts move at once, the slower
+    sets the time. Dispatch + combine forward and backward: 4 exchanges per layer, exposed."""
+    plan = Plan(dp=4, ep=4, ep_imbalance=1.0, micro_batch=1, global_batch=4, overlap_dp=False)
+    est = estimate_step(MOE, EP_CLUSTER, plan)
+    copy = T1 * H * 2
+    exchange = max(2 * 1 / 4 * copy / W_NV, 2 * 2 / 4 * copy / W_IB)
+    check(est.time_breakdown["ep_comm"], LAYERS * 4 * exchange)
+    check(est.time_breakdown["compute"], LAYERS * _moe_compute(T1) + 3 * head_s(T1))
+
+
+def test_expert_dedup_fp8_node_limit_and_overlap() -> None:
+    """DeepSeek-style dispatch: one copy per token and destination node (2 nodes reachable,
+    expected distinct N·(1 − (1 − 1/N)^k) = 1.5, the routing limit 1 node of 2 groups), fanned
+    out over NVLink (k·(g−1)/g copies); FP8 dispatch (1 + 4/128 B), BF16 combine; overlapped
+    with the layer's forward and backward compute."""
+    limited = MOE.model_copy(update={"moe": MoESpec(experts=4, top_k=2, n_groups=2, topk_groups=1)})
+    plan = Plan(
+        dp=4, ep=4, ep_imbalance=1.0, ep_dedup=True, ep_dispatch="fp8", overlap_ep=True,
+        micro_batch=1, global_batch=4, overlap_dp=False,
+    )  # fmt: skip
+    est = estimate_step(limited, EP_CLUSTER, plan)
+    remote_nodes = 1 * (2 - 1) / 2  # min(1.5, limit 1) distinct nodes, half of them remote
+
+    def exchange(value_bytes: float) -> float:
+        copy = T1 * H * value_bytes
+        return max(2 * 1 / 2 * copy / W_NV, remote_nodes * copy / W_IB)
+
+    layer_comm = 2 * (exchange(1 + 4 / 128) + exchange(2))
+    window = _moe_compute(T1)
+    check(est.time_breakdown["ep_comm"], LAYERS * overlap(layer_comm, window))
+    # Without the routing limit a token reaches 2·(1 − (1/2)²) = 1.5 nodes, 0.75 remote.
+    free = estimate_step(MOE, EP_CLUSTER, plan)
+    remote_nodes = 1.5 * (2 - 1) / 2
+    layer_comm = 2 * (exchange(1 + 4 / 128) + exchange(2))
+    check(free.time_breakdown["ep_comm"], LAYERS * overlap(layer_comm, window))
+
+
+# --- recompute ---------------------------------------------------------------------------
+def test_full_recompute_with_tensor_parallel() -> None:
+    """tp 2, full recompute: the forward runs twice, TP all-reduces 4 + 2 per layer of T·h·2
+    bytes (ring over 2 NVLink ranks: M/W), exposed without comm-GEMM overlap. Memory keeps the
+    layer input per layer plus one layer's full working set."""
+    plan = Plan(tp=2, recompute="full", micro_batch=1, global_batch=1)
+    est = estimate_step(MODEL, CLUSTER, plan)
+    fwd = gemm_s(T1, 2) + attn_s(T1, 2)
+    tp_layer = 6 * 2 * (1 / 2) * (T1 * H * 2) / W_NV
+    check(est.time_breakdown["recompute"], LAYERS * fwd)
+    check(est.time_breakdown["tp_comm"], LAYERS * tp_layer)
+    work = LAYERS * (layer_fwd_bwd(T1, 2) + fwd + tp_layer) + 3 * head_s(T1, 2)
+    check(est.step_time_s, work)
+    stage_params = (LAYERS * LAYER_PARAMS + 2 * TABLE_PARAMS) / 2
+    acts = LAYERS * 2 * H * T1 + activations(T1, 2)
+    memory = states(stage_params, 1, 0) + acts + T1 * VOCAB / 2 * 8 + OVERHEAD
+    check(est.memory_bytes, memory)
+
+
+def test_selective_recompute_counts_attention_and_elementwise() -> None:
+    """Selective recompute re-runs the attention core and the element-wise ops, and keeps all
+    but the attention output and the activation-function output (Korthikanti et al. 2022). HBM
+    at 1e13 B/s so the element-wise traffic (norms, residuals, RoPE, GELU) shows."""
+    world = cluster(hbm_bytes_per_s=1e13)
+    plan = Plan(recompute="selective", micro_batch=1, global_batch=1)
+    est = estimate_step(MODEL, world, plan)
+    t = T1
+    elem_bytes = 20 * t * H + 2 * t * (H + H) * 2 + 2 * t * FFN * 2
+    elem = elem_bytes / 1e13
+    check(est.time_breakdown["recompute"], LAYERS * (attn_s(t) + elem))
+    kept = 2 * (4 * H * t + t * (4 * H + 2 * FFN) - t * (H + FFN))
+    memory = states(STAGE_PARAMS, 1, 0) + LAYERS * kept + LOGITS + OVERHEAD
+    check(est.memory_bytes, memory)
+
+
+# --- new terms ------------------------------------------------------------------------------
+def test_unfused_attention_scores_through_hbm() -> None:
+    """Unfused attention: QKᵀ and AV as GEMMs over the full s² (4·T·s·h FLOPs), 13 B per score
+    element through HBM forward, twice backward; the scores stay in memory, 5 B each
+    (Korthikanti §4.1)."""
+    world = cluster(hbm_bytes_per_s=1e13)
+    flash = estimate_step(MODEL, world, Plan(micro_batch=1, global_batch=1))
+    plan = Plan(attention="unfused", micro_batch=1, global_batch=1)
+    est = estimate_step(MODEL, world, plan)
+    scores = T1 * SEQ * HEADS
+    unfused_fwd = 4 * T1 * SEQ * H / PEAK + 13 * scores / 1e13
+    layer_delta = 3 * unfused_fwd - 3.5 * attn_s(T1)
+    check(est.step_time_s - flash.step_time_s, LAYERS * layer_delta)
+    check(est.memory_bytes - flash.memory_bytes, LAYERS * 5 * scores)
+
+
+def test_kernel_launches_bound_tiny_layers_and_moe_sync() -> None:
+    """At 10 µs per launch a tiny layer's 11 kernels outlast its GPU work (forward 110 µs,
+    backward 220 µs); a dropless MoE layer adds 60 + 3 per local expert launches after its host
+    sync, on top of the forward, and its backward launches twice everything."""
+    tiny = TransformerSpec(n_layers=2, hidden=64, n_heads=1, ffn=256, vocab=64, seq_len=16)
+    world = cluster(launch_us=10.0)
+    est = estimate_step(tiny, world, Plan(micro_batch=1, global_batch=1))
+    head = 3 * 10e-6 * 3  # head: 3 kernels forward, twice backward, launch-bound too
+    embed = 1 * 10e-6 * 3
+    check(est.step_time_s, 2 * (110e-6 + 220e-6) + head + embed)
+    moe = tiny.model_copy(update={"moe": MoESpec(experts=4, top_k=1)})
+    est_moe = estimate_step(moe, world, Plan(micro_batch=1, global_batch=1))
+    synced = (60 + 3 * 4) * 10e-6
+    layer = 110e-6 + synced + 2 * (110e-6 + synced)
+    check(est_moe.step_time_s, 2 * layer + head + embed)
+    graphs = estimate_step(tiny, world, Plan(micro_batch=1, global_batch=1, graphs=True))
+    assert graphs.step_time_s < 1e-6
+
+
+def test_moe_sync_launches_add_to_gpu_bound_forward() -> None:
+    """At 2 µs per launch the MoE layer's GPU forward (45 µs) outlasts its 11 ordinary launches
+    but the 60 + 3·4 launches after the host sync still add on top; the backward, with no
+    sync, takes the larger of its GPU work and twice all launches."""
+    world = cluster(launch_us=2.0)
+    moe = MODEL.model_copy(update={"moe": MoESpec(experts=4, top_k=2)})
+    est = estimate_step(moe, world, Plan(micro_batch=1, global_batch=1))
+    g = (2 * T1 * H * 4 * H + 2 * T1 * 2 * H * FFN * 2 + 2 * T1 * H * 4) / PEAK
+    a = attn_s(T1)
+    launch, synced = 11 * 2e-6, (60 + 3 * 4) * 2e-6
+    fwd = max(g + a, launch) + synced
+    bwd = max(2 * g + 2.5 * a, 2 * (launch + synced))
+    head = 3 * head_s(T1)  # 3 launches (6 µs) hide under the 17 µs head GEMM
+    embed = 2e-6 + 4e-6  # launch-bound embedding lookup
+    check(est.time_breakdown["compute"], LAYERS * (fwd + bwd) + head + embed)
+
+
+def test_tpu_torus_axes() -> None:
+    """A 16-chip slice of a 2D torus is 4 x 4: TP 4 spans one axis and gets half the ICI
+    bandwidth, so its 4 all-reduces of T·h·2 bytes per layer cost 2·(3/4)·M/(W/2) each."""
+    tpu = cluster(domain=16).model_copy(update={"ici_axes": 2})
+    gpu = cluster(domain=16)
+    plan = Plan(tp=4, dp=4, micro_batch=1, global_batch=4, overlap_dp=False)
+    m = T1 * H * 2
+    on_tpu = estimate_step(MODEL, tpu, plan).time_breakdown["tp_comm"]
+    on_gpu = estimate_step(MODEL, gpu, plan).time_breakdown["tp_comm"]
+    check(on_tpu, LAYERS * 4 * 2 * ring(4, m, W_NV / 2))
+    check(on_gpu, LAYERS * 4 * 2 * ring(4, m, W_NV))
