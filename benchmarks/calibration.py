@@ -35,7 +35,6 @@ from shardmeter.calibrate import (
     families_of,
     fit,
     free_parameters,
-    has_moe,
     leave_one_source_out,
     predictions,
     read_rows,
@@ -127,7 +126,7 @@ def _accelerator_values(name: str, cal: Calibration, note: str) -> dict[str, obj
         "matmul_max": round(eff.matmul_max, 4),
         "matmul_half_gflop": round(eff.matmul_half_gflop, 4),
         "memory": round(eff.memory, 4),
-        "moe_expert_overhead_us": round(eff.moe_expert_overhead_us, 2),
+        "kernel_launch_us": round(eff.kernel_launch_us, 2),
         "attention": round(eff.attention, 4),
         "source": src,
     }
@@ -229,9 +228,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     calibration = None
     fit_runs = runs + extra
-    bounds = free_parameters(families_of(fit_runs), has_moe(fit_runs))
+    bounds = free_parameters(families_of(fit_runs))
     if args.fit and args.iterations == 0:
-        calibration = Calibration.start(families_of(fit_runs), has_moe(fit_runs))
+        calibration = Calibration.start(families_of(fit_runs))
         print("the last fit's values (the Bound starts), not refitted:")
     elif args.fit:
         calibration, loss = fit(fit_runs, iterations=args.iterations)

@@ -141,8 +141,8 @@ def test_accelerator_preset_is_sane(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "bf16", "hbm_gb", "hbm_gbps"),
-    [  # dense datasheet values (sparsity figures are exactly twice these)
+    ("name", "bf16", "hbm_gib", "hbm_gbps"),
+    [  # dense datasheet values (sparsity figures are exactly twice these); memory in GiB
         ("a100-80gb", 312.0, 80.0, 2039.0),
         ("h100-sxm", 989.4, 80.0, 3350.0),
         ("h200", 989.4, 141.0, 4800.0),
@@ -153,10 +153,11 @@ def test_accelerator_preset_is_sane(name: str) -> None:
     ],
 )
 def test_accelerator_datasheet_values(
-    name: str, bf16: float, hbm_gb: float, hbm_gbps: float
+    name: str, bf16: float, hbm_gib: float, hbm_gbps: float
 ) -> None:
     accel = load_accelerator(name)
-    assert (accel.peak("bf16"), accel.hbm_gb, accel.hbm_gbps) == (bf16, hbm_gb, hbm_gbps)
+    assert (accel.peak("bf16"), accel.hbm_gbps) == (bf16, hbm_gbps)
+    assert accel.hbm_gb == pytest.approx(hbm_gib * 2**30 / 1e9, abs=0.005)  # field is 1e9 B
 
 
 @pytest.mark.parametrize("name", ACCELERATORS)
