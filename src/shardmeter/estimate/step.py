@@ -345,7 +345,8 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     stage = plans.sharding
     zero3 = stage == SHARDING_CODES["zero3"]
     grad_once = where(stage == SHARDING_CODES["zero1"], stage_sync.rs, 0.0) + stage_sync.ar
-    dp_once = _overlap(grad_once, where(plans.overlap_dp, on_critical("backward"), 0.0), u).cost
+    bwd_window = on_critical("backward")  # the last micro-batch's backward + recompute
+    dp_once = _overlap(grad_once, where(plans.overlap_dp, bwd_window, 0.0), u).cost
     ag_once = where((stage >= SHARDING_CODES["zero1"]) & logical_not(zero3), stage_sync.ag, 0.0)
     fwd_window = where(plans.overlap_param_gather, on_critical("forward"), 0.0)
     fsdp_once = _overlap(ag_once, fwd_window, u).cost
