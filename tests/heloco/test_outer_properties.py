@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -119,6 +120,9 @@ def test_dn_over_n_pushes_equals_nesterov_on_the_mean(grads: list[list[float]], 
 @given(raw=st.lists(st.floats(0.01, 1.0), min_size=2, max_size=8), cap=st.floats(1.0, 50.0))
 def test_balanced_weights_have_unit_arrival_mean(raw: list[float], cap: float) -> None:
     shares = [r / sum(raw) for r in raw]
-    w = balanced_weights(shares, cap)
+    w = balanced_weights(shares, cap, normalize="mean")
     assert abs(sum(s * x for s, x in zip(shares, w, strict=True)) - 1.0) < 1e-9
     assert all(x > 0 for x in w)
+    for norm in ("clip", "max"):  # never amplify
+        capped = balanced_weights(shares, cap, normalize=norm)  # type: ignore[arg-type]
+        assert max(capped) == pytest.approx(1.0) and all(0 < x <= 1.0 + 1e-12 for x in capped)

@@ -173,10 +173,13 @@ def test_rho_before_vs_after_changes_only_the_confidence() -> None:
 
 
 def test_balanced_weights_by_hand() -> None:
-    w = balanced_weights([0.5, 0.25, 0.25], max_weight=10)
+    # w_i ∝ (1/K)/s_i = (2/3, 4/3, 4/3): arrival-weighted mean 1, or the largest at 1.
+    w = balanced_weights([0.5, 0.25, 0.25], max_weight=10, normalize="mean")
     assert w == pytest.approx([2 / 3, 4 / 3, 4 / 3])
+    assert balanced_weights([0.5, 0.25, 0.25], max_weight=10) == pytest.approx([2 / 3, 1.0, 1.0])
+    assert balanced_weights([0.5, 0.25, 0.25], 10, normalize="max") == pytest.approx([0.5, 1, 1])
     inner = MomentumLookAhead({"x": t(0.0)}, lr=1, momentum=0.0, rho="none", n_workers=3)
-    ab = ArrivalBalanced(inner, n_workers=3)
+    ab = ArrivalBalanced(inner, n_workers=3, normalize="mean")
     theta = {"x": t(0.0)}
     for _ in range(3):
         ab.step(theta, [Arrival({"x": t(1.0)}, 0, 0)])
@@ -189,7 +192,8 @@ def test_balanced_weights_by_hand() -> None:
 
 def test_balanced_shares_from_known_rates() -> None:
     p = {"x": t(0.0)}
-    ab = build_optimizer("heloco+ab", p, OuterConfig(ab_shares="paces"), 3, rates=[1.0, 1.0, 0.5])
+    cfg = OuterConfig(ab_shares="paces", ab_normalize="mean")
+    ab = build_optimizer("heloco+ab", p, cfg, 3, rates=[1.0, 1.0, 0.5])
     assert isinstance(ab, ArrivalBalanced)
     assert ab.shares() == pytest.approx([0.4, 0.4, 0.2])
     assert ab.weights() == pytest.approx([5 / 6, 5 / 6, 5 / 3])
@@ -198,7 +202,7 @@ def test_balanced_shares_from_known_rates() -> None:
 
 
 def test_balanced_weights_respect_the_cap() -> None:
-    w = balanced_weights([0.98, 0.01, 0.01], max_weight=4)
+    w = balanced_weights([0.98, 0.01, 0.01], max_weight=4, normalize="mean")
     assert max(w) / min(w) <= 16 + 1e-9
     assert sum(s * x for s, x in zip([0.98, 0.01, 0.01], w, strict=True)) == pytest.approx(1.0)
 

@@ -8,13 +8,13 @@ the equivalent choice. Any asynchronous method takes a ``+ab`` suffix (arrival b
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from heloco.outer.balanced import ArrivalBalanced
+from heloco.outer.balanced import ArrivalBalanced, Normalize
 from heloco.outer.base import OuterOptimizer, Rho, RhoMode
 from heloco.outer.delayed import DelayedNesterov
 from heloco.outer.heloco import CorrectionConfig, HeLoCo
@@ -48,6 +48,17 @@ class OuterConfig(BaseModel):
     )
     ab_prior: float = Field(1.0, gt=0, description="Laplace prior on online arrival counts")
     ab_max_weight: float = Field(10.0, ge=1, description="cap on a balancing weight")
+    ab_power: float = Field(1.0, ge=0, le=1, description="γ: 1 balances fully, 0 not at all")
+    ab_normalize: Normalize = Field(
+        "clip",
+        description="clip: over-represented workers down to their fair share, none up; max: "
+        "the least represented at 1; mean: expected outer lr unchanged (amplifies the slow)",
+    )
+    ab_data: Literal["mixtures", "workers"] = Field(
+        "mixtures",
+        description="balance the workers' known data mixtures (overlap weakens it), or the "
+        "workers themselves",
+    )
 
 
 Builder = Callable[[Params, OuterConfig, int, float, Rho], OuterOptimizer]
@@ -140,10 +151,13 @@ def build_optimizer(
     cfg: OuterConfig,
     n_workers: int,
     rates: Sequence[float] | None = None,
+    mixtures: Sequence[Mapping[str, float]] | None = None,
 ) -> OuterOptimizer:
     """The outer optimizer of ``method`` for a model shaped like ``params``.
 
-    ``rates`` (expected rounds/s per worker) feed arrival balancing when ``ab_shares='paces'``.
+    ``rates`` (expected rounds/s per worker) feed arrival balancing when ``ab_shares='paces'``;
+    ``mixtures`` (each worker's data mixture over its sources, e.g. languages) when
+    ``ab_data='mixtures'``.
     """
     if n_workers < 1:
         raise UserInputError("workers", n_workers, "an integer >= 1")
@@ -159,6 +173,9 @@ def build_optimizer(
         opt,
         n_workers=n_workers,
         rates=rates if cfg.ab_shares == "paces" else None,
+        mixtures=mixtures if cfg.ab_data == "mixtures" else None,
         prior=cfg.ab_prior,
         max_weight=cfg.ab_max_weight,
+        power=cfg.ab_power,
+        normalize=cfg.ab_normalize,
     )

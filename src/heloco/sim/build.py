@@ -106,10 +106,16 @@ class RunParts:
         )
 
 
-def build_server(cfg: SimConfig, init: Params, rates: list[float]) -> Server:
-    """The method's outer optimizer (``rates``: expected rounds per second of each worker)
-    behind a server with the method's policy (sync barrier, DyLU, grace window)."""
-    optimizer = build_optimizer(cfg.method, init, cfg.outer_config(), cfg.workers, rates)
+def build_server(
+    cfg: SimConfig,
+    init: Params,
+    rates: list[float],
+    mixtures: list[dict[str, float]] | None = None,
+) -> Server:
+    """The method's outer optimizer (``rates``: expected rounds per second of each worker;
+    ``mixtures``: each worker's data mixture) behind a server with the method's policy (sync
+    barrier, DyLU, grace window)."""
+    optimizer = build_optimizer(cfg.method, init, cfg.outer_config(), cfg.workers, rates, mixtures)
     server_cfg = ServerConfig(
         n_workers=cfg.workers,
         inner_steps=cfg.inner_steps,
@@ -141,4 +147,5 @@ def build_run(
     steps = round_steps(cfg, paces)
     rates = [1.0 / s for s in round_seconds(steps, paces, comm)]
     inner = worker_inner_configs(cfg, paces, comm)
-    return RunParts(cfg, data, model, paces, comm, steps, inner, build_server(cfg, init, rates))
+    server = build_server(cfg, init, rates, data.worker_languages)
+    return RunParts(cfg, data, model, paces, comm, steps, inner, server)
