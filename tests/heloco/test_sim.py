@@ -160,8 +160,10 @@ def test_grace_window_batches_arrivals() -> None:
 
 
 def test_arrival_balancing_equalises_effective_contributions() -> None:
-    k = 3
-    server = fake_server("mla+ab", k)
+    k = 3  # "max" scales everyone to the least represented worker: equal contributions
+    init = {"w": torch.zeros(3)}
+    opt = build_optimizer("mla+ab", init, OuterConfig(ab_normalize="max"), k)
+    server = Server(init, opt, ServerConfig(n_workers=k, inner_steps=1))
     stats = RunStats(k)
     clock = Clock([1.0, 1.0, 4.0], [0.0] * k, 0.0, 0, None, 200.0, 0)
     simulate(server, [FakeWorker(w) for w in range(k)], clock, evaluate, None, stats)
