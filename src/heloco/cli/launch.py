@@ -61,7 +61,9 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--codec", default="fp32", choices=("fp32", "bf16", "int8"))
     p.add_argument(
-        "--threads", type=int, default=1, help="torch threads per process (default 1, as simulate)"
+        "--threads",
+        type=int,
+        help="torch threads per worker (default: the run config's `threads`, as simulate)",
     )
     p.add_argument("--timeout-s", type=float, default=3600.0)
     p.add_argument("--serve-arg", action="append", default=[], help="extra flag for serve")
