@@ -56,7 +56,7 @@ def full_tensor(p: torch.Tensor) -> torch.Tensor:
 
 def check_params(named: Iterable[tuple[str, torch.Tensor]], start: Params) -> None:
     """One-line error unless ``start`` has exactly the model's names and (full) shapes."""
-    shapes = {name: tuple(_full_shape(p)) for name, p in named}
+    shapes = {name: tuple(p.shape) for name, p in named}  # a DTensor reports its global shape
     missing = [n for n in shapes if n not in start]
     extra = [n for n in start if n not in shapes]
     if missing or extra:
@@ -72,10 +72,6 @@ def check_params(named: Iterable[tuple[str, torch.Tensor]], start: Params) -> No
                 f"shape {shape}",
                 f"the server's shape {tuple(start[name].shape)}",
             )
-
-
-def _full_shape(p: torch.Tensor) -> torch.Size:
-    return p.shape  # a DTensor reports its global shape
 
 
 @torch.no_grad()
