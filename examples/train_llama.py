@@ -149,7 +149,7 @@ def main() -> int:
         tmp = Path(tmp_name)
         out = args.out or tmp / "out"
         shards = convert(shared, tmp / "shards", LANGUAGES)
-        model = llama_config(tmp / "llama", args.size, args.seq_len)
+        model = llama_config(out / "llama", args.size, args.seq_len)  # kept with the run
         config = run_config(tmp / "run.toml", model, shards, args)
         run = out / "run"
         heloco("launch", "--config", str(config), "--workers", "3", "--out", str(run))

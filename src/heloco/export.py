@@ -61,30 +61,35 @@ def read_run(run_dir: Path) -> SimConfig:
 
 
 def checkpoint_params(run_dir: Path, revision: int | None = None) -> tuple[Params, int]:
-    """The server parameters of the newest checkpoint (or of ``revision``) and its revision."""
+    """The server parameters of the newest valid checkpoint (or the newest of ``revision``)
+    and its revision. A damaged checkpoint is skipped for an older one."""
     root = run_dir / "checkpoints"
-    if revision is None:
-        path = checkpoint.latest(root)
-        if path is None:
-            raise UserInputError(
-                "RUN_DIR",
-                str(run_dir),
-                "a run of `heloco serve`/`launch` with checkpoints (RUN_DIR/checkpoints)",
-            )
-    else:
-        path = root / f"{checkpoint.PREFIX}{revision:09d}"
-        if not path.is_dir():
-            have = (
-                sorted(p.name for p in root.glob(f"{checkpoint.PREFIX}*")) if root.is_dir() else []
-            )
-            raise UserInputError("--revision", revision, f"one of the checkpoints {have}")
-    ck = checkpoint.load(path)
-    params = {
-        k.removeprefix(PARAMS_PREFIX): v
-        for k, v in ck.tensors.items()
-        if k.startswith(PARAMS_PREFIX)
-    }
-    return params, int(ck.state["server"]["revision"])
+    found = checkpoint.checkpoints(root)
+    if not found:
+        raise UserInputError(
+            "RUN_DIR",
+            str(run_dir),
+            "a run of `heloco serve`/`launch` with checkpoints (RUN_DIR/checkpoints)",
+        )
+    wanted = f"{checkpoint.PREFIX}{revision:09d}" if revision is not None else checkpoint.PREFIX
+    candidates = [p for p in reversed(found) if p.name.startswith(wanted)]
+    if not candidates:
+        have = sorted({int(p.name[len(checkpoint.PREFIX) :].split("-")[0]) for p in found})
+        raise UserInputError("--revision", revision, f"one of the checkpointed revisions {have}")
+    problems = []
+    for path in candidates:
+        try:
+            ck = checkpoint.load(path)
+        except checkpoint.CheckpointError as exc:
+            problems.append(str(exc))
+            continue
+        params = {
+            k.removeprefix(PARAMS_PREFIX): v
+            for k, v in ck.tensors.items()
+            if k.startswith(PARAMS_PREFIX)
+        }
+        return params, int(ck.state["server"]["revision"])
+    raise UserInputError("RUN_DIR", str(root), f"a readable checkpoint ({problems[0]})")
 
 
 def run_tokenizer(data: DataConfig) -> Tokenizer | None:

@@ -220,3 +220,27 @@ def test_launch_three_workers_then_export(tmp_path: Path, arch: str) -> None:
 
     params, _ = checkpoint_params(run)
     assert_same_logits(server_model(cfg, params), done.out_dir)
+
+
+def test_export_picks_the_checkpoint_asked_for(
+    tmp_path: Path, values: Callable[..., dict[str, Any]]
+) -> None:
+    from heloco.export import checkpoint_params
+    from heloco.net import checkpoint
+
+    cfg = parse_sim_config(values())
+    (tmp_path / "config.json").write_text(cfg.model_dump_json())
+    with pytest.raises(UserInputError, match="with checkpoints"):
+        checkpoint_params(tmp_path)
+    params = run_simulation(cfg).params
+    for rev in (3, 5):
+        tensors = {f"params/{k}": v + rev for k, v in params.items()}
+        checkpoint.save(tmp_path / "checkpoints", rev, tensors, {"server": {"revision": rev}})
+    got, rev = checkpoint_params(tmp_path)
+    assert rev == 5 and torch.equal(got["head.weight"], params["head.weight"] + 5)
+    got, rev = checkpoint_params(tmp_path, 3)
+    assert rev == 3 and torch.equal(got["head.weight"], params["head.weight"] + 3)
+    with pytest.raises(UserInputError, match=r"revisions \[3, 5\]"):
+        checkpoint_params(tmp_path, 4)
+    done, rev = export_run(tmp_path, tmp_path / "hf", revision=3)
+    assert rev == 3 and done.architecture == "GPT2LMHeadModel"
