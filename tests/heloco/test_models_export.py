@@ -244,3 +244,47 @@ def test_export_picks_the_checkpoint_asked_for(
         checkpoint_params(tmp_path, 4)
     done, rev = export_run(tmp_path, tmp_path / "hf", revision=3)
     assert rev == 3 and done.architecture == "GPT2LMHeadModel"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_tensors_over_a_mebibyte_cross_curve(
+    tmp_path: Path, values: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real model's tensors exceed the header limit: pushes over CURVE must still arrive
+    (the server's frame limit leaves room for the encrypted box; it once did not)."""
+    import threading
+
+    from heloco.net import keys
+    from heloco.net.client import ClientConfig
+    from heloco.net.endpoint import EndpointConfig
+    from heloco.net.session import Session
+    from heloco.net.worker_loop import NetWorker, WorkerOptions
+
+    (tmp_path / "wide.py").write_text(
+        "from torch import nn\n"
+        "def build(vocab_size):\n"
+        "    return nn.Sequential(nn.Embedding(vocab_size, 1152), nn.Linear(1152, vocab_size))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    raw = values(model={"factory": "wide:build"})
+    cfg = parse_sim_config(raw | {"workers": 1, "token_budget": 2 * 128})
+    secret = b"large-frames-secret-0123456789abcdef"
+    keys.generate(tmp_path / "keys", 1, secret)
+    server_keys = keys.load_server(tmp_path / "keys" / "server")
+    endpoint = EndpointConfig(drain_s=1.0, keys=server_keys)
+    session = Session(cfg, secret, endpoint, out_dir=tmp_path / "run")
+    assert max(4 * p.numel() for p in session.side.server.params.values()) > 1 << 20
+    thread, address = session.serve_in_thread()
+    client = ClientConfig(
+        address, timeout_s=10, deadline_s=30, keys=keys.load_client(tmp_path / "keys" / "worker0")
+    )
+    reports = []
+    worker = threading.Thread(
+        target=lambda: reports.append(NetWorker(client, secret, WorkerOptions(worker=0)).run())
+    )
+    worker.start()
+    worker.join(60)
+    thread.join(30)
+    assert reports and len(reports[0].acked) == 2
+    assert session.side.server.revision == 2

@@ -35,6 +35,9 @@ FINAL_LINGER_MS = 500  # at a normal end, the last replies (the byes' pongs) sti
 MAX_BATCH = 4096  # messages handled per wake-up: drain the queue (heartbeats too) before evicting
 
 
+FRAME_SLACK_BYTES = 4096  # per-frame transport overhead allowed above the payload (CURVE box)
+
+
 @dataclass(frozen=True)
 class EndpointConfig:
     """Socket, limits and checkpoint policy of a serving process.
@@ -208,7 +211,10 @@ class Endpoint:
         tensor in fp32, never more than the whole-message limit. libzmq cuts the connection
         of a peer that announces a longer frame before buffering it."""
         largest = max((4 * t.numel() for t in self.coord.server.params.values()), default=0)
-        return min(self.cfg.max_bytes, max(wire.MAX_HEADER_BYTES, largest))
+        # + slack: libzmq checks the frame as sent, which under CURVE is the encrypted box
+        # (plaintext + MAC + flags); without it a push whose largest tensor is exactly at the
+        # limit, or over 1 MiB under CURVE, had its connection cut and never got a reply.
+        return min(self.cfg.max_bytes, max(wire.MAX_HEADER_BYTES, largest) + FRAME_SLACK_BYTES)
 
     def open(self) -> str:
         """Bind the ROUTER socket; returns the concrete address (with the chosen port).
