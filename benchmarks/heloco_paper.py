@@ -4,7 +4,9 @@ Grid (heloco-spec.md §3-4): 5 workers, one language each; paces [1,1,1,1,1], [1
 [1,6,6,6,6], [1,15,15,15,15]; methods sync, async-nesterov, dn, dn-dylu, mla, heloco,
 heloco-uncorrected, heloco+ab, mla+ab; seeds 0-2; two regimes (presets ``paper-regime`` and
 ``converged``). Cells run seed-major (every cell of seed 0 first), two processes with one torch
-thread each, and are resumable (see :mod:`heloco.experiments`).
+thread each, and are resumable (see :mod:`heloco.experiments`). Each task simulates the methods
+of one setting and seed side by side, their rounds batched (the same losses as one at a time;
+``--no-batch`` turns it off); ``--executor ray`` runs the tasks on a Ray cluster.
 
 Claims (abstract of arXiv 2606.00271; spec §4.1), relative loss reduction (L_b − L_h)/L_b:
   1. up to 7.5% vs asynchronous DiLoCo baselines (async-nesterov, dn, dn-dylu), fixed tokens;
@@ -20,6 +22,7 @@ seed-mean improvement is largest ("up to"):
     python benchmarks/heloco_paper.py                      # the full grid
     python benchmarks/heloco_paper.py --check              # generalisation settings
     python benchmarks/heloco_paper.py --report-only        # tables from what is done
+    python benchmarks/heloco_paper.py --executor ray --ray-address HOST:6379   # on a cluster
     bash benchmarks/heloco_paper_gpu.sh                    # the authors' scale, on a GPU
 """
 
@@ -34,6 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from heloco.config import atomic_write_text, load_config
+from heloco.executors import EXECUTORS
 from heloco.experiments import (
     Cell,
     CellResult,
@@ -616,6 +620,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help=f"1 seed, 1/{QUICK_DIVISOR} of the steps")
     p.add_argument("--check", action="store_true", help="generalisation settings instead")
     p.add_argument("--jobs", type=int, default=2, help="parallel processes (1 torch thread each)")
+    p.add_argument("--executor", choices=EXECUTORS, default="local", help="local processes, or Ray")
+    p.add_argument("--ray-address", help="a running Ray cluster (default: a local Ray)")
+    p.add_argument(
+        "--batch-cells",
+        type=int,
+        help="cells of one setting simulated side by side per task (default: one per method)",
+    )
+    p.add_argument(
+        "--no-batch", action="store_true", help="every round on its own (same losses, slower)"
+    )
     p.add_argument("--device", default="cpu", help="torch device of every cell (cpu, cuda)")
     p.add_argument("--out", type=Path, help="results folder (default benchmarks/results/...)")
     p.add_argument("--markdown", type=Path, help="markdown file (default <out>/../<name>.md)")
@@ -666,12 +680,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.report_only:
         regime_extra = {r: quick_overrides(r) for r in regimes} if args.quick else {}
         print(f"{len(cells)} cells ({len(regimes)} regimes) -> {out}", flush=True)
+        extra: dict[str, object] = {"device": args.device}
+        if args.no_batch:
+            extra["batch"] = "off"
         grid = GridRun(
             out_root=out,
             data_dir=data_dir,
             jobs=args.jobs,
-            extra={"device": args.device},
+            extra=extra,
             regime_extra=regime_extra,
+            batch_cells=1 if args.no_batch else (args.batch_cells or len(methods)),
+            executor=args.executor,
+            ray_address=args.ray_address,
         )
         done = [0]
 

@@ -27,7 +27,6 @@ import functools
 import io
 import json
 import math
-import multiprocessing as mp
 import shutil
 import statistics
 import time
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from heloco.config import atomic_write_text, load_config
+from heloco.executors import Executor, run_tasks
 from heloco.metrics import EvalPoint, atomic_write_json
 from heloco.outer import resolve_method
 from heloco.sim import RunResult, SimConfig
@@ -290,20 +290,52 @@ def summarize_cell(cell: Cell, cfg: SimConfig, result: RunResult) -> CellResult:
     )
 
 
+def run_cells(
+    cells: Sequence[Cell],
+    out_root: Path,
+    data_dir: Path | None,
+    extras: Sequence[Mapping[str, Any]] | None = None,
+) -> list[CellResult | Exception]:
+    """Run cells from scratch, simulated side by side in this process (their rounds batched
+    together where they share a model shape; see :func:`heloco.sim.run_simulations`).
+    Half-written run folders are cleared first; a failing cell gives its exception."""
+    from heloco.sim import run_simulations
+
+    extras = extras or [{}] * len(cells)
+    outcomes: list[CellResult | Exception] = [ValueError("not run")] * len(cells)
+    todo: list[tuple[int, SimConfig]] = []
+    for i, (cell, extra) in enumerate(zip(cells, extras, strict=True)):
+        try:
+            cfg = cell_config(cell, out_root, data_dir, extra)
+        except Exception as exc:  # reported per cell
+            outcomes[i] = exc
+            continue
+        assert cfg.out_dir is not None
+        if cfg.out_dir.exists():
+            shutil.rmtree(cfg.out_dir)
+        todo.append((i, cfg))
+    results = run_simulations([cfg for _, cfg in todo]) if todo else []
+    for (i, cfg), result in zip(todo, results, strict=True):
+        try:
+            if isinstance(result, Exception):
+                raise result
+            assert cfg.out_dir is not None
+            row = summarize_cell(cells[i], cfg, result)
+            atomic_write_json(cfg.out_dir / CELL_FILE, asdict(row))
+            outcomes[i] = row
+        except Exception as exc:  # reported per cell
+            outcomes[i] = exc
+    return outcomes
+
+
 def run_cell(
     cell: Cell, out_root: Path, data_dir: Path | None, extra: Mapping[str, Any] | None = None
 ) -> CellResult:
     """Run one cell from scratch (a half-written run folder is cleared first)."""
-    from heloco.sim import run_simulation
-
-    cfg = cell_config(cell, out_root, data_dir, extra)
-    assert cfg.out_dir is not None
-    if cfg.out_dir.exists():
-        shutil.rmtree(cfg.out_dir)
-    result = run_simulation(cfg)
-    row = summarize_cell(cell, cfg, result)
-    atomic_write_json(cfg.out_dir / CELL_FILE, asdict(row))
-    return row
+    outcome = run_cells([cell], out_root, data_dir, [extra or {}])[0]
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
 
 
 def load_cell_result(path: Path) -> CellResult:
@@ -326,20 +358,23 @@ class GridRun:
     jobs: int = 2
     extra: dict[str, Any] = field(default_factory=dict)  # overrides applied to every cell
     regime_extra: dict[str, dict[str, Any]] = field(default_factory=dict)  # per regime, on top
+    batch_cells: int = 1  # cells of one (regime, paces, split) simulated side by side per task
+    executor: Executor = "local"
+    ray_address: str | None = None  # None: a local Ray with ``jobs`` CPUs
 
     def overrides_for(self, cell: Cell) -> dict[str, Any]:
         return {**self.extra, **self.regime_extra.get(cell.regime, {})}
 
 
 def _init_worker() -> None:
-    """Pool-process setup: a small cache of built data (each cell sets its own thread count,
+    """Grid-process setup: a small cache of built data (each cell sets its own thread count,
     ``threads`` of its config, so a cell gives the same losses in a pool or in process).
 
     Tokenising the corpus is the largest fixed cost of a short cell, and every method of a
     (regime, paces, seed) setting builds identical data (it depends only on the data config,
     the worker count and the seed; samplers are created per worker from the frozen streams).
-    ``heloco.sim.run_simulation`` has no parameter for prebuilt data, so its module-level
-    ``build_data`` is wrapped in an LRU cache here, in the grid's own processes only.
+    Cells of one task share their data already; across tasks, ``build_data`` is wrapped in an
+    LRU cache here, in the grid's own processes only.
     """
     import heloco.sim.build
 
@@ -347,12 +382,38 @@ def _init_worker() -> None:
         heloco.sim.build.build_data = functools.lru_cache(maxsize=4)(heloco.sim.build.build_data)
 
 
-def _run_task(args: tuple[Cell, Path, Path | None, dict[str, Any]]) -> tuple[Cell, Any]:
-    cell, out_root, data_dir, extra = args
-    try:
-        return cell, run_cell(cell, out_root, data_dir, extra)
-    except Exception as exc:  # reported per cell; the grid keeps going
-        return cell, f"{type(exc).__name__}: {exc}"
+Task = tuple[tuple[Cell, ...], Path, Path | None, tuple[dict[str, Any], ...]]
+
+
+def _run_task(task: Task) -> list[tuple[Cell, CellResult | str]]:
+    cells, out_root, data_dir, extras = task
+    outcomes = run_cells(cells, out_root, data_dir, extras)
+    return [
+        (c, o if isinstance(o, CellResult) else f"{type(o).__name__}: {o}")
+        for c, o in zip(cells, outcomes, strict=True)
+    ]
+
+
+def grid_tasks(cells: Sequence[Cell], grid: GridRun) -> list[Task]:
+    """Cells of one (regime, paces, split) in chunks of ``batch_cells``, ordered by their first
+    cell's place in ``cells`` (so a seed-major grid still finishes whole seeds first)."""
+    groups: dict[tuple[str, tuple[float, ...], Split], list[tuple[int, Cell]]] = {}
+    for i, c in enumerate(cells):
+        groups.setdefault((c.regime, c.paces, c.split), []).append((i, c))
+    size = max(1, grid.batch_cells)
+    chunks = [g[j : j + size] for g in groups.values() for j in range(0, len(g), size)]
+    chunks.sort(key=lambda chunk: chunk[0][0])
+    out_root = grid.out_root.resolve()
+    data_dir = None if grid.data_dir is None else grid.data_dir.resolve()
+    return [
+        (
+            tuple(c for _, c in chunk),
+            out_root,
+            data_dir,
+            tuple(grid.overrides_for(c) for _, c in chunk),
+        )
+        for chunk in chunks
+    ]
 
 
 def run_grid(
@@ -360,8 +421,10 @@ def run_grid(
     grid: GridRun,
     on_result: Callable[[Cell, CellResult | str, bool], None] | None = None,
 ) -> list[CellResult]:
-    """Run the cells not yet done (``jobs`` processes, each cell with its config's threads);
-    rewrite results.jsonl/csv after each finished cell. Returns every finished result."""
+    """Run the cells not yet done on ``grid.executor`` (``jobs`` processes or Ray CPUs; each
+    task simulates ``batch_cells`` cells side by side, each cell with its config's threads);
+    rewrite results.jsonl/csv after each finished task. Returns every finished result. The
+    files are the same whichever executor ran a cell, so a grid resumes on any of them."""
     grid.out_root.mkdir(parents=True, exist_ok=True)
     results: dict[str, CellResult] = {}
     todo: list[Cell] = []
@@ -373,23 +436,16 @@ def run_grid(
             results[cell.key] = prev
             if on_result is not None:
                 on_result(cell, prev, True)
-    tasks = [(c, grid.out_root, grid.data_dir, grid.overrides_for(c)) for c in todo]
-
-    def record(cell: Cell, outcome: CellResult | str) -> None:
-        if isinstance(outcome, CellResult):
-            results[cell.key] = outcome
-            write_results(grid.out_root, [results[c.key] for c in cells if c.key in results])
+    tasks = grid_tasks(todo, grid)
+    runs = run_tasks(_run_task, tasks, grid.executor, grid.jobs, _init_worker, grid.ray_address)
+    for outcomes in runs:
+        for cell, outcome in outcomes:
+            if isinstance(outcome, CellResult):
+                results[cell.key] = outcome
+        write_results(grid.out_root, [results[c.key] for c in cells if c.key in results])
         if on_result is not None:
-            on_result(cell, outcome, False)
-
-    if grid.jobs <= 1 or len(tasks) <= 1:  # in this process
-        for task in tasks:
-            record(*_run_task(task))
-    else:
-        ctx = mp.get_context("spawn")
-        with ctx.Pool(grid.jobs, _init_worker) as pool:
-            for cell, outcome in pool.imap_unordered(_run_task, tasks):
-                record(cell, outcome)
+            for cell, outcome in outcomes:
+                on_result(cell, outcome, False)
     return [results[c.key] for c in cells if c.key in results]
 
 

@@ -8,7 +8,8 @@ seed give bit-identical losses. The server and the outer optimizers are the prod
 
 Modules, one job each: ``config`` (SimConfig), ``clock`` (paces, steps, schedules),
 ``recorder`` (trajectory bookkeeping), ``loop`` (the event loop), ``build`` (a run's parts),
-``run`` (one run end to end).
+``run`` (runs end to end, one or side by side), ``stacked`` and ``batch`` (rounds
+of many TinyGPT workers in one batched kernel).
 """
 
 from heloco.sim.build import (
@@ -41,7 +42,14 @@ from heloco.sim.config import (
 )
 from heloco.sim.loop import RoundRunner, simulate
 from heloco.sim.recorder import Evaluator, Recorder, Trajectory
-from heloco.sim.run import CONFIG_FILE, RunResult, loss_at_time_budget, run_simulation, summarize
+from heloco.sim.run import (
+    CONFIG_FILE,
+    RunResult,
+    loss_at_time_budget,
+    run_simulation,
+    run_simulations,
+    summarize,
+)
 
 __all__ = [
     "CONFIG_FILE",
@@ -72,6 +80,7 @@ __all__ = [
     "round_seconds",
     "round_steps",
     "run_simulation",
+    "run_simulations",
     "seed_everything",
     "simulate",
     "summarize",

@@ -137,27 +137,23 @@ def round_sources(built: Sequence[RunParts | Exception]) -> list[RoundSource | N
     """Each run's round source: slots of a shared BatchEngine per model shape and device
     (``batch = "auto"`` and a TinyGPT model, two or more workers in the group), else its
     workers one round at a time on the run's own model."""
-    groups: dict[tuple[str, str], list[int]] = {}
+    groups: dict[tuple[str, str], list[tuple[int, RunParts, TinyGPT]]] = {}
     for i, parts in enumerate(built):
-        if isinstance(parts, Exception) or parts.cfg.batch == "off" or not supports(parts.model):
+        if isinstance(parts, Exception) or parts.cfg.batch == "off":
             continue
         model = parts.model
-        assert isinstance(model, TinyGPT)  # supports() admits TinyGPT only
-        key = (model.cfg.model_dump_json(), str(model.positions.device))
-        groups.setdefault(key, []).append(i)
+        if isinstance(model, TinyGPT) and supports(model):
+            key = (model.cfg.model_dump_json(), str(model.positions.device))
+            groups.setdefault(key, []).append((i, parts, model))
     out: list[RoundSource | None] = [None] * len(built)
     for members in groups.values():
-        runs = [built[i] for i in members]
-        slots = sum(p.cfg.workers for p in runs if isinstance(p, RunParts))
+        slots = sum(parts.cfg.workers for _, parts, _ in members)
         if slots < 2:
             continue
-        first = runs[0]
-        assert isinstance(first, RunParts)
-        assert isinstance(first.model, TinyGPT)
-        engine = BatchEngine(first.model.cfg, slots, first.model.positions.device)
+        first = members[0][2]
+        engine = BatchEngine(first.cfg, slots, first.positions.device)
         offset = 0
-        for i, parts in zip(members, runs, strict=True):
-            assert isinstance(parts, RunParts)
+        for i, parts, _ in members:
             for w in range(parts.cfg.workers):
                 engine.bind(offset + w, parts.worker(w, model=engine.models[offset + w]))
             out[i] = BatchedRounds(engine, offset, parts.cfg.workers)
