@@ -147,6 +147,10 @@ def test_zero1_without_overlap() -> None:
     check(est.time_breakdown["dp_comm"], rs)
     memory = states(STAGE_PARAMS, 4, 1) + SINGLE_STAGE_ACT + LOGITS + OVERHEAD
     check(est.memory_bytes, memory)
+    # 16-bit master-weight remainders: 10 optimizer bytes per parameter instead of 12.
+    plan = _zero_plan("zero1", False).model_copy(update={"master_weights": "remainder"})
+    slim = estimate_step(MODEL, CLUSTER, plan)
+    check(est.memory_bytes - slim.memory_bytes, 2 * STAGE_PARAMS / 4)
 
 
 def test_zero1_with_overlap() -> None:
@@ -378,6 +382,10 @@ def test_full_recompute_with_tensor_parallel() -> None:
     acts = LAYERS * 2 * H * T1 + activations(T1, 2)
     memory = states(stage_params, 1, 0) + acts + T1 * VOCAB / 2 * 8 + OVERHEAD
     check(est.memory_bytes, memory)
+    # Compiled (XLA): the recomputed forward drops the MLP down projection, dead code there.
+    compiled = estimate_step(MODEL, CLUSTER, plan.model_copy(update={"compiled": True}))
+    down = 2 * T1 * (FFN / 2) * H / PEAK
+    check(compiled.time_breakdown["recompute"], LAYERS * (fwd - down))
 
 
 def test_selective_recompute_counts_attention_and_elementwise() -> None:

@@ -19,8 +19,8 @@ _ND = np.ndarray
 
 
 def where(cond: Num, a: Num, b: Num) -> Num:
-    """`np.where`, or a plain conditional for scalars."""
-    if not (isinstance(cond, _ND) or isinstance(a, _ND) or isinstance(b, _ND)):
+    """`np.where`, or a plain conditional when the condition is one value (for all plans)."""
+    if not isinstance(cond, _ND) or cond.ndim == 0:
         return a if cond else b
     if isinstance(b, float) and b == 0.0 and isinstance(cond, _ND) and cond.dtype == np.bool_:
         return a * cond  # the same values for finite a, several times faster than np.where

@@ -12,6 +12,7 @@ All functions take floats or broadcastable numpy arrays.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -29,7 +30,13 @@ class LinkRate:
 
     @classmethod
     def of(cls, link: Link) -> LinkRate:
-        return cls(link.effective_bytes_per_s, link.latency_s)
+        return _rate_of(link)
+
+
+@functools.lru_cache(maxsize=256)
+def _rate_of(link: Link) -> LinkRate:
+    """LinkRate of a (frozen, hashable) Link, computed once per link."""
+    return LinkRate(link.effective_bytes_per_s, link.latency_s)
 
 
 def torus_shape(chips: int, axes: int) -> tuple[int, ...]:

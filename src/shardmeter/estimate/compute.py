@@ -102,6 +102,7 @@ class LayerCost:
     launch_s: Num = 0.0  # host time to launch the forward's kernels
     attention_bwd_s: Num | None = None  # default: BWD_ATTN × attention_s (FlashAttention-2)
     synced_launch_s: Num = 0.0  # launches after a host sync (dropless MoE), not hidden
+    down_s: Num = 0.0  # the MLP down projection(s): the layer's last GEMM
 
     @property
     def gpu_forward_s(self) -> Num:
@@ -145,11 +146,12 @@ def _shapes(model: TransformerSpec, plans: PlanArrays) -> _Shapes:
 
 def _mlp_cost(
     sh: _Shapes, h: int, width: Num, n_mat: int, rows: Num, acc: Accelerator
-) -> tuple[Num, Num]:
-    """GEMM time and FLOPs of a (gated) MLP of local width `width` applied to `rows` tokens."""
+) -> tuple[Num, Num, Num]:
+    """GEMM time, FLOPs and down-projection time of a (gated) MLP of local width `width`
+    applied to `rows` tokens."""
     up = gemm_time(rows, h, (n_mat - 1) * width, acc, sh.fp8)
     down = gemm_time(rows, width, h, acc, sh.fp8)
-    return up + down, 2.0 * rows * h * width * n_mat
+    return up + down, 2.0 * rows * h * width * n_mat, down
 
 
 def launch_time(kernels: Num, plans: PlanArrays, acc: Accelerator) -> Num:
@@ -234,16 +236,21 @@ def layer_forward(
         # Each local expert's grouped-GEMM slice sees T·k·ep/E rows, so small experts run low
         # on the size-dependent curve; the busiest EP rank sets the pace.
         rows_per_expert = t * spec.top_k * ep / spec.experts
-        expert_s, _ = _mlp_cost(sh, h, width, n_mat, rows_per_expert, acc)
+        expert_s, _, expert_down = _mlp_cost(sh, h, width, n_mat, rows_per_expert, acc)
         local_experts = spec.experts / ep
-        routed_s = expert_s * local_experts * expert_imbalance(plans, t, spec.top_k)
+        busiest = local_experts * expert_imbalance(plans, t, spec.top_k)
+        routed_s = expert_s * busiest
+        down_s = expert_down * busiest
         routed_flops = 2.0 * t * spec.top_k * h * width * n_mat
         router_s = gemm_time(t, h, spec.experts, acc, False)
         gemm_s = gemm_s + routed_s + router_s
         gemm_flops = gemm_flops + routed_flops + 2.0 * t * h * spec.experts
         if spec.shared_experts:
-            shared_s, shared_flops = _mlp_cost(sh, h, width * spec.shared_experts, n_mat, t, acc)
+            shared_s, shared_flops, shared_down = _mlp_cost(
+                sh, h, width * spec.shared_experts, n_mat, t, acc
+            )
             gemm_s = gemm_s + shared_s
+            down_s = down_s + shared_down
             gemm_flops = gemm_flops + shared_flops
         active_width = width * (spec.top_k + spec.shared_experts)
         # Router softmax + top-k over fp32 logits (write, read, write T·E·4 B); token permute
@@ -253,7 +260,7 @@ def layer_forward(
         synced = launch_time(MOE_SYNCED_KERNELS + KERNELS_PER_EXPERT * local_experts, plans, acc)
     else:
         width = model.dense_ffn / tp
-        mlp_s, mlp_flops = _mlp_cost(sh, h, width, n_mat, t, acc)
+        mlp_s, mlp_flops, down_s = _mlp_cost(sh, h, width, n_mat, t, acc)
         gemm_s = gemm_s + mlp_s
         gemm_flops = gemm_flops + mlp_flops
         active_width = width
@@ -267,6 +274,7 @@ def layer_forward(
         launch_s=launch_time(KERNELS_PER_LAYER, plans, acc),
         attention_bwd_s=attention_bwd_s,
         synced_launch_s=synced,
+        down_s=down_s,
     )
 
 
@@ -359,8 +367,9 @@ class UnitCosts:
 def unit_costs(model: TransformerSpec, plans: PlanArrays, acc: Accelerator) -> UnitCosts:
     """Forward, backward and recompute of one layer, the head and the embedding.
 
-    Full recompute re-runs the layer forward; selective re-runs the attention core and the
-    element-wise ops (Korthikanti et al. 2022 §5)."""
+    Full recompute re-runs the layer forward (without its MLP down projection when the step is
+    compiled); selective re-runs the attention core and the element-wise ops (Korthikanti et
+    al. 2022 §5)."""
     moe_share = model.n_moe_layers / model.n_layers
     costs = [(1.0 - moe_share, layer_forward(model, plans, acc, moe=False))]
     if moe_share > 0:
@@ -374,12 +383,15 @@ def unit_costs(model: TransformerSpec, plans: PlanArrays, acc: Accelerator) -> U
     selective = where(
         code == RECOMPUTE_CODES["selective"], mix("attention_s") + mix("elementwise_s"), 0.0
     )
+    # A compiled step (XLA, torch.compile) recomputes only what the backward needs: the layer's
+    # last GEMM (MLP down projection) feeds just the residual stream and is dead code there.
+    full = layer_fwd - where(plans.compiled, mix("down_s"), 0.0)
     head = logits_forward(model, plans, acc)
     embed = embedding_forward(model, plans, acc)
     return UnitCosts(
         layer_forward_s=layer_fwd,
         layer_backward_s=mix("backward_s"),
-        layer_recompute_s=where(code == RECOMPUTE_CODES["full"], layer_fwd, selective),
+        layer_recompute_s=where(code == RECOMPUTE_CODES["full"], full, selective),
         layer_gemm_s=mix("gemm_s"),
         layer_attention_s=mix("attention_s"),
         head_forward_s=head.forward_s,

@@ -128,11 +128,16 @@ def end_stage_tables(model: TransformerSpec, plans: PlanArrays) -> Num:
 
 
 def local_params(
-    model: TransformerSpec, plans: PlanArrays, layers: Num | None = None, tables: Num | None = None
+    model: TransformerSpec,
+    plans: PlanArrays,
+    layers: Num | None = None,
+    tables: Num | None = None,
+    per_layer: tuple[Num, Num] | None = None,
 ) -> LocalParams:
     """Per-GPU parameters of a stage of `layers` layers and `tables` embedding tables
-    (default: the stage holding the most: the fullest stage kind with its tables)."""
-    dense, expert = per_layer_params(model, plans)
+    (default: the stage holding the most: the fullest stage kind with its tables);
+    `per_layer` may pass `per_layer_params(model, plans)` when the caller has it."""
+    dense, expert = per_layer if per_layer is not None else per_layer_params(model, plans)
     if layers is None or tables is None:
         counts = stage_layers(model, plans)
         layers = maximum(maximum(counts.first, counts.mid), counts.last)
@@ -253,42 +258,58 @@ def _gather_unit_params(model: TransformerSpec, plans: PlanArrays, layer: Num) -
     return where(plans.gather_matrix, minimum(matrix / tp, layer), layer)
 
 
+@dataclass(frozen=True)
+class _Shared:
+    """What every stage kind shares: saved bytes per layer, the full-recompute working set,
+    model-state bytes per dense and per routed-expert parameter, and the ZeRO-3 gather."""
+
+    per_layer: Num
+    working: Num
+    dense: ModelStates  # bytes per dense parameter
+    expert: ModelStates  # bytes per routed-expert parameter
+    unit: Num  # parameters one ZeRO-3 all-gather fetches
+    missing_dense: Num  # share of a gathered dense unit this GPU does not hold, 1 − 1/d
+    missing_expert: Num
+    zero3: Num
+
+
+def _shared(model: TransformerSpec, plans: PlanArrays, layer: Num) -> _Shared:
+    full_set, selective_set, layer_input = _activation_sets(model, plans)
+    d_dense, d_expert = shard_divisors(plans)
+    remainder = plans.master_remainder
+    return _Shared(
+        per_layer=_saved_per_layer(plans, full_set, selective_set, layer_input),
+        # Under full recompute one layer's activations are rebuilt at a time during backward.
+        working=where(plans.recompute == RECOMPUTE_CODES["full"], full_set, 0.0),
+        dense=model_state_bytes(1.0, d_dense, plans.sharding, remainder),
+        expert=model_state_bytes(1.0, d_expert, plans.sharding, remainder),
+        unit=_gather_unit_params(model, plans, layer),
+        # The gathered unit lacks (1 - 1/d) of each part: dense weights shard over d_dense,
+        # routed experts over d_expert (ZeRO paper, Rajbhandari et al. 2020, Sec. 5.3).
+        missing_dense=1.0 - 1.0 / d_dense,
+        missing_expert=1.0 - 1.0 / d_expert,
+        zero3=plans.sharding == SHARDING_CODES["zero3"],
+    )
+
+
 def _stage_memory(
-    model: TransformerSpec,
-    cluster: Cluster,
-    plans: PlanArrays,
-    params: LocalParams,
-    layers: Num,
-    in_flight: Num,
+    cluster: Cluster, shared: _Shared, params: LocalParams, layers: Num, in_flight: Num,
     logits: Num,
-) -> MemoryArrays:
+) -> MemoryArrays:  # fmt: skip
     """Memory of one stage kind: its states, `in_flight` micro-batches of `layers` layers'
     activations, the full-recompute working layer, the ZeRO-3 prefetch buffer and `logits`."""
-    d_dense, d_expert = shard_divisors(plans)
-    states_dense = model_state_bytes(params.dense, d_dense, plans.sharding, plans.master_remainder)
-    states_expert = model_state_bytes(
-        params.expert, d_expert, plans.sharding, plans.master_remainder
+    dense, expert = params.dense, params.expert
+    activations = shared.per_layer * layers * in_flight + shared.working
+    unit_bytes = WEIGHT_BYTES * minimum(2.0 * shared.unit, params.total)
+    missing = (dense * shared.missing_dense + expert * shared.missing_expert) / maximum(
+        params.total, 1e-30
     )
-    full_set, selective_set, layer_input = _activation_sets(model, plans)
-    per_layer = _saved_per_layer(plans, full_set, selective_set, layer_input)
-    # Under full recompute one layer's activations are rebuilt at a time during backward.
-    working = where(plans.recompute == RECOMPUTE_CODES["full"], full_set, 0.0)
-    activations = per_layer * layers * in_flight + working
-
-    zero3 = plans.sharding == SHARDING_CODES["zero3"]
-    unit = _gather_unit_params(model, plans, params.layer)
-    unit_bytes = WEIGHT_BYTES * minimum(2.0 * unit, params.total)
-    # The gathered unit lacks (1 - 1/d) of each part: dense weights shard over d_dense,
-    # routed experts over d_expert (ZeRO paper, Rajbhandari et al. 2020, Sec. 5.3).
-    expert_share = params.expert / maximum(params.total, 1e-30)
-    missing = (1.0 - expert_share) * (1.0 - 1.0 / d_dense) + expert_share * (1.0 - 1.0 / d_expert)
-    gather = where(zero3, unit_bytes * missing, 0.0)
     return MemoryArrays(
-        weights=states_dense.weights + states_expert.weights,
-        gradients=states_dense.gradients + states_expert.gradients,
-        optimizer_states=states_dense.optimizer + states_expert.optimizer,
+        weights=dense * shared.dense.weights + expert * shared.expert.weights,
+        gradients=dense * shared.dense.gradients + expert * shared.expert.gradients,
+        optimizer_states=dense * shared.dense.optimizer + expert * shared.expert.optimizer,
         activations=activations,
-        buffers=gather + logits,
+        buffers=where(shared.zero3, unit_bytes * missing, 0.0) + logits,
         overhead=full_like(activations, cluster.memory_overhead_gb * 1e9),
     )
 
@@ -308,16 +329,22 @@ def memory_breakdown(
     per_logit = where(plans.fused_ce, FUSED_LOGITS_BYTES, LOGITS_BYTES)
     logits = tokens * model.vocab / as_float(plans.tp) * per_logit
     single = plans.pp == 1
+    per_layer = per_layer_params(model, plans)
+    shared = _shared(model, plans, per_layer[0] + per_layer[1])
+
+    def params_of(layers: Num, tables_on: Num) -> LocalParams:
+        return local_params(model, plans, layers, tables_on, per_layer)
+
     first = _stage_memory(
-        model, cluster, plans, local_params(model, plans, counts.first, tables), counts.first,
+        cluster, shared, params_of(counts.first, tables), counts.first,
         in_flight_micro_batches(plans, 0), where(single, logits, 0.0),
     )  # fmt: skip
     last = _stage_memory(
-        model, cluster, plans, local_params(model, plans, counts.last, tables), counts.last,
+        cluster, shared, params_of(counts.last, tables), counts.last,
         in_flight_micro_batches(plans, as_float(plans.pp) - 1.0), logits,
     )  # fmt: skip
     mid = _stage_memory(
-        model, cluster, plans, local_params(model, plans, counts.mid, 0.0), counts.mid,
+        cluster, shared, params_of(counts.mid, 0.0), counts.mid,
         in_flight_micro_batches(plans, 1.0), 0.0,
     )  # fmt: skip
     totals = [first.total, where(plans.pp > 2, mid.total, 0.0), where(single, 0.0, last.total)]

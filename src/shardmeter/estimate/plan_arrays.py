@@ -25,16 +25,16 @@ ATTENTION_CODES: dict[str, int] = {"flash": 0, "unfused": 1}
 
 _BOOL_FIELDS = (
     "sp", "overlap_dp", "overlap_param_gather", "overlap_tp", "fused_ce", "gather_matrix",
-    "overlap_ep", "ep_fp8", "ep_dedup", "graphs", "master_remainder",
+    "overlap_ep", "ep_fp8", "ep_dedup", "graphs", "master_remainder", "compiled",
 )  # fmt: skip
 
 
 _DTYPES: dict[str, Any] = {**{name: np.bool_ for name in _BOOL_FIELDS}, "ep_imbalance": np.float64}
 
 
-def _plan_value(plan: Plan, name: str) -> Any:
-    """Column `name`'s entry for one Plan: categoricals as codes, derived flags and stage
-    layer counts (-1 where the split is even), else the Plan attribute of that name."""
+def _plan_values(plan: Plan) -> dict[str, Any]:
+    """Every column's entry for one Plan: categoricals as codes, derived flags and stage layer
+    counts (-1 where the split is even), else the Plan attribute of that name."""
     first, mid, last = plan.stage_layer_counts
     derived: dict[str, Any] = {
         "sharding": SHARDING_CODES[plan.sharding],
@@ -49,7 +49,10 @@ def _plan_value(plan: Plan, name: str) -> Any:
         "ep_imbalance": plan.ep_imbalance or 0.0,
         "master_remainder": plan.master_weights == "remainder",
     }
-    return derived[name] if name in derived else getattr(plan, name)
+    return {
+        f.name: derived[f.name] if f.name in derived else getattr(plan, f.name)
+        for f in fields(PlanArrays)
+    }
 
 
 @dataclass(frozen=True)
@@ -84,12 +87,13 @@ class PlanArrays:
     pp_last: Any = -1  # layers on the last stage (-1: even split)
     ep_imbalance: Any = 0.0  # busiest EP rank / mean (0: uniform-routing statistics)
     master_remainder: Any = False  # 16-bit remainders instead of an fp32 master copy
+    compiled: Any = False  # the step is one compiled graph: recompute skips dead work
 
     @classmethod
     def from_columns(cls, **columns: ArrayLike) -> PlanArrays:
         """Build from keyword columns (missing ones take Plan's defaults; a missing
         shard_group is dp for sharded plans, as `Plan.shard_group`), broadcast together."""
-        default = Plan()
+        default = _plan_values(Plan())
         values: dict[str, ArrayLike] = {}
         for f in fields(cls):
             if f.name in columns:
@@ -97,7 +101,7 @@ class PlanArrays:
             elif f.name == "shard_group":
                 values[f.name] = -1  # filled below: dp when sharded, else 1
             else:
-                values[f.name] = _plan_value(default, f.name)
+                values[f.name] = default[f.name]
         if columns:
             raise TypeError(f"unknown PlanArrays columns: {sorted(columns)}")
         arrays = np.broadcast_arrays(*(np.asarray(v) for v in values.values()))
@@ -115,8 +119,8 @@ class PlanArrays:
         """One column entry per Plan, in order."""
         cols: dict[str, list[int | bool]] = {f.name: [] for f in fields(cls)}
         for plan in plans:
-            for name in cols:
-                cols[name].append(_plan_value(plan, name))
+            for name, value in _plan_values(plan).items():
+                cols[name].append(value)
         return cls.from_columns(**{k: np.asarray(v) for k, v in cols.items()})
 
     @classmethod
@@ -126,7 +130,7 @@ class PlanArrays:
     @classmethod
     def scalar(cls, plan: Plan) -> PlanArrays:
         """One plan as Python scalars: the same formulas, without numpy's per-call overhead."""
-        return cls(**{f.name: _plan_value(plan, f.name) for f in fields(cls)})
+        return cls(**_plan_values(plan))
 
     @property
     def shape(self) -> tuple[int, ...]:

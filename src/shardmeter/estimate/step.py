@@ -42,6 +42,7 @@ from shardmeter.estimate.memory import (
     end_stage_tables,
     local_params,
     memory_breakdown,
+    per_layer_params,
     shard_divisors,
 )
 from shardmeter.estimate.plan_arrays import (
@@ -158,12 +159,13 @@ class _Sync:
 
 def _sync(
     model: TransformerSpec, params: LocalParams, cluster: Cluster, plans: PlanArrays,
-    units: Num = 1.0,
+    shards: tuple[Num, Num], units: Num = 1.0,
 ) -> _Sync:  # fmt: skip
-    """DP/ZeRO collectives of `params`, gathered in `units` pieces (each paying latency).
-    Gradients reduce over dp·cp; routed experts over their own (dp·cp/ep) groups (C.5)."""
+    """DP/ZeRO collectives of `params` over the (dense, expert) shard groups `shards`,
+    gathered in `units` pieces (each paying latency). Gradients reduce over dp·cp; routed
+    experts over their own (dp·cp/ep) groups (C.5)."""
     dp, tp, cp, ep = (as_float(x) for x in (plans.dp, plans.tp, plans.cp, plans.ep))
-    d_dense, d_expert = shard_divisors(plans)
+    d_dense, d_expert = shards
 
     def one(p_count: Num, d: Num, rep: Num, stride: Num) -> tuple[Num, Num, Num]:
         grads = p_count * GRAD_BYTES
@@ -258,9 +260,11 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
 
     # Data parallel / ZeRO, per unit and micro-batch (ZeRO-2 reduce-scatter, ZeRO-3 gathers);
     # DeepSpeed-style ZeRO-3 gathers one weight matrix at a time.
-    per_layer_params = local_params(model, plans, 1.0, 0.0)
+    shards = shard_divisors(plans)
+    layer_params = per_layer_params(model, plans)
+    one_layer = local_params(model, plans, 1.0, 0.0, layer_params)
     matrices = where(plans.gather_matrix, 4.0 + model.mlp_matrices, 1.0)
-    layer_sync = _sync(model, per_layer_params, cluster, plans, matrices)
+    layer_sync = _sync(model, one_layer, cluster, plans, shards, matrices)
     layer_fsdp, layer_dp = _unit_sharded_comm(
         layer_sync,
         units.layer_forward_s,
@@ -268,7 +272,8 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
         plans,
         u,
     )
-    table_sync = _sync(model, local_params(model, plans, 0.0, 1.0), cluster, plans)
+    one_table = local_params(model, plans, 0.0, 1.0, layer_params)
+    table_sync = _sync(model, one_table, cluster, plans, shards)
     head_fsdp, head_dp = _unit_sharded_comm(
         table_sync, units.head_forward_s, units.head_backward_s, plans, u
     )
@@ -338,10 +343,9 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     # hidden behind its backward, then ZeRO-1/2's parameter all-gather behind the next
     # forward, then the optimizer over the parameters this GPU owns.
     tables = end_stage_tables(model, plans)
-    heaviest = local_params(
-        model, plans, maximum(maximum(counts.first, counts.mid), counts.last), tables
-    )
-    stage_sync = _sync(model, heaviest, cluster, plans)
+    most_layers = maximum(maximum(counts.first, counts.mid), counts.last)
+    heaviest = local_params(model, plans, most_layers, tables, layer_params)
+    stage_sync = _sync(model, heaviest, cluster, plans, shards)
     stage = plans.sharding
     zero3 = stage == SHARDING_CODES["zero3"]
     grad_once = where(stage == SHARDING_CODES["zero1"], stage_sync.rs, 0.0) + stage_sync.ar
@@ -362,7 +366,7 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     pp_hidden = (pp_sends * pp_hop - pp_exposed) * u / (1.0 - u)
     pp_total = where(pp > 1, pp_exposed + maximum(pp_hidden, 0.0), 0.0)
 
-    d_dense, d_expert = shard_divisors(plans)
+    d_dense, d_expert = shards
     d_opt_dense = where(stage >= SHARDING_CODES["zero1"], d_dense, 1.0)
     d_opt_expert = where(stage >= SHARDING_CODES["zero1"], d_expert, 1.0)
     owned = heaviest.dense / d_opt_dense + heaviest.expert / d_opt_expert
@@ -385,7 +389,7 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     time = {k: _finish(v, zeros) for k, v in time.items()}
     step = sum(time.values(), start=zeros)
 
-    params = local_params(model, plans)
+    params = heaviest
     grad_bytes = params.total * GRAD_BYTES
     layers_crit = critical_layers(counts, times)
     ep_count = layers_crit * moe_share * (4.0 + 2.0 * full)

@@ -47,6 +47,7 @@ class Framework(BaseModel):
     ep_dispatch: Dispatch = "bf16"  # token dispatch precision (combine stays bf16)
     ep_dedup: bool = False  # one copy per token and destination node (node-level dispatch)
     graphs: bool = False  # kernels replayed from CUDA graphs / an XLA executable
+    compiled: bool = False  # the whole step is one compiled graph (dead code eliminated)
     master_weights: MasterWeights = "fp32"  # fp32 master copy, or its 16-bit remainder
     source: str
 
@@ -179,8 +180,10 @@ FRAMEWORKS: dict[str, Framework] = {
             fused_ce=True,
             graphs=True,
             source="MaxText configs/base.yml: fsdp axis, remat_policy 'full', flash attention; "
-            "XLA compiles the whole step (no per-kernel launch) and overlaps TP collectives "
-            "with matmuls (async collective fusion, collective matmul)",
+            "XLA compiles the whole step (no per-kernel launch, dead code of the rematerialised "
+            "forward removed) and overlaps TP collectives with matmuls (async collective fusion, "
+            "collective matmul)",
+            compiled=True,
         ),
         _fw(
             name="deepspeed-2021",
@@ -316,6 +319,7 @@ def framework_defaults(framework: Framework, given: dict[str, Any]) -> dict[str,
         "ep_dispatch": framework.ep_dispatch,
         "ep_dedup": framework.ep_dedup,
         "graphs": framework.graphs,
+        "compiled": framework.compiled,
         "master_weights": framework.master_weights,
     }
     if pp > 1:

@@ -62,6 +62,7 @@ class Plan(BaseModel):
     # expected maximum under uniform routing
     ep_imbalance: float | None = Field(default=None, ge=1)
     graphs: bool = False  # kernels replayed from CUDA graphs / XLA: no per-kernel host launch
+    compiled: bool = False  # one compiled graph (XLA): recompute drops what backward never uses
     # Adam's fp32 master copy (4 B/param), or its 16-bit remainder over the bf16 weights (2 B;
     # apex DistributedFusedAdam / TE FusedAdam store_param_remainders)
     master_weights: MasterWeights = "fp32"
