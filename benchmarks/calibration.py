@@ -48,6 +48,7 @@ from shardmeter.paths import shared_path
 from shardmeter.specs.loader import load_accelerator
 
 DATA = Path(__file__).resolve().parents[1] / "src" / "shardmeter" / "data"
+TAIL_APE = 0.20  # --cv lists the held-out rows above this error
 HOLDOUT = Path(__file__).resolve().parent / "holdout_runs.csv"
 
 
@@ -196,6 +197,14 @@ def print_cv(runs: Sequence[RunSpec], iterations: int, only: Sequence[str] | Non
     print(f"median of the {len(medians)} per-source medians: "
           f"{100 * medians[len(medians) // 2]:.1f}%; worst source median "
           f"{100 * medians[-1]:.1f}%")  # fmt: skip
+    names = {r.run_id: r.model.name for r in runs}
+    tail = sorted((r for r in every if r.ape is not None and r.ape > TAIL_APE),
+                  key=lambda r: -(r.ape or 0.0))  # fmt: skip
+    print(f"\nheld-out rows over {100 * TAIL_APE:.0f}% ({len(tail)} of {len(every)}):")
+    for r in tail:
+        assert r.predicted is not None and r.measured is not None
+        print(f"  {r.run_id:>5} {r.source_id:<3} {names.get(r.run_id, '')[:34]:<34} "
+              f"{100 * (r.predicted / r.measured - 1):+7.1f}%")  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

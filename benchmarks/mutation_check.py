@@ -72,7 +72,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              "rest = model.n_layers - as_float(first_n * first_set + last_n * last_set)",
              "rest = as_float(model.n_layers) + 0.0 * first_n"),
     Mutation("ZeRO-3 first unit's gather hidden", "step.py",
-             'first_gather = where(plans.sharding == SHARDING_CODES["zero3"], layer_sync.ag, 0.0)',
+             'first_gather = where(plans.sharding == SHARDING_CODES["zero3"], layer_sync.ag / matrices, 0.0)',
              "first_gather = 0.0 * layer_sync.ag"),
     Mutation("ZeRO-2 per-micro-batch reduce-scatter dropped", "step.py",
              'rs = where(stage >= SHARDING_CODES["zero2"], sync.rs, 0.0)',

@@ -4,8 +4,9 @@ the predicted tokens/s of the best found plan with that of the published plan.
 
 Run: .venv/bin/python benchmarks/published_plans.py [--csv PATH] [--limit N]
 The search space is widened where needed so it contains the published plan (its micro-batch,
-tp, cp, pp, vpp, ep), so a gap < 0 would be a planner bug; a gap > 0 is a plan the model
-predicts to be faster.
+tp, cp, pp, vpp, ep) and plans with the run's framework (its features the search does not
+vary), so a gap < 0 would be a planner bug; a gap > 0 is a plan the model predicts to be
+faster.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def space_for(run: RunSpec) -> SpaceOptions:
         max_ep=max(d.max_ep, p.ep),
         uneven_layers=True,
         overlap_tp=p.overlap_tp,
+        framework=p.framework,
     )
 
 

@@ -120,3 +120,22 @@ def test_extra_plan_columns_from_csv() -> None:
     )  # fmt: skip
     with pytest.raises(UserInputError, match="graphs"):
         plan_from_row({**row, "graphs": "maybe"})
+
+
+def test_planner_plans_for_a_framework() -> None:
+    """SpaceOptions(framework=...) keeps the framework's fixed features on every plan it
+    evaluates (the grid and the Plan it returns agree), and an unknown one is refused."""
+    from shardmeter.estimate.step import estimate_step
+    from shardmeter.search import SpaceOptions, plan
+    from shardmeter.specs.loader import load_cluster, load_model
+
+    model, cluster = load_model("llama-3.1-8b"), load_cluster("dgx-h100")
+    options = SpaceOptions(framework="MaxText 2024.12 (GPU)", micro_batches=(1, 2))
+    res = plan(model, cluster, gpus=8, global_batch=16, options=options, top_k=1)
+    assert res.best_time is not None
+    best = res.best_time.islands[0]
+    assert (best.plan.framework, best.plan.compiled, best.plan.graphs) == ("maxtext", True, True)
+    again = estimate_step(model, cluster, best.plan, check_layers=False)
+    assert again.step_time_s == pytest.approx(best.step.step_time_s, rel=1e-9)
+    with pytest.raises(UserInputError, match="framework"):
+        SpaceOptions(framework="maxtext-ish")

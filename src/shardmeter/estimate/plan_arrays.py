@@ -32,7 +32,7 @@ _BOOL_FIELDS = (
 _DTYPES: dict[str, Any] = {**{name: np.bool_ for name in _BOOL_FIELDS}, "ep_imbalance": np.float64}
 
 
-def _plan_values(plan: Plan) -> dict[str, Any]:
+def plan_columns(plan: Plan) -> dict[str, Any]:
     """Every column's entry for one Plan: categoricals as codes, derived flags and stage layer
     counts (-1 where the split is even), else the Plan attribute of that name."""
     first, mid, last = plan.stage_layer_counts
@@ -93,7 +93,7 @@ class PlanArrays:
     def from_columns(cls, **columns: ArrayLike) -> PlanArrays:
         """Build from keyword columns (missing ones take Plan's defaults; a missing
         shard_group is dp for sharded plans, as `Plan.shard_group`), broadcast together."""
-        default = _plan_values(Plan())
+        default = plan_columns(Plan())
         values: dict[str, ArrayLike] = {}
         for f in fields(cls):
             if f.name in columns:
@@ -119,7 +119,7 @@ class PlanArrays:
         """One column entry per Plan, in order."""
         cols: dict[str, list[int | bool]] = {f.name: [] for f in fields(cls)}
         for plan in plans:
-            for name, value in _plan_values(plan).items():
+            for name, value in plan_columns(plan).items():
                 cols[name].append(value)
         return cls.from_columns(**{k: np.asarray(v) for k, v in cols.items()})
 
@@ -130,7 +130,7 @@ class PlanArrays:
     @classmethod
     def scalar(cls, plan: Plan) -> PlanArrays:
         """One plan as Python scalars: the same formulas, without numpy's per-call overhead."""
-        return cls(**_plan_values(plan))
+        return cls(**plan_columns(plan))
 
     @property
     def shape(self) -> tuple[int, ...]:

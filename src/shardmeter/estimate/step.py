@@ -281,7 +281,7 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
         table_sync, units.embed_forward_s, units.embed_backward_s, plans, u
     )
     # The first unit's gather of every micro-batch has nothing to hide behind.
-    first_gather = where(plans.sharding == SHARDING_CODES["zero3"], layer_sync.ag, 0.0)
+    first_gather = where(plans.sharding == SHARDING_CODES["zero3"], layer_sync.ag / matrices, 0.0)
 
     per_layer = {
         "compute": units.layer_forward_s + units.layer_backward_s,

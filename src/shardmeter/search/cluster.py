@@ -161,8 +161,9 @@ def _candidate(
     i: int,
     policy: FrontPolicy,
     overlap_tp: bool,
+    framework: str | None = None,
 ) -> Candidate:
-    plan = table.plan(i, overlap_tp)
+    plan = table.plan(i, overlap_tp, framework)
     step = estimate_step(model, cluster, plan, check_layers=False)
     wall = policy.tokens / step.tokens_per_s
     cost = plan.n_gpus * cluster.price_per_gpu_hour * wall / 3600.0
@@ -214,7 +215,9 @@ def search_cluster(
     policy = FrontPolicy(
         tokens, model.seq_len, cluster.price_per_gpu_hour, max(top_k, 2), constraints
     )
-    job = EvalJob(model, cluster, options.overlap_tp, budget, prune=prune)
+    job = EvalJob(
+        model, cluster, options.overlap_tp, budget, prune=prune, framework=options.framework
+    )
     counts.add(evaluate_parallel(job, work, policy, jobs, progress))
     return _result(
         model, cluster, policy, counts, options, constraints, top_k, gpu_counts, start, jobs
@@ -249,7 +252,9 @@ def _result(
     order = np.flatnonzero(meets)[np.argsort(wall[meets], kind="stable")]
 
     def cand(i: int) -> Candidate:
-        return _candidate(model, cluster, pool, int(i), policy, options.overlap_tp)
+        return _candidate(
+            model, cluster, pool, int(i), policy, options.overlap_tp, options.framework
+        )
 
     ranked = tuple(cand(i) for i in order[:top_k])
     front_idx = pareto_front(wall, cost)
@@ -260,7 +265,7 @@ def _result(
     runner = _runner_up(policy, pool.take(order[:1])) if order.size else None
     if runner is not None:
         w = cand(order[0])
-        r = _candidate(model, cluster, runner, 0, policy, options.overlap_tp)
+        r = _candidate(model, cluster, runner, 0, policy, options.overlap_tp, options.framework)
         explanation = explain(w, r, step_terms(w.islands[0].step), step_terms(r.islands[0].step))
     infeasible = None
     if not ranked:

@@ -94,8 +94,8 @@ class PlanTable:
             }
         )
 
-    def plan(self, i: int, overlap_tp: bool) -> Plan:
-        """Entry i as a Plan."""
+    def plan(self, i: int, overlap_tp: bool, framework: str | None = None) -> Plan:
+        """Entry i as a Plan (made by `framework` when given)."""
         rows = Shapes(
             n_gpus=int(self.n_gpus[i]),
             tp=self.tp[i : i + 1],
@@ -115,6 +115,7 @@ class PlanTable:
             int(self.shard_group[i]),
             int(self.global_batch[i]),
             overlap_tp,
+            framework,
         )
 
 
@@ -192,12 +193,16 @@ class Policy(Protocol):
 
 
 def step_time_lower_bound(
-    model: TransformerSpec, cluster: Cluster, rows: Shapes, global_batch: int
+    model: TransformerSpec,
+    cluster: Cluster,
+    rows: Shapes,
+    global_batch: int,
+    framework: str | None = None,
 ) -> FloatArray:
     """m·max_s(c_s) + (Σ_s c_s − max_s c_s)/v per row, of compute c_s alone (the estimator's
     `compute_lower_bound`, C.6); communication, the optimizer and overlap interference only
     add to it (C.7)."""
-    plans = rows.plan_arrays(global_batch)
+    plans = rows.plan_arrays(global_batch, framework=framework)
     bound = compute_lower_bound(model, plans, cluster.accelerator)
     return np.asarray(np.broadcast_to(bound, (len(rows),)), np.float64)
 
@@ -210,7 +215,7 @@ def memory_lower_bound(
     best = np.full(len(rows), np.inf)
     for name in opts.sharding:
         code = SHARDING_CODES[name]
-        plans = rows.plan_arrays(global_batch, sharding=code)
+        plans = rows.plan_arrays(global_batch, sharding=code, framework=opts.framework)
         mem = memory_breakdown(model, cluster, plans).as_dict()
         total = sum((np.broadcast_to(v, (len(rows),)) for v in mem.values()), np.zeros(len(rows)))
         best = np.minimum(best, total)
@@ -247,7 +252,7 @@ def plan_work(
             rows = rows.take(np.flatnonzero(fits))
             if not len(rows):
                 continue
-            bound = step_time_lower_bound(model, cluster, rows, g)
+            bound = step_time_lower_bound(model, cluster, rows, g, opts.framework)
             for dp, sync in syncs.items():
                 sel = np.flatnonzero(rows.dp == dp)
                 if sel.size:
@@ -266,9 +271,10 @@ def _evaluate_chunk(
     overlap_tp: bool,
     memory_budget: float,
     counts: SearchCounts,
+    framework: str | None = None,
 ) -> PlanTable:
     """Estimate a (K, R) grid and return its runnable plans that fit in memory."""
-    plans = grid_plans(rows, sync, global_batch, overlap_tp)
+    plans = grid_plans(rows, sync, global_batch, overlap_tp, framework)
     valid = grid_valid(rows, sync, global_batch)
     t0, c0 = time.perf_counter(), time.process_time()
     est = estimate_step_arrays(model, cluster, plans)
@@ -317,6 +323,7 @@ class EvalJob:
     memory_budget: float
     chunk: int = CHUNK
     prune: bool = True
+    framework: str | None = None  # features of the plans (SpaceOptions.framework)
 
 
 def evaluate_work(
@@ -344,6 +351,7 @@ def evaluate_work(
                     job.overlap_tp,
                     job.memory_budget,
                     counts,
+                    job.framework,
                 )
                 policy.offer(table)
             if progress is not None:

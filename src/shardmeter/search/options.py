@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from shardmeter.errors import UserInputError
 from shardmeter.estimate.outer import MODES
+from shardmeter.specs.framework import framework_id
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
@@ -53,8 +54,13 @@ class SpaceOptions:
     hsdp: bool = True  # also try shard groups smaller than dp (powers of two)
     uneven_layers: bool = True  # pp need not divide n_layers (vpp = 1 only)
     overlap_tp: bool = False  # the framework overlaps TP collectives with GEMMs
+    # plan for this framework: its defaults set the features the search does not vary
+    # (attention kernel, fused cross-entropy, launches, DP overlap, expert dispatch, ...)
+    framework: str | None = None
 
     def __post_init__(self) -> None:
+        if self.framework is not None:
+            object.__setattr__(self, "framework", framework_id(self.framework))
         _subset("precision", self.precisions, PRECISIONS)
         _subset("recompute", self.recompute, RECOMPUTES)
         _subset("sharding", self.sharding, SHARDINGS)

@@ -27,6 +27,7 @@ from shardmeter.estimate.plan_arrays import (
     RECOMPUTE_CODES,
     SHARDING_CODES,
     PlanArrays,
+    plan_columns,
 )
 from shardmeter.search.options import SpaceOptions
 from shardmeter.specs.hardware import Cluster
@@ -79,10 +80,16 @@ class Shapes:
         return Shapes(n_gpus=self.n_gpus, **cols)
 
     def plan_arrays(
-        self, global_batch: int, sharding: int = 0, overlap_tp: bool = False
+        self,
+        global_batch: int,
+        sharding: int = 0,
+        overlap_tp: bool = False,
+        framework: str | None = None,
     ) -> PlanArrays:
-        """The rows as a 1-D PlanArrays (no ZeRO, shard group = dp) at one global batch."""
+        """The rows as a 1-D PlanArrays (no ZeRO, shard group = dp) at one global batch, with
+        the framework's fixed features."""
         return PlanArrays.from_columns(
+            **framework_columns(framework),
             dp=self.dp,
             tp=self.tp,
             pp=self.pp,
@@ -200,7 +207,25 @@ def sync_choices(dp: int, opts: SpaceOptions) -> SyncChoices:
     return SyncChoices(np.asarray(stages, np.int64), np.asarray(sizes, np.int64))
 
 
-def grid_plans(rows: Shapes, sync: SyncChoices, global_batch: int, overlap_tp: bool) -> PlanArrays:
+# Plan features the search does not vary; a framework's defaults set them (else Plan's).
+FEATURE_COLUMNS: tuple[str, ...] = (
+    "overlap_dp", "overlap_param_gather", "attention", "fused_ce", "gather_matrix",
+    "overlap_ep", "ep_fp8", "ep_dedup", "graphs", "master_remainder", "compiled",
+)  # fmt: skip
+
+
+def framework_columns(framework: str | None) -> dict[str, Any]:
+    """The feature columns of plans made by `framework` (empty without one)."""
+    if framework is None:
+        return {}
+    columns = plan_columns(Plan(framework=framework))
+    return {name: columns[name] for name in FEATURE_COLUMNS}
+
+
+def grid_plans(
+    rows: Shapes, sync: SyncChoices, global_batch: int, overlap_tp: bool,
+    framework: str | None = None,
+) -> PlanArrays:  # fmt: skip
     """A (K, R) PlanArrays: sync choices down the first axis, shapes along the second.
 
     Shape columns are (1, R) and sync columns (K, 1): the estimator broadcasts them (and
@@ -216,6 +241,7 @@ def grid_plans(rows: Shapes, sync: SyncChoices, global_batch: int, overlap_tp: b
         "overlap_dp": True,
         "overlap_param_gather": True,
         "overlap_tp": row(rows.tp > 1) if overlap_tp else False,
+        **framework_columns(framework),
     }
     return PlanArrays(
         dp=row(rows.dp),
@@ -244,8 +270,9 @@ def grid_valid(rows: Shapes, sync: SyncChoices, global_batch: int) -> BoolArray:
 
 
 def make_plan(
-    rows: Shapes, r: int, sharding: int, shard_group: int, global_batch: int, overlap_tp: bool
-) -> Plan:
+    rows: Shapes, r: int, sharding: int, shard_group: int, global_batch: int, overlap_tp: bool,
+    framework: str | None = None,
+) -> Plan:  # fmt: skip
     """The Plan at row r with one sync choice (shard_degree None when it spans all of dp)."""
     dp = int(rows.dp[r])
     tp = int(rows.tp[r])
@@ -264,4 +291,5 @@ def make_plan(
         recompute=RECOMPUTE_NAMES[int(rows.recompute[r])],
         precision=PRECISION_NAMES[int(rows.precision[r])],
         overlap_tp=overlap_tp and tp > 1,
+        framework=framework,
     )
