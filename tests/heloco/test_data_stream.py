@@ -10,12 +10,15 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from heloco.data import build_data, parse_data_config
 from heloco.data.packed import PackedStream
@@ -189,3 +192,45 @@ def test_bad_streamed_input_is_one_line(tmp_path: Path) -> None:
         build_data(data_cfg(tmp_path, text_field="text"), 1, 0)  # type: ignore[arg-type]
     with pytest.raises(UserInputError, match="tokenizer"):
         build_data(data_cfg(tmp_path, tokenizer="bpe"), 1, 0)  # type: ignore[arg-type]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.text(min_size=1, max_size=40), st.integers(min_value=1, max_value=200))
+def test_a_utf8_cut_is_always_decodable(text: str, cut: int) -> None:
+    from heloco.data.shards import _utf8_boundary
+
+    raw = text.encode()[:cut]
+    keep = _utf8_boundary(raw)
+    assert raw[:keep].decode("utf-8") == text.encode()[:keep].decode("utf-8")
+    assert len(raw) - keep < 4
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.binary(max_size=300))
+def test_arbitrary_jsonl_bytes_give_records_or_one_line(tmp_path_factory: Any, blob: bytes) -> None:
+    path = tmp_path_factory.mktemp("fuzz") / "x.jsonl"
+    path.write_bytes(blob)
+    try:
+        for _, text in read_source([path], "text", RecordPos(), loop=False):
+            assert text.endswith("\n")
+    except UserInputError as exc:
+        assert "\n" not in str(exc)
+
+
+def test_a_source_too_small_for_its_readers_is_one_line(tmp_path: Path) -> None:
+    lines = [json.dumps({"body": "v" * 400})] * 2 + [json.dumps({"body": "t"})] * 2
+    (tmp_path / "en.jsonl").write_text("\n".join(lines) + "\n")
+    data = build_data(data_cfg(tmp_path, assignment="language"), 4, 0)  # type: ignore[arg-type]
+    with pytest.raises(UserInputError, match="too few training records for 4 workers"):
+        data.streams[3].sampler(1, SEQ, seed=0).next()
+
+
+def test_epochs_start_over_after_the_validation_head(tmp_path: Path) -> None:
+    texts = records("en", 40)  # about 1,000 characters: a few epochs in 80 batches
+    (tmp_path / "en.txt").write_text("".join(t + "\n" for t in texts))
+    data = build_data(data_cfg(tmp_path, val_chars_per_language=200), 1, 0)  # type: ignore[arg-type]
+    rows, state = consumed(data.streams[0], 80)
+    assert state["meta"]["cursors"]["en"]["pos"]["epoch"] >= 2  # type: ignore[index]
+    seen = bytes(np.concatenate(rows).astype(np.uint8)).decode(errors="replace")
+    head = {t.split()[2] for t in texts if "".join(x + "\n" for x in texts).index(t) < 200}
+    assert head and not any(f"record {i} " in seen for i in head)

@@ -41,7 +41,9 @@ class Source:
 
 class Cursor:
     """Packed windows of one language, read from ``start`` (token ``tok`` of that record);
-    only records ``i`` with ``i mod share[1] == share[0]`` are this worker's."""
+    only training records ``i`` (counted from the first after the validation head) with
+    ``i mod share[1] == share[0]`` are this worker's. Each epoch starts over at that first
+    training record: the validation head is never trained on."""
 
     def __init__(
         self,
@@ -62,9 +64,18 @@ class Cursor:
 
     def _mine(self, start: RecordPos) -> Iterator[tuple[RecordPos, str]]:
         j, m = self.share
-        for pos, text in read_source(list(self.source.files), self.field, start):
-            if pos.index % m == j:
+        last_epoch = start.epoch
+        files, restart = list(self.source.files), self.source.train_start
+        for pos, text in read_source(files, self.field, start, restart=restart):
+            if (pos.index - restart.index) % m == j:  # counted from the first training record
+                last_epoch = pos.epoch
                 yield pos, text
+            elif pos.epoch > last_epoch + 1:  # a whole pass without a record of ours
+                raise UserInputError(
+                    f"data source {self.source.name!r}",
+                    f"too few training records for {m} workers",
+                    "at least one record per worker that reads it, after the validation head",
+                )
 
     def _fill(self, need: int) -> None:
         have = sum(ids.size for _, ids in self._buf) - self._tok

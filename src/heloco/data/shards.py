@@ -181,10 +181,16 @@ def records_from(path: Path, offset: int, field: str) -> Iterator[tuple[int, str
 
 
 def read_source(
-    files: list[Path], field: str, start: RecordPos, loop: bool = True
+    files: list[Path],
+    field: str,
+    start: RecordPos,
+    loop: bool = True,
+    restart: RecordPos | None = None,
 ) -> Iterator[tuple[RecordPos, str]]:
     """Every record of a source from ``start`` on, in order; with ``loop``, the source starts
-    over (epoch + 1) after its last shard. A source with no record at all is an error."""
+    over (epoch + 1) at ``restart`` (default: its first record) after its last shard. A
+    source with no record at all is an error."""
+    first = restart if restart is not None else RecordPos()
     pos = start
     while True:
         seen = False
@@ -194,9 +200,12 @@ def read_source(
                 seen = True
                 yield RecordPos(f, at, pos.index, pos.epoch), text
                 pos = RecordPos(f, at, pos.index + 1, pos.epoch)
-        if not seen and start == RecordPos(0, 0, 0, start.epoch):
+        if not seen and (pos.file, pos.offset, pos.index) == (
+            first.file,
+            first.offset,
+            first.index,
+        ):
             raise UserInputError("data", f"{len(files)} shard(s) from {files[0]}", "a record")
         if not loop:
             return
-        pos = RecordPos(0, 0, 0, pos.epoch + 1)
-        start = pos
+        pos = RecordPos(first.file, first.offset, first.index, pos.epoch + 1)
