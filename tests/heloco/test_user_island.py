@@ -71,6 +71,7 @@ USER_SCRIPT = textwrap.dedent(
     checksum = float(sum(full_tensor(p.detach()).double().abs().sum() for p in model.parameters()))
     open(f"{out}-rank{rank}.json", "w").write(json.dumps({"steps": steps, "checksum": checksum,
         "rounds": outer.rounds.rounds}))
+    dist.barrier()  # every rank's collectives are done before the group goes away
     dist.destroy_process_group()
     """
 )
