@@ -143,7 +143,7 @@ def config_values(
     raw = read_toml(path) if path is not None else {"preset": preset or DEFAULT_PRESET}
     data = resolve_inheritance(raw)
     for key, value in (overrides or {}).items():
-        set_dotted(data, canonical_key(key), value)
+        set_dotted(data, canonical_key(key), copy.deepcopy(value))  # never the caller's dict
     return _nulls_to_none(data)
 
 
