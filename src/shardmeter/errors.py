@@ -97,9 +97,7 @@ def check_input(values: Mapping[str, Any], model: type[Any], prefix: str = "") -
     for key, value in values.items():
         dotted = f"{prefix}{key}"
         if key not in fields:
-            hint = did_you_mean(dotted, _dotted_keys(model, prefix)) or did_you_mean(key, fields)
-            hint = hint or "allowed: " + ", ".join(sorted(fields))
-            raise UserInputError(dotted, value, f"unknown key; {hint}")
+            raise UserInputError(dotted, value, f"unknown key; {_key_hint(key, model, prefix)}")
         _check_value(value, fields[key], dotted)
 
 
@@ -136,6 +134,23 @@ def _check_value(value: Any, annotation: Any, dotted: str) -> None:
             item_type = typing.Union[tuple(items)] if len(items) > 1 else items[0]  # noqa: UP007
             for i, item in enumerate(value):
                 _check_value(item, item_type, f"{dotted}[{i}]")
+
+
+def _key_hint(key: str, model: type[Any], prefix: str) -> str:
+    """Close matches of an unknown ``key``: keys of the same table (``n_layer`` ->
+    ``n_layers``), then keys of nested tables with a close last part (``lr`` -> ``inner.lr``,
+    ``outer.lr``); else the table's keys."""
+    fields = sorted(_fields(model) or {})
+    same = difflib.get_close_matches(key, fields, n=3, cutoff=0.6)
+    deeper = [
+        d
+        for d in _dotted_keys(model)
+        if "." in d and difflib.SequenceMatcher(None, key, d.rsplit(".", 1)[1]).ratio() >= 0.8
+    ]
+    close = list(dict.fromkeys(same + deeper))[:3]
+    if close:
+        return f"did you mean {', '.join(prefix + c for c in close)}?"
+    return "allowed: " + ", ".join(fields)
 
 
 def _union_args(annotation: Any) -> list[Any]:

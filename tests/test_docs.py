@@ -1,0 +1,150 @@
+"""Docs that run: every fenced shell and Python block of README.md and docs/*.md, as written.
+
+Each page runs in a fresh folder holding links to the repository's tracked top-level entries
+(so ``src/...`` and ``benchmarks/...`` resolve and what a block writes stays in the folder),
+with ``$SHARED_DIR`` set and the environment's ``bin`` first on PATH. A page's blocks run in
+order and share the folder, as a reader typing them would.
+
+Markers (an HTML comment on the line before a fence):
+- ``<!-- skip-test: why -->``: not run (long jobs, other machines); the reason is required.
+Blocks are chosen by their language: ``bash``/``sh``/``shell`` run whole under
+``bash -euo pipefail``; ``console`` runs its ``$ `` lines; ``python`` runs under this
+interpreter; ``toml`` and ``json`` are parsed; ``text`` is shown output. A fence without a
+language fails the test, so no command escapes it. A block that uses ``$SHARED_DIR`` is
+skipped, with the reason, where the shared folder is absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from shardmeter.paths import missing_shared_reason, shared_dir
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+REPO = Path(__file__).resolve().parents[1]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+SHELL = {"bash", "sh", "shell"}
+KNOWN = SHELL | {"console", "python", "toml", "json", "text"}
+FENCE = re.compile(r"^```(?P<lang>[^\n`]*)\n(?P<body>.*?)^```\s*$", re.M | re.S)
+SKIP = re.compile(r"<!--\s*skip-test:\s*(?P<why>[^>]*?)\s*-->\s*$")
+BLOCK_TIMEOUT_S = 300
+
+
+@dataclass(frozen=True)
+class Block:
+    page: Path
+    line: int  # of the opening fence, 1-based
+    lang: str
+    body: str
+    skip: str | None  # the marker's reason
+
+    @property
+    def where(self) -> str:
+        return f"{self.page.relative_to(REPO)}:{self.line}"
+
+
+def blocks(page: Path) -> list[Block]:
+    """The fenced blocks of a page, with the skip marker right above each."""
+    text = page.read_text(encoding="utf-8")
+    out = []
+    for m in FENCE.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        before = text[: m.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        marker = SKIP.search(before)
+        out.append(
+            Block(page, line, m["lang"].strip(), m["body"], marker["why"] if marker else None)
+        )
+    return out
+
+
+def sandbox(tmp: Path) -> Path:
+    """A folder with links to the tracked top-level entries of the repository."""
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=False
+    ).stdout.split()
+    tops = {p.split("/", 1)[0] for p in tracked} or {"src", "benchmarks", "docs"}
+    for name in sorted(tops):
+        if (REPO / name).exists():
+            (tmp / name).symlink_to(REPO / name)
+    return tmp
+
+
+def environment() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["SHARED_DIR"] = str(shared_dir())
+    env["COLUMNS"] = "80"
+    env.setdefault("MPLBACKEND", "Agg")
+    return env
+
+
+def command(block: Block) -> list[str] | None:
+    """The command that runs a block, or None for blocks that are only checked or shown."""
+    if block.lang in SHELL:
+        return ["bash", "-euo", "pipefail", "-c", block.body]
+    if block.lang == "console":
+        lines = [ln[2:] for ln in block.body.splitlines() if ln.startswith("$ ")]
+        return ["bash", "-euo", "pipefail", "-c", "\n".join(lines)]
+    if block.lang == "python":
+        return [sys.executable, "-c", block.body]
+    return None
+
+
+def check_data(block: Block) -> None:
+    if block.lang == "toml":
+        tomllib.loads(block.body)
+    elif block.lang == "json":
+        json.loads(block.body)
+
+
+def test_every_fence_names_its_language() -> None:
+    """A fence without a known language could hide a command the runner never runs."""
+    bad = [f"{b.where} ({b.lang!r})" for p in PAGES for b in blocks(p) if b.lang not in KNOWN]
+    assert not bad, f"fences need one of {sorted(KNOWN)}: {bad}"
+
+
+def test_skips_say_why() -> None:
+    empty = [b.where for p in PAGES for b in blocks(p) if b.skip is not None and not b.skip]
+    assert not empty
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_page_runs_as_written(page: Path, tmp_path: Path) -> None:
+    folder = sandbox(tmp_path)
+    env = environment()
+    shared_ok = shared_dir().is_dir()
+    skipped: list[str] = []
+    for block in blocks(page):
+        if block.lang not in KNOWN or block.skip is not None:
+            continue
+        check_data(block)
+        cmd = command(block)
+        if cmd is None:
+            continue
+        if "SHARED_DIR" in block.body and not shared_ok:
+            skipped.append(block.where)
+            continue
+        done = subprocess.run(
+            cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S
+        )
+        assert done.returncode == 0, (
+            f"{block.where} exited {done.returncode}\n--- stdout\n{done.stdout[-3000:]}"
+            f"\n--- stderr\n{done.stderr[-3000:]}"
+        )
+        assert "Traceback" not in done.stderr, f"{block.where}\n{done.stderr[-3000:]}"
+    shutil.rmtree(folder / "runs", ignore_errors=True)
+    if skipped:
+        pytest.skip(f"{', '.join(skipped)}: {missing_shared_reason('')}")
