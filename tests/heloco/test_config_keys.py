@@ -11,6 +11,7 @@ added to the config without a row here fails ``test_every_key_has_a_row``.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,17 +105,29 @@ class Row:
     probe: Probe = trajectory
 
 
+WORDS = {
+    "de": "der die das und ist nicht ein zu ",
+    "en": "the and of to is in that it ",
+    "fr": "le la les et est un une des ",
+}
+
+
 def corpus(tmp: Path) -> str:
     """A small text folder in the `--data-dir` layout, one file per language."""
     folder = tmp / "corpus"
     folder.mkdir(exist_ok=True)
-    words = {
-        "de": "der die das und ist nicht ein zu ",
-        "en": "the and of to is in that it ",
-        "fr": "le la les et est un une des ",
-    }
-    for lang, text in words.items():
+    for lang, text in WORDS.items():
         (folder / f"{lang}.txt").write_text((text * 400).strip(), encoding="utf-8")
+    return str(folder)
+
+
+def jsonl_corpus(tmp: Path) -> str:
+    """The same languages as JSONL records with two text fields, ``text`` and ``body``."""
+    folder = tmp / "jsonl"
+    folder.mkdir(exist_ok=True)
+    for lang, text in WORDS.items():
+        records = [{"text": text * 4, "body": text[::-1] * 4} for _ in range(100)]
+        (folder / f"{lang}.jsonl").write_text("\n".join(map(json.dumps, records)))
     return str(folder)
 
 
@@ -153,6 +166,9 @@ ROWS: list[Row] = [
     Row("outer.ab_shares", "paces", AB),
     Row("outer.ab_prior", 0.05, AB),
     Row("outer.ab_max_weight", 1.0, AB),
+    Row("outer.ab_power", 0.5, AB),
+    Row("outer.ab_normalize", "mean", AB),
+    Row("outer.ab_data", "workers", AB | {"data.assignment": "dirichlet"}),
     Row("dylu", True),
     Row("dylu_reference", "quantile", DYLU | {"dylu_quantile": 0.2}),  # 0.9 of 3: the max
     Row("dylu_quantile", 0.2, DYLU | {"dylu_reference": "quantile"}),
@@ -167,6 +183,9 @@ ROWS: list[Row] = [
     Row("data.train_fraction", 0.5),
     Row("data.seq_len", 48, {"inner.seq_len": 32}),
     Row("data.synthetic_chars_per_language", 6000),
+    Row("data.sampling", "stream", {"data.data_dir": "JSONL"}),
+    Row("data.text_field", "body", {"data.data_dir": "JSONL"}),
+    Row("data.sources", "SOURCES"),
     Row("model", "small"),
     Row("inner.lr", 3e-3),
     Row("inner.weight_decay", 0.5),
@@ -212,6 +231,10 @@ def test_every_key_has_a_row() -> None:
 def resolve(value: Any, tmp: Path) -> Any:
     if value == "CORPUS":
         return corpus(tmp)
+    if value == "JSONL":
+        return jsonl_corpus(tmp)
+    if value == "SOURCES":
+        return {lang: [str(Path(corpus(tmp)) / f"{lang}.txt")] for lang in WORDS}
     if isinstance(value, str) and value.startswith("TMP/"):
         return str(tmp / value.removeprefix("TMP/"))
     return value
