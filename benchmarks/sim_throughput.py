@@ -155,7 +155,7 @@ def measure(
     torch.set_num_threads(threads)
     one = sim_config(preset, steps, batch, seq_len, "heloco", 0, threads)
     grid = [
-        sim_config(preset, steps, batch, seq_len, m, s, threads)
+        sim_config(preset, steps, batch, seq_len, m, s, threads).model_copy(update={"batch": "on"})
         for s in range(seeds)
         for m in METHODS
     ]
@@ -164,7 +164,7 @@ def measure(
     works = {
         "plain": plain_loop(one, one.token_budget // (batch * seq_len)),
         "run": simulated([one.model_copy(update={"batch": "off"})]),
-        "batched": simulated([one]),
+        "batched": simulated([one.model_copy(update={"batch": "on"})]),
         "grid": simulated(grid),
     }
     samples: dict[str, list[float]] = {side: [] for side in SIDES}

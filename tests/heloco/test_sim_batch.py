@@ -18,7 +18,7 @@ from heloco.model import TinyGPT, preset_config
 from heloco.sim import SimConfig, parse_sim_config, run_simulation
 from heloco.sim.batch import BatchedRounds
 from heloco.sim.build import build_run
-from heloco.sim.run import round_sources, run_simulations
+from heloco.sim.run import batching_pays, round_sources, run_simulations
 from heloco.sim.stacked import stacked_losses
 
 BASE: dict[str, Any] = {
@@ -127,3 +127,12 @@ def test_a_failing_run_does_not_stop_the_others(tmp_path: Any) -> None:
     assert isinstance(failed, Exception) and "data_dir" in str(failed)
     assert not isinstance(ok, Exception)
     assert ok.losses == run_simulation(good).losses
+
+
+def test_auto_batches_small_models_on_the_cpu_and_on_forces_it() -> None:
+    light = build_run(config(**CASES[0]))
+    heavy_values = {**CASES[0], "model": "small", "inner": {"batch_size": 8}}
+    heavy = build_run(config(**heavy_values))
+    assert batching_pays(light) and not batching_pays(heavy)
+    auto, forced = round_sources([heavy, build_run(config(**heavy_values, batch="on"))])
+    assert not isinstance(auto, BatchedRounds) and isinstance(forced, BatchedRounds)

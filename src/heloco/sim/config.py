@@ -115,10 +115,11 @@ class SimConfig(BaseModel):
         description="torch intra-op threads, set before any work: the reduction order and so "
         "the losses depend on it",
     )
-    batch: Literal["auto", "off"] = Field(
+    batch: Literal["auto", "on", "off"] = Field(
         "auto",
-        description="compute rounds in flight at the same time in one batched kernel (auto: "
-        "for TinyGPT models; the losses are the same either way) or one at a time (off)",
+        description="compute rounds in flight at the same time in one batched kernel (on: "
+        "for TinyGPT models; auto: where it pays, on a GPU or for small models on the CPU) or "
+        "one at a time (off); the losses are the same either way",
     )
 
     @model_validator(mode="before")

@@ -135,14 +135,15 @@ def _simulate_side_by_side(
 
 def round_sources(built: Sequence[RunParts | Exception]) -> list[RoundSource | None]:
     """Each run's round source: slots of a shared BatchEngine per model shape and device
-    (``batch = "auto"`` and a TinyGPT model, two or more workers in the group), else its
-    workers one round at a time on the run's own model."""
+    (a TinyGPT model with ``batch = "on"``, or ``"auto"`` where :func:`batching_pays`; two
+    or more workers in the group), else its workers one round at a time on its own model."""
     groups: dict[tuple[str, str], list[tuple[int, RunParts, TinyGPT]]] = {}
     for i, parts in enumerate(built):
         if isinstance(parts, Exception) or parts.cfg.batch == "off":
             continue
         model = parts.model
-        if isinstance(model, TinyGPT) and supports(model):
+        wanted = parts.cfg.batch == "on" or batching_pays(parts)
+        if isinstance(model, TinyGPT) and supports(model) and wanted:
             key = (model.cfg.model_dump_json(), str(model.positions.device))
             groups.setdefault(key, []).append((i, parts, model))
     out: list[RoundSource | None] = [None] * len(built)
@@ -163,6 +164,24 @@ def round_sources(built: Sequence[RunParts | Exception]) -> list[RoundSource | N
             # One model object serves every worker and the evaluator: each round loads its start.
             out[i] = DirectRounds([parts.worker(w) for w in range(parts.cfg.workers)])
     return out
+
+
+# Measured on the 2-core CPU (BENCHMARKS.md, "simulator throughput"): batching saved 21% of
+# the CPU time of the converged regime's cells (6·N·tokens = 0.21 GFLOP per inner step) and
+# cost 9% in the paper regime's (2.0 GFLOP per step), where the GEMMs already dominate and the
+# batch adds copies.
+BATCH_FLOP_LIMIT = 5e8
+
+
+def batching_pays(parts: RunParts) -> bool:
+    """``batch = "auto"``: batch on accelerators, and on the CPU only models whose inner step
+    is small enough (6·N·tokens FLOPs, Kaplan et al. 2020 Eq. 2.1 with N the parameter count)
+    that per-call overhead, not arithmetic, dominates."""
+    if parts.cfg.device != "cpu" and not parts.cfg.device.startswith("cpu:"):
+        return True
+    tokens = parts.cfg.inner.batch_size * parts.cfg.inner.seq_len
+    n = sum(p.numel() for p in parts.model.parameters())
+    return 6 * n * tokens < BATCH_FLOP_LIMIT
 
 
 def _drive(runs: list[_Run], outcomes: list[RunResult | Exception | _Run]) -> None:
