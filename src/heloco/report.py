@@ -13,10 +13,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from heloco.metrics import EVENTS_FILE, SUMMARY_FILE, EvalPoint
-from shardmeter.errors import UserInputError
+from shardmeter.errors import UserInputError, from_pydantic
 
 CONFIG_FILE = "config.json"
 PLOT_FORMATS = ("png", "svg")
@@ -59,41 +61,73 @@ class RunRow:
     cycle_loss: float | None
 
 
-def _eval_point(d: dict[str, Any]) -> EvalPoint:
-    nan = float("nan")
-    return EvalPoint(
-        tokens=int(d["tokens"]),
-        steps=int(d.get("steps", 0)),
-        time=float(d["time"]),
-        revision=int(d.get("revision", 0)),
-        loss=nan if d["loss"] is None else float(d["loss"]),
-        per_language={k: (nan if v is None else float(v)) for k, v in d["per_language"].items()},
-        cycle_loss=nan if d.get("cycle_loss") is None else float(d["cycle_loss"]),
-    )
+Loss = Annotated[float | None, Field(allow_inf_nan=True)]  # null: not measured
+Count = Annotated[int, Field(ge=0, le=2**62)]
+
+
+class EvalEvent(BaseModel):
+    """The fields of an ``eval`` event the report reads (docs/heloco-metrics.md)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    tokens: Count
+    steps: Count = 0
+    time: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    revision: Count = 0
+    loss: Loss
+    per_language: dict[str, Loss] = {}
+    cycle_loss: Loss = None
+
+    def point(self) -> EvalPoint:
+        def num(x: float | None) -> float:
+            return math.nan if x is None else float(x)
+
+        return EvalPoint(
+            tokens=self.tokens,
+            steps=self.steps,
+            time=float(self.time),
+            revision=self.revision,
+            loss=num(self.loss),
+            per_language={k: num(v) for k, v in self.per_language.items()},
+            cycle_loss=num(self.cycle_loss),
+        )
 
 
 def read_evals(path: Path) -> list[EvalPoint]:
-    """The ``eval`` events of an events.jsonl (a torn last line of a live run is skipped)."""
+    """The ``eval`` events of an events.jsonl; a line that is not JSON (a torn last line of a
+    live run) is skipped, an eval event with missing or malformed fields is a one-line error."""
     points = []
-    with path.open(encoding="utf-8") as fh:
-        for line in fh:
+    with path.open(encoding="utf-8", errors="replace") as fh:
+        for number, line in enumerate(fh, 1):
             try:
                 event = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 continue
-            if event.get("type") == "eval":
-                points.append(_eval_point(event))
+            if not isinstance(event, dict) or event.get("type") != "eval":
+                continue
+            try:
+                points.append(EvalEvent.model_validate(event).point())
+            except ValidationError as exc:
+                raise from_pydantic(exc, f"{path}:{number}", whole="eval event") from None
     return points
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object file, or {} when it is absent or not a JSON object (nothing to show)."""
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
+        data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+    except (json.JSONDecodeError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def _finite(x: Any) -> float | None:
+    """A finite number from a summary field, else None (a hand-edited file is no crash)."""
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return None
+    return float(x) if math.isfinite(x) else None
 
 
 def is_run_dir(path: Path) -> bool:
@@ -181,20 +215,21 @@ def comparison_rows(runs: Sequence[RunData]) -> list[RunRow]:
     for r in runs:
         last = r.evals[-1]
         paces = r.summary.get("paces") or r.config.get("paces") or []
-        cyc = r.summary.get("cycle_loss")
+        numbers = [_finite(p) for p in paces] if isinstance(paces, list) else []
+        updates = _finite(r.summary.get("updates"))
         rows.append(
             RunRow(
                 label=r.label,
                 method=r.method,
-                paces=",".join(f"{float(p):g}" for p in paces) if isinstance(paces, list) else "",
+                paces=",".join(f"{p:g}" for p in numbers) if None not in numbers else "",
                 tokens=last.tokens,
                 time=last.time,
-                updates=int(r.summary.get("updates") or last.revision),
+                updates=int(updates) if updates is not None else last.revision,
                 initial_loss=r.evals[0].loss,
                 final_loss=last.loss,
                 loss_at_common_tokens=loss_at(r.evals, tok, "tokens"),
                 loss_at_common_time=loss_at(r.evals, sec, "time"),
-                cycle_loss=None if cyc is None else float(cyc),
+                cycle_loss=_finite(r.summary.get("cycle_loss")),
             )
         )
     return rows

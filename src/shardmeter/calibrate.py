@@ -28,6 +28,7 @@ from shardmeter.specs.hf import gqa_equivalent, mla_attention_params
 from shardmeter.specs.loader import load_cluster
 from shardmeter.specs.model import MoESpec, TransformerSpec
 from shardmeter.specs.plan import Plan, validate_plan
+from shardmeter.specs.validation import MAX_EXACT_INT, validate_spec
 
 REQUIRED_COLUMNS: tuple[str, ...] = (
     "run_id",
@@ -104,8 +105,8 @@ def _optional_int(row: Mapping[str, str], name: str) -> int | None:
     value = _float(row, name)
     if value is None:
         return None
-    if value != int(value):
-        raise UserInputError(name, _cell(row, name), "must be an integer")
+    if value != int(value) or abs(value) > MAX_EXACT_INT:
+        raise UserInputError(name, _cell(row, name), "must be an integer of at most 2**53")
     return int(value)
 
 
@@ -190,15 +191,16 @@ def model_from_row(row: Mapping[str, str]) -> TransformerSpec:
     if experts:
         dense_layers, dense_ffn = _dense_layers(_cell(row, "notes"), _cell(row, "model"))
         groups = (8, 4) if _is_deepseek_v3(_cell(row, "model")) else (None, None)
-        moe = MoESpec(
-            experts=_int(row, "moe_experts"),
-            top_k=_int(row, "moe_topk", 1),
-            shared_experts=_int(row, "moe_shared_experts", 0),
-            dense_layers=dense_layers,
-            dense_ffn=dense_ffn,
-            n_groups=groups[0],  # DeepSeek-V3 config.json n_group / topk_group
-            topk_groups=groups[1],
-        )
+        moe_fields = {
+            "experts": _int(row, "moe_experts"),
+            "top_k": _int(row, "moe_topk", 1),
+            "shared_experts": _int(row, "moe_shared_experts", 0),
+            "dense_layers": dense_layers,
+            "dense_ffn": dense_ffn,
+            "n_groups": groups[0],  # DeepSeek-V3 config.json n_group / topk_group
+            "topk_groups": groups[1],
+        }
+        moe = validate_spec(MoESpec, moe_fields, "moe")  # one line naming the bad cell
     kwargs = {
         "name": _cell(row, "model") or "custom",
         "n_layers": _int(row, "n_layers"),

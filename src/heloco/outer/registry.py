@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -33,8 +33,8 @@ class OuterConfig(BaseModel):
 
     lr: float | None = Field(None, gt=0, description="outer lr η (None: Table 3 default)")
     momentum: float = Field(0.9, ge=0, lt=1, description="outer momentum μ")
-    rho: RhoMode | float | None = Field(
-        None, description="'sqrt_k' (1/√K), 'delay' (1/√K/√(1+τ)), 'none', a number, or None"
+    rho: RhoMode | Annotated[float, Field(gt=0)] | None = Field(
+        None, description="'sqrt_k' (1/√K), 'delay' (1/√K/√(1+τ)), 'none', a number > 0, or None"
     )
     rho_order: Literal["before", "after"] = Field(
         "before",

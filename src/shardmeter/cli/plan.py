@@ -51,7 +51,9 @@ def add_parser(subparsers: Any) -> None:
     where.add_argument("--gpus", help="GPU count N, a list N1,N2 or a range A:B (node × 2^k)")
     where.add_argument("--topology", metavar="FILE", help="topology TOML or shipped example")
     where.add_argument(
-        "--tokens", type=positive_float, help="token budget (default 1e12 / the file's)"
+        "--tokens",
+        type=bounded(float, 0, 1e18, low_open=True),
+        help="token budget (default 1e12 / the file's)",
     )
     where.add_argument("--global-batch", help="sequences per step: N, N1,N2 or A:B (powers of two)")
     where.add_argument("--batch-per-gpu", help="islands: sequences per GPU per inner step, list")

@@ -119,7 +119,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--reduce", choices=("ring", "hub", "bucket"), help="outer collective pattern")
     add("--server", help="hub / parameter-server island")
-    add("--tokens", type=positive_float, help="token budget (e.g. 1e12)")
+    add("--tokens", type=bounded(float, 0, 1e18, low_open=True), help="token budget (e.g. 1e12)")
     add(
         "--island-batch",
         type=positive_int,

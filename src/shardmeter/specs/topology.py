@@ -20,6 +20,7 @@ from shardmeter.errors import UserInputError, check_input, from_pydantic
 from shardmeter.specs.hardware import Accelerator, Cluster, Link
 from shardmeter.specs.model import TransformerSpec
 from shardmeter.specs.plan import Plan
+from shardmeter.specs.validation import reject_non_finite
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -346,6 +347,7 @@ def validation_error(exc: ValidationError, prefix: str = "") -> UserInputError:
 
 def topology_from_dict(data: dict[str, Any]) -> Topology:
     """Validate a topology mapping; every mistake is a one-line UserInputError naming the field."""
+    reject_non_finite(data, "")  # nan, inf and integers beyond 2**53, naming the field
     check_input(data, Topology)  # unknown keys with suggestions, strict booleans
     try:
         topo = Topology.model_validate(data)

@@ -45,11 +45,22 @@ def user_error(exc: ValidationError, cls: type[BaseModel], prefix: str) -> UserI
     return from_pydantic(exc, prefix)
 
 
+MAX_EXACT_INT = 2**53  # the largest integer every float computation still holds exactly
+MAX_MAGNITUDE = 1e18  # no spec quantity in its unit (GB, TFLOP/s, Gbit/s, ms, USD, tokens)
+# comes near it, and products of a few such numbers stay far from float overflow (1.8e308)
+
+
 def reject_non_finite(data: Any, path: str) -> None:
     """Raise for NaN or infinite numbers anywhere in a (nested) table: TOML and JSON can spell
-    them (`nan`, `inf`, `Infinity`), and no spec quantity is meaningful at those values."""
+    them (`nan`, `inf`, `Infinity`), and no spec quantity is meaningful at those values; nor
+    beyond MAX_MAGNITUDE (1e308 would turn costs and times into inf), nor integers beyond 2**53,
+    which the float arithmetic of the estimate cannot hold."""
     if isinstance(data, float) and not math.isfinite(data):
         raise UserInputError(path, data, "expected a finite number")
+    if isinstance(data, float) and abs(data) > MAX_MAGNITUDE:
+        raise UserInputError(path, data, f"a number of magnitude at most {MAX_MAGNITUDE:g}")
+    if isinstance(data, int) and not isinstance(data, bool) and abs(data) > MAX_EXACT_INT:
+        raise UserInputError(path, data, f"a number of magnitude at most 2**53 ({MAX_EXACT_INT})")
     if isinstance(data, dict):
         for key, value in data.items():
             reject_non_finite(value, f"{path}.{key}" if path else str(key))
