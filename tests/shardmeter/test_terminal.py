@@ -85,3 +85,11 @@ def test_fit_table_keeps_everything_when_wide() -> None:
     lines = render(fit_table(Console(width=10_000), "t", COLS, ROWS), 10_000)
     text = "\n".join(lines)
     assert "a long secondary description" in text and "not shown" not in text
+
+
+def test_wrap_column_wraps_at_spaces_instead_of_leaving_out() -> None:
+    cols = [Col("name", "left"), Col("note", "left", wrap=True), Col("value")]
+    rows = [["a", "several short words that do not fit on one line at all", "1.5k"]]
+    lines = render(fit_table(Console(width=30), None, cols, rows), 30)
+    assert all(len(line) <= 30 for line in lines) and "not shown" not in "\n".join(lines)
+    assert sum("1.5k" in line for line in lines) == 1 and len(lines) > 5

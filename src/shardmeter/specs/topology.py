@@ -347,12 +347,12 @@ def validation_error(exc: ValidationError, prefix: str = "") -> UserInputError:
 
 def topology_from_dict(data: dict[str, Any]) -> Topology:
     """Validate a topology mapping; every mistake is a one-line UserInputError naming the field."""
-    reject_non_finite(data, "")  # nan, inf and integers beyond 2**53, naming the field
     check_input(data, Topology)  # unknown keys with suggestions, strict booleans
     try:
         topo = Topology.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc) from None
+    reject_non_finite(data, "")  # numbers beyond 1e18 and integers beyond 2**53
     validate_topology(topo)
     return topo
 
