@@ -389,8 +389,7 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     time = {k: _finish(v, zeros) for k, v in time.items()}
     step = sum(time.values(), start=zeros)
 
-    params = heaviest
-    grad_bytes = params.total * GRAD_BYTES
+    grad_bytes = heaviest.total * GRAD_BYTES
     layers_crit = critical_layers(counts, times)
     ep_count = layers_crit * moe_share * (4.0 + 2.0 * full)
     top_k = model.moe.top_k if model.moe is not None else 0
@@ -398,7 +397,7 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
         "tp": m * layers_crit * tp_count * tp_msg * 2.0 * (tp - 1.0) / tp,
         "pp": pp_sends * pp_msg,
         "dp": where(stage >= SHARDING_CODES["zero2"], m, 1.0) * grad_bytes,
-        "fsdp": where(zero3, 2.0 * m, where(stage >= 1, 1.0, 0.0)) * params.total * 2.0,
+        "fsdp": where(zero3, 2.0 * m, where(stage >= 1, 1.0, 0.0)) * heaviest.total * 2.0,
         "cp": m * layers_crit * 3.0 * kv_block * (cp - 1.0),
         "ep": m * ep_count * tokens_mb * top_k * model.hidden * ACT_BYTES * (ep - 1.0) / ep,
     }
