@@ -11,6 +11,7 @@ import torch
 from heloco.cli import build_parser, main
 from heloco.cli.simulate import build_config
 from heloco.config import load_config
+from heloco.sim import PACE_RULE
 
 # A few seconds on 2 cores: tiny rounds, a small synthetic corpus, a handful of eval windows.
 FAST = [
@@ -162,3 +163,20 @@ def test_set_typo_gets_suggestions(capsys: pytest.CaptureFixture[str]) -> None:
 def test_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     err = one_line_error(capsys, ["simulate", "my.toml"])  # the config is --config now
     assert "my.toml" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["simulate", "--paces", "1,fast,2,2,2"],
+        ["simulate", "--paces", "1,0,2,2,2"],
+        ["simulate", "--set", "paces=[1, 1, inf, 2, 2]"],
+        ["launch", "--out", "OUT", "--workers", "3", "--paces", "1,-2,4"],
+    ],
+)
+def test_one_pace_rule_everywhere(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--paces` means seconds per inner step in simulate and launch, with one error text."""
+    err = one_line_error(capsys, [str(tmp_path / "out") if a == "OUT" else a for a in argv])
+    assert err.endswith(PACE_RULE), err

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -20,6 +20,8 @@ JITTER_KEY = 11
 MODEL_KEY = 12
 
 
+# Paces are checked by _check, so every bad pace reads PACE_RULE (as `--paces` does).
+RawFloat = Annotated[float, Field(allow_inf_nan=True)]
 PACE_RULE = "seconds per inner step: finite numbers > 0, comma-separated, e.g. 1,1,2"
 
 # Top-level spellings accepted for three ``[outer]`` keys; ``[outer]`` is the one stored.
@@ -70,7 +72,7 @@ class SimConfig(BaseModel):
 
     method: str = "heloco"
     workers: int = Field(5, ge=1, le=1024)
-    paces: list[float] | PaceDistribution | None = Field(
+    paces: list[RawFloat] | PaceDistribution | None = Field(
         None, description="seconds per inner step per worker (None: all 1.0)"
     )
     pace_jitter: float = Field(
