@@ -477,3 +477,15 @@ def test_plan_plot_pareto_line_joins_plotted_points_only() -> None:
         walls, costs = res.cloud_wall_s, res.cloud_cost_usd
         for w, c in zip(line_w, line_c, strict=True):  # nothing plotted beats the line
             assert not np.any((walls < w * (1 - 1e-12)) & (costs < c * (1 - 1e-12)))
+
+
+def test_plan_searches_with_the_payload(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["plan", "--topology", "two-clouds", "--modes", "sync", "--top", "1", "--json"]
+    assert main(argv) == 0
+    dense = json.loads(capsys.readouterr().out)["best"]["time"]
+    assert main([*argv, "--payload", "topk:fraction=0.01"]) == 0
+    topk = json.loads(capsys.readouterr().out)["best"]["time"]
+    assert topk["utilization"] > 0.95 > dense["utilization"]
+    assert topk["wall_s"] < dense["wall_s"]
+    assert main(["plan", "--cluster", "dgx-h100", "--gpus", "8", "--payload", "sign"]) == 2
+    assert "--payload: got 'sign'; only with --topology" in capsys.readouterr().err

@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from shardmeter import quality
 from shardmeter.clikit import bounded, nonneg_int, positive_float, positive_int
 from shardmeter.errors import UserInputError
+from shardmeter.estimate.islands import with_run
 from shardmeter.estimate.outer import MODES
 from shardmeter.predict import resolve_cluster
 from shardmeter.report.plan import plot_result, render_result, result_json
@@ -32,6 +33,7 @@ from shardmeter.search.options import (
     SpaceOptions,
 )
 from shardmeter.search.result import PlanSearchResult
+from shardmeter.specs.topology import Topology, load_topology
 
 ALL_PLANS = 10**12  # --top 0: keep every feasible plan (no time-bound pruning of the ranking)
 DURATION_UNITS = {"s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
@@ -83,6 +85,11 @@ def add_parser(subparsers: Any) -> None:
     space.add_argument("--bits", help="islands: pseudo-gradient bits (default: the file's)")
     space.add_argument("--fragments", default="1,2,4,8", help="Streaming DiLoCo P values")
     space.add_argument("--overlap-steps", help="Streaming DiLoCo τ values")
+    space.add_argument(
+        "--payload",
+        metavar="KIND[:KEY=VALUE,...]",
+        help="islands: what crosses the WAN, as predict --payload (default: the file's)",
+    )
     out = p.add_argument_group("output")
     out.add_argument(
         "--top",
@@ -253,11 +260,16 @@ def run(args: argparse.Namespace) -> int:
     batches = parse_range("--global-batch", args.global_batch, powers_of_two) or None
     show = not args.no_progress and not args.json and sys.stderr.isatty()
     # The search as the user asked for it; --quality-from re-ranks the same space.
+    topology: Topology | str | None = args.topology
+    if args.topology is not None and args.payload is not None:
+        topology = with_run(load_topology(args.topology), payload=args.payload)
+    elif args.payload is not None:
+        raise UserInputError("--payload", args.payload, "only with --topology")
     search: dict[str, Any] = {
         "model": args.model,
         "cluster": args.cluster,
         "gpus": gpus,
-        "topology": args.topology,
+        "topology": topology,
         "tokens": args.tokens,
         "global_batch": batches,
         "constraints": constraints,

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from shardmeter.errors import UserInputError
 from shardmeter.estimate.churn import Churn, churn, island_mtbf_s
 from shardmeter.estimate.outer import FloatArray, OuterRound, outer_opt_seconds, outer_round
-from shardmeter.estimate.payload import Payload, resolve_payload
+from shardmeter.estimate.payload import Payload, dense_payload, resolve_payload
 from shardmeter.estimate.result import StepEstimate
 from shardmeter.estimate.schedule import Schedule, explicit_schedule
 from shardmeter.estimate.wan import WanPaths, wan_paths
@@ -210,11 +210,6 @@ def schedule_of(outer: OuterSpec) -> Schedule | None:
     )
 
 
-def dense_payload(outer: OuterSpec) -> Payload:
-    """The payload of a dense exchange (no model needed)."""
-    return Payload(f"dense {outer.dense_bits}-bit", float(outer.dense_bits), False, 0.0)
-
-
 def _round(
     inputs: Sequence[IslandInput],
     wan: WanPaths,
@@ -379,7 +374,7 @@ def compose(
     if payload is None:
         if outer.payload.kind != "dense":
             raise ValueError("a compressed payload needs resolve_payload(spec, bits, model)")
-        payload = dense_payload(outer)
+        payload = dense_payload(outer.dense_bits)
     rnd = _round(inputs, wan, n_params, outer, payload)
     gpus = np.array([isl.step.n_gpus for isl in inputs], dtype=np.float64)
     tokens_step = np.array([isl.step.tokens_per_step for isl in inputs])

@@ -22,6 +22,7 @@ DEFAULT_INDEX_BITS = {"topk": 32, "dct_topk": 16}  # int32 flat index; int16 in-
 class Payload:
     """A payload resolved for one model: wire bits per parameter, how it is combined, memory."""
 
+    kind: str  # PayloadSpec.kind
     label: str
     bits_per_param: float  # on the wire, per model parameter, per exchange
     gathered: bool  # True: all-gather (sparse, sign); False: summable (dense, low-rank)
@@ -54,17 +55,22 @@ def lowrank_bits(model: TransformerSpec, rank: int, value_bits: int) -> float:
     return value_bits * sent / total
 
 
+def dense_payload(bits: float) -> Payload:
+    """q-bit values, summed in flight, no extra state."""
+    return Payload("dense", f"dense {bits:g}-bit", float(bits), False, 0.0)
+
+
 def resolve_payload(spec: PayloadSpec, dense_bits: float, model: TransformerSpec) -> Payload:
     """The payload of `spec` for `model`; `dense_bits` is q of a dense exchange."""
     ef = RESIDUAL_BYTES if spec.error_feedback else 0.0
     if spec.kind == "dense":
-        return Payload(f"dense {dense_bits:g}-bit", float(dense_bits), False, 0.0)
+        return dense_payload(dense_bits)
     if spec.kind in ("topk", "dct_topk"):
         fraction = float(spec.fraction or 1.0)
         index = spec.index_bits or DEFAULT_INDEX_BITS[spec.kind]
-        return Payload(spec.label, fraction * (spec.value_bits + index), True, ef)
+        return Payload(spec.kind, spec.label, fraction * (spec.value_bits + index), True, ef)
     if spec.kind == "sign":
-        return Payload(spec.label, 1.0 + spec.scale_bits / spec.group, True, ef)
+        return Payload(spec.kind, spec.label, 1.0 + spec.scale_bits / spec.group, True, ef)
     bits = lowrank_bits(model, spec.rank, spec.value_bits)
     q_bytes = spec.value_bits / 8 * spec.rank * sum(n * k for _, n, k in matrix_shapes(model))
-    return Payload(spec.label, bits, False, ef + q_bytes / model.params_total, rounds=2)
+    return Payload(spec.kind, spec.label, bits, False, ef + q_bytes / model.params_total, rounds=2)

@@ -313,8 +313,9 @@ def compose_block(
     """Every GPU-count combination under every setting in `grid`, composed and priced as
     `estimate.islands.compose` does (C.9, C.10). A dense payload takes the grid's bits."""
     outer_mode = "sync" if mode == "single" else mode
-    bits = grid.bits[None, :] if payload.label.startswith("dense") else payload.bits_per_param
-    if outer_mode == "sync" and payload.label.startswith("dense"):
+    dense = payload.kind == "dense"
+    bits = grid.bits[None, :] if dense else payload.bits_per_param
+    if outer_mode == "sync" and dense:
         bits = float(run.grad_bits)
     window = cb.backward_s if run.backward_overlap else 0.0 * cb.backward_s
     rnd = outer_round(
