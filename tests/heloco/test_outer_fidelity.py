@@ -254,6 +254,10 @@ def test_defaults_are_the_authors() -> None:
     assert cfg.lambda_form == "normalized" and cfg.shrink_when_negative and cfg.scope == "tensor"
     outer = OuterConfig()
     assert outer.momentum == 0.9 and outer.rho_order == "before"
+    run = parse_sim_config({"token_budget": 100})  # the prototype: K = 5, H = 20, seed 42
+    assert (run.workers, run.inner_steps, run.seed, run.grace_window) == (5, 20, 42, 0.0)
+    assert (run.inner.lr, run.inner.betas, run.inner.weight_decay) == (2e-4, (0.9, 0.999), 1e-2)
+    assert (run.dylu_reference, run.dylu_quantile) == ("max", 0.9)  # production: 0.9
     theta = {"x": torch.zeros(2)}
     for method, lr, rho in [
         ("heloco", 0.7, 1 / math.sqrt(5)),
