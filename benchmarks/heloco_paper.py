@@ -91,6 +91,7 @@ COMPARISONS: tuple[tuple[str, str, str], ...] = (
     ("heloco", "sync", "time"),
     ("heloco+ab", "heloco", "tokens"),
     ("heloco+ab", "mla", "time"),
+    ("heloco+ab", "sync", "time"),
 )
 QUICK_DIVISOR = 4
 READINGS = (("point", "loss_at"), ("cycle", "cycle_loss_at"))
@@ -572,15 +573,17 @@ def plot_improvements(rows: Sequence[CellResult], out_dir: Path, stem: str) -> l
     if not regimes:
         return []
     fig, axes = plt.subplots(1, len(regimes), figsize=(7 * len(regimes), 4.5), squeeze=False)
-    width = 0.8 / len(COMPARISONS)
+    ran = {r.method for r in rows}
+    drawn = [c for c in COMPARISONS if c[0] in ran and c[1] in ran]  # only what the rows hold
+    width = 0.8 / max(len(drawn), 1)
     for ax, regime in zip(axes.flat, regimes, strict=True):
         groups = regime_groups(rows, regime)
-        for i, (method, base, budget) in enumerate(COMPARISONS):
+        for i, (method, base, budget) in enumerate(drawn):
             imps = [
                 paired_improvement(rs, method, base, metric_name("point", budget))
                 for _, rs in groups
             ]
-            xs = [g + (i - (len(COMPARISONS) - 1) / 2) * width for g in range(len(groups))]
+            xs = [g + (i - (len(drawn) - 1) / 2) * width for g in range(len(groups))]
             means = [100 * s.mean if s.n else 0.0 for s in imps]
             shown = [max(-PLOT_LIMIT, min(PLOT_LIMIT, m)) for m in means]
             clipped = [m != v for m, v in zip(means, shown, strict=True)]
