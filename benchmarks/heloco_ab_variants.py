@@ -43,7 +43,9 @@ class Variant:
 
     @property
     def slug(self) -> str:
-        keep = "".join(c if c.isalnum() else "-" for c in self.label)
+        """A folder name: the label in ASCII letters, digits and dashes (η written eta)."""
+        text = self.label.replace("η", "eta").replace("γ", "gamma")
+        keep = "".join(c if c.isascii() and c.isalnum() else "-" for c in text)
         return "-".join(part for part in keep.split("-") if part)
 
 

@@ -52,4 +52,6 @@ def test_variants_are_valid_configs(bench: ModuleType) -> None:
     for v in bench.VARIANTS:
         cfg = load_config(preset="converged", overrides={"method": v.method, **v.overrides})
         assert cfg.method == v.method
-    assert len({v.slug for v in bench.VARIANTS}) == len(bench.VARIANTS)
+    slugs = {v.slug for v in bench.VARIANTS}
+    assert len(slugs) == len(bench.VARIANTS) and all(x.isascii() for x in slugs)
+    assert "heloco-eta-0-35" in slugs
