@@ -30,6 +30,7 @@ from shardmeter.paths import missing_shared_reason, shared_path
 
 REGIMES = ("paper-regime", "converged")
 PACES = ((1, 1, 1, 2, 2), (1, 6, 6, 6, 6), (1, 15, 15, 15, 15))
+SETTINGS = tuple((r, p) for r in REGIMES for p in PACES)  # reading order of the tables
 REFERENCE = "heloco η=0.7"
 
 
@@ -66,7 +67,7 @@ VARIANTS = (
 
 
 def cells_for(v: Variant, seeds: Sequence[int]) -> list[Cell]:
-    return [Cell(r, p, v.method, s) for s in seeds for r in REGIMES for p in PACES]
+    return [Cell(r, p, v.method, s) for s in seeds for r, p in SETTINGS]
 
 
 def setting(r: CellResult) -> tuple[str, str]:
@@ -80,7 +81,8 @@ def pct(values: list[float]) -> str:
 
 def table(results: dict[str, list[CellResult]], metric: str) -> list[str]:
     """One row per variant: loss per setting, and its improvement over HeLoCo η=0.7 and sync."""
-    settings = sorted({setting(r) for rows in results.values() for r in rows})
+    order = {(r, "-".join(f"{x:g}" for x in p)): i for i, (r, p) in enumerate(SETTINGS)}
+    settings = sorted({setting(r) for rows in results.values() for r in rows}, key=order.get)
     header = ["variant"] + [f"{reg[:9]} [{p.replace('-', ',')}]" for reg, p in settings]
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
 
