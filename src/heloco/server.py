@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -151,6 +151,9 @@ class Server:
         self._outstanding: dict[int, _Outstanding] = {}
         self._pending: list[tuple[RoundResult, int]] = []
         self._evicted: set[int] = set()
+        # Called before θ is written in place: a transport that sends θ without a copy
+        # replaces the tensors still being sent (:meth:`unshare`) first.
+        self.before_write: Callable[[], None] | None = None
 
     # -- dispatch ---------------------------------------------------------------------------
     def observe_speed(self, worker: int, steps_per_second: float) -> None:
@@ -176,16 +179,29 @@ class Server:
             return self.cfg.inner_steps
         return dylu_steps(self.speeds, worker, self.cfg.inner_steps, self.reference_speed())
 
-    def dispatch(self, worker: int) -> Dispatch:
-        """Hand ``worker`` its start point; supersedes any earlier outstanding round of it."""
+    def dispatch(self, worker: int, copy: bool = True) -> Dispatch:
+        """Hand ``worker`` its start point; supersedes any earlier outstanding round of it.
+
+        ``copy=False`` hands out θ's own tensors when θ is the dispatch point (no look-ahead):
+        the caller reads them before the next update, or has them unshared (:meth:`unshare`) first.
+        """
         self._check_worker(worker)
         round_id = self._next_round[worker]
         self._next_round[worker] += 1
         steps = self.steps_for(worker)
         self._outstanding[worker] = _Outstanding(round_id, self.revision, steps)
         self._evicted.discard(worker)
-        params = self.optimizer.dispatch_params(self.params)
+        if copy or not self.optimizer.dispatches_params():
+            params = self.optimizer.dispatch_params(self.params)
+        else:
+            params = dict(self.params)
         return Dispatch(params, self.revision, steps, round_id, worker)
+
+    def unshare(self, names: Iterable[str]) -> None:
+        """Give the parameters ``names`` fresh storage (a copy) before θ is next written, so a
+        dispatch still holding the old tensors (being sent) keeps the values it was given."""
+        for name in names:
+            self.params[name] = self.params[name].clone()
 
     def dispatched_steps(self, worker: int) -> int | None:
         """Steps of ``worker``'s outstanding round (None: it has none), to bound a push's claim."""
@@ -193,8 +209,10 @@ class Server:
         return None if out is None else out.steps
 
     # -- submission -------------------------------------------------------------------------
-    def check(self, result: RoundResult) -> RejectReason | None:
-        """Why ``result`` would be rejected, or None if :meth:`submit` would accept it."""
+    def check(self, result: RoundResult, validated: bool = False) -> RejectReason | None:
+        """Why ``result`` would be rejected, or None if :meth:`submit` would accept it.
+
+        ``validated``: the caller has checked the delta's names, shapes and finiteness."""
         w = result.worker
         if not 0 <= w < self.cfg.n_workers:
             return "bad_worker"
@@ -208,18 +226,18 @@ class Server:
             return "superseded" if rid < out.round_id else "unknown"
         if result.base_revision != out.revision:
             return "revision_mismatch"
-        if not _valid_delta(self.params, result.delta):
+        if not validated and not _valid_delta(self.params, result.delta):
             return "bad_delta"
         return None
 
-    def submit(self, result: RoundResult) -> UpdateRecord | None:
+    def submit(self, result: RoundResult, validated: bool = False) -> UpdateRecord | None:
         """Accept one round. Returns the update it caused, or None while buffered (sync/grace).
 
         Raises :class:`SubmissionRejected` for a replayed, superseded or unknown round, or a
         pseudo-gradient with the wrong tensors or a non-finite entry (the round stays
-        outstanding; the driver re-dispatches the worker).
+        outstanding; the driver re-dispatches the worker). ``validated`` as in :meth:`check`.
         """
-        reason = self.check(result)
+        reason = self.check(result, validated)
         if reason is not None:
             raise SubmissionRejected(reason, result.worker, result.round_id)
         out = self._outstanding.pop(result.worker)
@@ -277,6 +295,8 @@ class Server:
     @torch.no_grad()
     def _apply(self, items: list[tuple[RoundResult, int]]) -> UpdateRecord:
         arrivals = [Arrival(r.delta, r.worker, self.revision - r.base_revision) for r, _ in items]
+        if self.before_write is not None:
+            self.before_write()
         stats = self.optimizer.step(self.params, arrivals)
         records = tuple(
             ArrivalRecord(
@@ -338,6 +358,8 @@ class Server:
         meta, tensors = state.meta, state.tensors
         if meta["config"]["n_workers"] != self.cfg.n_workers:
             raise ValueError("checkpoint was written for a different number of workers")
+        if self.before_write is not None:
+            self.before_write()
         with torch.no_grad():
             for k, v in self.params.items():
                 v.copy_(tensors[f"params/{k}"])

@@ -50,10 +50,11 @@ def config(tiny_net_values: Callable[..., dict[str, Any]]) -> Callable[..., Any]
     return make
 
 
-def networked(cfg: Any, tmp: Path, codec: str = "fp32") -> tuple[Session, list[WorkerReport]]:
-    session = Session(
-        cfg, SECRET, EndpointConfig(checkpoint_dir=tmp / "ck", drain_s=2.0), out_dir=tmp
-    )
+def networked(
+    cfg: Any, tmp: Path, codec: str = "fp32", shards: int = 1
+) -> tuple[Session, list[WorkerReport]]:
+    endpoint = EndpointConfig(checkpoint_dir=tmp / "ck", drain_s=2.0, shards=shards)
+    session = Session(cfg, SECRET, endpoint, out_dir=tmp)
     server, address = session.serve_in_thread()
     reports: list[WorkerReport] = []
 
@@ -82,9 +83,14 @@ def curves(session: Session, cfg: Any) -> tuple[list[tuple[int, float]], list[tu
     return [(e.tokens, e.loss) for e in session.traj.evals], _SIM_CACHE[key]
 
 
-def test_one_async_worker_matches_simulator(tmp_path: Path, config: Callable[..., Any]) -> None:
+@pytest.mark.parametrize("shards", [1, 3])
+def test_one_async_worker_matches_simulator(
+    tmp_path: Path, config: Callable[..., Any], shards: int
+) -> None:
+    """Also with the tensors split over 3 shards (fetch, stage, push, parallel outer step)."""
     cfg = config()
-    session, _ = networked(cfg, tmp_path)
+    session, reports = networked(cfg, tmp_path, shards=shards)
+    assert session.coord.counters.accepted == len(reports[0].acked) == 6
     net, sim = curves(session, cfg)
     assert [t for t, _ in net] == [t for t, _ in sim] == [0, 256, 512, 768]
     assert max(abs(a - b) for (_, a), (_, b) in zip(net, sim, strict=True)) <= ONE_WORKER_TOL
@@ -92,11 +98,14 @@ def test_one_async_worker_matches_simulator(tmp_path: Path, config: Callable[...
     assert (tmp_path / "summary.json").is_file() and (tmp_path / "events.jsonl").is_file()
 
 
-def test_sync_two_workers_match_simulator(tmp_path: Path, config: Callable[..., Any]) -> None:
+@pytest.mark.parametrize("shards", [1, 2])
+def test_sync_two_workers_match_simulator(
+    tmp_path: Path, config: Callable[..., Any], shards: int
+) -> None:
     cfg = config(
         method="sync", workers=2, token_budget=8 * ROUND_TOKENS, eval_every=2 * ROUND_TOKENS
     )
-    session, reports = networked(cfg, tmp_path)
+    session, reports = networked(cfg, tmp_path, shards=shards)
     net, sim = curves(session, cfg)
     assert [t for t, _ in net] == [t for t, _ in sim]
     assert max(abs(a - b) for (_, a), (_, b) in zip(net, sim, strict=True)) <= SYNC_TOL

@@ -29,8 +29,10 @@ from heloco.cli.common import (
 from heloco.cli.netargs import check_folder
 from heloco.config import save_config
 from heloco.metrics import EVENTS_FILE, SUMMARY_FILE
+from heloco.net.endpoint import MAX_SHARDS
 from heloco.net.launcher import TORCH_PRELOAD, LaunchConfig, LaunchResult, LocalCluster, launch
 from heloco.sim import SimConfig, resolve_paces
+from shardmeter.clikit import bounded
 from shardmeter.errors import UserInputError
 
 PRELOAD = (*TORCH_PRELOAD, "heloco.cli.serve", "heloco.cli.work")
@@ -60,6 +62,13 @@ def add_parser(sub: Any) -> None:
         "--paces", help="seconds per inner step per worker, e.g. 1,2,4 (default: the config's)"
     )
     p.add_argument("--codec", default="fp32", choices=("fp32", "bf16", "int8"))
+    p.add_argument(
+        "--shards",
+        type=bounded(int, 1, MAX_SHARDS),
+        default=1,
+        metavar="N",
+        help="serve with N shards (heloco serve --shards; default 1)",
+    )
     p.add_argument(
         "--threads",
         type=int,
@@ -100,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         serve_args=["--wait-for-workers", str(START_WAIT_S), *args.serve_arg],
         work_args=["--codec", args.codec],
         threads=args.threads,
+        shards=args.shards,
     )
     watch = EventWatch(out / EVENTS_FILE, run_cfg)
     if args.quiet:

@@ -20,9 +20,10 @@ from heloco.cli.netargs import (
     server_keys,
 )
 from heloco.net.client import Client, ClientConfig, ServerUnreachable
-from heloco.net.endpoint import EndpointConfig
+from heloco.net.endpoint import MAX_SHARDS, EndpointConfig
 from heloco.net.keys import ClientKeys
 from heloco.net.session import Liveness, Session
+from shardmeter.clikit import bounded
 from shardmeter.errors import UserInputError
 
 MAX_PERIOD_S = 86400.0  # heartbeat and eviction periods: at most a day
@@ -62,6 +63,14 @@ def add_parser(sub: Any) -> None:
         metavar="SECONDS",
         help="a fresh run starts when every worker has pulled, or SECONDS after the first "
         "pull (default 0: each worker starts at once)",
+    )
+    p.add_argument(
+        "--shards",
+        type=bounded(int, 1, MAX_SHARDS),
+        default=1,
+        metavar="N",
+        help="split the tensors over N sockets and threads (ports PORT..PORT+N-1), balanced by "
+        "bytes; workers talk to all of them in parallel (default 1)",
     )
     add_wire_args(p)
     p.add_argument(
@@ -133,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
         checkpoint_every_s=args.checkpoint_every_s,
         durable=args.durable,
         keys=keys,
+        shards=args.shards,
     )
     session = Session(
         cfg,
@@ -152,7 +162,9 @@ def run(args: argparse.Namespace) -> int:
         resumed = (
             f" (resumed at revision {session.side.server.revision})" if session.resumed else ""
         )
-        print(f"heloco serve: listening on {address}{resumed}", file=sys.stderr, flush=True)
+        shards = session.endpoint.listeners[1:]
+        also = f" and {', '.join(s.address for s in shards)} (shards)" if shards else ""
+        print(f"heloco serve: listening on {address}{also}{resumed}", file=sys.stderr, flush=True)
 
     summary = session.serve(ready)
     counters = session.coord.counters

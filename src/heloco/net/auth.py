@@ -65,14 +65,16 @@ def new_secret() -> bytes:
     return os.urandom(32).hex().encode()
 
 
-def _length_prefixed(frames: Iterable[bytes | memoryview]) -> Iterable[bytes | memoryview]:
+def _length_prefixed(
+    frames: Iterable[bytes | bytearray | memoryview],
+) -> Iterable[bytes | bytearray | memoryview]:
     """Frame boundaries are authenticated too: each frame is preceded by its 8-byte length."""
     for frame in frames:
         yield len(frame).to_bytes(8, "little")
         yield frame
 
 
-def sign(secret: bytes, frames: Iterable[bytes | memoryview]) -> bytes:
+def sign(secret: bytes, frames: Iterable[bytes | bytearray | memoryview]) -> bytes:
     """HMAC-SHA256 tag over the length-prefixed frames (no copy of tensor payloads)."""
     mac = hmac.new(secret, digestmod=hashlib.sha256)
     for part in _length_prefixed(frames):
@@ -80,7 +82,7 @@ def sign(secret: bytes, frames: Iterable[bytes | memoryview]) -> bytes:
     return mac.digest()
 
 
-def verify(secret: bytes, frames: Iterable[bytes | memoryview], tag: bytes) -> bool:
+def verify(secret: bytes, frames: Iterable[bytes | bytearray | memoryview], tag: bytes) -> bool:
     """Constant-time check of a tag (``hmac.compare_digest``)."""
     return hmac.compare_digest(sign(secret, frames), tag)
 

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+import torch
 import zmq
 
 from heloco.net import compress, wire
@@ -105,7 +108,7 @@ class Client:
         while (left := end - time.monotonic()) > 0:
             if not sock.poll(int(left * 1000) + 1, zmq.POLLIN):
                 return None
-            frames = sock.recv_multipart()
+            frames = [f.buffer for f in sock.recv_multipart(copy=False)]
             self.traffic.recv_bytes += wire.wire_bytes(frames)
             try:
                 reply = wire.decode(frames, self.secret, self.cfg.max_bytes)
@@ -148,3 +151,74 @@ class Client:
     ) -> Message:
         """Build, send and await one request."""
         return self.call(wire.make(type_, body, params, codec, block))
+
+
+class ShardedClient:
+    """A worker's connections to every shard of a sharded server (:mod:`heloco.net.shards`):
+    one :class:`Client` per shard, used in parallel from one thread per shard. Shard 0 is the
+    server's own address; shard i is on the same host at its own port (from ``welcome``).
+    Bytes and the wall seconds of each parallel exchange add to ``traffic``."""
+
+    def __init__(
+        self,
+        cfg: ClientConfig,
+        secret: bytes,
+        shards: Sequence[tuple[int, Sequence[str]]],
+        traffic: Traffic,
+    ) -> None:
+        host = cfg.address.rsplit(":", 1)[0]
+        addresses = [cfg.address] + [f"{host}:{port}" for port, _ in shards[1:]]
+        self.clients = [Client(dataclasses.replace(cfg, address=a), secret) for a in addresses]
+        self.names = [list(names) for _, names in shards]
+        self.traffic = traffic
+        self._pool = ThreadPoolExecutor(len(self.clients), thread_name_prefix="heloco-shard")
+
+    def _all(self, requests: Sequence[Callable[[], Message]]) -> list[Message]:
+        """Build (encode) and send one request per shard in parallel; the replies in shard
+        order."""
+        start = time.monotonic()
+        before = [(c.traffic.sent_bytes, c.traffic.recv_bytes) for c in self.clients]
+        futures = [
+            self._pool.submit(_call, c, make)
+            for c, make in zip(self.clients, requests, strict=True)
+        ]
+        try:
+            return [f.result() for f in futures]
+        finally:
+            for c, (sent, recv) in zip(self.clients, before, strict=True):
+                self.traffic.sent_bytes += c.traffic.sent_bytes - sent
+                self.traffic.recv_bytes += c.traffic.recv_bytes - recv
+            self.traffic.requests += 1
+            self.traffic.seconds += time.monotonic() - start
+
+    def fetch(self, ident: dict[str, Any], round_id: int) -> list[Message]:
+        """Every shard's ``slice`` (or ``error``) of the dispatch ``round_id``."""
+        body = ident | {"round_id": round_id}
+        return self._all([partial(wire.make, "fetch", body) for _ in self.clients])
+
+    def stage(
+        self,
+        ident: dict[str, Any],
+        round_id: int,
+        delta: Mapping[str, torch.Tensor],
+        codec: Codec,
+        block: int,
+    ) -> list[Message]:
+        """Every shard's ``staged`` (or ``error``) for its part of the round's Δ."""
+        body = ident | {"round_id": round_id}
+        return self._all(
+            [
+                partial(wire.make, "stage", body, {k: delta[k] for k in names}, codec, block)
+                for names in self.names
+            ]
+        )
+
+    def close(self) -> None:
+        """Close every connection and stop the threads."""
+        for c in self.clients:
+            c.close()
+        self._pool.shutdown(wait=False)
+
+
+def _call(client: Client, make: Callable[[], Message]) -> Message:
+    return client.call(make())

@@ -26,11 +26,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import torch
-
-from heloco.net import messages, wire
+from heloco.net import compress, messages, wire
 from heloco.net.wire import Message, WireError
-from heloco.server import Server, SubmissionRejected, UpdateRecord
+from heloco.server import Dispatch, Server, SubmissionRejected, UpdateRecord
 from heloco.types import Params, RoundResult
 
 WORKER_KEY = re.compile(r"worker(\d+)")  # allow-list name bound to one worker slot
@@ -106,6 +104,12 @@ class Coordinator:
     answered ``wait`` until every worker slot has pulled once, or that many seconds after the
     first pull, and the clock (``t0``) restarts then, as the simulator starts all workers at
     time 0. ``max_tokens_per_step`` bounds the tokens a push may claim per inner step.
+    ``zero_copy_dispatch`` puts θ's own tensors in dispatch replies (no copy); the transport
+    then keeps them from being written while it sends them (:meth:`Server.unshare`).
+    A sharded server (:mod:`heloco.net.shards`) sets ``serve_dispatch`` (its shards send the
+    dispatch's tensors; the reply to ``pull`` carries none) and ``staged`` (the Δ its shards
+    hold for a worker's round; a ``push`` then carries no tensors), and tells workers its
+    shards in ``welcome`` (``shard_info``) and in ``status`` (``shard_status``).
 
     ``on_update`` is called after each applied update (metrics, evaluation, durable
     checkpoints); ``on_round`` after each accepted round with (worker, round_id, steps, tokens,
@@ -124,6 +128,11 @@ class Coordinator:
     t0: float = field(default_factory=time.time)
     max_tokens_per_step: int | None = None
     wait_for_workers_s: float = 0.0
+    zero_copy_dispatch: bool = False
+    serve_dispatch: Callable[[Dispatch], None] | None = None
+    staged: Callable[[int, int], Params | None] | None = None
+    shard_info: list[dict[str, Any]] = field(default_factory=list)
+    shard_status: Callable[[], list[dict[str, Any]]] | None = None
 
     def __post_init__(self) -> None:
         n = self.server.cfg.n_workers
@@ -276,14 +285,14 @@ class Coordinator:
             except messages.InvalidMessage as exc:
                 raise WireError("malformed", f"{msg.type}: {exc}") from None
             if isinstance(body, messages.Ident):
-                self._check_peer(peer, body.worker)
+                check_peer(peer, body.worker)
             return self._answer(msg, body)
         except WireError as exc:
             if exc.reason == "bad_update":
                 self.counters.bad_update += 1
             elif exc.reason == "forbidden":
                 self.counters.forbidden += 1
-            elif exc.reason != "replaced":
+            elif exc.reason not in ("replaced", "unstaged"):
                 self.counters.malformed += 1
             return error(msg, exc.reason, str(exc))
 
@@ -294,14 +303,6 @@ class Coordinator:
             handler = {"hello": self._hello, "pull": self._pull, "heartbeat": self._heartbeat}
             return handler.get(msg.type, self._bye)(msg, body)
         return wire.make("status", self.status(), re=msg.id)
-
-    def _check_peer(self, peer: str | None, worker: int) -> None:
-        """A ``worker<i>`` key speaks only for slot ``i``; other allowed names for any slot."""
-        if peer is None:
-            return
-        match = WORKER_KEY.fullmatch(peer)
-        if match is not None and int(match.group(1)) != worker:
-            raise WireError("forbidden", f"key {peer!r} may not speak for worker {worker}")
 
     def _slot(self, body: messages.Ident) -> int:
         if not body.worker < len(self.workers):
@@ -317,6 +318,8 @@ class Coordinator:
             "n_workers": len(self.workers),
             "worker_steps": info.steps,
         }
+        if self.shard_info:
+            welcome["shards"] = self.shard_info
         return wire.make("welcome", welcome, re=msg.id)
 
     def _heartbeat(self, msg: Message, body: messages.Ident) -> Message:
@@ -340,13 +343,16 @@ class Coordinator:
         if w in self.server.pending_workers:
             # Sync barrier or grace window still open: the next model does not exist yet.
             return wire.make("wait", {"retry_s": 0.05, "revision": self.server.revision}, re=msg.id)
-        d = self.server.dispatch(w)
+        d = self.server.dispatch(w, copy=not self.zero_copy_dispatch)
         info.pulls += 1
         # A new dispatch supersedes the worker's older rounds: forget their start times.
         for key in [k for k in self._dispatch_time if k[0] == w]:
             del self._dispatch_time[key]
         self._dispatch_time[(w, d.round_id)] = self.elapsed()
         reply = {"revision": d.revision, "steps": d.steps, "round_id": d.round_id}
+        if self.serve_dispatch is not None:
+            self.serve_dispatch(d)
+            return wire.make("dispatch", reply, re=msg.id)
         return wire.make("dispatch", reply, d.params, codec="fp32", re=msg.id)
 
     def _header_result(self, w: int, body: messages.Push) -> RoundResult:
@@ -373,8 +379,21 @@ class Coordinator:
                 "malformed", f"push tokens {body.tokens} > {body.steps} steps x {limit} per step"
             )
 
+    def _delta_of(self, msg: Message, worker: int, round_id: int) -> Params:
+        """The push's Δ: its own tensors, or (sharded, a push without tensors) the parts the
+        shards have staged; ``unstaged`` until every shard holds its part."""
+        if self.staged is None or msg.tensors:
+            return self._checked_delta(msg)
+        delta = self.staged(worker, round_id)
+        if delta is None:
+            raise WireError("unstaged", f"stage round {round_id} on every shard, then push")
+        return delta
+
     def _checked_delta(self, msg: Message) -> Params:
-        """Decode the pseudo-gradient; wrong names, wrong shapes or non-finite values raise."""
+        """Decode the pseudo-gradient; wrong names, wrong shapes or non-finite values raise.
+
+        Finiteness is read from the wire form (:func:`compress.is_finite`), so the server
+        need not check the decoded tensors again."""
         if set(msg.tensors) != set(self._shapes):
             missing = sorted(set(self._shapes) - set(msg.tensors))[:3]
             extra = sorted(set(msg.tensors) - set(self._shapes))[:3]
@@ -384,11 +403,9 @@ class Coordinator:
         for name, enc in msg.tensors.items():
             if enc.shape != self._shapes[name]:
                 raise WireError("bad_update", f"{name}: shape {enc.shape} != {self._shapes[name]}")
-        delta = msg.params()
-        for name, t in delta.items():
-            if t.numel() and not all(math.isfinite(float(v)) for v in torch.aminmax(t)):
-                # aminmax propagates NaN and is ~10x faster than isfinite(t).all() on CPU.
+            if not compress.is_finite(enc):
                 raise WireError("bad_update", f"{name}: non-finite values")
+        delta = msg.params()
         return {name: delta[name] for name in self._shapes}
 
     def _push(self, msg: Message, body: messages.Push) -> Message:
@@ -404,12 +421,12 @@ class Coordinator:
             )
         try:
             # Check the revision log before paying for decoding a rejected or replayed round.
-            reason = self.server.check(probe)
-            if reason is not None and reason != "bad_delta":  # the probe carries no delta yet
+            reason = self.server.check(probe, validated=True)  # the probe carries no delta yet
+            if reason is not None:
                 raise SubmissionRejected(reason, w, probe.round_id)
             self._check_claims(w, body)
-            result = dataclasses.replace(probe, delta=self._checked_delta(msg))
-            record = self.server.submit(result)
+            result = dataclasses.replace(probe, delta=self._delta_of(msg, w, body.round_id))
+            record = self.server.submit(result, validated=True)
         except SubmissionRejected as exc:
             if exc.reason == "duplicate":
                 # A retried push whose first copy was applied (its ack was lost): answer again.
@@ -424,8 +441,6 @@ class Coordinator:
                     },
                     re=msg.id,
                 )
-            if exc.reason == "bad_delta":  # the server's own validation, after ours
-                raise WireError("bad_update", str(exc)) from exc
             self.counters.rejected += 1
             return wire.make(
                 "rejected", {"reason": exc.reason, "revision": self.server.revision}, re=msg.id
@@ -507,6 +522,7 @@ class Coordinator:
             "tokens_per_s": self.tokens / elapsed,
             "workers": workers,
             "counters": asdict(self.counters),
+            **({"shards": self.shard_status()} if self.shard_status is not None else {}),
         }
 
 
@@ -518,6 +534,15 @@ def _staleness_of(record: UpdateRecord | None, worker: int, round_id: int) -> in
         if a.worker == worker and a.round_id == round_id:
             return a.staleness
     return None
+
+
+def check_peer(peer: str | None, worker: int) -> None:
+    """A ``worker<i>`` key speaks only for slot ``i``; other allowed names for any slot."""
+    if peer is None:
+        return
+    match = WORKER_KEY.fullmatch(peer)
+    if match is not None and int(match.group(1)) != worker:
+        raise WireError("forbidden", f"key {peer!r} may not speak for worker {worker}")
 
 
 def error(msg: Message, reason: str, detail: str) -> Message:

@@ -1,16 +1,17 @@
-"""The server's ZeroMQ loop: a ROUTER socket in front of a :class:`Coordinator`.
+"""The server's ZeroMQ loop: a :class:`Coordinator` behind one listener per shard.
 
-Workers connect out with DEALER sockets, so only the server needs a reachable port. Every
-inbound message is size-checked (``zmq.MAXMSGSIZE`` per frame, then the whole message), then
-its HMAC is verified, then its id and timestamp go through the replay guard; failures are
-counted and dropped without a reply (bad tag, replay) or answered with an ``error`` (too large).
+Workers connect out with DEALER sockets, so only the server needs a reachable port. Requests
+are authenticated by :class:`heloco.net.listener.Listener` and answered by the coordinator;
+with ``shards > 1`` every shard also has its own listener and thread (:mod:`heloco.net.shards`).
 Between messages the loop evicts silent workers, closes grace windows and writes periodic
 checkpoints; SIGTERM sets ``stop`` and the loop ends with a final checkpoint.
+
+Dispatches are sent from θ's own memory; before an update writes θ, the parameters a reply
+still sends are given fresh storage (copy on write, :meth:`heloco.net.shards.ShardState.unshare`).
 """
 
 from __future__ import annotations
 
-import re
 import sys
 import threading
 import time
@@ -23,16 +24,25 @@ import torch
 import zmq
 from pydantic import Field
 
-from heloco.net import auth, checkpoint, messages, wire
-from heloco.net.coordinator import Coordinator, Counters, UpdateEvent, WorkerInfo, error
-from heloco.net.keys import AllowList, ServerKeys, serve_securely
+from heloco.net import checkpoint, messages, wire
+from heloco.net.coordinator import Coordinator, Counters, UpdateEvent, WorkerInfo
+from heloco.net.keys import ServerKeys
+from heloco.net.listener import Listener
 from heloco.net.messages import Count, Incarnation
-from heloco.net.wire import Message, WireError
+from heloco.net.shards import (
+    GroupRunner,
+    ShardService,
+    ShardState,
+    part_sizes,
+    plan_shards,
+    shard_bind,
+)
+from heloco.net.wire import Message
 from heloco.server import ServerState
 from shardmeter.errors import UserInputError
 
 FINAL_LINGER_MS = 500  # at a normal end, the last replies (the byes' pongs) still go out
-MAX_BATCH = 4096  # messages handled per wake-up: drain the queue (heartbeats too) before evicting
+MAX_SHARDS = messages.MAX_SHARDS
 
 
 FRAME_SLACK_BYTES = 4096  # per-frame transport overhead allowed above the payload (CURVE box)
@@ -48,6 +58,7 @@ class EndpointConfig:
     seconds (0: off). ``durable`` checkpoints after every update *before* the ack is sent, so
     an acknowledged push survives a crash (SIGKILL) of the server. ``drain_s`` is how long the
     server keeps answering ``done`` after the target revision so workers can leave cleanly.
+    ``shards`` splits the tensors over that many sockets and threads (ports ``bind`` + i).
     """
 
     bind: str = "tcp://127.0.0.1:0"
@@ -61,11 +72,11 @@ class EndpointConfig:
     durable: bool = False
     drain_s: float = 5.0
     keys: ServerKeys | None = None
+    shards: int = 1
 
-
-def zmq_address(bind: str) -> str:
-    """``tcp://host:0`` means "any free port" (ZeroMQ spells it ``*``)."""
-    return bind[:-2] + ":*" if bind.endswith(":0") else bind
+    def __post_init__(self) -> None:
+        if not 1 <= self.shards <= MAX_SHARDS:
+            raise UserInputError("--shards", self.shards, f"an integer in [1, {MAX_SHARDS}]")
 
 
 class Endpoint:
@@ -75,13 +86,22 @@ class Endpoint:
         self.coord = coord
         self.secret = secret
         self.cfg = cfg
-        self.guard = auth.ReplayGuard(cfg.replay_window_s)
         self.stop = threading.Event()
-        self.address = ""
-        self._ctx: zmq.Context[Any] | None = None
-        self._auth: AllowList | None = None
-        self._sock: zmq.Socket[bytes] | None = None
-        self._last_ckpt_rev = coord.server.revision
+        server = coord.server
+        self.state = ShardState(server, plan_shards(part_sizes(server.params), cfg.shards))
+        coord.zero_copy_dispatch = True
+        server.before_write = self.state.unshare
+        self.services = [ShardService(i, self.state, len(coord.workers)) for i in range(cfg.shards)]
+        self.listeners = [self._listener(i) for i in range(cfg.shards)]
+        self._threads: list[threading.Thread] = []
+        self._runner: GroupRunner | None = None
+        if cfg.shards > 1:
+            coord.serve_dispatch = self.state.open_view
+            coord.staged = self.state.take
+            coord.shard_status = self.shard_status
+            self._runner = GroupRunner(self.state.plan)
+            server.optimizer.runner = self._runner
+        self._last_ckpt_rev = server.revision
         self._last_ckpt_time = time.monotonic()
         self.on_checkpoint: Callable[[Path], None] | None = None
         self.extra_meta: Callable[[], dict[str, Any]] | None = None
@@ -92,6 +112,72 @@ class Endpoint:
         self._last_ckpt_accepted = coord.counters.accepted
         if cfg.durable:
             coord.persist = self.persist
+
+    def _listener(self, shard: int) -> Listener:
+        leader = shard == 0
+        return Listener(
+            self.secret,
+            shard_bind(self.cfg.bind, shard),
+            self._answer if leader else self.services[shard].answer,
+            max_bytes=self.cfg.max_bytes,
+            frame_limit=self.frame_limit(shard),
+            replay_window_s=self.cfg.replay_window_s,
+            keys=self.cfg.keys,
+            counters=self.coord.counters if leader else Counters(),
+            params=lambda: self.coord.server.params,
+            on_sent=self._sent(shard),
+        )
+
+    @property
+    def address(self) -> str:
+        """The leader's bound address ("" before :meth:`open`)."""
+        return self.listeners[0].address
+
+    def _answer(self, msg: Message, peer: str | None) -> Message | None:
+        if msg.type in messages.SHARD_REQUESTS and self.cfg.shards > 1:
+            return self.services[0].answer(msg, peer)
+        return self.coord.handle(msg, peer)
+
+    def _sent(
+        self, shard: int
+    ) -> Callable[[Message, Message, list[zmq.MessageTracker], dict[str, int]], None]:
+        def sent(
+            request: Message,
+            reply: Message,
+            trackers: list[zmq.MessageTracker],
+            pinned: dict[str, int],
+        ) -> None:
+            if reply.type == "slice":
+                worker, round_id = request.body["worker"], reply.body["round_id"]
+                self.state.sent(shard, worker, round_id, trackers, pinned)
+            else:
+                self.state.track(trackers, pinned)
+
+        return sent
+
+    def handle_frames(
+        self, frames: Sequence[wire.Frame], peer: str | None = None
+    ) -> Message | None:
+        """Authenticate, de-duplicate and answer one inbound message at the leader (None:
+        dropped); ``peer`` is the allow-list name of the CURVE key of the connection."""
+        return self.listeners[0].handle_frames(frames, peer)
+
+    def shard_status(self) -> list[dict[str, Any]]:
+        """Per shard: address, tensors, fp32 bytes and what its listener counted."""
+        params = self.coord.server.params
+        out = []
+        for i, (names, listener) in enumerate(zip(self.state.plan, self.listeners, strict=True)):
+            counted = {k: v for k, v in asdict(listener.counters).items() if v} if i else {}
+            out.append(
+                {
+                    "shard": i,
+                    "address": listener.address,
+                    "tensors": len(names),
+                    "bytes": sum(4 * params[k].numel() for k in names),
+                    "counters": counted | self.services[i].counters,
+                }
+            )
+        return out
 
     # -- checkpoints ------------------------------------------------------------------------
     def save_checkpoint(self) -> Path | None:
@@ -205,99 +291,58 @@ class Endpoint:
         ):
             self.save_checkpoint()
 
-    # -- socket -----------------------------------------------------------------------------
-    def frame_limit(self) -> int:
-        """Largest frame a peer may send (``zmq.MAXMSGSIZE``): the header or the largest
-        tensor in fp32, never more than the whole-message limit. libzmq cuts the connection
-        of a peer that announces a longer frame before buffering it."""
-        largest = max((4 * t.numel() for t in self.coord.server.params.values()), default=0)
+    # -- sockets ----------------------------------------------------------------------------
+    def frame_limit(self, shard: int = 0) -> int:
+        """Largest frame a peer may send to shard ``shard`` (``zmq.MAXMSGSIZE``): the header or
+        its largest tensor in fp32, never more than the whole-message limit. libzmq cuts the
+        connection of a peer that announces a longer frame before buffering it."""
+        params = self.coord.server.params
+        largest = max((4 * params[k].numel() for k in self.state.plan[shard]), default=0)
         # + slack: libzmq checks the frame as sent, which under CURVE is the encrypted box
         # (plaintext + MAC + flags); without it a push whose largest tensor is exactly at the
         # limit, or over 1 MiB under CURVE, had its connection cut and never got a reply.
         return min(self.cfg.max_bytes, max(wire.MAX_HEADER_BYTES, largest) + FRAME_SLACK_BYTES)
 
     def open(self) -> str:
-        """Bind the ROUTER socket; returns the concrete address (with the chosen port).
+        """Bind every shard's socket; returns the leader's address (with the chosen port).
 
-        With keys, the socket gets its own context whose ZAP handler admits only the
+        With keys, each socket gets its own context whose ZAP handler admits only the
         allow-listed keys, during the handshake.
         """
-        self._ctx = zmq.Context()
-        sock = self._ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, self.frame_limit())
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        if self.cfg.keys is not None:
-            self._auth = AllowList(self._ctx, self.cfg.keys.allowed)
-            self._auth.start()
-            serve_securely(sock, self.cfg.keys)
         try:
-            sock.bind(zmq_address(self.cfg.bind))
-        except zmq.ZMQError as exc:
-            sock.close()
+            for listener in self.listeners:
+                listener.open()
+        except BaseException:
             self.close()
-            raise UserInputError(
-                "--bind", self.cfg.bind, f"a free, local tcp://HOST:PORT ({exc.strerror})"
-            ) from None
-        self._sock = sock
-        self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            raise
+        if self.cfg.shards > 1:
+            self.coord.shard_info = [
+                {"port": int(listener.address.rsplit(":", 1)[1]), "tensors": names}
+                for listener, names in zip(self.listeners, self.state.plan, strict=True)
+            ]
         return self.address
 
     def close(self, linger_ms: int = 0) -> None:
-        """Close the socket (sending queued replies for up to ``linger_ms``), stop the ZAP
-        handler and end the context."""
-        if self._sock is not None:
-            self._sock.close(linger=linger_ms)
-            self._sock = None
-        if self._auth is not None:
-            self._auth.stop()
-            self._auth = None
-        if self._ctx is not None:
-            self._ctx.term()
-            self._ctx = None
+        """Stop the shards' threads, close every socket (sending queued replies for up to
+        ``linger_ms``), stop the ZAP handlers and end the contexts."""
+        for thread in self._threads:
+            thread.join(timeout=10)
+        self._threads = []
+        for listener in self.listeners:
+            listener.close(linger_ms)
+        if self._runner is not None:
+            self._runner.close()
 
-    def _reply(self, identity: bytes, msg: Message) -> None:
-        assert self._sock is not None
-        self._sock.send_multipart([identity, *wire.encode(msg, self.secret)], copy=False)
-
-    def handle_frames(
-        self, frames: Sequence[wire.Frame], peer: str | None = None
-    ) -> Message | None:
-        """Authenticate, de-duplicate and answer one inbound message (None: dropped).
-
-        ``peer`` is the allow-list name of the CURVE key the connection authenticated with.
-        """
-        counters = self.coord.counters
-        try:
-            msg = wire.decode(frames, self.secret, self.cfg.max_bytes)
-        except WireError as exc:
-            if exc.reason == "bad_mac":
-                counters.bad_mac += 1
-                return None
-            if exc.reason == "too_large":
-                counters.too_large += 1
-                return error(Message("?", id=_peek_id(bytes(frames[0]))), "too_large", str(exc))
-            counters.malformed += 1
-            return None
-        why = self.guard.check(msg.id, msg.ts)
-        if why is not None:
-            setattr(counters, why, getattr(counters, why) + 1)
-            return None
-        return self.coord.handle(msg, peer)
-
-    def _drain(self) -> None:
-        assert self._sock is not None
-        for _ in range(MAX_BATCH):
-            try:
-                frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            if len(frames) < 2:
-                continue
-            peer = str(frames[1].get("User-Id")) if self.cfg.keys is not None else None
-            reply = self.handle_frames([f.buffer for f in frames[1:]], peer)
-            if reply is not None:
-                self._reply(frames[0].bytes, reply)
+    def _start_shards(self) -> None:
+        for i, listener in enumerate(self.listeners[1:], start=1):
+            thread = threading.Thread(
+                target=listener.run,
+                args=(self.stop, self.cfg.poll_ms),
+                name=f"heloco-shard{i}",
+                daemon=True,
+            )
+            thread.start()
+            self._threads.append(thread)
 
     def serve(self) -> None:
         """Run until done (and drained) or stopped, then write a final checkpoint.
@@ -305,17 +350,16 @@ class Endpoint:
         An exception ends the loop *without* a checkpoint (the state may be mid-update); the
         last good checkpoint stays the one to resume from.
         """
-        if self._sock is None:
+        if not self.listeners[0].is_open:
             self.open()
-        assert self._sock is not None
-        poller = zmq.Poller()
-        poller.register(self._sock, zmq.POLLIN)
+        leader = self.listeners[0]
+        self._start_shards()
         done_since: float | None = None
         try:
             while not self.stop.is_set():
-                if poller.poll(self.cfg.poll_ms):
-                    self._drain()
-                self.coord.evict_silent()
+                if leader.poll(self.cfg.poll_ms):
+                    leader.drain()
+                self.state.forget(self.coord.evict_silent())
                 self.coord.flush_due()
                 self._periodic()
                 if self.coord.done:
@@ -324,23 +368,12 @@ class Endpoint:
                     if idle or time.monotonic() - done_since > self.cfg.drain_s:
                         break
         except BaseException:
+            self.stop.set()
             self.close()
             raise
+        self.stop.set()
         self.save_checkpoint()
         self.close(linger_ms=FINAL_LINGER_MS)
-
-
-_ID_PREFIX = re.compile(rb'^\{"v":1,"type":"[a-z]{1,16}","id":"([0-9a-f]{32})"')
-
-
-def _peek_id(header: bytes) -> str:
-    """The request id of a header that failed a check, to address the error reply.
-
-    Read by a fixed pattern from the first bytes as :func:`heloco.net.wire.encode` writes
-    them, never by parsing JSON: the message is not authenticated yet.
-    """
-    match = _ID_PREFIX.match(header[:128])
-    return match.group(1).decode() if match else ""
 
 
 def coordinator_meta(coord: Coordinator) -> dict[str, Any]:

@@ -41,18 +41,33 @@ KEYS_DIR = "keys"
 LOOPBACK = "tcp://127.0.0.1:0"
 
 
-def free_loopback_address() -> str:
-    """A ``tcp://127.0.0.1:PORT`` whose port was free a moment ago (the OS picked it)."""
+def free_loopback_address(ports: int = 1) -> str:
+    """A ``tcp://127.0.0.1:PORT`` whose port, and the ``ports - 1`` after it (a sharded
+    server's), were free a moment ago (the OS picked the first)."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + ports <= 65536 and all(_free(p) for p in range(port + 1, port + ports)):
+            return f"tcp://127.0.0.1:{port}"
+    raise RuntimeError(f"no {ports} consecutive free loopback ports found")
+
+
+def _free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 @dataclass(frozen=True)
 class LaunchConfig:
     """What to start. ``paces`` are seconds per inner step, one per worker, as in the run
     config and ``heloco simulate``; each worker makes its steps last at least that long
-    (None: full speed). Extra CLI flags go to ``serve_args``/``work_args``.
+    (None: full speed). Extra CLI flags go to ``serve_args``/``work_args``. ``shards`` is
+    the server's ``--shards``.
     """
 
     config: Path
@@ -64,6 +79,7 @@ class LaunchConfig:
     threads: int | None = None
     startup_timeout_s: float = 60.0
     fresh_interpreters: bool = False
+    shards: int = 1
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -74,6 +90,8 @@ class LaunchConfig:
             raise UserInputError("paces", self.paces, "seconds per step > 0")
         if self.threads is not None and self.threads < 1:
             raise UserInputError("threads", self.threads, "an integer >= 1")
+        if self.shards < 1:
+            raise UserInputError("shards", self.shards, "an integer >= 1")
 
 
 TORCH_PRELOAD = ("torch", "torch._dynamo")  # torch.optim imports _dynamo lazily: pay it once
@@ -223,6 +241,8 @@ class LocalCluster:
             bind,
             "--keys",
             str(self.keys_dir / keys.SERVER),
+            "--shards",
+            str(self.cfg.shards),
             *self.cfg.serve_args,
         ]
         self.server = self._spawn("server", args)
@@ -275,7 +295,7 @@ class LocalCluster:
 
     def start(self) -> None:
         """Server and workers at once (workers retry until the server is up); waits for bind."""
-        self.spawn_server(free_loopback_address())
+        self.spawn_server(free_loopback_address(self.cfg.shards))
         for w in range(self.cfg.workers):
             self.start_worker(w)
         self.wait_for_server()

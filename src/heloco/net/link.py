@@ -18,17 +18,18 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from heloco.net import auth, compress, keys, messages
-from heloco.net.client import Client, ClientConfig, ServerUnreachable
+from heloco.net import auth, compress, keys, messages, wire
+from heloco.net.client import Client, ClientConfig, ServerUnreachable, ShardedClient
 from heloco.net.compress import Codec
 from heloco.net.wire import Message
 from heloco.outer_loop import PushOutcome
 from heloco.server import Dispatch
-from heloco.types import RoundResult
+from heloco.types import Params, RoundResult
 from shardmeter.errors import UserInputError
 
 M = TypeVar("M", bound=BaseModel)
 BYE_S = 3.0  # seconds a leaving worker waits for the server to acknowledge its bye
+STAGE_ATTEMPTS = 3  # a sharded push is staged again this often if the server lost the parts
 
 
 class Replaced(RuntimeError):
@@ -110,6 +111,7 @@ class NetLink:
         # Ordered by process start, so the server can tell a replacement from a stale process.
         self.incarnation = f"{time.time_ns():020d}-{os.urandom(4).hex()}"
         self.client = Client(cfg, secret)
+        self.shards: ShardedClient | None = None  # a sharded server's shards (from welcome)
         self.heartbeat: Heartbeat | None = None
         self.over = threading.Event()  # the server said the run is over (heartbeat or pull)
         self.finished = False
@@ -140,6 +142,9 @@ class NetLink:
         if reply.type != "welcome":
             raise UserInputError("worker", self._worker, f"server refused: {reply.body}")
         welcome = reply_body(reply, messages.Welcome).model_dump()
+        if welcome["shards"] and self.shards is None:
+            shards = [(s["port"], s["tensors"]) for s in welcome["shards"]]
+            self.shards = ShardedClient(self.cfg, self.secret, shards, self.client.traffic)
         self.heartbeat = Heartbeat(self.cfg, self.secret, self.ident, welcome["heartbeat_s"])
         self.heartbeat.over = self.over
         self.heartbeat.__enter__()
@@ -154,7 +159,9 @@ class NetLink:
                 continue
             if reply.type == "dispatch":
                 b = reply_body(reply, messages.DispatchBody)
-                params = reply.params("cpu")
+                params = self._fetch(b.round_id) if self.shards else reply.params("cpu")
+                if params is None:
+                    continue  # a shard no longer holds that dispatch: pull a fresh one
                 return Dispatch(params, b.revision, b.steps, b.round_id, self._worker)
             if reply.type == "done":
                 self.finished = True
@@ -167,8 +174,38 @@ class NetLink:
                 raise ProtocolError(f"pull refused: {err.reason}: {err.detail}")
             raise ProtocolError(f"unexpected reply to pull: {reply.type!r}")
 
+    def _fetch(self, round_id: int) -> Params | None:
+        """A sharded dispatch's tensors from every shard (None: one no longer holds it)."""
+        assert self.shards is not None
+        params: Params = {}
+        for reply in self.shards.fetch(self.ident, round_id):
+            if reply.type == "error":
+                if reply_body(reply, messages.ErrorBody).reason == "superseded":
+                    return None
+                raise ProtocolError(f"fetch refused: {reply.body}")
+            if reply.type != "slice":
+                raise ProtocolError(f"unexpected reply to fetch: {reply.type!r}")
+            reply_body(reply, messages.SliceBody)
+            params.update(reply.params("cpu"))
+        return params
+
+    def _stage(self, result: RoundResult) -> str | None:
+        """Hand every shard its part of Δ; None, or the reason a shard refused it."""
+        assert self.shards is not None
+        round_id = int(result.round_id or 0)
+        replies = self.shards.stage(self.ident, round_id, result.delta, self.codec, self.block)
+        for reply in replies:
+            if reply.type == "error":
+                return reply_body(reply, messages.ErrorBody).reason
+            if reply.type != "staged":
+                raise ProtocolError(f"unexpected reply to stage: {reply.type!r}")
+        return None
+
     def push(self, result: RoundResult, compute_s: float) -> PushOutcome:
-        """Send Δ with the round's counts; the server's ack or rejection is recorded."""
+        """Send Δ with the round's counts; the server's ack or rejection is recorded.
+
+        To a sharded server: stage every shard's part in parallel, then push the counts to
+        the leader (staged again if the server lost them, e.g. in a restart)."""
         body = {
             "round_id": result.round_id,
             "base_revision": result.base_revision,
@@ -177,7 +214,7 @@ class NetLink:
             "mean_loss": result.mean_loss if result.mean_loss == result.mean_loss else None,
             "compute_s": compute_s,
         }
-        reply = self._call("push", body, result)
+        reply = self._push(body, result)
         if reply.type == "ack":
             ack = reply_body(reply, messages.Ack)
             self.acked.append([int(result.round_id or 0), ack.revision])
@@ -192,6 +229,18 @@ class NetLink:
             raise ProtocolError(f"unexpected reply to push: {reply.type!r}")
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
         return PushOutcome(False, revision, reason)
+
+    def _push(self, body: dict[str, Any], result: RoundResult) -> Message:
+        if self.shards is None:
+            return self._call("push", body, result)
+        for _ in range(STAGE_ATTEMPTS):
+            refused = self._stage(result)
+            if refused is not None:
+                return wire.make("error", {"reason": refused, "detail": "a shard refused Δ"})
+            reply = self._call("push", body)
+            if not (reply.type == "error" and reply.body.get("reason") == "unstaged"):
+                return reply
+        return reply
 
     def close(self) -> None:
         """Say bye if training ended normally (or the server said it is over); stop the
@@ -217,6 +266,9 @@ class NetLink:
             if self.heartbeat is not None:
                 self.heartbeat.__exit__()
                 self.heartbeat = None
+            if self.shards is not None:
+                self.shards.close()
+                self.shards = None
             self.client.close()
 
 

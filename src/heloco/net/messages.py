@@ -29,6 +29,7 @@ MAX_BLOCK = 2**24  # elements per int8 block
 MAX_NAME = 512  # characters of a tensor name
 MAX_SECONDS = 1e7  # measured compute seconds of one round (about 4 months)
 MAX_LOSS = 1e9  # reported mean training loss, in either direction
+MAX_SHARDS = 256  # shards of one server
 
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
@@ -88,6 +89,13 @@ class Empty(Strict):
     """A request without a body (``status``)."""
 
 
+class RoundRef(Ident):
+    """A sharded server's ``stage`` (this shard's part of a round's Δ) or ``fetch`` (this
+    shard's part of a dispatch): which worker's round."""
+
+    round_id: Count
+
+
 REQUESTS: dict[str, type[Strict]] = {
     "hello": Ident,
     "pull": Ident,
@@ -96,18 +104,30 @@ REQUESTS: dict[str, type[Strict]] = {
     "bye": Ident,
     "status": Empty,
 }
-TENSOR_REQUESTS = frozenset({"push"})  # the only request that may carry tensors
+SHARD_REQUESTS: dict[str, type[Strict]] = {"stage": RoundRef, "fetch": RoundRef}
+TENSOR_REQUESTS = frozenset({"push", "stage"})  # the only requests that may carry tensors
 
 
 # -- replies (server -> worker) -----------------------------------------------------------------
+class ShardInfo(Strict):
+    """One shard of a sharded server: its port (same host as the server) and its tensors."""
+
+    port: int = Field(ge=1, le=65535)
+    tensors: list[Annotated[str, Field(min_length=1, max_length=MAX_NAME)]] = Field(
+        max_length=MAX_TENSORS
+    )
+
+
 class Welcome(Strict):
-    """Reply to ``hello``: the run config the worker builds, and where its slot stands."""
+    """Reply to ``hello``: the run config the worker builds, and where its slot stands.
+    ``shards`` lists a sharded server's shards (empty: one process serves every tensor)."""
 
     run: dict[str, Any]
     heartbeat_s: Seconds
     revision: Count
     n_workers: int = Field(ge=1, le=MAX_WORKERS)
     worker_steps: Count
+    shards: list[ShardInfo] = Field(default_factory=list, max_length=MAX_SHARDS)
 
 
 class DispatchBody(Strict):
@@ -116,6 +136,19 @@ class DispatchBody(Strict):
     revision: Count
     steps: int = Field(ge=1, le=MAX_STEPS)
     round_id: Count
+
+
+class Staged(Strict):
+    """Reply to ``stage``: this shard holds its part of the round's Δ until the ``push``."""
+
+    round_id: Count
+
+
+class SliceBody(Strict):
+    """Reply to ``fetch`` with this shard's tensors of the dispatch ``round_id``."""
+
+    round_id: Count
+    revision: Count
 
 
 class Wait(Strict):
@@ -170,6 +203,8 @@ REPLIES: dict[str, type[Strict]] = {
     "rejected": Rejected,
     "pong": Pong,
     "error": ErrorBody,
+    "staged": Staged,
+    "slice": SliceBody,
 }
 
 M = TypeVar("M", bound=BaseModel)

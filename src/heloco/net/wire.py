@@ -11,7 +11,9 @@ Frames, in order::
 ``id`` is a random 128-bit nonce and ``ts`` the sender's Unix time; both are inside the
 authenticated header so a receiver can recognise replays (:class:`heloco.net.auth.ReplayGuard`).
 ``re`` names the request a reply answers, so a client can drop late replies to requests it has
-given up on. Decoding checks the tag first, then sizes, and never unpickles anything.
+given up on. Decoding checks the tag first, then sizes, and never unpickles anything. Tensor frames are
+never copied on the way: an encoded fp32 tensor is sent from its own memory, and a received one
+decodes to a view of its frame (:mod:`heloco.net.compress`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ DEFAULT_MAX_BYTES = 1 << 30  # 1 GiB per message: a 250M-parameter fp32 model
 MAX_HEADER_BYTES = 1 << 20  # the JSON header (names, shapes, metadata) stays small
 MAX_JSON_DEPTH = 16  # nesting of the header's JSON (ours is at most 5 deep)
 
-Frame = bytes | memoryview
+Frame = compress.Buffer
 
 
 class WireError(ValueError):
@@ -60,7 +62,9 @@ class Message:
     ts: float = 0.0
 
     def params(self, device: torch.device | str = "cpu") -> Params:
-        """The tensors decoded to fp32 (raises ``WireError('bad_tensor')`` on a size mismatch)."""
+        """The tensors decoded to fp32 (raises ``WireError('bad_tensor')`` on a size mismatch).
+
+        fp32 tensors on the CPU are views of the received frames (no copy)."""
         out: Params = {}
         for name, enc in self.tensors.items():
             try:
@@ -202,7 +206,7 @@ def decode(frames: Sequence[Frame], secret: bytes, max_bytes: int = DEFAULT_MAX_
             raise WireError(
                 "bad_tensor", f"tensor {meta.name!r}: byte count does not match shape {shape}"
             )
-        tensors[meta.name] = Encoded(meta.codec, shape, meta.block, bytes(data), bytes(scales))
+        tensors[meta.name] = Encoded(meta.codec, shape, meta.block, data, scales)
     if cursor != len(body_frames):
         raise WireError("bad_frames", f"{len(body_frames) - cursor} unexpected frames")
     return Message(head.type, head.body, tensors, head.id, head.re, head.ts)

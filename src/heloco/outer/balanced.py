@@ -37,7 +37,7 @@ from typing import Literal
 
 import numpy as np
 
-from heloco.outer.base import Arrival, OptimizerState, OuterOptimizer, StepStats
+from heloco.outer.base import Arrival, BlockRunner, OptimizerState, OuterOptimizer, StepStats
 from heloco.types import Params
 from shardmeter.errors import UserInputError
 
@@ -192,9 +192,22 @@ class ArrivalBalanced:
             self.counts[a.worker] += 1
         return self.inner.step(params, scaled)
 
+    @property
+    def runner(self) -> BlockRunner:
+        """The wrapped optimizer's block runner."""
+        return self.inner.runner
+
+    @runner.setter
+    def runner(self, value: BlockRunner) -> None:
+        self.inner.runner = value
+
     def dispatch_params(self, params: Params) -> Params:
         """The wrapped optimizer's dispatch point."""
         return self.inner.dispatch_params(params)
+
+    def dispatches_params(self) -> bool:
+        """Whether the wrapped optimizer dispatches θ itself."""
+        return self.inner.dispatches_params()
 
     def state_dict(self) -> OptimizerState:
         inner = self.inner.state_dict()

@@ -3,14 +3,21 @@
 An outer optimizer turns pseudo-gradients into a new global model. It mutates the server's
 parameters in place (fp32), keeps its own fp32 state, and says which point to dispatch to the
 next worker. One ``step`` call is one outer update (one server revision).
+
+Every rule works one parameter tensor (block) at a time through its ``runner``
+(:class:`BlockRunner`): per-block functions that read that block's pseudo-gradients, state and
+parameters only, plus whole-model quantities formed afterwards from per-block scalars. So a
+server can run the blocks of disjoint shards on parallel threads (the same result, bit for bit),
+and a pseudo-gradient may be a mapping that decodes one tensor when it is read (a wire message
+that never exists as a whole fp32 model): a block function holds one decoded tensor at a time.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import torch
 
@@ -19,6 +26,9 @@ from shardmeter.errors import UserInputError
 
 RhoMode = Literal["sqrt_k", "delay", "none"]
 Rho = RhoMode | float
+T = TypeVar("T")
+Delta = Mapping[str, torch.Tensor]
+"""A pseudo-gradient by parameter name: fp32 tensors, possibly decoded when read."""
 
 
 @dataclass(frozen=True)
@@ -28,10 +38,27 @@ class Arrival:
     ``weight`` multiplies the arrival on top of ρ (arrival balancing sets it; 1 otherwise).
     """
 
-    delta: Params
+    delta: Delta
     worker: int
     staleness: int
     weight: float = 1.0
+
+
+class BlockRunner(Protocol):
+    """Runs a per-block function over parameter names; results come in the names' order."""
+
+    def map(self, fn: Callable[[str], T], names: Sequence[str]) -> list[T]: ...
+
+
+class Serial:
+    """One block after another on the calling thread."""
+
+    def map(self, fn: Callable[[str], T], names: Sequence[str]) -> list[T]:
+        """``[fn(name) for name in names]``."""
+        return [fn(name) for name in names]
+
+
+SERIAL = Serial()
 
 
 @dataclass(frozen=True)
@@ -71,6 +98,7 @@ class OuterOptimizer(Protocol):
     """What the server calls. Implementations: nesterov, delayed, lookahead, heloco, balanced."""
 
     name: str
+    runner: BlockRunner
 
     def step(self, params: Params, arrivals: Sequence[Arrival]) -> StepStats:
         """Apply one outer update to ``params`` in place from one or more arrivals."""
@@ -78,6 +106,10 @@ class OuterOptimizer(Protocol):
 
     def dispatch_params(self, params: Params) -> Params:
         """Fresh tensors of the point the next worker should start from."""
+        ...
+
+    def dispatches_params(self) -> bool:
+        """Whether that point is θ itself right now (a server may then send θ uncopied)."""
         ...
 
     def state_dict(self) -> OptimizerState: ...
@@ -102,6 +134,11 @@ def rho_weight(rho: Rho, n_workers: int, staleness: int) -> float:
     raise UserInputError("rho", rho, "allowed: 'sqrt_k', 'delay', 'none' or a positive number")
 
 
+def norm(t: torch.Tensor) -> float:
+    """L2 norm of one tensor (the kernel :func:`block_norms` uses for each)."""
+    return float(torch._foreach_norm([t])[0])
+
+
 def block_norms(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """Per-tensor L2 norms as one float64 vector (one foreach call)."""
     return torch.stack(torch._foreach_norm(list(tensors))).to(torch.float64)
@@ -123,7 +160,7 @@ def whole_cosine(dots: torch.Tensor, norms_a: torch.Tensor, norms_b: torch.Tenso
     return float(dots.sum()) / (na * nb)
 
 
-def check_names(params: Params, delta: Params) -> None:
+def check_names(params: Params, delta: Delta) -> None:
     """Raise if a pseudo-gradient does not carry exactly the model's tensors."""
     if delta.keys() != params.keys():
         missing = sorted(set(params) - set(delta))[:3]
@@ -175,6 +212,7 @@ class MomentumRule:
         self.n_workers = n_workers
         self.m = zero_momentum(params)
         self.seeded = False
+        self.runner: BlockRunner = SERIAL
 
     def arrival_weight(self, arrival: Arrival) -> float:
         """ρ_t (spec 1.5, :func:`rho_weight`) times the arrival's own weight; dimensionless."""
@@ -183,6 +221,10 @@ class MomentumRule:
     def dispatch_params(self, params: Params) -> Params:
         """Fresh tensors of θ (subclasses with a look-ahead point override this)."""
         return plain_dispatch(params)
+
+    def dispatches_params(self) -> bool:
+        """The dispatch point is θ (subclasses with a look-ahead point override this)."""
+        return True
 
     def state_dict(self) -> OptimizerState:
         """The momentum as ``momentum/<name>`` tensors plus ``seeded``."""
@@ -194,31 +236,38 @@ class MomentumRule:
         self.seeded = bool(state.meta["seeded"])
 
 
-def weighted_stats(
-    names: list[str],
-    arrivals: Sequence[Arrival],
-    coefs: list[float],
-    momentum: Params,
-    seeded: bool,
-) -> StepStats:
-    """Norm of G = Σ c_i Δ_i and its cosine with the momentum before the step."""
-    if len(arrivals) == 1:
-        blocks = [arrivals[0].delta[k] for k in names]
-        scale = coefs[0]
+Geometry = tuple[float, float, float]
+"""One block before a step: (‖G_b‖, ⟨G_b, m_b⟩, ‖m_b‖), G_b the weighted update, m_b momentum."""
+
+
+def weighted_geometry(
+    deltas: Sequence[torch.Tensor], coefs: Sequence[float], momentum: torch.Tensor, seeded: bool
+) -> Geometry:
+    """Geometry of G_b = Σ c_i Δ_i in one block; the momentum terms are 0 unless ``seeded``.
+
+    One arrival: ‖G‖ = |c|·‖Δ‖ and ⟨G, m⟩ = c·⟨Δ, m⟩ without forming G."""
+    if len(deltas) == 1:
+        block, scale = deltas[0], coefs[0]
     else:
-        blocks = [_combine([a.delta[k] for a in arrivals], coefs) for k in names]
-        scale = 1.0
-    moms = [momentum[k] for k in names]
-    nd = block_norms(blocks) * abs(scale)
+        block, scale = _combine(deltas, coefs), 1.0
+    if not seeded:
+        return norm(block) * abs(scale), 0.0, 0.0
+    dot = float(torch.dot(block.reshape(-1), momentum.reshape(-1))) * scale
+    return norm(block) * abs(scale), dot, norm(momentum)
+
+
+def geometry_stats(blocks: Sequence[Geometry], rho: float, seeded: bool) -> StepStats:
+    """Whole-model norm of G and its cosine with the momentum before the step, from the
+    per-block geometry (:func:`weighted_geometry`)."""
+    nd = torch.tensor([g[0] for g in blocks], dtype=torch.float64)
     cos = math.nan
     if seeded:
-        cos = whole_cosine(block_dots(blocks, moms) * scale, nd, block_norms(moms))
-    return StepStats(
-        rho=sum(coefs), delta_norm=float(nd.square().sum().sqrt()), cos_delta_momentum=cos
-    )
+        dots = torch.tensor([g[1] for g in blocks], dtype=torch.float64)
+        cos = whole_cosine(dots, nd, torch.tensor([g[2] for g in blocks], dtype=torch.float64))
+    return StepStats(rho=rho, delta_norm=float(nd.square().sum().sqrt()), cos_delta_momentum=cos)
 
 
-def _combine(tensors: list[torch.Tensor], coefs: list[float]) -> torch.Tensor:
+def _combine(tensors: Sequence[torch.Tensor], coefs: Sequence[float]) -> torch.Tensor:
     """Σ c_i t_i as a new tensor."""
     out = tensors[0] * coefs[0]
     for t, c in zip(tensors[1:], coefs[1:], strict=True):

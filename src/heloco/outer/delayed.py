@@ -16,15 +16,17 @@ import torch
 
 from heloco.outer.base import (
     Arrival,
+    Geometry,
     MomentumRule,
     OptimizerState,
     Rho,
     StepStats,
     check_names,
     copy_into,
+    geometry_stats,
     prefixed,
     unprefixed,
-    weighted_stats,
+    weighted_geometry,
     zero_momentum,
 )
 from heloco.types import Params
@@ -70,12 +72,13 @@ class DelayedNesterov(MomentumRule):
     def _push(self, params: Params, arrival: Arrival) -> StepStats:
         check_names(params, arrival.delta)
         w = self.arrival_weight(arrival)
-        names = list(params)
-        stats = weighted_stats(names, [arrival], [w], self.m, self.pushes > 0)
+        seeded = self.pushes > 0
         n, beta, eps, c = self.period, self.momentum, self.lr, self.c
         milestone = (self.pushes + 1) % n == 0
-        for k in names:
+
+        def block(k: str) -> Geometry:
             g, theta, m, buf = arrival.delta[k], params[k], self.m[k], self.buf[k]
+            geometry = weighted_geometry([g], [w], m, seeded)
             buf.add_(g, alpha=w)
             if milestone:
                 m.mul_(beta).add_(buf, alpha=1.0 / n)
@@ -84,8 +87,11 @@ class DelayedNesterov(MomentumRule):
             elif c != 0.0:
                 theta.add_(m, alpha=-eps * c * beta)
             theta.add_(g, alpha=-eps * w / n)
+            return geometry
+
+        geometry = self.runner.map(block, list(params))
         self.pushes += 1
-        return stats
+        return geometry_stats(geometry, w, seeded)
 
     def state_dict(self) -> OptimizerState:
         """Momentum and push buffer as tensors, the push count as meta (``seeded`` is unused)."""

@@ -18,12 +18,12 @@ import torch
 
 from heloco.outer.base import (
     Arrival,
+    Delta,
     MomentumRule,
     Rho,
     StepStats,
-    block_dots,
-    block_norms,
     check_names,
+    norm,
     plain_dispatch,
     whole_cosine,
 )
@@ -109,34 +109,55 @@ class MomentumLookAhead(MomentumRule):
         arrival = arrivals[0]
         check_names(params, arrival.delta)
         names = list(params)
-        deltas = [arrival.delta[k] for k in names]
-        moms = [self.m[k] for k in names]
-        geometry = BlockGeometry(
-            delta_norms=block_norms(deltas),
-            dots=block_dots(deltas, moms) if self.seeded else None,
-            momentum_norms=block_norms(moms) if self.seeded else None,
-        )
+        geometry = self._geometry(arrival.delta, names)
         weight = self.arrival_weight(arrival)
         upd = self.block_update(geometry, weight)
-        self._apply(params, deltas, names, upd)
+        self._apply(params, arrival.delta, names, upd)
         self.seeded = True
         return _stats(geometry, upd, weight)
 
-    def _apply(
-        self, params: Params, deltas: list[torch.Tensor], names: list[str], upd: BlockUpdate
-    ) -> None:
+    def _geometry(self, delta: Delta, names: list[str]) -> BlockGeometry:
+        """Per-block ‖Δ_b‖ and, once the momentum is seeded, ⟨Δ_b, m_b⟩ and ‖m_b‖."""
+        seeded = self.seeded
+
+        def block(k: str) -> tuple[float, float, float]:
+            d, m = delta[k], self.m[k]
+            if not seeded:
+                return norm(d), 0.0, 0.0
+            return norm(d), float(torch.dot(d.reshape(-1), m.reshape(-1))), norm(m)
+
+        found = self.runner.map(block, names)
+        columns = [
+            torch.tensor(c, dtype=torch.float64).reshape(-1) for c in zip(*found, strict=False)
+        ]
+        if not columns:
+            columns = [torch.zeros(0, dtype=torch.float64)] * 3
+        return BlockGeometry(
+            delta_norms=columns[0],
+            dots=columns[1] if seeded else None,
+            momentum_norms=columns[2] if seeded else None,
+        )
+
+    def _apply(self, params: Params, delta: Delta, names: list[str], upd: BlockUpdate) -> None:
         mu, lr = self.momentum, self.lr
-        a_list, b_list = upd.a.tolist(), upd.b.tolist()
-        for k, d, a, b in zip(names, deltas, a_list, b_list, strict=True):
-            theta, m = params[k], self.m[k]
+        coefs = dict(zip(names, zip(upd.a.tolist(), upd.b.tolist(), strict=True), strict=True))
+
+        def block(k: str) -> None:
+            (a, b), d, theta, m = coefs[k], delta[k], params[k], self.m[k]
             theta.add_(d, alpha=-lr * (1.0 + mu * (1.0 - mu)) * a)
             theta.add_(m, alpha=-lr * (b + mu * mu + mu * (1.0 - mu) * b))
             m.mul_(mu + (1.0 - mu) * b).add_(d, alpha=(1.0 - mu) * a)
 
+        self.runner.map(block, names)
+
+    def dispatches_params(self) -> bool:
+        """θ is the dispatch point unless the look-ahead θ̄ is (seeded momentum)."""
+        return not (self.lookahead_dispatch and self.seeded)
+
     @torch.no_grad()
     def dispatch_params(self, params: Params) -> Params:
         """θ̄ = θ − η μ m with look-ahead dispatch (HeLoCo Eq. 5), else θ."""
-        if not (self.lookahead_dispatch and self.seeded):
+        if self.dispatches_params():
             return plain_dispatch(params)
         step = -self.lr * self.momentum
         return {k: torch.add(v, self.m[k], alpha=step) for k, v in params.items()}

@@ -11,7 +11,15 @@ from collections.abc import Sequence
 
 import torch
 
-from heloco.outer.base import Arrival, MomentumRule, StepStats, check_names, weighted_stats
+from heloco.outer.base import (
+    Arrival,
+    Geometry,
+    MomentumRule,
+    StepStats,
+    check_names,
+    geometry_stats,
+    weighted_geometry,
+)
 from heloco.types import Params
 
 
@@ -30,16 +38,21 @@ class Nesterov(MomentumRule):
         coefs = [self.arrival_weight(a) / len(arrivals) for a in arrivals]
         for a in arrivals:
             check_names(params, a.delta)
-        names = list(params)
-        stats = weighted_stats(names, arrivals, coefs, self.m, self.seeded)
-        # θ ← θ − η(1+μ)G − ημ²·buf_old  (same as θ − η(G + μ buf_new)); then buf ← μ buf + G.
-        for k in names:
+        seeded = self.seeded
+
+        def block(k: str) -> Geometry:
+            # θ ← θ − η(1+μ)G − ημ²·buf_old  (= θ − η(G + μ buf_new)); then buf ← μ buf + G.
             theta, buf = params[k], self.m[k]
-            for a, c in zip(arrivals, coefs, strict=True):
-                theta.add_(a.delta[k], alpha=-lr * (1.0 + mu) * c)
+            deltas = [a.delta[k] for a in arrivals]
+            geometry = weighted_geometry(deltas, coefs, buf, seeded)
+            for d, c in zip(deltas, coefs, strict=True):
+                theta.add_(d, alpha=-lr * (1.0 + mu) * c)
             theta.add_(buf, alpha=-lr * mu * mu)
             buf.mul_(mu)
-            for a, c in zip(arrivals, coefs, strict=True):
-                buf.add_(a.delta[k], alpha=c)
+            for d, c in zip(deltas, coefs, strict=True):
+                buf.add_(d, alpha=c)
+            return geometry
+
+        geometry = self.runner.map(block, list(params))
         self.seeded = True
-        return stats
+        return geometry_stats(geometry, sum(coefs), seeded)

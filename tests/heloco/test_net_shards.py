@@ -1,0 +1,226 @@
+"""The sharded server in one process: the shard plan, the parallel outer step (bit for bit the
+serial one), and a 3-shard endpoint driven by real clients over loopback: fetch, stage, push,
+refusals, copy on write of a dispatch being fetched, and the same model as one shard."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from heloco.net import wire
+from heloco.net.client import Client, ClientConfig
+from heloco.net.coordinator import Budget, Coordinator
+from heloco.net.endpoint import Endpoint, EndpointConfig
+from heloco.net.link import NetLink
+from heloco.net.shards import GroupRunner, plan_shards
+from heloco.outer import OuterConfig, build_optimizer
+from heloco.outer.base import Arrival
+from heloco.server import Server, ServerConfig
+from heloco.types import Params, RoundResult, clone_params
+
+SECRET = b"shards-test-secret-0123456789abcdef"
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(sizes=st.lists(st.integers(0, 10_000), min_size=0, max_size=30), n=st.integers(1, 6))
+def test_plan_covers_every_tensor_once_balanced_by_bytes(sizes: list[int], n: int) -> None:
+    named = {f"t{i}": b for i, b in enumerate(sizes)}
+    plan = plan_shards(named, n)
+    assert len(plan) == n
+    assert sorted(k for shard in plan for k in shard) == sorted(named)
+    order = list(named)
+    for shard in plan:
+        assert shard == sorted(shard, key=order.index)  # model order within a shard
+    loads = [sum(named[k] for k in shard) for shard in plan]
+    if sizes:
+        assert max(loads) <= sum(sizes) / n + max(sizes)  # greedy LPT bound
+
+
+def model(seed: int = 0) -> Params:
+    g = torch.Generator().manual_seed(seed)
+    shapes = {
+        "emb": (50, 8),
+        "a.w": (8, 8),
+        "a.b": (8,),
+        "b.w": (8, 8),
+        "b.b": (8,),
+        "head": (8, 50),
+    }
+    return {k: torch.randn(s, generator=g) for k, s in shapes.items()}
+
+
+@pytest.mark.parametrize(
+    "method", ["heloco", "async-nesterov", "dn", "mla", "sync", "heloco+ab", "heloco-uncorrected"]
+)
+def test_parallel_outer_step_is_the_serial_one_bit_for_bit(method: str) -> None:
+    init = model()
+    cfg = OuterConfig()
+    serial = build_optimizer(method, init, cfg, 2)
+    sharded = build_optimizer(method, init, cfg, 2)
+    runner = GroupRunner(plan_shards({k: v.numel() for k, v in init.items()}, 3))
+    sharded.runner = runner
+    a, b = clone_params(init), clone_params(init)
+    g = torch.Generator().manual_seed(1)
+    for step in range(4):
+        deltas = [{k: torch.randn(v.shape, generator=g) for k, v in init.items()} for _ in range(2)]
+        arrivals = [Arrival(d, w, step % 2) for w, d in enumerate(deltas)]
+        if method != "sync":
+            arrivals = arrivals[step % 2 : step % 2 + 1]
+        assert serial.step(a, arrivals) == sharded.step(b, arrivals)
+        for k in init:
+            assert torch.equal(a[k], b[k]), k
+        assert all(
+            torch.equal(x, y)
+            for x, y in zip(
+                serial.state_dict().tensors.values(),
+                sharded.state_dict().tensors.values(),
+                strict=True,
+            )
+        )
+    runner.close()
+
+
+def coordinator(method: str = "async-nesterov", workers: int = 2) -> Coordinator:
+    init = model()
+    opt = build_optimizer(method, init, OuterConfig(), workers)
+    return Coordinator(Server(init, opt, ServerConfig(n_workers=workers)), Budget())
+
+
+class Served:
+    """An endpoint serving in a thread, stopped at the end."""
+
+    def __init__(self, coord: Coordinator, shards: int) -> None:
+        self.endpoint = Endpoint(coord, SECRET, EndpointConfig(shards=shards, poll_ms=5))
+        self.address = self.endpoint.open()
+        self.thread = threading.Thread(target=self.endpoint.serve, daemon=True)
+        self.thread.start()
+
+    def link(self, worker: int, codec: str = "fp32") -> NetLink:
+        cfg = ClientConfig(self.address, timeout_s=5, deadline_s=10)
+        return NetLink(cfg, SECRET, worker, codec)  # type: ignore[arg-type]
+
+    def client(self, shard: int = 0) -> Client:
+        address = self.endpoint.listeners[shard].address
+        return Client(ClientConfig(address, timeout_s=5, deadline_s=10), SECRET)
+
+    def close(self) -> None:
+        self.endpoint.stop.set()
+        self.thread.join(10)
+
+
+@pytest.fixture
+def served() -> Iterator[Any]:
+    started: list[Served] = []
+
+    def start(shards: int = 3, **kw: Any) -> Served:
+        s = Served(coordinator(**kw), shards)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.close()
+
+
+def round_of(link: NetLink, seed: int) -> tuple[RoundResult, Params]:
+    d = link.pull()
+    assert d is not None
+    g = torch.Generator().manual_seed(seed)
+    delta = {k: torch.randn(d.params[k].shape, generator=g) * 1e-2 for k in model()}
+    result = RoundResult(link.worker, delta, 2, 128, 1.0, d.revision, d.round_id)
+    return result, {k: v.clone() for k, v in d.params.items()}
+
+
+@pytest.mark.timeout(60)
+def test_sharded_server_applies_the_same_updates_as_one_shard(served: Any) -> None:
+    """Two workers' rounds through 3 shards (fp32 and int8) end in the same model as through
+    one shard; the dispatches carry every tensor; status reports the shards."""
+    finals = []
+    for shards in (1, 3):
+        server = served(shards)
+        links = [server.link(0), server.link(1, "int8")]
+        for link in links:
+            link.join()
+        for i in range(3):
+            for w, link in enumerate(links):
+                result, start = round_of(link, 10 * i + w)
+                assert set(start) == set(model())
+                assert link.push(result, 0.1).accepted
+        status = server.endpoint.coord.status()
+        finals.append(clone_params(server.endpoint.coord.server.params))
+        for link in links:
+            link.close()
+        if shards == 3:
+            assert [s["tensors"] for s in status["shards"]] == [1, 1, 4]  # emb | head | rest
+            assert all(s["counters"]["staged"] == 6 for s in status["shards"])
+    for k in finals[0]:
+        assert torch.equal(finals[0][k], finals[1][k]), k
+
+
+@pytest.mark.timeout(60)
+def test_refusals(served: Any) -> None:
+    """A part with NaN, a part with the wrong tensors, a push before every shard has staged,
+    a fetch of a superseded dispatch: each is refused with a reason and changes nothing."""
+    server = served(3)
+    link = server.link(0)
+    link.join()
+    result, _ = round_of(link, 0)
+    me = link.ident | {"round_id": result.round_id}
+    plan = server.endpoint.state.plan
+    shard1 = server.client(1)
+    nan = {k: result.delta[k].clone() for k in plan[1]}
+    next(iter(nan.values())).view(-1)[0] = float("nan")
+    reply = shard1.call(wire.make("stage", me, nan))
+    assert reply.type == "error" and reply.body["reason"] == "bad_update"
+    wrong = shard1.call(wire.make("stage", me, {k: result.delta[k] for k in plan[2]}))
+    assert wrong.body["reason"] == "bad_update"
+    assert shard1.call(wire.make("push", me)).body["reason"] == "wrong_shard"
+    body = me | {"base_revision": result.base_revision, "steps": 2, "tokens": 128}
+    leader = server.client(0)
+    unstaged = leader.call(wire.make("push", body))
+    assert unstaged.type == "error" and unstaged.body["reason"] == "unstaged"
+    assert link.push(result, 0.1).accepted  # staged on every shard, then pushed
+    stale = shard1.call(wire.make("fetch", me))
+    assert stale.type == "error" and stale.body["reason"] == "superseded"
+    coord = server.endpoint.coord
+    assert coord.server.revision == 1 and coord.counters.accepted == 1
+    for c in (shard1, leader):
+        c.close()
+    link.close()
+
+
+@pytest.mark.timeout(60)
+def test_dispatch_being_fetched_keeps_its_values_through_an_update(served: Any) -> None:
+    """Worker 0 is dispatched but fetches only after worker 1's update was applied: it still
+    gets the model it was dispatched (the update wrote fresh copies), and θ moved on."""
+    server = served(2)
+    a, b = server.link(0), server.link(1)
+    a.join()
+    b.join()
+    coord = server.endpoint.coord
+    dispatched = clone_params(coord.server.params)
+    leader = server.client(0)
+    pulled = leader.call(wire.make("pull", a.ident))
+    assert pulled.type == "dispatch" and not pulled.tensors
+    result, _ = round_of(b, 5)
+    assert b.push(result, 0.1).accepted and coord.server.revision == 1
+    assert any(not torch.equal(dispatched[k], coord.server.params[k]) for k in dispatched)
+    got = {}
+    for shard in range(2):
+        client = server.client(shard)
+        part = client.call(wire.make("fetch", a.ident | {"round_id": pulled.body["round_id"]}))
+        assert part.type == "slice" and part.body["revision"] == 0
+        got.update(part.params())
+        client.close()
+    assert set(got) == set(dispatched)
+    for k, v in dispatched.items():
+        assert torch.equal(got[k], v), k
+    leader.close()
+    a.close()
+    b.close()
