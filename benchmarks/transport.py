@@ -1,39 +1,59 @@
-"""Loopback transport benchmark of ``heloco serve`` / ``heloco work``: MB/s, updates/s, comm share.
+"""Loopback transport benchmark of the HeLoCo server, as ratios to the machine's own limit.
 
-    python benchmarks/transport.py                  # 10M and 100M parameters, fp32/bf16/int8
-    python benchmarks/transport.py --sizes 10 --reps 5
-    python benchmarks/transport.py --skip-round     # no real-training comm-share table
+    python benchmarks/transport.py                   # 10M and 100M; CURVE off and on; 1, 2 shards
+    python benchmarks/transport.py --sizes 100 --curve on --reps 5
+    python benchmarks/transport.py --rounds          # also: comm share of real training rounds
 
-Table 1: a server process (the real endpoint, coordinator, ``Server`` and async Nesterov outer
-step) holds a model of N fp32 parameters in 8 tensors; this process pulls it (fp32 download)
-and pushes a pseudo-gradient (fp32, bf16 or blockwise int8 upload). MB/s = wire bytes of the
-message / seconds of the request, end to end: encode, HMAC, copy through loopback TCP, verify,
-decode, finiteness check, and (push) the outer update. updates/s = pushes applied per second.
-Table 2: real rounds of TinyGPT presets (H inner steps, pull + push) and the share of a
-worker's round spent communicating on loopback. Loopback only; nothing leaves 127.0.0.1.
+The limit, measured in the same run over the same bytes (the model's 8 fp32 tensors as frames):
+raw ZeroMQ on loopback (a DEALER sends the frames from memory to a ROUTER in another process,
+which answers one small frame) plus one HMAC-SHA256 pass over those bytes on one core, one
+after the other: limit MB/s = bytes / (t_zmq + t_hmac). With CURVE on (as `heloco serve`
+always runs), the raw ZeroMQ leg is CURVE-encrypted too, so each setting has its own limit.
+
+The server is the real one (endpoint, coordinator, ``Server``, async Nesterov outer step) in
+its own process over N fp32 parameters in 8 tensors; this process is a worker (``NetLink``,
+the same client as `heloco work`): it pulls the model (fp32) and pushes a pseudo-gradient
+(fp32, bf16 or int8). MB/s = wire bytes / seconds of the request, end to end (encode, HMAC,
+loopback TCP, verify, decode, finiteness check and, for a push, the outer update); updates/s =
+1 / seconds per push. With 2 shards the worker fetches and stages both halves in parallel.
+Every process runs ``--threads`` torch threads (default 1, the run config's default). Each
+figure is the best of ``--reps`` (the machine is shared: the best run is the least disturbed),
+and the limit is the best of its measurements just before and just after the setting's runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import statistics
+import os
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+import zmq
 
 from heloco.net import auth, compress
-from heloco.net.client import Client, ClientConfig
+from heloco.net.client import ClientConfig
 from heloco.net.coordinator import Budget, Coordinator
 from heloco.net.endpoint import Endpoint, EndpointConfig
+from heloco.net.keys import (
+    AllowList,
+    ClientKeys,
+    ServerKeys,
+    connect_securely,
+    new_keypair,
+    serve_securely,
+)
+from heloco.net.link import NetLink
 from heloco.net.session import Session
 from heloco.net.worker_loop import NetWorker, WorkerOptions
 from heloco.outer import OuterConfig, build_optimizer
 from heloco.server import Server, ServerConfig
 from heloco.sim import parse_sim_config
+from heloco.types import RoundResult
 
 N_TENSORS = 8
 MB = 1e6
@@ -45,91 +65,177 @@ def fake_params(n_params: int) -> dict[str, torch.Tensor]:
     return {f"layer{i}.weight": torch.zeros(per + (i < extra)) for i in range(N_TENSORS)}
 
 
-def serve_fake(n_params: int, secret: bytes, address: mp.Queue) -> None:
+def curve_keys() -> tuple[ServerKeys, ClientKeys]:
+    """A fresh server key pair that admits one fresh client key (named worker0)."""
+    server, client = new_keypair(), new_keypair()
+    return ServerKeys(server, {client.public: "worker0"}), ClientKeys(server.public, client)
+
+
+# -- the machine's limit ------------------------------------------------------------------------
+def echo(keys: ServerKeys | None, address: Any) -> None:
+    """A ROUTER that answers every message with one small frame (raw ZeroMQ, no HeLoCo)."""
+    ctx = zmq.Context()
+    auth_thread = None
+    sock = ctx.socket(zmq.ROUTER)
+    if keys is not None:
+        auth_thread = AllowList(ctx, keys.allowed)
+        auth_thread.start()
+        serve_securely(sock, keys)
+    address.put(f"tcp://127.0.0.1:{sock.bind_to_random_port('tcp://127.0.0.1')}")
+    while True:
+        frames = sock.recv_multipart(copy=False)
+        sock.send_multipart([frames[0], b"ok"])
+
+
+@dataclass(frozen=True)
+class Limit:
+    """Raw ZeroMQ and HMAC rates over the same bytes, and the two combined (MB/s)."""
+
+    zmq_mbs: float
+    hmac_mbs: float
+
+    @property
+    def mbs(self) -> float:
+        """bytes / (t_zmq + t_hmac), as MB/s."""
+        return 1.0 / (1.0 / self.zmq_mbs + 1.0 / self.hmac_mbs)
+
+
+def measure_limit(n_params: int, curve: bool, reps: int) -> Limit:
+    """Best raw ZeroMQ request time and HMAC time over the frames of ``n_params`` fp32."""
+    server_keys, client_keys = curve_keys() if curve else (None, None)
+    ctx_mp = mp.get_context("spawn")
+    q: Any = ctx_mp.Queue()
+    proc = ctx_mp.Process(target=echo, args=(server_keys, q), daemon=True)
+    proc.start()
+    ctx = zmq.Context()
+    try:
+        sock = ctx.socket(zmq.DEALER)
+        if client_keys is not None:
+            connect_securely(sock, client_keys)
+        sock.connect(q.get(timeout=60))
+        frames = [compress.as_bytes(t) for t in fake_params(n_params).values()]
+        nbytes = sum(len(f) for f in frames)
+        sock.send_multipart([b"warm-up"])
+        sock.recv_multipart()
+        zmq_s, hmac_s = [], []
+        secret = auth.new_secret()
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            sock.send_multipart(frames, copy=False)
+            sock.recv_multipart()
+            zmq_s.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            auth.sign(secret, frames)
+            hmac_s.append(time.perf_counter() - t0)
+        sock.close(linger=0)
+        return Limit(nbytes / MB / min(zmq_s), nbytes / MB / min(hmac_s))
+    finally:
+        ctx.term()
+        proc.kill()
+        proc.join(10)
+
+
+# -- the HeLoCo transport -----------------------------------------------------------------------
+def serve_fake(
+    n_params: int, secret: bytes, keys: ServerKeys | None, shards: int, threads: int, q: Any
+) -> None:
     """Server process: a real endpoint in front of a Server with async Nesterov."""
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     init = fake_params(n_params)
     opt = build_optimizer("async-nesterov", init, OuterConfig(), 1)
-    coord = Coordinator(Server(init, opt, ServerConfig(n_workers=1, inner_steps=1)), Budget())
-    ep = Endpoint(coord, secret, EndpointConfig(bind="tcp://127.0.0.1:0", max_bytes=2 << 30))
-    address.put(ep.open())
+    server = Server(init, opt, ServerConfig(n_workers=1, inner_steps=1))
+    del init
+    coord = Coordinator(server, Budget())
+    cfg = EndpointConfig(
+        bind="tcp://127.0.0.1:0", max_bytes=2 << 30, keys=keys, shards=shards, poll_ms=1
+    )
+    ep = Endpoint(coord, secret, cfg)
+    q.put(ep.open())
     ep.serve()
 
 
 @dataclass(frozen=True)
 class Row:
-    """Pull/push sizes (MB) and throughput (MB/s) of one model size and codec over loopback."""
+    """Pull/push sizes (MB) and throughput (MB/s) of one setting and codec over loopback."""
 
     params_m: int
+    curve: bool
+    shards: int
     codec: str
     pull_mb: float
     pull_mbs: float
     push_mb: float
     push_mbs: float
-    updates_per_s: float
+
+    @property
+    def updates_per_s(self) -> float:
+        """Pushes applied per second (1 / seconds per push)."""
+        return self.push_mbs / self.push_mb
 
 
-def bench_size(n_params: int, codecs: list[str], reps: int) -> list[Row]:
-    """Median pull and push time of ``n_params`` fp32 parameters per codec (``reps`` each) against
-    a server process over loopback."""
+def bench(
+    n_params: int, curve: bool, shards: int, codecs: list[str], reps: int, threads: int
+) -> list[Row]:
+    """Best pull and push of ``n_params`` per codec (``reps`` each) against a server process."""
     secret = auth.new_secret()
+    server_keys, client_keys = curve_keys() if curve else (None, None)
     ctx = mp.get_context("spawn")
-    q: mp.Queue = ctx.Queue()
-    proc = ctx.Process(target=serve_fake, args=(n_params, secret, q), daemon=True)
+    q: Any = ctx.Queue()
+    args = (n_params, secret, server_keys, shards, threads, q)
+    proc = ctx.Process(target=serve_fake, args=args, daemon=True)
     proc.start()
     try:
-        address = q.get(timeout=120)
-        client = Client(
-            ClientConfig(address, timeout_s=600, deadline_s=600, max_bytes=2 << 30), secret
+        address = q.get(timeout=300)
+        cfg = ClientConfig(
+            address, timeout_s=600, deadline_s=600, max_bytes=2 << 30, keys=client_keys
         )
-        me = {"worker": 0, "incarnation": "bench"}
-        client.request("hello", me)
-        rows = []
+        link = NetLink(cfg, secret, 0)
+        link.join()
         gen = torch.Generator().manual_seed(0)
         delta = {
             k: torch.randn(v.shape, generator=gen) * 1e-3 for k, v in fake_params(n_params).items()
         }
+        traffic = link.client.traffic
+        rows = []
         for codec in codecs:
+            link.codec = compress.check_codec(codec)
             pulls, pushes, pull_bytes, push_bytes = [], [], 0, 0
             for _ in range(reps):
-                before = client.traffic.recv_bytes
+                before = traffic.recv_bytes
                 t0 = time.perf_counter()
-                d = client.request("pull", me)
-                d.params()
+                d = link.pull()
                 pulls.append(time.perf_counter() - t0)
-                pull_bytes = client.traffic.recv_bytes - before
-                body = me | {
-                    "round_id": d.body["round_id"],
-                    "base_revision": d.body["revision"],
-                    "steps": 1,
-                    "tokens": 1,
-                    "mean_loss": 0.0,
-                }
-                before = client.traffic.sent_bytes
+                pull_bytes = traffic.recv_bytes - before
+                assert d is not None
+                result = RoundResult(0, delta, 1, 1, 0.0, d.revision, d.round_id)
+                del d
+                before = traffic.sent_bytes
                 t0 = time.perf_counter()
-                ack = client.request("push", body, delta, codec=compress.check_codec(codec))
+                outcome = link.push(result, 1.0)
                 pushes.append(time.perf_counter() - t0)
-                push_bytes = client.traffic.sent_bytes - before
-                assert ack.type == "ack", ack.body
-            pull_s, push_s = statistics.median(pulls), statistics.median(pushes)
+                push_bytes = traffic.sent_bytes - before
+                assert outcome.accepted, outcome
+            pull_s, push_s = min(pulls), min(pushes)
             rows.append(
                 Row(
                     n_params // 1_000_000,
+                    curve,
+                    shards,
                     codec,
                     pull_bytes / MB,
                     pull_bytes / MB / pull_s,
                     push_bytes / MB,
                     push_bytes / MB / push_s,
-                    1.0 / push_s,
                 )
             )
-        client.close()
+        link.close()
         return rows
     finally:
         proc.kill()
         proc.join(10)
 
 
+# -- real rounds --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RoundRow:
     """Seconds computing vs seconds in pull + push over the rounds of one real training run."""
@@ -176,47 +282,117 @@ def bench_round(preset: str, codec: str, inner_steps: int, rounds: int) -> Round
     return RoundRow(preset, n, codec, report.rounds, report.compute_s, report.comm_s)
 
 
+# -- report -------------------------------------------------------------------------------------
+def load() -> str:
+    """The 1-minute load average and the core count, for the record."""
+    return f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
+
+
+ROW_HEADER = (
+    f"{'params':>6} {'curve':>5} {'shards':>6} {'codec':>5} | {'pull MB/s':>9} {'xlim':>5} "
+    f"| {'push MB':>7} {'push MB/s':>9} {'xlim':>5} | {'upd/s':>5}"
+)
+
+
+def print_rows(rows: list[Row], limits: dict[tuple[int, bool], Limit]) -> None:
+    """One line per setting and codec: MB/s and the ratio to the limit of the same setting."""
+    for r in rows:
+        lim = limits[(r.params_m, r.curve)].mbs
+        print(
+            f"{r.params_m:>5}M {'on' if r.curve else 'off':>5} {r.shards:>6} {r.codec:>5} | "
+            f"{r.pull_mbs:>9.1f} {r.pull_mbs / lim:>5.2f} | {r.push_mb:>7.1f} "
+            f"{r.push_mbs:>9.1f} {r.push_mbs / lim:>5.2f} | {r.updates_per_s:>5.2f}",
+            flush=True,
+        )
+
+
+def print_checks(rows: list[Row], limits: dict[tuple[int, bool], Limit]) -> None:
+    """The issue's targets, read off the rows above (one shard unless stated)."""
+    by = {(r.params_m, r.curve, r.shards, r.codec): r for r in rows}
+    print("\ntargets: fp32 pull and push >= 0.5x limit, int8 push >= 0.8x fp32 push (MB/s),")
+    print("2 shards >= 1.5x the updates/s of 1 shard (fp32 push)")
+    print(
+        f"{'params':>6} {'curve':>5} | {'pull/lim':>8} {'push/lim':>8} | {'int8/fp32':>9} | "
+        f"{'2sh/1sh':>7}"
+    )
+    for (size, curve), limit in limits.items():
+        fp32, int8 = by.get((size, curve, 1, "fp32")), by.get((size, curve, 1, "int8"))
+        two = by.get((size, curve, 2, "fp32"))
+        if fp32 is None:
+            continue
+        cells = [
+            f"{fp32.pull_mbs / limit.mbs:>8.2f}",
+            f"{fp32.push_mbs / limit.mbs:>8.2f}",
+            f"{int8.push_mbs / fp32.push_mbs:>9.2f}" if int8 else f"{'-':>9}",
+            f"{two.updates_per_s / fp32.updates_per_s:>7.2f}" if two else f"{'-':>7}",
+        ]
+        print(
+            f"{size:>5}M {'on' if curve else 'off':>5} | {cells[0]} {cells[1]} | {cells[2]} | "
+            f"{cells[3]}"
+        )
+
+
 def main() -> None:
-    """Print the transport tables (payload sizes, MB/s, comm share of a round)."""
+    """Print the limit, the transport's rates and their ratios, and the targets."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--sizes", default="10,100", help="millions of parameters, comma-separated")
     parser.add_argument("--codecs", default="fp32,bf16,int8")
+    parser.add_argument("--curve", default="off,on", help="off, on or off,on")
+    parser.add_argument("--shards", default="1,2", help="shard counts, comma-separated")
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--skip-round", action="store_true")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--rounds", action="store_true", help="also time real training rounds")
     parser.add_argument("--round-presets", default="tiny,small")
     parser.add_argument("--inner-steps", type=int, default=20)
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     codecs = args.codecs.split(",")
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; loopback 127.0.0.1\n")
-    print(
-        f"{'params':>7} {'codec':>5} | {'pull MB':>8} {'pull MB/s':>9} | {'push MB':>8} "
-        f"{'push MB/s':>9} | {'updates/s':>9}"
-    )
-    for size in (int(s) for s in args.sizes.split(",")):
-        for r in bench_size(size * 1_000_000, codecs, args.reps):
+    curves = [c == "on" for c in args.curve.split(",")]
+    sizes = [int(s) for s in args.sizes.split(",")]
+    shard_counts = [int(s) for s in args.shards.split(",")]
+    print(f"torch {torch.__version__}, {args.threads} thread(s) per process, loopback 127.0.0.1")
+    print(f"start: {load()}\n")
+    limits: dict[tuple[int, bool], Limit] = {}
+    rows: list[Row] = []
+    for size in sizes:
+        for curve in curves:
+            n = size * 1_000_000
+            before = measure_limit(n, curve, args.reps)
+            got = [
+                r for k in shard_counts for r in bench(n, curve, k, codecs, args.reps, args.threads)
+            ]
+            after = measure_limit(n, curve, args.reps)
+            lim = Limit(max(before.zmq_mbs, after.zmq_mbs), max(before.hmac_mbs, after.hmac_mbs))
+            limits[(size, curve)] = lim
             print(
-                f"{r.params_m:>6}M {r.codec:>5} | {r.pull_mb:>8.1f} {r.pull_mbs:>9.1f} | "
-                f"{r.push_mb:>8.1f} {r.push_mbs:>9.1f} | {r.updates_per_s:>9.2f}",
-                flush=True,
+                f"{size}M parameters, CURVE {'on' if curve else 'off'}: limit {lim.mbs:.1f} MB/s "
+                f"(ZeroMQ {lim.zmq_mbs:.1f} MB/s, HMAC-SHA256 {lim.hmac_mbs:.1f} MB/s)"
             )
-    if args.skip_round:
-        return
-    print(
-        f"\nreal rounds (H={args.inner_steps}, batch 2x128, CPU): share of the round spent communicating"
-    )
-    print(
-        f"{'preset':>6} {'params':>7} {'codec':>5} {'rounds':>6} | {'compute s':>9} {'comm s':>7} | {'comm share':>10}"
-    )
-    for preset in args.round_presets.split(","):
-        for codec in ("fp32", "int8"):
-            rr = bench_round(preset, codec, args.inner_steps, 3)
-            print(
-                f"{rr.preset:>6} {rr.params_m:>6.2f}M {rr.codec:>5} {rr.rounds:>6} | "
-                f"{rr.compute_s:>9.2f} {rr.comm_s:>7.2f} | {100 * rr.share:>9.1f}%",
-                flush=True,
-            )
+            print(ROW_HEADER)
+            print_rows(got, limits)
+            print(flush=True)
+            rows += got
+    print_checks(rows, limits)
+    print(f"\nend: {load()}")
+    if args.rounds:
+        print(
+            f"\nreal rounds (H={args.inner_steps}, batch 2x128, CPU): share of a round spent "
+            "communicating"
+        )
+        print(
+            f"{'preset':>6} {'params':>7} {'codec':>5} {'rounds':>6} | {'compute s':>9} "
+            f"{'comm s':>7} | {'comm share':>10}"
+        )
+        for preset in args.round_presets.split(","):
+            for codec in ("fp32", "int8"):
+                rr = bench_round(preset, codec, args.inner_steps, 3)
+                print(
+                    f"{rr.preset:>6} {rr.params_m:>6.2f}M {rr.codec:>5} {rr.rounds:>6} | "
+                    f"{rr.compute_s:>9.2f} {rr.comm_s:>7.2f} | {100 * rr.share:>9.1f}%",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -103,6 +103,7 @@ def start(
     sps: float,
     serve: list[str],
     work: list[str] | None = None,
+    shards: int = 1,
 ) -> LocalCluster:
     cfg = LaunchConfig(
         config=config,
@@ -112,14 +113,16 @@ def start(
         serve_args=["--heartbeat-s", "0.3", "--evict-after-s", "3", *serve],
         work_args=["--timeout-s", "2", "--deadline-s", "60", *(work or [])],
         threads=1,
+        shards=shards,
     )
     cluster = local_cluster(cfg, SECRET)
     cluster.start()
     return cluster
 
 
+@pytest.mark.parametrize("shards", [1, 2])
 def test_sync_run_survives_worker_sigkill_and_replacement(
-    tmp_path: Path, tiny_config: Callable[..., Path]
+    tmp_path: Path, tiny_config: Callable[..., Path], shards: int
 ) -> None:
     """3 workers, sync barrier: worker 1 is SIGKILLed mid-round and evicted, the barrier
     shrinks to the two live workers and goes on; the replacement rejoins; run completes."""
@@ -127,7 +130,7 @@ def test_sync_run_survives_worker_sigkill_and_replacement(
     config = tiny_config(
         tmp_path / "run.toml", method="sync", token_budget=budget_rounds * ROUND_TOKENS
     )
-    cluster = start(tmp_path, config, 3, sps=0.25, serve=[])
+    cluster = start(tmp_path, config, 3, sps=0.25, serve=[], shards=shards)
     try:
         wait_until(lambda: server_status(cluster)["revision"] >= 2, 60, "two sync updates")
         cluster.kill_worker(1)  # rounds are ~0.5 s of sleep/compute: killed mid-round
@@ -155,12 +158,13 @@ def test_sync_run_survives_worker_sigkill_and_replacement(
     assert {"evicted", "replaced"} <= {e["event"] for e in events if e["type"] == "worker"}
 
 
+@pytest.mark.parametrize("shards", [1, 2])
 def test_async_run_survives_server_sigkill_and_restart(
-    tmp_path: Path, tiny_config: Callable[..., Path]
+    tmp_path: Path, tiny_config: Callable[..., Path], shards: int
 ) -> None:
     """3 async workers; the server is SIGKILLed and restarted from its (durable) checkpoint."""
     config = tiny_config(tmp_path / "run.toml", token_budget=24 * ROUND_TOKENS)
-    cluster = start(tmp_path, config, 3, sps=0.1, serve=["--durable"])
+    cluster = start(tmp_path, config, 3, sps=0.1, serve=["--durable"], shards=shards)
     try:
         wait_until(lambda: server_status(cluster)["revision"] >= 4, 60, "four updates")
         cluster.kill_server(signal.SIGKILL)
@@ -293,13 +297,14 @@ def accepted_of(cluster: LocalCluster, w: int) -> int:
     return int(server_status(cluster)["workers"][w]["accepted"])
 
 
+@pytest.mark.parametrize("shards", [1, 2])
 def test_frozen_worker_rejoins_without_double_application(
-    tmp_path: Path, tiny_config: Callable[..., Path]
+    tmp_path: Path, tiny_config: Callable[..., Path], shards: int
 ) -> None:
     """Worker 1 is frozen (SIGSTOP) mid-run until the server evicts it, then thawed
     (SIGCONT): it rejoins, its round in flight is applied once, and the run completes."""
     config = tiny_config(tmp_path / "run.toml", token_budget=60 * ROUND_TOKENS)
-    cluster = start(tmp_path, config, 3, sps=0.25, serve=["--evict-after-s", "2"])
+    cluster = start(tmp_path, config, 3, sps=0.25, serve=["--evict-after-s", "2"], shards=shards)
     try:
         wait_until(lambda: accepted_of(cluster, 1) >= 1, 60, "a round of worker 1")
         cluster.workers[1].send_signal(signal.SIGSTOP)
@@ -431,15 +436,18 @@ def test_network_partition_through_a_proxy(
     assert {"evicted", "rejoined"} <= set(worker_events(out, 0))
 
 
+@pytest.mark.parametrize("shards", [1, 2])
 def test_server_frozen_and_killed_while_workers_push(
-    tmp_path: Path, tiny_config: Callable[..., Path]
+    tmp_path: Path, tiny_config: Callable[..., Path], shards: int
 ) -> None:
     """The server is frozen (SIGSTOP) until every worker has finished its round and is
     waiting on its push, then SIGKILLed and restarted from its durable checkpoint: the pushes
-    in flight are retried to the new server and applied once; nothing acknowledged is lost."""
+    in flight are retried to the new server and applied once; nothing acknowledged is lost.
+    With 2 shards a worker may be between staging its parts and pushing: the restarted server
+    has lost the parts, answers ``unstaged``, and the worker stages again."""
     budget = 24
     config = tiny_config(tmp_path / "run.toml", token_budget=budget * ROUND_TOKENS)
-    cluster = start(tmp_path, config, 3, sps=0.1, serve=["--durable"])
+    cluster = start(tmp_path, config, 3, sps=0.1, serve=["--durable"], shards=shards)
     try:
         wait_until(lambda: server_status(cluster)["revision"] >= 4, 60, "four updates")
         assert cluster.server is not None

@@ -14,9 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from heloco.net import wire
-from heloco.net.client import Client, ClientConfig
+from heloco.net.client import Client, ClientConfig, ServerUnreachable
 from heloco.net.coordinator import Budget, Coordinator
 from heloco.net.endpoint import Endpoint, EndpointConfig
+from heloco.net.keys import ClientKeys, ServerKeys, new_keypair
 from heloco.net.link import NetLink
 from heloco.net.shards import GroupRunner, plan_shards
 from heloco.outer import OuterConfig, build_optimizer
@@ -224,3 +225,53 @@ def test_dispatch_being_fetched_keeps_its_values_through_an_update(served: Any) 
     leader.close()
     a.close()
     b.close()
+
+
+@pytest.mark.timeout(60)
+def test_every_shard_holds_curve_and_the_worker_keys_to_their_slots() -> None:
+    """CURVE on: a worker key pushes an fp32 tensor larger than the header cap (libzmq checks
+    the encrypted frame size against MAXMSGSIZE), a stranger without a key gets nothing from
+    any shard, and worker 1's key may not stage for worker 0 on a data shard."""
+    server_pair, keys0, keys1 = new_keypair(), new_keypair(), new_keypair()
+    allowed = {keys0.public: "worker0", keys1.public: "worker1"}
+    init = {"big": torch.zeros(400_000), "small": torch.zeros(10)}  # 1.6 MB > 1 MiB
+    opt = build_optimizer("async-nesterov", init, OuterConfig(), 2)
+    coord = Coordinator(Server(init, opt, ServerConfig(n_workers=2)), Budget())
+    cfg = EndpointConfig(shards=2, poll_ms=5, keys=ServerKeys(server_pair, allowed))
+    endpoint = Endpoint(coord, SECRET, cfg)
+    endpoint.open()
+    thread = threading.Thread(target=endpoint.serve, daemon=True)
+    thread.start()
+    try:
+
+        def config(keys: Any, shard: int = 0, patience: float = 5) -> ClientConfig:
+            at = endpoint.listeners[shard].address
+            curve = None if keys is None else ClientKeys(server_pair.public, keys)
+            return ClientConfig(at, timeout_s=patience, deadline_s=2 * patience, keys=curve)
+
+        link = NetLink(config(keys0), SECRET, 0)
+        link.join()
+        result, _ = round_of_model(link, init)
+        assert link.push(result, 0.1).accepted and coord.server.revision == 1
+        link.close()
+        for shard in (0, 1):
+            stranger = Client(config(None, shard, 0.5), SECRET)
+            with pytest.raises(ServerUnreachable):
+                stranger.request("status")
+            stranger.close()
+        impostor = Client(config(keys1, 1), SECRET)
+        me = {"worker": 0, "incarnation": "x", "round_id": 1}
+        part = {k: torch.zeros(init[k].shape) for k in endpoint.state.plan[1]}
+        refused = impostor.call(wire.make("stage", me, part))
+        assert refused.type == "error" and refused.body["reason"] == "forbidden"
+        impostor.close()
+    finally:
+        endpoint.stop.set()
+        thread.join(10)
+
+
+def round_of_model(link: NetLink, like: Params) -> tuple[RoundResult, Params]:
+    d = link.pull()
+    assert d is not None and set(d.params) == set(like)
+    delta = {k: torch.full(v.shape, 1e-3) for k, v in like.items()}
+    return RoundResult(link.worker, delta, 2, 128, 1.0, d.revision, d.round_id), d.params

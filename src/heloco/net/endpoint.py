@@ -294,8 +294,9 @@ class Endpoint:
     # -- sockets ----------------------------------------------------------------------------
     def frame_limit(self, shard: int = 0) -> int:
         """Largest frame a peer may send to shard ``shard`` (``zmq.MAXMSGSIZE``): the header or
-        its largest tensor in fp32, never more than the whole-message limit. libzmq cuts the
-        connection of a peer that announces a longer frame before buffering it."""
+        its largest tensor in fp32, plus slack for what CURVE adds to a frame, never more than
+        the whole-message limit. libzmq cuts the connection of a peer that announces a longer
+        frame before buffering it."""
         params = self.coord.server.params
         largest = max((4 * params[k].numel() for k in self.state.plan[shard]), default=0)
         # + slack: libzmq checks the frame as sent, which under CURVE is the encrypted box
