@@ -21,7 +21,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from heloco.outer.base import Arrival, OptimizerState, OuterOptimizer, StepStats
-from heloco.types import Params, RoundResult, clone_params
+from heloco.types import Delta, Params, RoundResult, clone_params
 
 DyluReference = Literal["max", "quantile"]
 RejectReason = Literal[
@@ -138,10 +138,14 @@ def quantile_speed(pool: Sequence[float], q: float) -> float | None:
 class Server:
     """Revisions, staleness, exactly-once, DyLU, grace batches and sync barriers."""
 
-    def __init__(self, init: Params, optimizer: OuterOptimizer, cfg: ServerConfig) -> None:
+    def __init__(
+        self, init: Params, optimizer: OuterOptimizer, cfg: ServerConfig, copy_init: bool = True
+    ) -> None:
+        """``copy_init=False`` adopts ``init``'s fp32 tensors as θ (the caller lets go of
+        them): no second copy of a large model while it is built."""
         self.cfg = cfg
         self.optimizer = optimizer
-        self.params = clone_params(init)
+        self.params = clone_params(init) if copy_init else dict(init)
         self.revision = 0
         self.log: list[UpdateRecord] = []
         self.speeds: list[float | None] = [None] * cfg.n_workers
@@ -320,11 +324,14 @@ class Server:
             raise ValueError(f"worker {worker} out of range [0, {self.cfg.n_workers})")
 
     # -- checkpoint -------------------------------------------------------------------------
-    def state_dict(self) -> ServerState:
-        """θ, optimizer state and buffered deltas as tensors; everything else JSON-able."""
-        opt = self.optimizer.state_dict()
-        tensors: Params = {f"params/{k}": v.clone() for k, v in self.params.items()}
-        tensors.update({f"optimizer/{k}": v.clone() for k, v in opt.tensors.items()})
+    def state_dict(self, copy: bool = True) -> ServerState:
+        """θ, optimizer state and buffered deltas as tensors; everything else JSON-able.
+
+        ``copy=False``: θ and the optimizer state are the live tensors (to be written out
+        before the next update, as a checkpoint is), not a second copy of the model."""
+        opt = self.optimizer.state_dict(copy)
+        tensors: Params = {f"params/{k}": v.clone() if copy else v for k, v in self.params.items()}
+        tensors.update({f"optimizer/{k}": v for k, v in opt.tensors.items()})
         pending = []
         for i, (r, rid) in enumerate(self._pending):
             tensors.update({f"pending/{i}/{k}": v.clone() for k, v in r.delta.items()})
@@ -393,14 +400,21 @@ class Server:
         self.log = [_record_from_json(r) for r in meta["log"]]
 
 
-def _valid_delta(params: Params, delta: Params) -> bool:
-    """Same names and shapes as the model and every entry finite (one foreach-norm pass)."""
+def _valid_delta(params: Params, delta: Delta) -> bool:
+    """Same names and shapes as the model and every entry finite (one foreach-norm pass; a
+    mapping that decodes on read is checked one tensor at a time)."""
     if delta.keys() != params.keys():
         return False
+    if not isinstance(delta, dict):
+        return all(_finite_block(delta[k], v.shape) for k, v in params.items())
     if any(delta[k].shape != v.shape for k, v in params.items()):
         return False
     norms = torch._foreach_norm([delta[k] for k in params])
     return bool(torch.isfinite(torch.stack(norms)).all())
+
+
+def _finite_block(d: torch.Tensor, shape: torch.Size) -> bool:
+    return d.shape == shape and bool(torch.isfinite(torch._foreach_norm([d])[0]))
 
 
 def _json_float(x: float) -> float | None:

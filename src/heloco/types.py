@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -9,19 +10,24 @@ import torch
 Params = dict[str, torch.Tensor]
 """Ordered map from parameter name (as in ``model.named_parameters()``) to an fp32 tensor."""
 
+Delta = Mapping[str, torch.Tensor]
+"""A pseudo-gradient by parameter name: fp32 tensors, possibly decoded only when read (a
+server keeps a pushed Δ in its wire form; see ``heloco.outer.base``)."""
+
 
 @dataclass(frozen=True)
 class RoundResult:
     """What a worker returns after one round of inner steps.
 
-    ``delta`` is the pseudo-gradient start - end (fp32, CPU). ``round_id`` is the per-worker
+    ``delta`` is the pseudo-gradient start - end (fp32, CPU; a worker's is a dict, a server
+    may hold it as a mapping that decodes each tensor when read). ``round_id`` is the per-worker
     dispatch number handed out by ``Server.dispatch``; together with ``worker`` it identifies
     the submission, so a server can reject a replayed one. ``None`` means "the round of the
     worker's outstanding dispatch" (the simulator and tests may omit it).
     """
 
     worker: int
-    delta: Params
+    delta: Delta
     steps: int
     tokens: int
     mean_loss: float

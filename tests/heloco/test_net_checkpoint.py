@@ -156,11 +156,11 @@ def test_poisoned_value_is_neither_accepted_nor_loaded(tmp_path: Path) -> None:
 def _full_disk(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the tensor write fail halfway, as a full disk does (ENOSPC)."""
 
-    def failing_save(tensors: dict[str, torch.Tensor], filename: str) -> None:
-        Path(filename).write_bytes(b"\0" * 64)
+    def failing_write(path: Path, tensors: dict[str, torch.Tensor]) -> str:
+        path.write_bytes(b"\0" * 64)
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(checkpoint, "save_file", failing_save)
+    monkeypatch.setattr(checkpoint, "write_safetensors", failing_write)
 
 
 def test_disk_full_keeps_the_previous_checkpoint_and_the_server_running(

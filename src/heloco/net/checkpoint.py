@@ -30,7 +30,9 @@ from typing import Any, TypeVar
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+
+from heloco.net.compress import as_bytes
 
 TENSORS_FILE = "tensors.safetensors"
 STATE_FILE = "state.json"
@@ -77,6 +79,54 @@ def _write_text(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+_DTYPE_NAMES = {
+    torch.float32: "F32",
+    torch.float64: "F64",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+
+
+def write_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> str:
+    """Write ``tensors`` as a safetensors file one tensor at a time, straight from their
+    memory (no copy of the model, unlike ``safetensors.torch.save_file``), fsynced; returns
+    the file's SHA-256, computed on the way.
+
+    Format (huggingface/safetensors): 8-byte little-endian header length, a JSON header
+    {name: {dtype, shape, data_offsets}} padded with spaces to 8 bytes, then the data."""
+    header: dict[str, Any] = {}
+    offset = 0
+    for name, t in tensors.items():
+        if t.dtype not in _DTYPE_NAMES:
+            raise CheckpointError(f"{name}: dtype {t.dtype} has no safetensors name")
+        size = t.numel() * t.element_size()
+        header[name] = {
+            "dtype": _DTYPE_NAMES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    digest = hashlib.sha256()
+    with path.open("wb") as f:
+        for chunk in (len(raw).to_bytes(8, "little"), raw):
+            f.write(chunk)
+            digest.update(chunk)
+        for t in tensors.values():
+            data = as_bytes(t)
+            f.write(data)
+            digest.update(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return digest.hexdigest()
 
 
 def sha256(path: Path) -> str:
@@ -132,11 +182,9 @@ def save(
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        cpu = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
-        save_file(cpu, str(tmp / TENSORS_FILE))
-        _fsync(tmp / TENSORS_FILE)
+        sums = {TENSORS_FILE: write_safetensors(tmp / TENSORS_FILE, tensors)}
         _write_text(tmp / STATE_FILE, text)
-        sums = {name: sha256(tmp / name) for name in (TENSORS_FILE, STATE_FILE)}
+        sums[STATE_FILE] = hashlib.sha256(text.encode()).hexdigest()
         _write_text(tmp / CHECKSUMS_FILE, json.dumps(sums, indent=1))
         _fsync(tmp)
         os.replace(tmp, final)

@@ -24,7 +24,6 @@ from heloco.net import compress, wire
 from heloco.net.compress import Codec
 from heloco.net.keys import ClientKeys, connect_securely
 from heloco.net.wire import Message, WireError
-from heloco.types import Params
 from shardmeter.errors import UserInputError
 
 
@@ -145,7 +144,7 @@ class Client:
         self,
         type_: str,
         body: dict[str, Any] | None = None,
-        params: Params | None = None,
+        params: Mapping[str, torch.Tensor] | None = None,
         codec: Codec = "fp32",
         block: int = compress.DEFAULT_BLOCK,
     ) -> Message:

@@ -16,6 +16,7 @@ chunks of :data:`CHUNK_ELEMENTS` (vectorised, cache-sized, no padded copy of the
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal, get_args
@@ -230,16 +231,29 @@ def decode(
 
 
 class Decoded(Mapping[str, torch.Tensor]):
-    """Named wire tensors that decode to fp32 when read (an fp32 frame as a view, bf16 and
-    int8 into a fresh tensor), so a consumer that reads one tensor at a time holds one decoded
-    tensor at a time, not the whole model."""
+    """Named wire tensors that decode to fp32 when read: an fp32 frame as a view of itself,
+    bf16 and int8 into a scratch buffer of the reading thread. A tensor read stays valid until
+    the same thread reads the next one from this mapping, so a reader that handles one tensor
+    at a time (the outer rules' block functions) holds one decoded tensor, never the whole
+    model in fp32, and allocates no fresh memory per read."""
 
-    def __init__(self, tensors: Mapping[str, Encoded], device: torch.device | str = "cpu"):
+    def __init__(self, tensors: Mapping[str, Encoded], device: torch.device | str = "cpu") -> None:
         self.encoded = dict(tensors)
         self.device = device
+        self._largest = max(
+            (e.numel for e in self.encoded.values() if e.codec != "fp32"), default=0
+        )
+        self._local = threading.local()
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        return decode(self.encoded[name], self.device)
+        enc = self.encoded[name]
+        if enc.codec == "fp32":
+            return decode(enc, self.device)
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:
+            scratch = torch.empty(self._largest, dtype=torch.float32, device=self.device)
+            self._local.scratch = scratch
+        return decode(enc, self.device, out=scratch[: enc.numel])
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.encoded)

@@ -29,7 +29,7 @@ from typing import Any
 from heloco.net import compress, messages, wire
 from heloco.net.wire import Message, WireError
 from heloco.server import Dispatch, Server, SubmissionRejected, UpdateRecord
-from heloco.types import Params, RoundResult
+from heloco.types import Delta, RoundResult
 
 WORKER_KEY = re.compile(r"worker(\d+)")  # allow-list name bound to one worker slot
 
@@ -130,7 +130,7 @@ class Coordinator:
     wait_for_workers_s: float = 0.0
     zero_copy_dispatch: bool = False
     serve_dispatch: Callable[[Dispatch], None] | None = None
-    staged: Callable[[int, int], Params | None] | None = None
+    staged: Callable[[int, int], Delta | None] | None = None
     shard_info: list[dict[str, Any]] = field(default_factory=list)
     shard_status: Callable[[], list[dict[str, Any]]] | None = None
 
@@ -379,7 +379,7 @@ class Coordinator:
                 "malformed", f"push tokens {body.tokens} > {body.steps} steps x {limit} per step"
             )
 
-    def _delta_of(self, msg: Message, worker: int, round_id: int) -> Params:
+    def _delta_of(self, msg: Message, worker: int, round_id: int) -> Delta:
         """The push's Δ: its own tensors, or (sharded, a push without tensors) the parts the
         shards have staged; ``unstaged`` until every shard holds its part."""
         if self.staged is None or msg.tensors:
@@ -389,8 +389,9 @@ class Coordinator:
             raise WireError("unstaged", f"stage round {round_id} on every shard, then push")
         return delta
 
-    def _checked_delta(self, msg: Message) -> Params:
-        """Decode the pseudo-gradient; wrong names, wrong shapes or non-finite values raise.
+    def _checked_delta(self, msg: Message) -> Delta:
+        """The pseudo-gradient, decoded as the outer step reads it (:class:`compress.Decoded`);
+        wrong names, wrong shapes or non-finite values raise.
 
         Finiteness is read from the wire form (:func:`compress.is_finite`), so the server
         need not check the decoded tensors again."""
@@ -405,8 +406,7 @@ class Coordinator:
                 raise WireError("bad_update", f"{name}: shape {enc.shape} != {self._shapes[name]}")
             if not compress.is_finite(enc):
                 raise WireError("bad_update", f"{name}: non-finite values")
-        delta = msg.params()
-        return {name: delta[name] for name in self._shapes}
+        return compress.Decoded({name: msg.tensors[name] for name in self._shapes})
 
     def _push(self, msg: Message, body: messages.Push) -> Message:
         w = self._slot(body)

@@ -189,7 +189,7 @@ class Endpoint:
         """
         if self.cfg.checkpoint_dir is None:
             return None
-        state = self.coord.server.state_dict()
+        state = self.coord.server.state_dict(copy=False)  # written out before the next update
         meta = {
             "server": state.meta,
             "coordinator": coordinator_meta(self.coord),
@@ -234,7 +234,8 @@ class Endpoint:
         """
         if self.cfg.checkpoint_dir is None:
             return False
-        layout = {k: tuple(v.shape) for k, v in self.coord.server.state_dict().tensors.items()}
+        live = self.coord.server.state_dict(copy=False).tensors
+        layout = {k: tuple(v.shape) for k, v in live.items()}
         loaded, self.skipped = checkpoint.newest_valid(
             self.cfg.checkpoint_dir, lambda ck: self._restore_from(ck, layout)
         )

@@ -23,7 +23,7 @@ server's (restore with any shard count).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -35,7 +35,7 @@ from heloco.net import compress, messages, wire
 from heloco.net.coordinator import check_peer, error
 from heloco.net.wire import Message, WireError
 from heloco.server import Dispatch, Server
-from heloco.types import Params
+from heloco.types import Delta, Params
 
 T = TypeVar("T")
 
@@ -119,7 +119,7 @@ class ShardState:
         self.lock = threading.Lock()
         self._views: dict[int, _View] = {}
         self._sends: list[_Send] = []
-        self._staged: dict[int, tuple[int, dict[int, Params]]] = {}
+        self._staged: dict[int, tuple[int, dict[int, Delta]]] = {}
 
     @property
     def n(self) -> int:
@@ -195,7 +195,7 @@ class ShardState:
                 self._staged.pop(w, None)
 
     # -- staging ----------------------------------------------------------------------------
-    def stage(self, shard: int, worker: int, round_id: int, part: Params) -> None:
+    def stage(self, shard: int, worker: int, round_id: int, part: Delta) -> None:
         """Hold shard ``shard``'s part of the worker's round ``round_id`` (a part of another
         round of the same worker is dropped: one staged round per worker)."""
         with self.lock:
@@ -205,7 +205,7 @@ class ShardState:
                 self._staged[worker] = held
             held[1][shard] = part
 
-    def take(self, worker: int, round_id: int) -> Params | None:
+    def take(self, worker: int, round_id: int) -> Delta | None:
         """The worker's whole Δ of round ``round_id`` in the server's tensor order once every
         shard has staged its part (and no longer held), else None."""
         with self.lock:
@@ -213,9 +213,26 @@ class ShardState:
             if held is None or held[0] != round_id or len(held[1]) != self.n:
                 return None
             del self._staged[worker]
-        parts = held[1]
-        shard_of = {k: i for i, names in enumerate(self.plan) for k in names}
-        return {k: parts[shard_of[k]][k] for k in self.server.params}
+        return Merged(held[1], self.plan, list(self.server.params))
+
+
+class Merged(Mapping[str, torch.Tensor]):
+    """The shards' parts of one Δ as one mapping in ``order``; reading a tensor reads it from
+    its shard's part (decoding nothing else)."""
+
+    def __init__(self, parts: Mapping[int, Delta], plan: list[list[str]], order: list[str]):
+        self.parts = parts
+        self.owner = {name: i for i, names in enumerate(plan) for name in names}
+        self.order = order
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.parts[self.owner[name]][name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.order)
+
+    def __len__(self) -> int:
+        return len(self.order)
 
 
 class ShardService:
@@ -258,7 +275,7 @@ class ShardService:
                 raise WireError("bad_update", f"{name}: shape {enc.shape} != {self.shapes[name]}")
             if not compress.is_finite(enc):
                 raise WireError("bad_update", f"{name}: non-finite values")
-        self.state.stage(self.index, body.worker, body.round_id, msg.params())
+        self.state.stage(self.index, body.worker, body.round_id, compress.Decoded(msg.tensors))
         self.counters["staged"] += 1
         return wire.make("staged", {"round_id": body.round_id}, re=msg.id)
 

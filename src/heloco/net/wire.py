@@ -22,7 +22,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,7 +82,7 @@ def new_id() -> str:
 def make(
     type_: str,
     body: dict[str, Any] | None = None,
-    params: Params | None = None,
+    params: Mapping[str, torch.Tensor] | None = None,
     codec: Codec = "fp32",
     block: int = compress.DEFAULT_BLOCK,
     re: str = "",

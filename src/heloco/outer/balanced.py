@@ -209,8 +209,9 @@ class ArrivalBalanced:
         """Whether the wrapped optimizer dispatches θ itself."""
         return self.inner.dispatches_params()
 
-    def state_dict(self) -> OptimizerState:
-        inner = self.inner.state_dict()
+    def state_dict(self, copy: bool = True) -> OptimizerState:
+        """The wrapped optimizer's state plus the arrival counts and known rates."""
+        inner = self.inner.state_dict(copy)
         meta = {"counts": list(self.counts), "rates": self.rates, "inner": inner.meta}
         return OptimizerState(dict(inner.tensors), meta)
 

@@ -15,20 +15,18 @@ that never exists as a whole fp32 model): a block function holds one decoded ten
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import torch
 
-from heloco.types import Params, clone_params
+from heloco.types import Delta, Params, clone_params
 from shardmeter.errors import UserInputError
 
 RhoMode = Literal["sqrt_k", "delay", "none"]
 Rho = RhoMode | float
 T = TypeVar("T")
-Delta = Mapping[str, torch.Tensor]
-"""A pseudo-gradient by parameter name: fp32 tensors, possibly decoded when read."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +110,10 @@ class OuterOptimizer(Protocol):
         """Whether that point is θ itself right now (a server may then send θ uncopied)."""
         ...
 
-    def state_dict(self) -> OptimizerState: ...
+    def state_dict(self, copy: bool = True) -> OptimizerState:
+        """The state as tensors and JSON; ``copy=False`` gives the live tensors (a checkpoint
+        written at once needs no second copy of the model)."""
+        ...
 
     def load_state_dict(self, state: OptimizerState) -> None: ...
 
@@ -181,9 +182,9 @@ def copy_into(dst: Params, src: Params) -> None:
         v.copy_(src[k])
 
 
-def prefixed(prefix: str, tensors: Params) -> Params:
-    """Name tensors ``prefix/name`` for a flat checkpoint."""
-    return {f"{prefix}/{k}": v.detach().clone() for k, v in tensors.items()}
+def prefixed(prefix: str, tensors: Params, copy: bool = True) -> Params:
+    """Name tensors ``prefix/name`` for a flat checkpoint (copies unless ``copy=False``)."""
+    return {f"{prefix}/{k}": v.detach().clone() if copy else v for k, v in tensors.items()}
 
 
 def unprefixed(prefix: str, tensors: Params) -> Params:
@@ -226,9 +227,9 @@ class MomentumRule:
         """The dispatch point is θ (subclasses with a look-ahead point override this)."""
         return True
 
-    def state_dict(self) -> OptimizerState:
+    def state_dict(self, copy: bool = True) -> OptimizerState:
         """The momentum as ``momentum/<name>`` tensors plus ``seeded``."""
-        return OptimizerState(prefixed("momentum", self.m), {"seeded": self.seeded})
+        return OptimizerState(prefixed("momentum", self.m, copy), {"seeded": self.seeded})
 
     def load_state_dict(self, state: OptimizerState) -> None:
         """Inverse of :meth:`state_dict`; copies into the existing buffers."""

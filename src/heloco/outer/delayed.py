@@ -93,9 +93,9 @@ class DelayedNesterov(MomentumRule):
         self.pushes += 1
         return geometry_stats(geometry, w, seeded)
 
-    def state_dict(self) -> OptimizerState:
+    def state_dict(self, copy: bool = True) -> OptimizerState:
         """Momentum and push buffer as tensors, the push count as meta (``seeded`` is unused)."""
-        tensors = {**prefixed("momentum", self.m), **prefixed("buffer", self.buf)}
+        tensors = {**prefixed("momentum", self.m, copy), **prefixed("buffer", self.buf, copy)}
         return OptimizerState(tensors, {"pushes": self.pushes})
 
     def load_state_dict(self, state: OptimizerState) -> None:
