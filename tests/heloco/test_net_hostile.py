@@ -29,8 +29,11 @@ from heloco.cli.launch import local_cluster
 from heloco.cli.serve import status
 from heloco.config import save_config
 from heloco.net import auth, keys, wire
+from heloco.net.client import ClientConfig
 from heloco.net.launcher import LaunchConfig, LocalCluster
+from heloco.net.link import NetLink
 from heloco.sim import parse_sim_config
+from heloco.types import RoundResult
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -617,3 +620,172 @@ def test_a_stranger_cannot_make_the_server_allocate(tmp_path: Path, tiny_net_val
         assert s["counters"]["bad_mac"] == s["counters"]["too_large"] == 0
     finally:
         cluster.stop()
+
+
+# -- a sharded server: every shard holds the same line ------------------------------------------
+def stage_frames(rnd: Round, part: dict[str, torch.Tensor], **body: Any) -> list[bytes]:
+    """A ``stage`` of worker 1's round carrying ``part``; ``body`` overrides fields."""
+    b = {"worker": 1, "incarnation": "h", "round_id": rnd.round_id} | body
+    return [bytes(f) for f in wire.encode(wire.make("stage", b, part), SECRET)]
+
+
+SHARD_CASES: list[tuple[str, str, Callable[[Live, Round, dict[str, Any]], list[bytes]], str | None]]
+SHARD_CASES = [
+    ("no keys", "stranger", lambda s, r, p: GOOD_STATUS(s, r), None),
+    ("unknown key", "unknown_key", lambda s, r, p: GOOD_STATUS(s, r), None),
+    ("no keys, 20 MB", "stranger", lambda s, r, p: [b"h", *[b"\0" * 1_000_000] * 20], None),
+    ("wrong secret", "insider", lambda s, r, p: sign([header()], b"wrong-secret-0123456789"), None),
+    (
+        "header nested 100k",
+        "insider",
+        lambda s, r, p: sign([b"[" * 100_000 + b"]" * 100_000]),
+        None,
+    ),
+    (
+        "status",
+        "insider",
+        lambda s, r, p: GOOD_STATUS(s, r),
+        "wrong_shard",
+    ),
+    ("push", "insider", lambda s, r, p: push_frames(r), "wrong_shard"),
+    (
+        "stage without round_id",
+        "insider",
+        lambda s, r, p: stage_frames(r, p, round_id=None),
+        "malformed",
+    ),
+    (
+        "stage round_id 1.0",
+        "insider",
+        lambda s, r, p: stage_frames(r, p, round_id=1.0),
+        "malformed",
+    ),
+    ("stage extra field", "insider", lambda s, r, p: stage_frames(r, p, evil=1), "malformed"),
+    (
+        "stage worker 70000",
+        "insider",
+        lambda s, r, p: stage_frames(r, p, worker=70_000),
+        "malformed",
+    ),
+    ("stage for worker 0", "insider", lambda s, r, p: stage_frames(r, p, worker=0), "forbidden"),
+    (
+        "stage NaN",
+        "insider",
+        lambda s, r, p: stage_frames(r, nan_at_first(dict(p), float("nan"))),
+        "bad_update",
+    ),
+    (
+        "stage wrong tensors",
+        "insider",
+        lambda s, r, p: stage_frames(r, {"x": torch.zeros(3)}),
+        "bad_update",
+    ),
+    (
+        "stage wrong shape",
+        "insider",
+        lambda s, r, p: stage_frames(r, {k: torch.zeros(v.numel() + 1) for k, v in p.items()}),
+        "bad_update",
+    ),
+    (
+        "fetch with tensors",
+        "insider",
+        lambda s, r, p: [
+            bytes(f)
+            for f in wire.encode(
+                wire.make("fetch", {"worker": 1, "incarnation": "h", "round_id": 0}, p), SECRET
+            )
+        ],
+        "malformed",
+    ),
+    (
+        "fetch of no dispatch",
+        "insider",
+        lambda s, r, p: [
+            bytes(f)
+            for f in wire.encode(
+                wire.make("fetch", {"worker": 1, "incarnation": "h", "round_id": 99}), SECRET
+            )
+        ],
+        "superseded",
+    ),
+]
+
+
+def test_hostile_cases_against_a_shard(
+    tmp_path: Path, tiny_net_values: Callable[..., dict[str, Any]]
+) -> None:
+    """A 2-shard `heloco serve`: strangers, wrong secrets, malformed and forbidden stages and
+    requests a shard does not serve, all sent to shard 1, are refused there; nothing is staged
+    or applied, and a good worker's round then goes through both shards."""
+    values = tiny_net_values(method="async-nesterov", workers=2, token_budget=10**9, eval_every=0)
+    save_config(parse_sim_config(values), tmp_path / "run.toml")
+    cfg = LaunchConfig(
+        config=tmp_path / "run.toml",
+        out_dir=tmp_path / "run",
+        workers=2,
+        serve_args=["--max-mb", str(MAX_MB), "--heartbeat-s", "1", "--evict-after-s", "60"],
+        shards=2,
+    )
+    cluster = local_cluster(cfg, SECRET)
+    cluster.start_server()
+    srv = Live(cluster)
+    try:
+        shard = srv.status()["shards"][1]
+        srv.address = shard["address"]
+        srv.address = srv.address.replace("0.0.0.0", "127.0.0.1")
+        leader = Live(cluster)
+        rnd = dispatch_for_worker1(leader)
+        for live in (leader, srv):  # the sharded dispatch's tensors: fetched from each shard
+            peer = live.insider()
+            body = {"worker": 1, "incarnation": "h", "round_id": rnd.round_id}
+            peer.send([bytes(f) for f in wire.encode(wire.make("fetch", body), SECRET)])
+            part_reply = peer.reply(10)
+            peer.close()
+            assert part_reply is not None and part_reply.type == "slice", part_reply
+            rnd.shapes.update({k: e.shape for k, e in part_reply.tensors.items()})
+        insider = leader.insider()
+        insider.send([bytes(f) for f in wire.encode(wire.make("hello", {"worker": 1}), SECRET)])
+        welcome = insider.reply(10)
+        insider.close()
+        assert welcome is not None and welcome.type == "welcome"
+        names = welcome.body["shards"][1]["tensors"]
+        part = {k: torch.full(rnd.shapes[k], 1e-3) for k in names}
+        strangers = {
+            "stranger": None,
+            "unknown_key": keys.ClientKeys(srv.worker1.server_public, keys.new_keypair()),
+        }
+        failures = []
+        for name, who, build, want in SHARD_CASES:
+            peer = srv.insider() if who == "insider" else srv.peer(strangers[who])
+            try:
+                peer.send(build(srv, rnd, part))
+                reply = peer.reply(NO_REPLY_S if want is None else 10.0)
+            finally:
+                peer.close()
+            if not expected_reply(reply, want):
+                failures.append(f"{name}: got {reply and (reply.type, reply.body)}, want {want}")
+        assert not failures, "\n".join(failures)
+        s = leader.status()
+        assert s["revision"] == 0 and s["counters"]["accepted"] == 0
+        assert s["shards"][1]["counters"]["staged"] == 0
+        assert s["shards"][1]["counters"]["bad_mac"] == 1
+        leader.ctx.term()
+        link = NetLink(
+            ClientConfig(
+                cluster.address, timeout_s=10, deadline_s=20, keys=cluster.client_keys("worker0")
+            ),
+            SECRET,
+            0,
+        )
+        link.join()
+        d = link.pull()
+        assert d is not None and set(d.params) == set(rnd.shapes)
+        delta = {k: torch.full(v.shape, 1e-3) for k, v in d.params.items()}
+        outcome = link.push(RoundResult(0, delta, 2, 128, 5.0, d.revision, d.round_id), 0.1)
+        link.close()
+        assert outcome.accepted and outcome.revision == 1
+    finally:
+        cluster.stop()
+        srv.ctx.term()
+    log = (cluster.logs / "server.log").read_text()
+    assert "Traceback" not in log, log[-2000:]

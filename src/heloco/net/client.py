@@ -156,7 +156,7 @@ class ShardedClient:
     """A worker's connections to every shard of a sharded server (:mod:`heloco.net.shards`):
     one :class:`Client` per shard, used in parallel from one thread per shard. Shard 0 is the
     server's own address; shard i is on the same host at its own port (from ``welcome``).
-    Bytes and the wall seconds of each parallel exchange add to ``traffic``."""
+    Bytes, retries and the wall seconds of each parallel exchange add to ``traffic``."""
 
     def __init__(
         self,
@@ -176,7 +176,9 @@ class ShardedClient:
         """Build (encode) and send one request per shard in parallel; the replies in shard
         order."""
         start = time.monotonic()
-        before = [(c.traffic.sent_bytes, c.traffic.recv_bytes) for c in self.clients]
+        before = [
+            (c.traffic.sent_bytes, c.traffic.recv_bytes, c.traffic.retries) for c in self.clients
+        ]
         futures = [
             self._pool.submit(_call, c, make)
             for c, make in zip(self.clients, requests, strict=True)
@@ -184,9 +186,10 @@ class ShardedClient:
         try:
             return [f.result() for f in futures]
         finally:
-            for c, (sent, recv) in zip(self.clients, before, strict=True):
+            for c, (sent, recv, retries) in zip(self.clients, before, strict=True):
                 self.traffic.sent_bytes += c.traffic.sent_bytes - sent
                 self.traffic.recv_bytes += c.traffic.recv_bytes - recv
+                self.traffic.retries += c.traffic.retries - retries
             self.traffic.requests += 1
             self.traffic.seconds += time.monotonic() - start
 
