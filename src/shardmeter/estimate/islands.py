@@ -646,7 +646,8 @@ def check_schedule(outer: OuterSpec, model: TransformerSpec) -> None:
     if total != layers:
         raise UserInputError(
             "run.fragments",
-            f"{len(outer.fragments)} fragments of {total} layers",
+            f"{len(outer.fragments)} fragment{'s' if len(outer.fragments) > 1 else ''} of "
+            f"{total} layers",
             f"must cover the model's {layers} layers exactly",
         )
 

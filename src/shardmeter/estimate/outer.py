@@ -54,8 +54,10 @@ class OuterRound:
 
     @property
     def wan_hidden_s(self) -> FloatArray:
-        """WAN exchange time that ran under compute (exchange minus its exposed part)."""
-        return np.maximum(0.0, self.wan_comm_s - self.wan_exposed_s)
+        """WAN exchange time that ran under compute (exchange minus its exposed part); a
+        rounding residue of the subtraction (below 1e-9 of the exchange) is zero."""
+        hidden = self.wan_comm_s - self.wan_exposed_s
+        return np.where(hidden > 1e-9 * self.wan_comm_s, hidden, 0.0)
 
     def tokens_per_s(self, tokens_per_step: ArrayLike) -> FloatArray:
         """Island i's tokens/s: H_i · tokens per inner step / round (island axis last)."""
