@@ -324,14 +324,18 @@ def test_frozen_worker_rejoins_without_double_application(
 
 class Proxy:
     """A TCP proxy in front of the server. :meth:`partition` cuts every connection and holds
-    new ones open without forwarding a byte (a black hole); :meth:`heal` forwards again."""
+    new ones open without forwarding a byte (a black hole); :meth:`heal` forwards again.
 
-    def __init__(self, target: str) -> None:
-        host, port = target.removeprefix("tcp://").rsplit(":", 1)
-        self.target = (host, int(port))
-        self.listener = socket.create_server(("127.0.0.1", 0))
+    It listens on ``host`` at the target's own port (another loopback address, so that a
+    sharded server's shard ports, which the worker learns from ``welcome``, lead to proxies
+    on the same host too)."""
+
+    def __init__(self, target: str, host: str = "127.0.0.2") -> None:
+        addr, port = target.removeprefix("tcp://").rsplit(":", 1)
+        self.target = (addr, int(port))
+        self.listener = socket.create_server((host, int(port)))
         self.listener.settimeout(0.2)
-        self.address = f"tcp://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.address = f"tcp://{host}:{port}"
         self.cut = threading.Event()
         self.closed = threading.Event()
         self.open: list[socket.socket] = []
@@ -393,12 +397,13 @@ class Proxy:
         self.listener.close()
 
 
+@pytest.mark.parametrize("shards", [1, 2])
 def test_network_partition_through_a_proxy(
-    tmp_path: Path, tiny_config: Callable[..., Path]
+    tmp_path: Path, tiny_config: Callable[..., Path], shards: int
 ) -> None:
-    """Worker 0 reaches the server through a TCP proxy that partitions it away long enough
-    to be evicted, then heals: worker 0 reconnects by itself, rejoins, and every round it
-    had acknowledged is applied exactly once."""
+    """Worker 0 reaches the server through a TCP proxy per shard that partitions it away long
+    enough to be evicted, then heals: worker 0 reconnects by itself, rejoins, and every round
+    it had acknowledged is applied exactly once."""
     config = tiny_config(tmp_path / "run.toml", token_budget=60 * ROUND_TOKENS)
     cfg = LaunchConfig(
         config=config,
@@ -408,28 +413,32 @@ def test_network_partition_through_a_proxy(
         serve_args=["--heartbeat-s", "0.3", "--evict-after-s", "2"],
         work_args=["--timeout-s", "1", "--deadline-s", "60"],
         threads=1,
+        shards=shards,
     )
     cluster = local_cluster(cfg, SECRET)
-    proxy: Proxy | None = None
+    proxies: list[Proxy] = []
     try:
-        address = cluster.start_server()
-        proxy = Proxy(address)
-        cluster.start_worker(0, proxy.address)
+        cluster.start_server()
+        shard_addresses = [s["address"] for s in server_status(cluster).get("shards", [])]
+        proxies = [Proxy(a) for a in shard_addresses or [cluster.address]]
+        cluster.start_worker(0, proxies[0].address)
         for w in (1, 2):
             cluster.start_worker(w)
         wait_until(lambda: accepted_of(cluster, 0) >= 1, 60, "a round of worker 0")
-        proxy.partition()
+        for proxy in proxies:
+            proxy.partition()
         cut_at = accepted_of(cluster, 0)
         wait_until(lambda: not server_status(cluster)["workers"][0]["active"], 20, "eviction")
         revision = server_status(cluster)["revision"]
         wait_until(lambda: server_status(cluster)["revision"] >= revision + 2, 30, "progress")
         assert accepted_of(cluster, 0) == cut_at  # nothing got through the partition
-        proxy.heal()
+        for proxy in proxies:
+            proxy.heal()
         wait_until(lambda: accepted_of(cluster, 0) > cut_at, 30, "worker 0 back")
         assert cluster.wait(120) == 0
     finally:
         cluster.stop()
-        if proxy is not None:
+        for proxy in proxies:
             proxy.close()
     out = tmp_path / "run"
     assert_consistent(out, 3)

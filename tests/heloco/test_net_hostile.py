@@ -11,6 +11,7 @@ traceback. A second test measures that a stranger cannot make the server allocat
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -25,10 +26,12 @@ import pytest
 import torch
 import zmq
 
+from heloco.cli import main
 from heloco.cli.launch import local_cluster
 from heloco.cli.serve import status
 from heloco.config import save_config
 from heloco.net import auth, keys, wire
+from heloco.net.auth import SECRET_ENV
 from heloco.net.client import ClientConfig
 from heloco.net.launcher import LaunchConfig, LocalCluster
 from heloco.net.link import NetLink
@@ -40,6 +43,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 SECRET = b"hostile-test-secret-0123456789abcdef"
 MAX_MB = 4
 NO_REPLY_S = 0.4  # how long a case waits for a reply it must not get
+SEND_TIMEOUT_MS = 5000  # a send that cannot be queued gives up (a DEALER with no peer blocks)
 
 
 @dataclass
@@ -49,8 +53,15 @@ class Peer:
     sock: zmq.Socket[bytes]
     secret: bytes
 
-    def send(self, frames: list[bytes]) -> None:
-        self.sock.send_multipart(frames)
+    def send(self, frames: list[bytes]) -> bool:
+        """Queue ``frames``; False if they could not be queued within the send timeout (a
+        DEALER whose connection is between a refused CURVE handshake and its reconnect has no
+        peer, and a plain send would block forever)."""
+        try:
+            self.sock.send_multipart(frames)
+        except zmq.Again:
+            return False
+        return True
 
     def reply(self, timeout_s: float) -> wire.Message | None:
         if not self.sock.poll(int(timeout_s * 1000)):
@@ -74,6 +85,7 @@ class Live:
     def peer(self, curve: keys.ClientKeys | None = None, secret: bytes = SECRET) -> Peer:
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
         if curve is not None:
             keys.connect_securely(sock, curve)
         sock.connect(self.address)
@@ -512,8 +524,8 @@ def test_hostile_network_suite(server: Live) -> None:
     for name, who, build, want in CASES:
         peer = server.insider() if who == "insider" else server.peer(strangers[who])
         try:
-            peer.send(build(server, rnd))
-            reply = peer.reply(NO_REPLY_S if want is None else 10.0)
+            sent = peer.send(build(server, rnd))
+            reply = peer.reply(NO_REPLY_S if want is None else 10.0) if sent else None
         finally:
             peer.close()
         if not expected_reply(reply, want):
@@ -603,6 +615,7 @@ def test_a_stranger_cannot_make_the_server_allocate(tmp_path: Path, tiny_net_val
         ctx: zmq.Context[Any] = zmq.Context()
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
         stranger = keys.ClientKeys(
             keys.load_client(cluster.keys_dir / "worker0").server_public, keys.new_keypair()
         )
@@ -610,7 +623,8 @@ def test_a_stranger_cannot_make_the_server_allocate(tmp_path: Path, tiny_net_val
         sock.connect(address)
         chunk = b"\0" * (1_900_000)
         for _ in range(3):
-            sock.send_multipart([b"h", *[chunk] * 120], copy=False)
+            with contextlib.suppress(zmq.Again):  # no peer while the handshake is refused
+                sock.send_multipart([b"h", *[chunk] * 120], copy=False)
         time.sleep(2.0)
         sock.close(linger=0)
         ctx.term()
@@ -712,11 +726,15 @@ SHARD_CASES = [
 
 
 def test_hostile_cases_against_a_shard(
-    tmp_path: Path, tiny_net_values: Callable[..., dict[str, Any]]
+    tmp_path: Path,
+    tiny_net_values: Callable[..., dict[str, Any]],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A 2-shard `heloco serve`: strangers, wrong secrets, malformed and forbidden stages and
     requests a shard does not serve, all sent to shard 1, are refused there; nothing is staged
-    or applied, and a good worker's round then goes through both shards."""
+    or applied, and a good worker's round then goes through both shards, as `heloco serve
+    --status` then reports per shard."""
     values = tiny_net_values(method="async-nesterov", workers=2, token_budget=10**9, eval_every=0)
     save_config(parse_sim_config(values), tmp_path / "run.toml")
     cfg = LaunchConfig(
@@ -758,8 +776,8 @@ def test_hostile_cases_against_a_shard(
         for name, who, build, want in SHARD_CASES:
             peer = srv.insider() if who == "insider" else srv.peer(strangers[who])
             try:
-                peer.send(build(srv, rnd, part))
-                reply = peer.reply(NO_REPLY_S if want is None else 10.0)
+                sent = peer.send(build(srv, rnd, part))
+                reply = peer.reply(NO_REPLY_S if want is None else 10.0) if sent else None
             finally:
                 peer.close()
             if not expected_reply(reply, want):
@@ -784,6 +802,13 @@ def test_hostile_cases_against_a_shard(
         outcome = link.push(RoundResult(0, delta, 2, 128, 5.0, d.revision, d.round_id), 0.1)
         link.close()
         assert outcome.accepted and outcome.revision == 1
+        monkeypatch.setenv(SECRET_ENV, SECRET.decode())
+        ask = ["serve", "--status", cluster.address, "--keys", str(cluster.keys_dir / "server")]
+        assert main(ask) == 0
+        shown = json.loads(capsys.readouterr().out)
+        assert shown["revision"] == 1 and len(shown["shards"]) == 2
+        assert sum(s["tensors"] for s in shown["shards"]) == len(rnd.shapes)
+        assert all(s["counters"]["staged"] == 1 for s in shown["shards"]), shown["shards"]
     finally:
         cluster.stop()
         srv.ctx.term()

@@ -39,16 +39,21 @@ def tiny(path: Path, values: Callable[..., dict[str, Any]], **over: Any) -> Path
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
+@pytest.mark.parametrize("shards", [1, 2])
 def test_launch_ends_with_the_run_and_shares_follow_the_paces(
     tmp_path: Path,
     tiny_net_values: Callable[..., dict[str, Any]],
     capsys: pytest.CaptureFixture[str],
+    shards: int,
 ) -> None:
-    """Paces 0.15/0.3/0.6 s per step (rounds of 0.3/0.6/1.2 s): about 4:2:1 of 28 rounds."""
+    """Paces 0.15/0.3/0.6 s per step (rounds of 0.3/0.6/1.2 s): about 4:2:1 of 28 rounds;
+    the same with `--shards 2` (a server of two shards, every worker talking to both)."""
     config = tiny(tmp_path / "run.toml", tiny_net_values, token_budget=28 * ROUND_TOKENS)
     out = tmp_path / "run"
     argv = ["launch", "--config", str(config), "--out", str(out), "--paces", "0.15,0.3,0.6"]
-    assert main(argv) == 0
+    assert main([*argv, "--shards", str(shards)]) == 0
+    server_log = (out / "logs" / "server.log").read_text()
+    assert ("(shards)" in server_log) == (shards > 1), server_log[-2000:]
     err = capsys.readouterr().err
     assert "heloco launch: " in err and "did not finish" not in err
     summary = json.loads((out / "summary.json").read_text())

@@ -12,6 +12,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch import nn
 
 from heloco.net import wire
 from heloco.net.client import Client, ClientConfig, ServerUnreachable
@@ -22,8 +23,10 @@ from heloco.net.link import NetLink
 from heloco.net.shards import GroupRunner, plan_shards
 from heloco.outer import OuterConfig, build_optimizer
 from heloco.outer.base import Arrival
+from heloco.outer_loop import OuterLoop
 from heloco.server import Server, ServerConfig
 from heloco.types import Params, RoundResult, clone_params
+from shardmeter.errors import UserInputError
 
 SECRET = b"shards-test-secret-0123456789abcdef"
 
@@ -275,3 +278,42 @@ def round_of_model(link: NetLink, like: Params) -> tuple[RoundResult, Params]:
     assert d is not None and set(d.params) == set(like)
     delta = {k: torch.full(v.shape, 1e-3) for k, v in like.items()}
     return RoundResult(link.worker, delta, 2, 128, 1.0, d.revision, d.round_id), d.params
+
+
+def module_like(params: Params) -> nn.Module:
+    """A module whose parameters have these (dotted) names and values."""
+    root = nn.Module()
+    for name, value in params.items():
+        *path, leaf = name.split(".")
+        owner = root
+        for part in path:
+            if not hasattr(owner, part):
+                owner.add_module(part, nn.Module())
+            owner = getattr(owner, part)
+        owner.register_parameter(leaf, nn.Parameter(value.clone()))
+    return root
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_model_unlike_the_servers_is_a_one_line_error(served: Any, shards: int) -> None:
+    """A user's loop whose module has another parameter's shape (or other names) joins a
+    live server: the first dispatch, assembled from every shard, is refused in one line that
+    names the parameter and both shapes; nothing reaches the server's model."""
+    server = served(shards)
+    wrong_shape = module_like(model() | {"head": torch.zeros(8, 51)})
+    cases = [
+        (wrong_shape, r"model parameter 'head': got 'shape \(8, 51\)'.*shape \(8, 50\)"),
+        (nn.Linear(8, 8), "parameters missing from the server's model"),
+    ]
+    for worker, (module, message) in enumerate(cases):
+        link = server.link(worker)
+        with (
+            pytest.raises(UserInputError, match=message) as exc,
+            OuterLoop(module, None, link, hook=False),
+        ):
+            pass
+        link.close()  # __exit__ does not run when __enter__ raises
+        assert "\n" not in str(exc.value)
+    coord = server.endpoint.coord
+    assert coord.server.revision == 0 and coord.counters.accepted == 0

@@ -91,6 +91,34 @@ def test_message_roundtrip_and_tamper() -> None:
         wire.decode(frames, SECRET, max_bytes=wire.wire_bytes(frames) - 1)
 
 
+def test_int8_on_threads_is_the_serial_result() -> None:
+    x = torch.randn(2 * compress.CHUNK_ELEMENTS + 4099, generator=torch.Generator().manual_seed(1))
+    q1, s1 = compress.quantize_int8(x, 4096)
+    q3, s3 = compress.quantize_int8(x, 4096, threads=3)
+    assert torch.equal(q1, q3) and torch.equal(s1, s3)
+
+
+def test_tag_of_large_frames_is_the_same_on_any_thread_count_and_covers_every_byte() -> None:
+    """Frames above a piece are MACed through their pieces' SHA-256 digests: the tag does not
+    depend on how many threads hashed them, and still changes with any byte, any piece's
+    order, or a byte moved across a frame boundary."""
+    piece = auth.PIECE_BYTES
+    gen = torch.Generator().manual_seed(0)
+    big = torch.randint(0, 256, (9 * piece + 17,), dtype=torch.uint8, generator=gen).numpy()
+    frames = [b"head", big.tobytes(), b"x" * 100, big[: piece + 1].tobytes()]
+    assert sum(map(len, frames)) > auth.PARALLEL_BYTES  # hashed on threads when asked
+    tag = auth.sign(SECRET, frames)
+    assert auth.sign(SECRET, frames, threads=3) == tag
+    assert auth.verify(SECRET, [memoryview(f) for f in frames], tag, threads=2)
+    flipped = bytearray(frames[1])
+    flipped[3 * piece + 5] ^= 1
+    swapped = frames[1][piece : 2 * piece] + frames[1][:piece] + frames[1][2 * piece :]
+    moved = [frames[0], frames[1][:-1], frames[1][-1:] + frames[2], frames[3]]
+    for other in ([*frames[:1], flipped, *frames[2:]], [frames[0], swapped, *frames[2:]], moved):
+        assert not auth.verify(SECRET, other, tag, threads=2)
+    assert auth.sign(b"another-secret-of-16+bytes", frames) != tag
+
+
 def test_declared_shape_must_match_bytes() -> None:
     msg = wire.make("push", {}, {"w": torch.randn(6)})
     bad = wire.Message(

@@ -23,6 +23,7 @@ import zmq
 from heloco.net import compress, wire
 from heloco.net.compress import Codec
 from heloco.net.keys import ClientKeys, connect_securely
+from heloco.net.pool import WORKER_THREADS
 from heloco.net.wire import Message, WireError
 from shardmeter.errors import UserInputError
 
@@ -92,7 +93,7 @@ class Client:
 
     def send(self, msg: Message) -> None:
         """Send without waiting (tests use it to inject duplicates and replays)."""
-        frames = wire.encode(msg, self.secret)
+        frames = wire.encode(msg, self.secret, WORKER_THREADS)
         self.traffic.sent_bytes += wire.wire_bytes(frames)
         self._socket().send_multipart(frames, copy=False)
 
@@ -110,7 +111,7 @@ class Client:
             frames = [f.buffer for f in sock.recv_multipart(copy=False)]
             self.traffic.recv_bytes += wire.wire_bytes(frames)
             try:
-                reply = wire.decode(frames, self.secret, self.cfg.max_bytes)
+                reply = wire.decode(frames, self.secret, self.cfg.max_bytes, WORKER_THREADS)
             except WireError:
                 continue
             if reply.re == want:
@@ -149,7 +150,7 @@ class Client:
         block: int = compress.DEFAULT_BLOCK,
     ) -> Message:
         """Build, send and await one request."""
-        return self.call(wire.make(type_, body, params, codec, block))
+        return self.call(wire.make(type_, body, params, codec, block, threads=WORKER_THREADS))
 
 
 class ShardedClient:
@@ -210,7 +211,15 @@ class ShardedClient:
         body = ident | {"round_id": round_id}
         return self._all(
             [
-                partial(wire.make, "stage", body, {k: delta[k] for k in names}, codec, block)
+                partial(
+                    wire.make,
+                    "stage",
+                    body,
+                    {k: delta[k] for k in names},
+                    codec,
+                    block,
+                    threads=WORKER_THREADS,
+                )
                 for names in self.names
             ]
         )

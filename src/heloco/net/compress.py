@@ -24,6 +24,7 @@ from typing import Literal, get_args
 import numpy as np
 import torch
 
+from heloco.net.pool import parallel_map
 from shardmeter.errors import UserInputError
 
 Codec = Literal["fp32", "bf16", "int8"]
@@ -113,10 +114,13 @@ def _row_chunks(numel: int, block: int) -> Iterator[tuple[int, int, int]]:
         yield full, full + 1, numel - full * block
 
 
-def quantize_int8(x: torch.Tensor, block: int = DEFAULT_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_int8(
+    x: torch.Tensor, block: int = DEFAULT_BLOCK, threads: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Blockwise absmax int8 of the flattened ``x``: (q int8 [numel], scales fp32 [n_blocks]).
 
-    Runs on ``x``'s device. A block of zeros gets scale 0 and decodes to zeros.
+    Runs on ``x``'s device; on the CPU its chunks are quantised on ``threads`` threads (the
+    same result: chunks are whole blocks). A block of zeros gets scale 0 and decodes to zeros.
     """
     if block < 1:
         raise UserInputError("block", block, "an integer >= 1")
@@ -124,9 +128,16 @@ def quantize_int8(x: torch.Tensor, block: int = DEFAULT_BLOCK) -> tuple[torch.Te
     numel = flat.numel()
     q = torch.empty(numel, dtype=torch.int8, device=flat.device)
     scales = torch.empty(n_blocks(numel, block), dtype=torch.float32, device=flat.device)
-    scratch = torch.empty(min(numel, max(block, CHUNK_ELEMENTS)), device=flat.device)
-    for first, end, length in _row_chunks(numel, block):
+    local = threading.local()
+
+    def chunk(span: tuple[int, int, int]) -> None:
+        first, end, length = span
         lo, hi = first * block, first * block + (end - first) * length
+        scratch = getattr(local, "scratch", None)
+        if scratch is None:
+            scratch = local.scratch = torch.empty(
+                min(numel, max(block, CHUNK_ELEMENTS)), device=flat.device
+            )
         rows = flat[lo:hi].view(-1, length)
         s = scales[first:end]
         torch.maximum(torch.amax(rows, 1), torch.amin(rows, 1).neg_(), out=s)
@@ -134,6 +145,10 @@ def quantize_int8(x: torch.Tensor, block: int = DEFAULT_BLOCK) -> tuple[torch.Te
         inv = torch.where(s > 0, 1.0 / s, 0.0)
         y = torch.mul(rows, inv[:, None], out=scratch[: hi - lo].view(-1, length))
         q[lo:hi].view(-1, length).copy_(y.round_().clamp_(-INT8_MAX, INT8_MAX))
+
+    spans = list(_row_chunks(numel, block))
+    parallel = threads > 1 and len(spans) > 1 and flat.device.type == "cpu"
+    parallel_map(chunk, spans, threads if parallel else 1)
     return q, scales
 
 
@@ -162,13 +177,14 @@ def int8_error_bound(x: torch.Tensor, block: int = DEFAULT_BLOCK) -> torch.Tenso
     return per_block.repeat_interleave(block)[: flat.numel()].view_as(flat)
 
 
-def encode(x: torch.Tensor, codec: Codec, block: int = DEFAULT_BLOCK) -> Encoded:
-    """Encode one tensor (any shape, any device) into wire bytes (fp32 on the CPU: no copy)."""
+def encode(x: torch.Tensor, codec: Codec, block: int = DEFAULT_BLOCK, threads: int = 1) -> Encoded:
+    """Encode one tensor (any shape, any device) into wire bytes (fp32 on the CPU: no copy;
+    int8 quantised on ``threads`` threads)."""
     shape = tuple(int(s) for s in x.shape)
     if codec in _DTYPES:
         return Encoded(codec, shape, 0, as_bytes(x.detach().to(_DTYPES[codec])))
     if codec == "int8":
-        q, scales = quantize_int8(x, block)
+        q, scales = quantize_int8(x, block, threads)
         return Encoded("int8", shape, block, as_bytes(q), as_bytes(scales))
     raise UserInputError("codec", codec, f"one of {', '.join(CODECS)}")
 

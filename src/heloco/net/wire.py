@@ -86,9 +86,11 @@ def make(
     codec: Codec = "fp32",
     block: int = compress.DEFAULT_BLOCK,
     re: str = "",
+    threads: int = 1,
 ) -> Message:
-    """Build a message with a fresh id and timestamp, encoding ``params`` with ``codec``."""
-    tensors = {k: compress.encode(v, codec, block) for k, v in (params or {}).items()}
+    """Build a message with a fresh id and timestamp, encoding ``params`` with ``codec``
+    (int8 quantised on ``threads`` threads)."""
+    tensors = {k: compress.encode(v, codec, block, threads) for k, v in (params or {}).items()}
     return Message(type_, dict(body or {}), tensors, new_id(), re, time.time())
 
 
@@ -109,14 +111,14 @@ def _header(msg: Message) -> bytes:
     return json.dumps(head, separators=(",", ":"), allow_nan=False).encode()
 
 
-def encode(msg: Message, secret: bytes) -> list[Frame]:
-    """Frames of ``msg`` with its HMAC tag appended."""
+def encode(msg: Message, secret: bytes, threads: int = 1) -> list[Frame]:
+    """Frames of ``msg`` with its HMAC tag appended (hashed on ``threads`` threads)."""
     frames: list[Frame] = [_header(msg)]
     for enc in msg.tensors.values():
         frames.append(enc.data)
         if enc.codec == "int8":
             frames.append(enc.scales)
-    frames.append(auth.sign(secret, frames))
+    frames.append(auth.sign(secret, frames, threads))
     return frames
 
 
@@ -176,8 +178,10 @@ def _parse_header(raw: Frame) -> Header:
     return head
 
 
-def decode(frames: Sequence[Frame], secret: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> Message:
-    """Authenticate and parse a framed message.
+def decode(
+    frames: Sequence[Frame], secret: bytes, max_bytes: int = DEFAULT_MAX_BYTES, threads: int = 1
+) -> Message:
+    """Authenticate (the tag hashed on ``threads`` threads) and parse a framed message.
 
     Order of checks: total size (cheap, before hashing), HMAC tag, header, then every tensor's
     byte count against its declared shape. Raises :class:`WireError` with reason ``too_large``,
@@ -189,7 +193,7 @@ def decode(frames: Sequence[Frame], secret: bytes, max_bytes: int = DEFAULT_MAX_
     if len(frames) < 2:
         raise WireError("bad_frames", f"{len(frames)} frames")
     body_frames, tag = frames[:-1], bytes(frames[-1])
-    if len(tag) != auth.TAG_BYTES or not auth.verify(secret, body_frames, tag):
+    if len(tag) != auth.TAG_BYTES or not auth.verify(secret, body_frames, tag, threads):
         raise WireError("bad_mac", "HMAC tag does not match")
     head = _parse_header(body_frames[0])
     tensors: dict[str, Encoded] = {}
