@@ -188,7 +188,7 @@ def main() -> None:
     )
     verdict = "within" if report["peak_gb"] <= budget else "OVER"
     print(f"budget 2.5 x {param_gb:.2f} GB + 1 GB = {budget:.2f} GB: {verdict}")
-    print(f"load average {os.getloadavg()[0]:.2f}")
+    print("load average {:.2f}, {:.2f}, {:.2f}".format(*os.getloadavg()))
 
 
 if __name__ == "__main__":

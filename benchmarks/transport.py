@@ -6,8 +6,9 @@
 
 The limit, measured in the same run over the same bytes (the model's 8 fp32 tensors as frames):
 raw ZeroMQ on loopback (a DEALER sends the frames from memory to a ROUTER in another process,
-which answers one small frame) plus one HMAC-SHA256 pass over those bytes on one core, one
-after the other: limit MB/s = bytes / (t_zmq + t_hmac). With CURVE on (as `heloco serve`
+which answers one small frame) plus one pass of the message tag over those bytes on one core
+(``auth.sign``: HMAC-SHA256, large frames through their 1 MiB pieces' SHA-256), one after the
+other: limit MB/s = bytes / (t_zmq + t_hmac). With CURVE on (as `heloco serve`
 always runs), the raw ZeroMQ leg is CURVE-encrypted too, so each setting has its own limit.
 
 The server is the real one (endpoint, coordinator, ``Server``, async Nesterov outer step) in
@@ -16,7 +17,9 @@ the same client as `heloco work`): it pulls the model (fp32) and pushes a pseudo
 (fp32, bf16 or int8). MB/s = wire bytes / seconds of the request, end to end (encode, HMAC,
 loopback TCP, verify, decode, finiteness check and, for a push, the outer update); updates/s =
 1 / seconds per push. With 2 shards the worker fetches and stages both halves in parallel.
-Every process runs ``--threads`` torch threads (default 1, the run config's default). Each
+Every process runs ``--threads`` torch threads (default 1, the run config's default); the
+worker hashes and quantises on up to 4 threads of its own (``heloco.net.pool``), a server
+shard on one, so a figure may exceed the one-core limit. Each
 figure is the best of ``--reps`` (the machine is shared: the best run is the least disturbed),
 and the limit is the best of its measurements just before and just after the setting's runs.
 """
@@ -284,8 +287,9 @@ def bench_round(preset: str, codec: str, inner_steps: int, rounds: int) -> Round
 
 # -- report -------------------------------------------------------------------------------------
 def load() -> str:
-    """The 1-minute load average and the core count, for the record."""
-    return f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
+    """The load averages (as ``uptime`` prints them) and the core count, for the record."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} cores"
 
 
 ROW_HEADER = (
