@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -99,8 +100,9 @@ def coordinator(method: str = "async-nesterov", workers: int = 2) -> Coordinator
 class Served:
     """An endpoint serving in a thread, stopped at the end."""
 
-    def __init__(self, coord: Coordinator, shards: int) -> None:
-        self.endpoint = Endpoint(coord, SECRET, EndpointConfig(shards=shards, poll_ms=5))
+    def __init__(self, coord: Coordinator, shards: int, **cfg: Any) -> None:
+        self.endpoint = Endpoint(coord, SECRET, EndpointConfig(shards=shards, poll_ms=5, **cfg))
+        self.restored = self.endpoint.restore()
         self.address = self.endpoint.open()
         self.thread = threading.Thread(target=self.endpoint.serve, daemon=True)
         self.thread.start()
@@ -122,8 +124,8 @@ class Served:
 def served() -> Iterator[Any]:
     started: list[Served] = []
 
-    def start(shards: int = 3, **kw: Any) -> Served:
-        s = Served(coordinator(**kw), shards)
+    def start(shards: int = 3, checkpoint_dir: Path | None = None, **kw: Any) -> Served:
+        s = Served(coordinator(**kw), shards, checkpoint_dir=checkpoint_dir)
         started.append(s)
         return s
 
@@ -317,3 +319,34 @@ def test_a_model_unlike_the_servers_is_a_one_line_error(served: Any, shards: int
         assert "\n" not in str(exc.value)
     coord = server.endpoint.coord
     assert coord.server.revision == 0 and coord.counters.accepted == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_sharded_checkpoint_resumes_with_any_shard_count(served: Any, tmp_path: Path) -> None:
+    """A 2-shard server's checkpoint (one file set, one revision for the whole model) is
+    restored by a server of 1 shard, and that one's by a server of 3: the same θ and revision,
+    and the next round of a worker goes through every shard of the new layout."""
+    first = served(2, tmp_path)
+    assert not first.restored
+    link = first.link(0)
+    link.join()
+    for i in range(2):
+        result, _ = round_of(link, i)
+        assert link.push(result, 0.1).accepted
+    link.close()
+    first.close()  # the final checkpoint
+    theta, revision = clone_params(first.endpoint.coord.server.params), 2
+    for shards in (1, 3):  # each resumes from the checkpoint of the one before
+        again = served(shards, tmp_path)
+        coord = again.endpoint.coord
+        assert again.restored and coord.server.revision == revision
+        for k, v in theta.items():
+            assert torch.equal(coord.server.params[k], v), k
+        link = again.link(0)
+        link.join()
+        result, start = round_of(link, 7)
+        assert all(torch.equal(start[k], v) for k, v in theta.items())
+        assert link.push(result, 0.1).revision == revision + 1
+        link.close()
+        again.close()
+        theta, revision = clone_params(coord.server.params), revision + 1
