@@ -576,3 +576,37 @@ def test_payloads_in_sweep_and_failures_in_a_sweep(capsys: pytest.CaptureFixture
     assert main(churn) == 0
     points = json.loads(capsys.readouterr().out)["sweeps"][0]["points"]
     assert points[0]["utilization"] < points[1]["utilization"]
+
+
+def test_no_overlap_switches_every_overlap_off_in_predict_and_plan(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--no-overlap` is the pessimistic bound: predict hides nothing in any mode, and the
+    planner searches without any overlap (τ = 0 for streaming)."""
+    topo = load_topology("two-clouds")
+    for mode in MODES:
+        argv = ["predict", "--topology", "two-clouds", "--mode", mode, "--fragments", "4"]
+        assert (
+            main([*argv, "--outer-overlap", "--overlap-steps", "2", "--no-overlap", "--json"]) == 0
+        )
+        doc = json.loads(capsys.readouterr().out)
+        off = predict_topology(
+            topo, mode=mode, fragments=4, backward_overlap=False, outer_overlap=False
+        )
+        assert doc["utilization"] == off.utilization
+        assert doc["wan_hidden_s"] == off.wan_hidden_s
+        if mode != "async":  # async hides its exchange behind the next round by design
+            assert off.wan_hidden_s == 0.0
+        assert off.utilization <= predict_topology(topo, mode=mode, fragments=4).utilization
+    argv = ["plan", "--topology", "two-clouds", "--modes", "sync,streaming", "--top", "0"]
+    assert main([*argv, "--json"]) == 0
+    hidden = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--json", "--no-overlap"]) == 0
+    exposed = json.loads(capsys.readouterr().out)
+    assert exposed["best"]["time"]["utilization"] < hidden["best"]["time"]["utilization"]
+    taus = {r["outer"]["overlap_steps"] for r in exposed["ranked"] if r["outer"]["mode"] != "sync"}
+    assert taus == {0}
+    assert main([*argv, "--no-overlap", "--overlap-steps", "1"]) == 2
+    assert "--overlap-steps: got '1'; not with --no-overlap" in capsys.readouterr().err
+    assert main(["plan", "--cluster", "dgx-h100", "--gpus", "8", "--no-overlap"]) == 2
+    assert "--no-overlap: got True; only with --topology" in capsys.readouterr().err

@@ -244,3 +244,19 @@ def test_the_same_mistake_is_the_same_one_line_error_everywhere(
     with pytest.raises(UserInputError) as exc:
         predict_topology(load_topology("two-clouds"), **python)
     assert str(exc.value) == message
+
+
+def test_mtbf_per_gpu_per_island_and_on_one_island(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An island's own `mtbf_hours` wins over the run's; the run's per-GPU MTBF is divided by
+    each island's GPUs, its per-island MTBF is taken as is."""
+    path = toml_file(tmp_path, "failures = { gpu_mtbf_hours = 32000 }", "mtbf_hours = 500")
+    doc = cli_doc(capsys, "--topology", str(path))
+    assert [i["mtbf_hours"] for i in doc["islands"]] == [1000.0, 500.0]  # 32 GPUs each
+    per_island = cli_doc(capsys, "--topology", "two-clouds", "--failures", "island_mtbf_hours=700")
+    assert [i["mtbf_hours"] for i in per_island["islands"]] == [700.0, 700.0]
+    bad = toml_file(tmp_path, "", "mtbf_hours = -3")
+    assert cli_error(capsys, "--topology", str(bad)) == (
+        "shardmeter: error: islands[1].mtbf_hours: got -3; Input should be greater than 0"
+    )

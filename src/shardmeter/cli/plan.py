@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -89,6 +90,12 @@ def add_parser(subparsers: Any) -> None:
         "--payload",
         metavar="KIND[:KEY=VALUE,...]",
         help="islands: what crosses the WAN, as predict --payload (default: the file's)",
+    )
+    space.add_argument(
+        "--no-overlap",
+        action="store_true",
+        help="islands: pessimistic planning, no WAN exchange hides under compute (backward, "
+        "eager and τ overlaps off)",
     )
     out = p.add_argument_group("output")
     out.add_argument(
@@ -261,10 +268,17 @@ def run(args: argparse.Namespace) -> int:
     show = not args.no_progress and not args.json and sys.stderr.isatty()
     # The search as the user asked for it; --quality-from re-ranks the same space.
     topology: Topology | str | None = args.topology
-    if args.topology is not None and args.payload is not None:
-        topology = with_run(load_topology(args.topology), payload=args.payload)
-    elif args.payload is not None:
-        raise UserInputError("--payload", args.payload, "only with --topology")
+    for flag, value in (("--payload", args.payload), ("--no-overlap", args.no_overlap or None)):
+        if args.topology is None and value is not None:
+            raise UserInputError(flag, value, "only with --topology")
+    if args.topology is not None and (args.payload is not None or args.no_overlap):
+        run_overrides: dict[str, Any] = {"payload": args.payload}
+        if args.no_overlap:
+            if any(outer.overlap_steps):
+                raise UserInputError("--overlap-steps", args.overlap_steps, "not with --no-overlap")
+            run_overrides.update(backward_overlap=False, outer_overlap=False, overlap_steps=0)
+            outer = dataclasses.replace(outer, overlap_steps=(0,))
+        topology = with_run(load_topology(args.topology), **run_overrides)
     search: dict[str, Any] = {
         "model": args.model,
         "cluster": args.cluster,
