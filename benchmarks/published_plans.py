@@ -123,10 +123,14 @@ def main() -> None:
             f"in {len(gaps) - worse}/{len(gaps)}; median gap {sorted(gaps)[len(gaps) // 2]:.1f}%, "
             f"max {max(gaps):.1f}%"
         )
-        print(
-            f"* {len(oom)} published plans the model predicts out of memory ({', '.join(oom)}): "
-            "searched with HBM raised to the published plan's predicted need"
-        )
+        if oom:
+            print(
+                f"* {len(oom)} published plans the model predicts out of memory "
+                f"({', '.join(oom)}): searched with HBM raised to the published plan's predicted "
+                "need"
+            )
+        else:
+            print("no published plan is predicted out of memory")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,9 @@ def from_pydantic(
         return UserInputError(prefix or whole, None, str(exc))
     found = errors()
     deepest = max(found, key=lambda e: len(e.get("loc", ())))  # a union's table branch
-    first = next((e for e in found if isinstance(_cause(e), UserInputError)), deepest)
+    unknown = [e for e in found if e.get("type") == "extra_forbidden"]  # a typo: also "missing"
+    likely = max(unknown, key=lambda e: len(e.get("loc", ()))) if unknown else deepest
+    first = next((e for e in found if isinstance(_cause(e), UserInputError)), likely)
     parts = [part for part in first.get("loc", ()) if not _union_tag(part)]
     path = render(parts) if render is not None else ".".join(map(str, parts))
     cause = _cause(first)
@@ -46,6 +48,12 @@ def from_pydantic(
         return UserInputError(field, cause.value, cause.allowed)
     field = ".".join(p for p in (prefix, path) if p) or whole
     msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if first.get("type") == "extra_forbidden" and parts:
+        table = _table_at(getattr(exc, "title", ""), first.get("loc", ())[:-1])
+        if table is not None:
+            key = str(parts[-1])
+            parent = field[: len(field) - len(key)] if field.endswith(key) else ""
+            msg = f"unknown key; {_key_hint(key, table, parent)}"
     value = first.get("input")
     if isinstance(value, dict):
         name = value.get("name")
@@ -57,6 +65,33 @@ def _cause(error: Any) -> Any:
     return (error.get("ctx") or {}).get("error")
 
 
+def _table_at(root: str, loc: Sequence[Any]) -> type[Any] | None:
+    """The table type at an error location, walked from the model class named ``root`` (a
+    ValidationError's title) through fields, list items and union branches; None if lost."""
+    classes = _model_classes()
+    table = classes.get(root)
+    for part in loc:
+        if _union_tag(part):  # a union branch: that class, if the tag names one
+            table = classes.get(str(part), table)
+            continue
+        if table is None:
+            return None
+        if isinstance(part, int):
+            continue  # a list item: the item type was chosen with the field
+        annotation = (_fields(table) or {}).get(part)
+        items = [a for k in _union_args(annotation) for a in _items_or_self(k)]
+        tables = [t for a in items for t in _table_types(a)]
+        table = tables[0] if tables else None
+    return table
+
+
+def _items_or_self(annotation: Any) -> list[Any]:
+    """The item types of a list or tuple annotation, else the annotation itself."""
+    if typing.get_origin(annotation) in (list, tuple):
+        return [a for a in typing.get_args(annotation) if a is not Ellipsis]
+    return [annotation]
+
+
 def _union_tag(part: Any) -> bool:
     """pydantic's name for a union branch in an error location (a model's class name, or
     ``function-after[...]``), which is no field of the user's input."""
@@ -65,15 +100,21 @@ def _union_tag(part: Any) -> bool:
 
 
 def _model_class_names() -> set[str]:
+    return set(_model_classes())
+
+
+def _model_classes() -> dict[str, type[Any] | None]:
+    """Every pydantic model class by name; None for a name that two classes share."""
     from pydantic import BaseModel
 
-    names: set[str] = set()
+    classes: dict[str, type[Any] | None] = {}
     todo = list(BaseModel.__subclasses__())
     while todo:
         cls = todo.pop()
-        names.add(cls.__name__)
+        seen = classes.get(cls.__name__, cls)
+        classes[cls.__name__] = cls if seen is cls else None
         todo += cls.__subclasses__()
-    return names
+    return classes
 
 
 def did_you_mean(name: str, choices: Iterable[str], n: int = 3) -> str:

@@ -99,8 +99,7 @@ def test_unknown_method(capsys: pytest.CaptureFixture[str]) -> None:
 def test_paces_of_wrong_length(capsys: pytest.CaptureFixture[str]) -> None:
     err = one_line_error(capsys, ["simulate", "--workers", "5", "--paces", "1,2,3"])
     assert (
-        err
-        == "heloco: error: sim.paces: got [1.0, 2.0, 3.0]; 5 values, one per worker (workers = 5)"
+        err == "heloco: error: paces: got [1.0, 2.0, 3.0]; 5 values, one per worker (workers = 5)"
     )
 
 
@@ -108,10 +107,10 @@ def test_cross_field_model_error_names_the_field(capsys: pytest.CaptureFixture[s
     shape = ["--set", "model.d_model=30", "--set", "model.n_head=4", "--set", "model.n_layer=1"]
     shape += ["--set", "model.vocab_size=256", "--set", "model.seq_len=64"]
     err = one_line_error(capsys, ["simulate", *shape])
-    assert err == "heloco: error: sim.model.d_model: got 30; a multiple of n_head (4)"
+    assert err == "heloco: error: model.d_model: got 30; a multiple of n_head (4)"
     shape[1] = "model.d_model=-1"  # a field error inside the table branch of `str | ModelConfig`
     err = one_line_error(capsys, ["simulate", *shape])
-    assert err.startswith("heloco: error: sim.model.d_model: got -1; ")
+    assert err.startswith("heloco: error: model.d_model: got -1; ")
 
 
 def test_paces_not_numbers(capsys: pytest.CaptureFixture[str]) -> None:

@@ -48,6 +48,32 @@ def test_plot_formats_are_the_sweeps(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert out.read_bytes().startswith(b"%PDF")
 
 
+@pytest.mark.parametrize(
+    "where",
+    [
+        ["--model", "llama-3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "64"],
+        ["--topology", "two-clouds", "--max-gpus-per-island", "16", "--modes", "diloco"],
+    ],
+    ids=["cluster", "topology"],
+)
+def test_plan_for_a_framework_as_predict_does(
+    where: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`plan --framework` takes predict's names, and the plans it returns are that stack's
+    (issue 11, case 13: one vocabulary)."""
+    argv = ["plan", *where, "--max-cp", "1", "--recompute", "none", "--top", "2", "--json"]
+    assert main([*argv, "--framework", "maxtext"]) == 0, capsys.readouterr().err
+    doc = json.loads(capsys.readouterr().out)
+    plans = [isl["plan"] for r in doc["ranked"] for isl in r["islands"]]
+    assert plans and all(p["framework"] == "maxtext" and p["compiled"] for p in plans)
+    assert main(argv) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert all(isl["plan"]["framework"] is None for r in plain["ranked"] for isl in r["islands"])
+    assert main([*argv, "--framework", "maxtxt"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--framework" in err and "maxtext" in err and "\n" not in err
+
+
 def test_unmet_deadline_exits_1_with_reason(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["plan", "--model", "llama-3-8b", "--cluster", "dgx-h100", "--gpus", "8"]
     argv += ["--global-batch", "64", "--deadline", "1h", "--max-cp", "1"]

@@ -161,4 +161,4 @@ def parse_sim_config(values: dict[str, Any]) -> SimConfig:
     try:
         return SimConfig.model_validate(values)
     except ValidationError as exc:
-        raise from_pydantic(exc, "sim") from None
+        raise from_pydantic(exc, whole="config") from None

@@ -34,6 +34,7 @@ from shardmeter.search.options import (
     SpaceOptions,
 )
 from shardmeter.search.result import PlanSearchResult
+from shardmeter.specs.framework import FRAMEWORKS
 from shardmeter.specs.topology import Topology, load_topology
 
 ALL_PLANS = 10**12  # --top 0: keep every feasible plan (no time-bound pruning of the ranking)
@@ -82,6 +83,12 @@ def add_parser(subparsers: Any) -> None:
     space.add_argument("--even-layers", action="store_true", help="pp·vpp must divide layers")
     space.add_argument("--no-hsdp", action="store_true", help="shard over all of dp only")
     space.add_argument("--overlap-tp", action="store_true", help="framework overlaps TP comms")
+    space.add_argument(
+        "--framework",
+        choices=tuple(FRAMEWORKS),
+        help="plan for this training stack: its documented defaults set the features the "
+        "search does not vary (as predict --framework)",
+    )
     space.add_argument("--inner-steps", help="islands: H values (default: the file's)")
     space.add_argument("--bits", help="islands: pseudo-gradient bits (default: the file's)")
     space.add_argument("--fragments", default="1,2,4,8", help="Streaming DiLoCo P values")
@@ -195,6 +202,7 @@ def options_from(args: argparse.Namespace) -> tuple[SpaceOptions, OuterOptions, 
         hsdp=not args.no_hsdp,
         uneven_layers=not args.even_layers,
         overlap_tp=args.overlap_tp,
+        framework=args.framework,
     )
     outer = OuterOptions(
         modes=parse_names("--modes", args.modes, MODES),

@@ -160,7 +160,18 @@ def inner_searches(
         key = _cluster_key(cluster)
         budget = constraints.memory_budget(cluster.accelerator.hbm_bytes)
         job, work = pending.get(
-            key, (EvalJob(model, cluster, options.overlap_tp, budget, prune=prune), [])
+            key,
+            (
+                EvalJob(
+                    model,
+                    cluster,
+                    options.overlap_tp,
+                    budget,
+                    prune=prune,
+                    framework=options.framework,
+                ),
+                [],
+            ),
         )
         done = {w.rows.n_gpus for w in work}
         for n in gpus:
@@ -186,7 +197,7 @@ def inner_searches(
         for j in range(len(pool)):
             n, g = int(pool.n_gpus[j]), int(pool.global_batch[j])
             if n in gpus and g % n == 0 and g // n in per_gpu:
-                plan = pool.plan(j, options.overlap_tp)
+                plan = pool.plan(j, options.overlap_tp, options.framework)
                 plans[(n, g // n)] = plan
                 steps[(n, g // n)] = estimate_step(model, cluster, plan, check_layers=False)
         islands.append(IslandOptions(spec.name, cluster, gpus, plans, steps))
