@@ -21,7 +21,7 @@ demo: $(STAMP)
 	@$(BIN)/shardmeter predict
 	@echo
 	@echo "== 2/3 shardmeter plan: the best plans over eight heterogeneous islands"
-	@$(BIN)/shardmeter plan --topology eight-heterogeneous --top 3 --no-progress \
+	@$(BIN)/shardmeter plan --topology eight-heterogeneous --top 1 --no-progress \
 		--plot out/plan-eight-heterogeneous.png
 	@echo
 	@echo "== 3/3 heloco simulate: five workers, two at half speed, one language each"

@@ -47,9 +47,11 @@ def test_out_dir_is_an_alias_of_out(tmp_path: Path) -> None:
 
 
 def test_progress_bar_run_prints_summary(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["simulate", *FAST, "--method", "mla"]) == 0
+    assert main(["simulate", *FAST, "--method", "mla", "--paces", "1,1.50599,4.10203,2,2"]) == 0
     out = capsys.readouterr().out
     assert "validation loss" in out and "mla" in out
+    # paces read as three significant digits (a topology's paces have many more)
+    assert "1, 1.51, 4.1, 2, 2" in out and "1.50599" not in out
 
 
 def test_flags_override_preset_and_set() -> None:

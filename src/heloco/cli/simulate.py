@@ -27,7 +27,7 @@ from heloco.outer import resolve_method
 from heloco.outer.registry import method_names
 from heloco.sim import RunResult, SimConfig, run_simulation
 from shardmeter.clikit import nonneg_int, positive_float, positive_int
-from shardmeter.report.terminal import add_wide_flag, console_for, key_value_table, si
+from shardmeter.report.terminal import add_wide_flag, console_for, key_value_table, si, sig3
 
 # flag dest -> dotted config key
 FLAG_KEYS: dict[str, str] = {
@@ -209,7 +209,7 @@ def summary_table(result: RunResult) -> Table:
         ("training tokens", f"{s.tokens:,}"),
         ("simulated time", f"{s.time:,.0f} s"),
         ("outer updates", f"{s.updates:,}"),
-        ("worker paces (s/step)", ", ".join(f"{p:g}" for p in s.paces)),
+        ("worker paces (s/step)", ", ".join(sig3(p) for p in s.paces)),
         ("arrival share per worker", ", ".join(f"{x:.2f}" for x in s.worker_shares)),
         (
             "mean staleness per worker",

@@ -109,7 +109,7 @@ def add_parser(subparsers: Any) -> None:
         "--top",
         type=nonneg_int,
         default=20,
-        help="plans in the ranked list (0: every feasible plan)",
+        help="plans in the ranked list (0: every feasible plan; 1: only the fastest, no table)",
     )
     out.add_argument("--json", action="store_true", help="print the result as JSON")
     out.add_argument(

@@ -254,8 +254,9 @@ def render_result(
     if len(shown) < len(res.pareto):
         title += f" ({len(shown)} of {len(res.pareto)} plans, evenly spaced; --json lists all)"
     console.print(_table(console, title, [("", c) for c in shown]))
-    ranked = [(f"#{k + 1}", c) for k, c in enumerate(res.ranked[:top])]
-    console.print(_table(console, "Ranked by wall-clock", ranked))
+    if top > 1:  # rank 1 is the fastest plan above
+        ranked = [(f"#{k + 1}", c) for k, c in enumerate(res.ranked[:top])]
+        console.print(_table(console, "Ranked by wall-clock", ranked))
     if res.best_time is not None and res.best_time.outer is not None:
         console.print(islands_table(res.best_time, console))
     if res.explanation is not None:
