@@ -154,7 +154,7 @@ def test_bad_model_choices_are_one_line(tmp_path: Path, values: Callable[..., An
         with pytest.raises(UserInputError, match=message) as exc:
             build_model(choice, 256, 32, seed=0)
         assert "\n" not in str(exc.value), choice
-    with pytest.raises(UserInputError, match=r"sim\.model\.hf: got 3"):
+    with pytest.raises(UserInputError, match=r"^model\.hf: got 3"):
         parse_sim_config(values(model={"hf": 3, "weights": []}))
 
 
