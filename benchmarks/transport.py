@@ -17,6 +17,8 @@ the same client as `heloco work`): it pulls the model (fp32) and pushes a pseudo
 (fp32, bf16 or int8). MB/s = wire bytes / seconds of the request, end to end (encode, HMAC,
 loopback TCP, verify, decode, finiteness check and, for a push, the outer update); updates/s =
 1 / seconds per push. With 2 shards the worker fetches and stages both halves in parallel.
+The servers of every shard count run at once and take turns round by round (a pull and a
+push each), so the load of a shared machine falls on each of them alike.
 Every process runs ``--threads`` torch threads (default 1, the run config's default); the
 worker hashes and quantises on up to 4 threads of its own (``heloco.net.pool``), a server
 shard on one, so a figure may exceed the one-core limit. Each
@@ -31,7 +33,7 @@ import multiprocessing as mp
 import os
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -150,7 +152,7 @@ def serve_fake(
     del init
     coord = Coordinator(server, Budget())
     cfg = EndpointConfig(
-        bind="tcp://127.0.0.1:0", max_bytes=2 << 30, keys=keys, shards=shards, poll_ms=1
+        bind="tcp://127.0.0.1:0", max_bytes=2 << 30, keys=keys, shards=shards, poll_ms=10
     )
     ep = Endpoint(coord, secret, cfg)
     q.put(ep.open())
@@ -176,10 +178,20 @@ class Row:
         return self.push_mbs / self.push_mb
 
 
-def bench(
-    n_params: int, curve: bool, shards: int, codecs: list[str], reps: int, threads: int
-) -> list[Row]:
-    """Best pull and push of ``n_params`` per codec (``reps`` each) against a server process."""
+@dataclass
+class Timings:
+    """Seconds and wire bytes of every pull and push of one shard count and codec."""
+
+    pulls: list[float] = field(default_factory=list)
+    pushes: list[float] = field(default_factory=list)
+    pull_bytes: int = 0
+    push_bytes: int = 0
+
+
+def start_server(
+    n_params: int, curve: bool, shards: int, threads: int
+) -> tuple[mp.process.BaseProcess, NetLink]:
+    """A server process of ``shards`` shards and a joined worker link to it."""
     secret = auth.new_secret()
     server_keys, client_keys = curve_keys() if curve else (None, None)
     ctx = mp.get_context("spawn")
@@ -187,55 +199,70 @@ def bench(
     args = (n_params, secret, server_keys, shards, threads, q)
     proc = ctx.Process(target=serve_fake, args=args, daemon=True)
     proc.start()
+    address = q.get(timeout=300)
+    cfg = ClientConfig(address, timeout_s=600, deadline_s=600, max_bytes=2 << 30, keys=client_keys)
+    link = NetLink(cfg, secret, 0)
+    link.join()
+    return proc, link
+
+
+def bench(
+    n_params: int, curve: bool, shard_counts: list[int], codecs: list[str], reps: int, threads: int
+) -> list[Row]:
+    """Best pull and push of ``n_params`` per shard count and codec (``reps`` each), against
+    one server process per shard count, all up at once: the shard counts take turns round by
+    round, so a shared machine's load falls on each of them alike."""
+    servers: list[tuple[mp.process.BaseProcess, NetLink]] = []
     try:
-        address = q.get(timeout=300)
-        cfg = ClientConfig(
-            address, timeout_s=600, deadline_s=600, max_bytes=2 << 30, keys=client_keys
-        )
-        link = NetLink(cfg, secret, 0)
-        link.join()
+        for k in shard_counts:
+            servers.append(start_server(n_params, curve, k, threads))
         gen = torch.Generator().manual_seed(0)
         delta = {
             k: torch.randn(v.shape, generator=gen) * 1e-3 for k, v in fake_params(n_params).items()
         }
-        traffic = link.client.traffic
-        rows = []
+        got = {(k, c): Timings() for k in shard_counts for c in codecs}
         for codec in codecs:
-            link.codec = compress.check_codec(codec)
-            pulls, pushes, pull_bytes, push_bytes = [], [], 0, 0
             for _ in range(reps):
-                before = traffic.recv_bytes
-                t0 = time.perf_counter()
-                d = link.pull()
-                pulls.append(time.perf_counter() - t0)
-                pull_bytes = traffic.recv_bytes - before
-                assert d is not None
-                result = RoundResult(0, delta, 1, 1, 0.0, d.revision, d.round_id)
-                del d
-                before = traffic.sent_bytes
-                t0 = time.perf_counter()
-                outcome = link.push(result, 1.0)
-                pushes.append(time.perf_counter() - t0)
-                push_bytes = traffic.sent_bytes - before
-                assert outcome.accepted, outcome
-            pull_s, push_s = min(pulls), min(pushes)
-            rows.append(
-                Row(
-                    n_params // 1_000_000,
-                    curve,
-                    shards,
-                    codec,
-                    pull_bytes / MB,
-                    pull_bytes / MB / pull_s,
-                    push_bytes / MB,
-                    push_bytes / MB / push_s,
-                )
+                for k, (_, link) in zip(shard_counts, servers, strict=True):
+                    link.codec = compress.check_codec(codec)
+                    one_round(link, delta, got[(k, codec)])
+        return [
+            Row(
+                n_params // 1_000_000,
+                curve,
+                k,
+                c,
+                t.pull_bytes / MB,
+                t.pull_bytes / MB / min(t.pulls),
+                t.push_bytes / MB,
+                t.push_bytes / MB / min(t.pushes),
             )
-        link.close()
-        return rows
+            for (k, c), t in got.items()
+        ]
     finally:
-        proc.kill()
-        proc.join(10)
+        for proc, link in servers:
+            link.close()
+            proc.kill()
+            proc.join(10)
+
+
+def one_round(link: NetLink, delta: dict[str, torch.Tensor], into: Timings) -> None:
+    """One timed pull and one timed push of ``delta``, added to ``into``."""
+    traffic = link.client.traffic
+    before = traffic.recv_bytes
+    t0 = time.perf_counter()
+    d = link.pull()
+    into.pulls.append(time.perf_counter() - t0)
+    into.pull_bytes = traffic.recv_bytes - before
+    assert d is not None
+    result = RoundResult(0, delta, 1, 1, 0.0, d.revision, d.round_id)
+    del d
+    before = traffic.sent_bytes
+    t0 = time.perf_counter()
+    outcome = link.push(result, 1.0)
+    into.pushes.append(time.perf_counter() - t0)
+    into.push_bytes = traffic.sent_bytes - before
+    assert outcome.accepted, outcome
 
 
 # -- real rounds --------------------------------------------------------------------------------
@@ -364,9 +391,7 @@ def main() -> None:
         for curve in curves:
             n = size * 1_000_000
             before = measure_limit(n, curve, args.reps)
-            got = [
-                r for k in shard_counts for r in bench(n, curve, k, codecs, args.reps, args.threads)
-            ]
+            got = bench(n, curve, shard_counts, codecs, args.reps, args.threads)
             after = measure_limit(n, curve, args.reps)
             lim = Limit(max(before.zmq_mbs, after.zmq_mbs), max(before.hmac_mbs, after.hmac_mbs))
             limits[(size, curve)] = lim

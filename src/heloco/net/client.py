@@ -10,6 +10,7 @@ worker rides out a server restart; exactly-once is the server's job (its revisio
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -157,7 +158,10 @@ class ShardedClient:
     """A worker's connections to every shard of a sharded server (:mod:`heloco.net.shards`):
     one :class:`Client` per shard, used in parallel from one thread per shard. Shard 0 is the
     server's own address; shard i is on the same host at its own port (from ``welcome``).
-    Bytes, retries and the wall seconds of each parallel exchange add to ``traffic``."""
+    Each connection has its own ZeroMQ context, hence its own I/O thread: CURVE encryption
+    and the socket copies of the shards' transfers run in parallel too (one context's single
+    I/O thread would serialise them). Bytes, retries and the wall seconds of each parallel
+    exchange add to ``traffic``."""
 
     def __init__(
         self,
@@ -168,7 +172,11 @@ class ShardedClient:
     ) -> None:
         host = cfg.address.rsplit(":", 1)[0]
         addresses = [cfg.address] + [f"{host}:{port}" for port, _ in shards[1:]]
-        self.clients = [Client(dataclasses.replace(cfg, address=a), secret) for a in addresses]
+        self._contexts: list[zmq.Context[Any]] = [zmq.Context() for _ in addresses]
+        self.clients = [
+            Client(dataclasses.replace(cfg, address=a), secret, ctx)
+            for a, ctx in zip(addresses, self._contexts, strict=True)
+        ]
         self.names = [list(names) for _, names in shards]
         self.traffic = traffic
         self._pool = ThreadPoolExecutor(len(self.clients), thread_name_prefix="heloco-shard")
@@ -225,10 +233,13 @@ class ShardedClient:
         )
 
     def close(self) -> None:
-        """Close every connection and stop the threads."""
+        """Close every connection, stop the threads and end the contexts (in the background:
+        ``term`` waits for a request still in flight, which it makes fail with ``ETERM``)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
         for c in self.clients:
             c.close()
-        self._pool.shutdown(wait=False)
+        for ctx in self._contexts:
+            threading.Thread(target=ctx.term, name="heloco-shard-term", daemon=True).start()
 
 
 def _call(client: Client, make: Callable[[], Message]) -> Message:
