@@ -23,7 +23,7 @@ Every process runs ``--threads`` torch threads (default 1, the run config's defa
 worker hashes and quantises on up to 4 threads of its own (``heloco.net.pool``), a server
 shard on one, so a figure may exceed the one-core limit. Each
 figure is the best of ``--reps`` (the machine is shared: the best run is the least disturbed),
-and the limit is the best of its measurements just before and just after the setting's runs.
+and so is the limit, measured once before every round of the setting (the same load).
 """
 
 from __future__ import annotations
@@ -105,39 +105,49 @@ class Limit:
         return 1.0 / (1.0 / self.zmq_mbs + 1.0 / self.hmac_mbs)
 
 
-def measure_limit(n_params: int, curve: bool, reps: int) -> Limit:
-    """Best raw ZeroMQ request time and HMAC time over the frames of ``n_params`` fp32."""
-    server_keys, client_keys = curve_keys() if curve else (None, None)
-    ctx_mp = mp.get_context("spawn")
-    q: Any = ctx_mp.Queue()
-    proc = ctx_mp.Process(target=echo, args=(server_keys, q), daemon=True)
-    proc.start()
-    ctx = zmq.Context()
-    try:
-        sock = ctx.socket(zmq.DEALER)
+class LimitProbe:
+    """The machine's limit, measured between the transport's rounds: an echo process and a
+    DEALER to it; each :meth:`measure` times one raw ZeroMQ request and one tag over the frames
+    of ``n_params`` fp32. :meth:`limit` is the best of each."""
+
+    def __init__(self, n_params: int, curve: bool) -> None:
+        server_keys, client_keys = curve_keys() if curve else (None, None)
+        q: Any = mp.get_context("spawn").Queue()
+        self.proc = mp.get_context("spawn").Process(target=echo, args=(server_keys, q), daemon=True)
+        self.proc.start()
+        self.ctx: zmq.Context[Any] = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
         if client_keys is not None:
-            connect_securely(sock, client_keys)
-        sock.connect(q.get(timeout=60))
-        frames = [compress.as_bytes(t) for t in fake_params(n_params).values()]
-        nbytes = sum(len(f) for f in frames)
-        sock.send_multipart([b"warm-up"])
-        sock.recv_multipart()
-        zmq_s, hmac_s = [], []
-        secret = auth.new_secret()
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            sock.send_multipart(frames, copy=False)
-            sock.recv_multipart()
-            zmq_s.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            auth.sign(secret, frames)
-            hmac_s.append(time.perf_counter() - t0)
-        sock.close(linger=0)
-        return Limit(nbytes / MB / min(zmq_s), nbytes / MB / min(hmac_s))
-    finally:
-        ctx.term()
-        proc.kill()
-        proc.join(10)
+            connect_securely(self.sock, client_keys)
+        self.sock.connect(q.get(timeout=60))
+        self.frames = [compress.as_bytes(t) for t in fake_params(n_params).values()]
+        self.nbytes = sum(len(f) for f in self.frames)
+        self.secret = auth.new_secret()
+        self.zmq_s: list[float] = []
+        self.hmac_s: list[float] = []
+        self.sock.send_multipart([b"warm-up"])
+        self.sock.recv_multipart()
+
+    def measure(self) -> None:
+        """One raw ZeroMQ request of the frames, then one tag over them (one core)."""
+        t0 = time.perf_counter()
+        self.sock.send_multipart(self.frames, copy=False)
+        self.sock.recv_multipart()
+        self.zmq_s.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        auth.sign(self.secret, self.frames)
+        self.hmac_s.append(time.perf_counter() - t0)
+
+    def limit(self) -> Limit:
+        """Best raw ZeroMQ and best tag rate so far."""
+        return Limit(self.nbytes / MB / min(self.zmq_s), self.nbytes / MB / min(self.hmac_s))
+
+    def close(self) -> None:
+        """Stop the echo process."""
+        self.sock.close(linger=0)
+        self.ctx.term()
+        self.proc.kill()
+        self.proc.join(10)
 
 
 # -- the HeLoCo transport -----------------------------------------------------------------------
@@ -207,11 +217,17 @@ def start_server(
 
 
 def bench(
-    n_params: int, curve: bool, shard_counts: list[int], codecs: list[str], reps: int, threads: int
+    n_params: int,
+    curve: bool,
+    shard_counts: list[int],
+    codecs: list[str],
+    reps: int,
+    threads: int,
+    probe: LimitProbe,
 ) -> list[Row]:
     """Best pull and push of ``n_params`` per shard count and codec (``reps`` each), against
-    one server process per shard count, all up at once: the shard counts take turns round by
-    round, so a shared machine's load falls on each of them alike."""
+    one server process per shard count, all up at once: the limit ``probe`` and the shard
+    counts take turns round by round, so a shared machine's load falls on each alike."""
     servers: list[tuple[mp.process.BaseProcess, NetLink]] = []
     try:
         for k in shard_counts:
@@ -223,6 +239,7 @@ def bench(
         got = {(k, c): Timings() for k in shard_counts for c in codecs}
         for codec in codecs:
             for _ in range(reps):
+                probe.measure()
                 for k, (_, link) in zip(shard_counts, servers, strict=True):
                     link.codec = compress.check_codec(codec)
                     one_round(link, delta, got[(k, codec)])
@@ -390,11 +407,12 @@ def main() -> None:
     for size in sizes:
         for curve in curves:
             n = size * 1_000_000
-            before = measure_limit(n, curve, args.reps)
-            got = bench(n, curve, shard_counts, codecs, args.reps, args.threads)
-            after = measure_limit(n, curve, args.reps)
-            lim = Limit(max(before.zmq_mbs, after.zmq_mbs), max(before.hmac_mbs, after.hmac_mbs))
-            limits[(size, curve)] = lim
+            probe = LimitProbe(n, curve)
+            try:
+                got = bench(n, curve, shard_counts, codecs, args.reps, args.threads, probe)
+                lim = limits[(size, curve)] = probe.limit()
+            finally:
+                probe.close()
             print(
                 f"{size}M parameters, CURVE {'on' if curve else 'off'}: limit {lim.mbs:.1f} MB/s "
                 f"(ZeroMQ {lim.zmq_mbs:.1f} MB/s, HMAC-SHA256 {lim.hmac_mbs:.1f} MB/s)"
