@@ -16,8 +16,9 @@ import torch
 from heloco.data.validation import token_cross_entropy
 from heloco.model import TinyGPT, preset_config
 from heloco.sim import SimConfig, parse_sim_config, run_simulation
-from heloco.sim.batch import BatchedRounds
+from heloco.sim.batch import BatchEngine
 from heloco.sim.build import build_run
+from heloco.sim.pool import PooledRounds, RoundPool
 from heloco.sim.run import batching_pays, round_sources, run_simulations
 from heloco.sim.stacked import stacked_losses
 
@@ -111,13 +112,13 @@ def test_runs_of_one_shape_share_one_engine_and_off_opts_out() -> None:
     parts.append(build_run(config(**CASES[0], model="small")))
     sources = round_sources(parts)
     a, b, off, other = sources
-    assert isinstance(a, BatchedRounds) and isinstance(b, BatchedRounds)
-    assert a.engine is b.engine and a.engine.slots == 6 and b.offset == 3
-    assert not isinstance(off, BatchedRounds)
-    assert isinstance(other, BatchedRounds)  # another shape: an engine of its own
-    assert other.engine is not a.engine and other.engine.slots == 3
+    assert isinstance(a, PooledRounds) and isinstance(b, PooledRounds)
+    assert a.pool is b.pool and a.pool.slots == 6 and b.offset == 3
+    assert not isinstance(off, PooledRounds)
+    assert isinstance(other, PooledRounds)  # another shape: an engine of its own
+    assert other.pool is not a.pool and other.pool.slots == 3
     alone = round_sources([build_run(config(**{**CASES[0], "workers": 1, "paces": [1.0]}))])[0]
-    assert alone is not None and not isinstance(alone, BatchedRounds)  # nothing to batch
+    assert alone is not None and not isinstance(alone, PooledRounds)  # nothing to batch
 
 
 def test_a_failing_run_does_not_stop_the_others(tmp_path: Any) -> None:
@@ -135,4 +136,112 @@ def test_auto_batches_small_models_on_the_cpu_and_on_forces_it() -> None:
     heavy = build_run(config(**heavy_values))
     assert batching_pays(light) and not batching_pays(heavy)
     auto, forced = round_sources([heavy, build_run(config(**heavy_values, batch="on"))])
-    assert not isinstance(auto, BatchedRounds) and isinstance(forced, BatchedRounds)
+    assert not isinstance(auto, PooledRounds) and isinstance(forced, PooledRounds)
+
+
+METHODS = ["heloco", "mla", "dn", "async-nesterov", "sync"]
+
+
+def pooled(cfgs: list[SimConfig], monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], list[Any]]:
+    """``run_simulations(cfgs)`` and the round sources it used."""
+    import heloco.sim.run as sim_run
+
+    seen: list[Any] = []
+    original = sim_run.round_sources
+
+    def spy(built: Any) -> Any:
+        sources = original(built)
+        seen.extend(sources)
+        return sources
+
+    monkeypatch.setattr(sim_run, "round_sources", spy)
+    results = sim_run.run_simulations(cfgs)
+    monkeypatch.setattr(sim_run, "round_sources", original)
+    return results, seen
+
+
+@pytest.mark.parametrize("model", ["tiny", "small"], ids=["batched", "one-at-a-time"])
+def test_a_pool_computes_identical_rounds_once_and_changes_no_result(
+    model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The methods of one seed share every worker's first round (the initial model, the same
+    data and steps); the pool computes it once and each run's losses stay bit-identical."""
+    over: dict[str, Any] = {"workers": 3, "paces": [1.0, 1.0, 2.0], "model": model}
+    if model == "small":
+        over["inner"] = {"batch_size": 8}  # too heavy to batch on the CPU: one at a time
+    cfgs = [config(**over, method=m) for m in METHODS]
+    results, sources = pooled(cfgs, monkeypatch)
+    pool = sources[0].pool
+    assert all(s.pool is pool for s in sources)
+    assert isinstance(pool, BatchEngine) == (model == "tiny")
+    assert pool.shared >= 3 * (len(METHODS) - 1)  # at least the first rounds
+    for cfg, got in zip(cfgs, results, strict=True):
+        assert not isinstance(got, Exception)
+        alone = run_simulation(cfg.model_copy(update={"batch": "off"}))
+        assert got.losses == alone.losses
+        assert got.summary.tokens == alone.summary.tokens
+        for name, p in alone.params.items():
+            assert torch.equal(got.params[name], p)
+
+
+def test_a_pool_computes_no_round_its_run_cannot_take(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Asynchronous runs stop at their token budget with rounds in flight: those rounds are
+    never computed (every computed or shared round is taken)."""
+    cfgs = [
+        config(method=m, workers=3, paces=[1.0, 1.0, 2.0], seed=s)
+        for m in METHODS[:2]
+        for s in (1, 2)
+    ]
+    tokens = {"rounds": 0}
+    original = RoundPool.run
+
+    def counting(self: RoundPool) -> int:
+        before = set(self.done)
+        n = original(self)
+        tokens["rounds"] += sum(self.done[s].tokens for s in set(self.done) - before)
+        return n
+
+    monkeypatch.setattr(RoundPool, "run", counting)
+    results, _ = pooled(cfgs, monkeypatch)
+    taken = sum(r.summary.tokens for r in results if not isinstance(r, Exception))
+    assert tokens["rounds"] == taken
+
+
+def test_may_take_stops_where_the_budget_fills() -> None:
+    """Worked example: 3 workers, 2×16 tokens per step, 3 steps per round (96 tokens); the run
+    took 2,304 of its 2,400 tokens. In arrival order, the first round may be taken (the budget
+    is unfilled before it), the second may not (2,304 + 96 fills it), nor the third."""
+    parts = build_run(config(workers=3, paces=[1.0, 1.0, 2.0]))
+    pool = RoundPool(3)
+    for w in range(3):
+        pool.bind(w, parts.worker(w), w)
+    view = PooledRounds(pool, 0, 3, token_budget=2400, time_budget=None)
+    for w, arrival in ((0, 5.0), (1, 4.0), (2, 6.0)):
+        view.submit(parts.server.dispatch(w), arrival)
+    view.taken_tokens = 2304
+    assert view.may_take() == [1]
+    view.taken_tokens = 2208
+    assert view.may_take() == [1, 0]
+    timed = PooledRounds(pool, 0, 3, token_budget=None, time_budget=5.5)
+    assert timed.may_take() == [1, 0]  # worker 2 arrives past the time budget
+
+
+def test_runs_side_by_side_evaluate_identical_parameters_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from heloco.sim.evalcache import EvalCache
+
+    made: list[EvalCache] = []
+    original = EvalCache.__init__
+
+    def remember(self: EvalCache) -> None:
+        original(self)
+        made.append(self)
+
+    monkeypatch.setattr(EvalCache, "__init__", remember)
+    cfgs = [config(method=m) for m in METHODS[:3]]
+    results = run_simulations(cfgs)
+    assert made and made[0].hits >= 2  # the initial model, evaluated once for 3 runs
+    for cfg, got in zip(cfgs, results, strict=True):
+        assert not isinstance(got, Exception)
+        assert got.losses == run_simulation(cfg.model_copy(update={"batch": "off"})).losses

@@ -10,21 +10,21 @@ optimizer per worker). Only the forward and backward pass run jointly, in
 :func:`heloco.sim.stacked.stacked_losses`, whose per-model results are bit-identical to the
 module's on the CPU.
 
-A round is computed when some run needs it: every submitted round is computed then, in one
-batch whose members drop out as they take their last step (workers may have different step
-counts, rates and clipping). The simulated clock does not change: rounds only run earlier
-than their arrival, never in another order for the same worker.
+Rounds are computed when some run waits (:class:`heloco.sim.pool.RoundPool` chooses which:
+each distinct round once, only rounds some run may take), in one batch whose members drop out
+as they take their last step (workers may have different step counts, rates and clipping).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable
 
 import torch
 from torch import nn
 
 from heloco.model import ModelConfig, TinyGPT
 from heloco.server import Dispatch
+from heloco.sim.pool import RoundPool
 from heloco.sim.stacked import Stack, stacked_losses
 from heloco.types import RoundResult
 from heloco.worker import Worker
@@ -48,69 +48,42 @@ def slot_models(cfg: ModelConfig, slots: int, device: torch.device) -> tuple[Sta
     return storage, models
 
 
-class BatchEngine:
-    """Slots of stacked TinyGPT parameters, one per worker; computes submitted rounds together."""
+class BatchEngine(RoundPool):
+    """A :class:`~heloco.sim.pool.RoundPool` whose slots hold stacked TinyGPT parameters, one
+    per worker; the rounds it computes take their inner steps together."""
 
     def __init__(self, cfg: ModelConfig, slots: int, device: torch.device | str = "cpu") -> None:
+        super().__init__(slots)
         self.cfg = cfg
         self.device = torch.device(device)
         self.storage, self.models = slot_models(cfg, slots, self.device)
-        self.workers: list[Worker | None] = [None] * slots
         self.params: list[list[nn.Parameter]] = [list(m.parameters()) for m in self.models]
-        self.pending: dict[int, Dispatch] = {}
-        self.done: dict[int, RoundResult] = {}
         self.batches = 0  # batched steps taken
         self.rows = 0  # model-steps computed in them
 
-    @property
-    def slots(self) -> int:
-        return len(self.models)
-
-    def bind(self, slot: int, worker: Worker) -> None:
+    def bind(self, slot: int, worker: Worker, identity: Hashable) -> None:
         """Attach the worker built on ``self.models[slot]``."""
         if worker.model is not self.models[slot]:
             raise ValueError(f"worker {worker.worker_id} is not built on the model of slot {slot}")
-        self.workers[slot] = worker
+        super().bind(slot, worker, identity)
 
-    def submit(self, slot: int, dispatch: Dispatch) -> None:
-        if slot in self.pending or slot in self.done:
-            raise RuntimeError(f"slot {slot} already has a round in flight")
-        self.pending[slot] = dispatch
-
-    def ready(self, slot: int) -> bool:
-        return slot in self.done
-
-    def take(self, slot: int) -> RoundResult:
-        return self.done.pop(slot)
-
-    def cancel(self, slots: Sequence[int]) -> None:
-        """Forget the rounds of ``slots`` (a run that stopped or failed)."""
-        for s in slots:
-            self.pending.pop(s, None)
-            self.done.pop(s, None)
-
-    def run(self) -> int:
-        """Compute every submitted round; returns how many."""
-        slots = sorted(self.pending)
-        workers = [self._worker(s) for s in slots]
-        for s, w in zip(slots, workers, strict=True):
-            w.boundary.begin(self.pending.pop(s))
+    def _compute(
+        self, slots: list[int], workers: list[Worker], dispatches: list[Dispatch]
+    ) -> list[RoundResult]:
+        """The rounds, their inner steps batched; members drop out after their last step."""
+        for w, d in zip(workers, dispatches, strict=True):
+            w.boundary.begin(d)
             w.model.train()
         while True:
             active = [i for i, w in enumerate(workers) if not w.boundary.finished]
             if not active:
                 break
             self._step([slots[i] for i in active], [workers[i] for i in active])
-        for s, w in zip(slots, workers, strict=True):
+        results = []
+        for w in workers:
             w.optimizer.zero_grad(set_to_none=True)
-            self.done[s] = w.boundary.end()
-        return len(slots)
-
-    def _worker(self, slot: int) -> Worker:
-        w = self.workers[slot]
-        if w is None:
-            raise RuntimeError(f"slot {slot} has no worker")
-        return w
+            results.append(w.boundary.end())
+        return results
 
     def _leaves(self, slots: list[int]) -> Stack:
         """The slots' parameters as autograd leaves: views when the slots are contiguous."""
@@ -140,22 +113,3 @@ class BatchEngine:
             w.boundary.record_step(w.sampler.tokens_per_batch, losses[j].detach())
         self.batches += 1
         self.rows += len(slots)
-
-
-class BatchedRounds:
-    """One run's view of a :class:`BatchEngine`: its workers are slots ``offset..offset+K-1``."""
-
-    def __init__(self, engine: BatchEngine, offset: int, workers: int) -> None:
-        self.engine, self.offset, self.workers = engine, offset, workers
-
-    def submit(self, dispatch: Dispatch, arrival: float) -> None:
-        self.engine.submit(self.offset + dispatch.worker, dispatch)
-
-    def ready(self, worker: int) -> bool:
-        return self.engine.ready(self.offset + worker)
-
-    def take(self, worker: int) -> RoundResult:
-        return self.engine.take(self.offset + worker)
-
-    def cancel(self) -> None:
-        self.engine.cancel(range(self.offset, self.offset + self.workers))

@@ -18,11 +18,13 @@ from heloco.metrics import (
     loss_at,
 )
 from heloco.model import TinyGPT
-from heloco.sim.batch import BatchedRounds, BatchEngine
+from heloco.sim.batch import BatchEngine
 from heloco.sim.build import RunParts, build_run, torch_threads
 from heloco.sim.clock import Clock
 from heloco.sim.config import SimConfig
+from heloco.sim.evalcache import EvalCache
 from heloco.sim.loop import DirectRounds, Loop, RoundSource, simulation
+from heloco.sim.pool import PooledRounds, RoundPool
 from heloco.sim.recorder import Trajectory
 from heloco.sim.stacked import supports
 from heloco.types import Params
@@ -65,11 +67,11 @@ def run_simulations(
     """Simulate several runs side by side in this process (e.g. the methods and seeds of one
     grid setting); a run that fails gives its exception and the others go on.
 
-    Each run keeps its own clock, server and metrics; their rounds meet in one
-    :class:`~heloco.sim.batch.BatchEngine` per model shape (``batch = "auto"``), which
-    computes every round submitted so far whenever some run waits for one. Losses are the
-    same as running each config alone. Data is built once per (data config, workers, seed).
-    Wall time of the batch is shared equally among its runs in their summaries.
+    Each run keeps its own clock, server and metrics; their rounds meet in one pool per model
+    shape (:func:`round_sources`), which computes the rounds submitted so far that some run
+    may still take whenever some run waits for one, identical rounds once, batched where
+    that pays. Losses are the same as running each config alone. Data is built once per
+    (data config, workers, seed). Wall time of the batch is shared equally among its runs in their summaries.
     """
     threads = {c.threads for c in cfgs}
     if len(threads) > 1:
@@ -107,6 +109,7 @@ def _simulate_side_by_side(
         except Exception as exc:  # this run fails, the others go on
             built.append(exc)
     sources = round_sources(built)
+    evals = EvalCache()
     with ExitStack() as stack:
         for cfg, item, source, prog in zip(cfgs, built, sources, progress, strict=True):
             if isinstance(item, Exception):
@@ -116,16 +119,17 @@ def _simulate_side_by_side(
             writer = stack.enter_context(MetricsWriter(_prepare_out(cfg)))
             stats = RunStats(cfg.workers, item.data.worker_languages)
             run = _Run(cfg, item, source, stats, writer)
+            evaluate = item.evaluate if cfg.batch == "off" else evals.evaluator(item)
             run.loop = simulation(
-                item.server, source, clock_of(cfg, item), item.evaluate, writer, stats, prog
+                item.server, source, clock_of(cfg, item), evaluate, writer, stats, prog
             )
             outcomes.append(run)
         loop0 = time.perf_counter()
         _drive([o for o in outcomes if isinstance(o, _Run)], outcomes)
         loop_wall = time.perf_counter() - loop0
         finished = [o for o in outcomes if isinstance(o, _Run)]
-        evals = sum(r.traj.eval_seconds for r in finished if r.traj is not None)
-        share = (loop_wall - evals) / max(1, len(finished))
+        eval_wall = sum(r.traj.eval_seconds for r in finished if r.traj is not None)
+        share = (loop_wall - eval_wall) / max(1, len(finished))
         wall = (time.perf_counter() - wall0) / max(1, len(finished))
         for i, o in enumerate(outcomes):
             if isinstance(o, _Run):
@@ -134,30 +138,49 @@ def _simulate_side_by_side(
 
 
 def round_sources(built: Sequence[RunParts | Exception]) -> list[RoundSource | None]:
-    """Each run's round source: slots of a shared BatchEngine per model shape and device
-    (a TinyGPT model with ``batch = "on"``, or ``"auto"`` where :func:`batching_pays`; two
-    or more workers in the group), else its workers one round at a time on its own model."""
-    groups: dict[tuple[str, str], list[tuple[int, RunParts, TinyGPT]]] = {}
+    """Each run's round source. TinyGPT runs of one model shape and device share a pool
+    (unless ``batch = "off"``): a batched :class:`BatchEngine` with ``batch = "on"``, or
+    ``"auto"`` where :func:`batching_pays`, and two or more workers in the group; else, for
+    two or more runs, a :class:`RoundPool` that computes their rounds one at a time (each
+    distinct round once). Any other run computes its workers' rounds one at a time on its
+    own model (``DirectRounds``)."""
+    groups: dict[tuple[str, str, bool], list[tuple[int, RunParts, TinyGPT]]] = {}
     for i, parts in enumerate(built):
         if isinstance(parts, Exception) or parts.cfg.batch == "off":
             continue
         model = parts.model
-        wanted = parts.cfg.batch == "on" or batching_pays(parts)
-        if isinstance(model, TinyGPT) and supports(model) and wanted:
-            key = (model.cfg.model_dump_json(), str(model.positions.device))
+        if isinstance(model, TinyGPT) and supports(model):
+            batched = parts.cfg.batch == "on" or batching_pays(parts)
+            key = (model.cfg.model_dump_json(), str(model.positions.device), batched)
             groups.setdefault(key, []).append((i, parts, model))
     out: list[RoundSource | None] = [None] * len(built)
-    for members in groups.values():
+    for (_, _, batched), members in groups.items():
         slots = sum(parts.cfg.workers for _, parts, _ in members)
-        if slots < 2:
+        if (batched and slots < 2) or (not batched and len(members) < 2):
             continue
         first = members[0][2]
-        engine = BatchEngine(first.cfg, slots, first.positions.device)
+        engine = BatchEngine(first.cfg, slots, first.positions.device) if batched else None
+        pool = engine if engine is not None else RoundPool(slots)
         offset = 0
-        for i, parts, _ in members:
+        for i, parts, model in members:
             for w in range(parts.cfg.workers):
-                engine.bind(offset + w, parts.worker(w, model=engine.models[offset + w]))
-            out[i] = BatchedRounds(engine, offset, parts.cfg.workers)
+                on = engine.models[offset + w] if engine is not None else None
+                worker = parts.worker(w, model=on)
+                identity = (
+                    id(parts.data.streams[w]),
+                    w,
+                    worker.cfg,
+                    model.cfg,
+                    str(first.positions.device),
+                )
+                pool.bind(offset + w, worker, identity)
+            out[i] = PooledRounds(
+                pool,
+                offset,
+                parts.cfg.workers,
+                parts.cfg.token_budget,
+                parts.cfg.time_budget,
+            )
             offset += parts.cfg.workers
     for i, parts in enumerate(built):
         if out[i] is None and isinstance(parts, RunParts):
@@ -185,8 +208,9 @@ def batching_pays(parts: RunParts) -> bool:
 
 
 def _drive(runs: list[_Run], outcomes: list[RunResult | Exception | _Run]) -> None:
-    """Advance every run until it waits for a round; then compute the waiting rounds (and all
-    others submitted) in their engines; repeat until every run has finished or failed."""
+    """Advance every run until it waits for a round; then have their pools compute the rounds
+    waited for and those any run may still take; drop the rounds of a run that ended; repeat
+    until every run has finished or failed."""
     live = list(runs)
     while live:
         waiting = []
@@ -199,14 +223,12 @@ def _drive(runs: list[_Run], outcomes: list[RunResult | Exception | _Run]) -> No
                 run.traj = stop.value
             except Exception as exc:  # this run fails, the others go on
                 outcomes[outcomes.index(run)] = exc
-                if isinstance(run.rounds, BatchedRounds):
-                    run.rounds.cancel()
-        engines = {
-            id(r.rounds.engine): r.rounds.engine
-            for r in waiting
-            if isinstance(r.rounds, BatchedRounds)
+            if run not in waiting and isinstance(run.rounds, PooledRounds):
+                run.rounds.cancel()  # its rounds in flight will never be taken
+        pools = {
+            id(r.rounds.pool): r.rounds.pool for r in waiting if isinstance(r.rounds, PooledRounds)
         }
-        if waiting and sum(e.run() for e in engines.values()) == 0:
+        if waiting and sum(p.run() for p in pools.values()) == 0:
             raise RuntimeError("simulated runs wait for rounds that nothing computes")
         live = waiting
 
