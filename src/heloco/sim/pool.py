@@ -82,6 +82,8 @@ class RoundPool:
         self.views: list[PooledRounds] = []
         self.computed = 0  # rounds computed
         self.shared = 0  # rounds copied from an identical round
+        self.computed_steps = 0  # inner steps of the computed rounds
+        self.shared_steps = 0  # inner steps of the copied rounds
 
     @property
     def slots(self) -> int:
@@ -128,6 +130,8 @@ class RoundPool:
         for s, result in zip(leaders, results, strict=True):
             self.done[s] = result
             self._share(s, result, groups[s])
+            self.computed_steps += result.steps
+            self.shared_steps += result.steps * len(groups[s])
         self.computed += len(leaders)
         self.shared += len(slots) - len(leaders)
         self.waited.difference_update(slots)
