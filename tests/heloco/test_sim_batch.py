@@ -132,7 +132,7 @@ def test_a_failing_run_does_not_stop_the_others(tmp_path: Any) -> None:
 
 def test_auto_batches_small_models_on_the_cpu_and_on_forces_it() -> None:
     light = build_run(config(**CASES[0]))
-    heavy_values = {**CASES[0], "model": "small", "inner": {"batch_size": 8}}
+    heavy_values = {**CASES[0], "model": "small", "inner": {"batch_size": 32}}
     heavy = build_run(config(**heavy_values))
     assert batching_pays(light) and not batching_pays(heavy)
     auto, forced = round_sources([heavy, build_run(config(**heavy_values, batch="on"))])
@@ -167,8 +167,8 @@ def test_a_pool_computes_identical_rounds_once_and_changes_no_result(
     """The methods of one seed share every worker's first round (the initial model, the same
     data and steps); the pool computes it once and each run's losses stay bit-identical."""
     over: dict[str, Any] = {"workers": 3, "paces": [1.0, 1.0, 2.0], "model": model}
-    if model == "small":
-        over["inner"] = {"batch_size": 8}  # too heavy to batch on the CPU: one at a time
+    if model == "small":  # too heavy to batch on the CPU: one round at a time
+        over.update(inner={"batch_size": 32}, token_budget=15360, eval_every=3072)
     cfgs = [config(**over, method=m) for m in METHODS]
     results, sources = pooled(cfgs, monkeypatch)
     pool = sources[0].pool
