@@ -24,6 +24,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from shardmeter.calibrate import (
     FAMILIES,
     NIC_PREFIXES,
@@ -205,6 +207,31 @@ def print_cv(runs: Sequence[RunSpec], iterations: int, only: Sequence[str] | Non
         assert r.predicted is not None and r.measured is not None
         print(f"  {r.run_id:>5} {r.source_id:<3} {names.get(r.run_id, '')[:34]:<34} "
               f"{100 * (r.predicted / r.measured - 1):+7.1f}%")  # fmt: skip
+    shared, floor = identical_input_floor(runs, every)
+    print(f"\nnoise floor: {shared} rows repeat another row's inputs; predicted at their "
+          f"group's measured median, the all-rows p90 would be {100 * floor:.1f}%")  # fmt: skip
+
+
+def identical_input_floor(runs: Sequence[RunSpec], rows: Sequence[RowResult]) -> tuple[int, float]:
+    """(rows in groups of identical inputs, all-rows p90 APE if every such group were predicted
+    at its measured median): the part of the tail no deterministic model can remove."""
+    key = {r.run_id: (r.model.model_dump_json(), r.cluster.model_dump_json(),
+                      r.plan.model_dump_json()) for r in runs}  # fmt: skip
+    groups: dict[tuple[str, str, str], list[float]] = {}
+    for r in runs:
+        groups.setdefault(key[r.run_id], []).append(r.measured)
+    apes: list[float] = []
+    shared = 0
+    for row in rows:
+        if row.ape is None or row.measured is None:
+            continue
+        measured = groups[key[row.run_id]]
+        if len(measured) > 1:
+            shared += 1
+            apes.append(abs(float(np.median(measured)) / row.measured - 1.0))
+        else:
+            apes.append(row.ape)
+    return shared, summarize(apes).p90_ape
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -108,6 +108,16 @@ MUTATIONS: tuple[Mutation, ...] = (
              "optimizer = OPTIMIZER_BYTES + 0.0 * remainder"),
     Mutation("selective recompute keeps the activation output", "memory.py",
              "- tokens * (q_l + mlp_width)", "- tokens * q_l"),
+    Mutation("all-gather latency hierarchical, not NCCL's flat ring", "comm.py",
+             "return hierarchical + (g - 1.0) * (n / g - 1.0) * intra.latency_s",
+             "return hierarchical + 0.0 * intra.latency_s"),
+    Mutation("per-rank copy-back of a list all-gather dropped", "step.py",
+             "copies = where(plans.gather_matrix, launch_time(d, plans, acc), 0.0)",
+             "copies = 0.0 * d"),
+    Mutation("module-hook re-gather for the recomputed forward dropped", "step.py",
+             "where(regather, 2.0, 1.0),", "where(regather, 1.0, 1.0),"),
+    Mutation("eager RMSNorm bytes counted as fused", "compute.py",
+             "NORM_BYTES = (4.0, 36.0)", "NORM_BYTES = (4.0, 4.0)"),
 )  # fmt: skip
 
 

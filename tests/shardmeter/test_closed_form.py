@@ -222,6 +222,42 @@ def test_ddp_gradient_all_reduce_across_nodes_with_step_syncs() -> None:
     check(est.step_time_s, STAGE_WORK + 2 * intra + inter + syncs)
 
 
+def test_all_gather_is_a_flat_ring_in_latency() -> None:
+    """ZeRO-1 over 8 GPUs in 2 NVLink domains with 5 µs per hop, overlap off: the gradient
+    reduce-scatter and the parameter all-gather move their bytes hierarchically (3/4·M over
+    NVLink, then 1/2·M/4 over the NIC) but, as NCCL's one flat ring, pay n − 1 = 7 hop
+    latencies (NCCL tuning.cc: nsteps − nInterSteps intra hops, nInterSteps inter hops)."""
+    alpha = 5e-6
+    world = cluster(latency_us=5.0)
+    plan = Plan(dp=8, sharding="zero1", micro_batch=1, global_batch=8, overlap_dp=False,
+                overlap_param_gather=False)  # fmt: skip
+    est = estimate_step(MODEL, world, plan)
+    m = 2 * STAGE_PARAMS
+    ring_time = 3 / 4 * m / W_NV + 1 / 2 * (m / 4) / W_IB + 7 * alpha
+    syncs = 2 * (2 * math.log2(4) * alpha + 2 * math.log2(2) * alpha)
+    check(est.time_breakdown["fsdp_comm"], ring_time)
+    check(est.time_breakdown["dp_comm"], ring_time + syncs)
+
+
+def test_zero3_per_matrix_gathers_copy_back_and_regather() -> None:
+    """DeepSpeed-style ZeRO-3 (one all-gather per weight matrix, 6 per GELU layer), full
+    recompute, nothing prefetched, 20 µs per launch: each matrix gather lands in a list of
+    d = 4 shard views, copied back one launch per rank, so it takes max(ring, 4·20 µs) =
+    80 µs; a layer gathers forward, again for its recomputed forward and again for its
+    backward. The tables (not recomputed) gather twice, bandwidth-bound; the first matrix
+    of every micro-batch is exposed once more. Gradients reduce-scatter once per layer."""
+    world = cluster(launch_us=20.0)
+    plan = Plan(dp=4, sharding="zero3", micro_batch=1, global_batch=8, overlap_dp=False,
+                overlap_param_gather=False, gather_unit="matrix", recompute="full")  # fmt: skip
+    est = estimate_step(MODEL, world, plan)
+    matrix = max(ring(4, 2 * LAYER_PARAMS / 6, W_NV), 4 * 20e-6)
+    table = max(ring(4, 2 * TABLE_PARAMS, W_NV), 4 * 20e-6)
+    per_mb = LAYERS * 3 * 6 * matrix + 2 * 2 * table + matrix
+    check(est.time_breakdown["fsdp_comm"], 2 * per_mb)
+    rs = LAYERS * ring(4, 2 * LAYER_PARAMS, W_NV) + 2 * ring(4, 2 * TABLE_PARAMS, W_NV)
+    check(est.time_breakdown["dp_comm"], 2 * rs)
+
+
 # --- pipelines ------------------------------------------------------------------------------
 HALF = LAYERS // 2
 
@@ -454,6 +490,21 @@ def test_moe_sync_launches_add_to_gpu_bound_forward() -> None:
     head = 3 * head_s(T1)  # 3 launches (6 µs) hide under the 17 µs head GEMM
     embed = 2e-6 + 4e-6  # launch-bound embedding lookup
     check(est.time_breakdown["compute"], LAYERS * (fwd + bwd) + head + embed)
+
+
+def test_eager_elementwise_ops_move_more_bytes() -> None:
+    """Eager PyTorch (torchtitan without compile) against fused kernels, SwiGLU model, 1 TB/s
+    HBM: per token and layer, each RMSNorm moves 36 B per element instead of 4 (fp32 cast,
+    pow, mean, scale, cast back, weight), RoPE 20 instead of 4 over q and k, SwiGLU 10
+    instead of 6 per intermediate element; backward moves twice the forward's bytes."""
+    world = cluster(hbm_bytes_per_s=1e12)
+    swiglu = MODEL.model_copy(update={"mlp": "swiglu"})
+    fused = estimate_step(swiglu, world, Plan(micro_batch=1, global_batch=1))
+    eager = estimate_step(swiglu, world, Plan(micro_batch=1, global_batch=1,
+                                              fused_elementwise=False))  # fmt: skip
+    extra = 2 * (36 - 4) * H + (20 - 4) * (H + H) + (10 - 6) * FFN
+    delta = eager.time_breakdown["compute"] - fused.time_breakdown["compute"]
+    check(delta, LAYERS * 3 * T1 * extra / 1e12)
 
 
 def test_tpu_torus_axes() -> None:

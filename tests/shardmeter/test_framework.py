@@ -65,6 +65,11 @@ def test_blank_fields_take_the_framework_defaults_and_stated_ones_win() -> None:
     )  # fmt: skip
     assert Plan(framework="deepseek-hai-llm").vpp == 1  # interleaving only with pp > 1
     assert Plan(framework="maxtext").graphs
+    # torchtitan runs eager element-wise ops unless its FP8 recipe compiles; stated wins.
+    assert not Plan(framework="torchtitan").fused_elementwise
+    assert Plan(framework="torchtitan", precision="fp8").fused_elementwise
+    assert Plan(framework="torchtitan", fused_elementwise=True).fused_elementwise
+    assert Plan(framework="nemo").fused_elementwise and Plan().fused_elementwise
 
 
 def test_every_framework_documents_its_source() -> None:

@@ -113,11 +113,18 @@ def all_reduce_time(m: Num, n: Num, stride: Num, cluster: Cluster) -> Num:
 
 
 def all_gather_time(m: Num, n: Num, stride: Num, cluster: Cluster) -> Num:
-    """Hierarchical all-gather of an M-byte output: AG_inter(M/g, n/g) + AG_intra(M, g)."""
+    """All-gather of an M-byte output: hierarchical bandwidth, AG_inter(M/g, n/g) +
+    AG_intra(M, g) (rail-optimised rings). On GPUs NCCL runs all-gather and reduce-scatter
+    only as one flat ring, so its latency is n − 1 hops, (n − n/g) of them inside a domain
+    and n/g − 1 across (NCCL src/graph/tuning.cc, ring nsteps/nInterSteps); a TPU torus
+    keeps the per-axis form."""
     inter = LinkRate.of(cluster.inter)
     g = domain_members(n, stride, cluster.nvlink_domain)
     intra = intra_rate(g, stride, cluster)
-    return ring_all_gather_time(m, g, intra) + ring_all_gather_time(m / g, n / g, inter)
+    hierarchical = ring_all_gather_time(m, g, intra) + ring_all_gather_time(m / g, n / g, inter)
+    if cluster.ici_axes is not None:
+        return hierarchical
+    return hierarchical + (g - 1.0) * (n / g - 1.0) * intra.latency_s
 
 
 reduce_scatter_time = all_gather_time

@@ -49,6 +49,16 @@ KERNELS_BWD = 2.0
 MOE_SYNCED_KERNELS = 60.0
 KERNELS_PER_EXPERT = 3.0
 HEAD_KERNELS = 3.0  # output GEMM, softmax cross-entropy, loss reduction
+# HBM bytes per element of the element-wise ops, fused (one kernel: read 2 B, write 2 B) and
+# eager (PyTorch op by op, torchtitan's Llama code). RMSNorm `_norm(x.float()).type_as(x) *
+# weight`: cast (r2 w4), pow (r4 w4), mean (r4), x·rsqrt (r4 w4), cast back (r4 w2), ·weight
+# (r2 w2) = 36 B. RoPE on q and k through complex fp32 (cast r2 w4, complex multiply r4 w4,
+# cast back r4 w2) = 20 B. SwiGLU silu(g)·u per intermediate element: fused reads g and u
+# and writes 6 B; eager silu (r2 w2) then multiply (r4 w2) = 10 B. Residual adds (r4 w2) and
+# GELU (r2 w2) are one kernel either way.
+NORM_BYTES = (4.0, 36.0)
+ROPE_BYTES = (4.0, 20.0)
+SWIGLU_BYTES = (6.0, 10.0)
 
 
 def matmul_efficiency(flops: Num, eff: Efficiency) -> Num:
@@ -224,10 +234,16 @@ def layer_forward(
     attention_s, attention_bwd_s, attn_flops = attention_time(model, plans, acc, sh)
 
     n_mat = model.mlp_matrices
-    act_bytes_per_width = 3.0 if model.mlp == "swiglu" else 2.0  # read (2 or 1)·F, write F
-    # Two norms (read + write h, 2 B each) and two residual adds (2 reads + 1 write), then RoPE
-    # on q and k (read + write).
-    elem_bytes = (8.0 + 12.0) * sh.norm_tokens * h + 2.0 * t * (sh.q_local + sh.kv_local) * 2.0
+    fused = plans.fused_elementwise
+
+    def per_element(pair: tuple[float, float]) -> Num:
+        return where(fused, pair[0], pair[1])
+
+    # bytes per intermediate element: SwiGLU (see SWIGLU_BYTES), GELU read F, write F
+    act_bytes_per_width = per_element(SWIGLU_BYTES) if model.mlp == "swiglu" else 4.0
+    # Two norms and two residual adds (2 reads + 1 write, 6 B) over h, then RoPE on q and k.
+    elem_bytes = (2.0 * per_element(NORM_BYTES) + 12.0) * sh.norm_tokens * h
+    elem_bytes = elem_bytes + per_element(ROPE_BYTES) * t * (sh.q_local + sh.kv_local)
     synced: Num = 0.0
     if moe and model.moe is not None:
         spec = model.moe
@@ -264,7 +280,7 @@ def layer_forward(
         gemm_s = gemm_s + mlp_s
         gemm_flops = gemm_flops + mlp_flops
         active_width = width
-    elem_bytes = elem_bytes + act_bytes_per_width * t * active_width * ACT_BYTES
+    elem_bytes = elem_bytes + act_bytes_per_width * t * active_width
     return LayerCost(
         gemm_s=gemm_s,
         attention_s=attention_s,

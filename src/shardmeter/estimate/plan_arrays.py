@@ -26,6 +26,7 @@ ATTENTION_CODES: dict[str, int] = {"flash": 0, "unfused": 1}
 _BOOL_FIELDS = (
     "sp", "overlap_dp", "overlap_param_gather", "overlap_tp", "fused_ce", "gather_matrix",
     "overlap_ep", "ep_fp8", "ep_dedup", "graphs", "master_remainder", "compiled",
+    "fused_elementwise",
 )  # fmt: skip
 
 
@@ -88,6 +89,7 @@ class PlanArrays:
     ep_imbalance: Any = 0.0  # busiest EP rank / mean (0: uniform-routing statistics)
     master_remainder: Any = False  # 16-bit remainders instead of an fp32 master copy
     compiled: Any = False  # the step is one compiled graph: recompute skips dead work
+    fused_elementwise: Any = True  # norms, activation, RoPE fused (else eager op by op)
 
     @classmethod
     def from_columns(cls, **columns: ArrayLike) -> PlanArrays:

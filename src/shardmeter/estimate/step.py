@@ -28,6 +28,7 @@ from shardmeter.estimate.compute import (
     UnitCosts,
     critical_layers,
     expert_imbalance,
+    launch_time,
     model_flops_per_token,
     optimizer_time,
     pipeline_times,
@@ -163,14 +164,23 @@ def _sync(
 ) -> _Sync:  # fmt: skip
     """DP/ZeRO collectives of `params` over the (dense, expert) shard groups `shards`,
     gathered in `units` pieces (each paying latency). Gradients reduce over dp·cp; routed
-    experts over their own (dp·cp/ep) groups (C.5)."""
+    experts over their own (dp·cp/ep) groups (C.5).
+
+    A per-matrix gather (DeepSpeed ZeRO-3, `gather_matrix`) is torch.distributed.all_gather
+    into a list of d shard views, which c10d's ProcessGroupNCCL runs through a flat buffer and
+    copies back one `copy_` per rank: d host launches per gather, issued while NCCL runs, so
+    the gather takes max(T_AG, d·launch) (DeepSpeed 0.3-0.5 partition_parameters.py
+    `_allgather_param`; PyTorch 1.8 ProcessGroupNCCL::allgather)."""
     dp, tp, cp, ep = (as_float(x) for x in (plans.dp, plans.tp, plans.cp, plans.ep))
     d_dense, d_expert = shards
+    acc = cluster.accelerator
 
     def one(p_count: Num, d: Num, rep: Num, stride: Num) -> tuple[Num, Num, Num]:
         grads = p_count * GRAD_BYTES
         rs = comm.reduce_scatter_time(grads, d, stride, cluster)
-        ag = units * comm.all_gather_time(p_count * WEIGHT_BYTES / units, d, stride, cluster)
+        gather = comm.all_gather_time(p_count * WEIGHT_BYTES / units, d, stride, cluster)
+        copies = where(plans.gather_matrix, launch_time(d, plans, acc), 0.0)
+        ag = units * maximum(gather, copies)
         ar = comm.all_reduce_time(grads / d, rep, stride * d, cluster)
         return rs, ag, ar
 
@@ -184,19 +194,22 @@ def _sync(
 
 
 def _unit_sharded_comm(
-    sync: _Sync, fwd_window: Num, bwd_window: Num, plans: PlanArrays, u: float
-) -> tuple[Num, Num]:
+    sync: _Sync, fwd_window: Num, bwd_window: Num, plans: PlanArrays, u: float,
+    backward_gathers: Num = 1.0,
+) -> tuple[Num, Num]:  # fmt: skip
     """(fsdp, dp) exposed seconds of one unit per micro-batch: ZeRO-2/3 reduce-scatter the
-    gradients in backward, ZeRO-3 also gathers the weights forward and backward, each hidden
-    under the unit's own compute when its overlap is on (FSDP prefetch, Zhao et al. 2023)."""
+    gradients in backward, ZeRO-3 also gathers the weights forward and `backward_gathers`
+    times in backward, each hidden under the unit's own compute when its overlap is on (FSDP
+    prefetch, Zhao et al. 2023)."""
     stage = plans.sharding
     rs = where(stage >= SHARDING_CODES["zero2"], sync.rs, 0.0)
     ag = where(stage == SHARDING_CODES["zero3"], sync.ag, 0.0)
+    ag_bwd = ag * backward_gathers
     opg, odp = plans.overlap_param_gather, plans.overlap_dp
     fwd = _overlap(ag, where(opg, fwd_window, 0.0), u)
-    bwd = _overlap(ag * opg + rs * odp, bwd_window, u)
-    bwd_exposed = ag * logical_not(opg) + rs * logical_not(odp) + bwd.cost
-    ag_share = _share(ag, ag + rs)
+    bwd = _overlap(ag_bwd * opg + rs * odp, bwd_window, u)
+    bwd_exposed = ag_bwd * logical_not(opg) + rs * logical_not(odp) + bwd.cost
+    ag_share = _share(ag_bwd, ag_bwd + rs)
     return fwd.cost + bwd_exposed * ag_share, bwd_exposed * (1.0 - ag_share)
 
 
@@ -265,12 +278,17 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     one_layer = local_params(model, plans, 1.0, 0.0, layer_params)
     matrices = where(plans.gather_matrix, 4.0 + model.mlp_matrices, 1.0)
     layer_sync = _sync(model, one_layer, cluster, plans, shards, matrices)
+    # Module hooks (per-matrix gathers) fetch a layer's weights again for its recomputed
+    # forward: the pre-forward hook gathers, the post-forward hook releases, then the backward
+    # hook gathers (DeepSpeed stage3 PartitionedParameterCoordinator); FSDP units keep them.
+    regather = plans.gather_matrix & full
     layer_fsdp, layer_dp = _unit_sharded_comm(
         layer_sync,
         units.layer_forward_s,
         units.layer_backward_s + units.layer_recompute_s,
         plans,
         u,
+        where(regather, 2.0, 1.0),
     )
     one_table = local_params(model, plans, 0.0, 1.0, layer_params)
     table_sync = _sync(model, one_table, cluster, plans, shards)

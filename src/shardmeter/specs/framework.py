@@ -49,6 +49,8 @@ class Framework(BaseModel):
     graphs: bool = False  # kernels replayed from CUDA graphs / an XLA executable
     compiled: bool = False  # the whole step is one compiled graph (dead code eliminated)
     master_weights: MasterWeights = "fp32"  # fp32 master copy, or its 16-bit remainder
+    fused_elementwise: bool = True  # norms, activation and RoPE one kernel each (else eager)
+    compile_with_fp8: bool = False  # its FP8 recipe compiles the model (fused element-wise)
     source: str
 
 
@@ -149,9 +151,14 @@ FRAMEWORKS: dict[str, Framework] = {
             overlap_tp=False,
             attention="flash",
             fused_ce=False,
+            fused_elementwise=False,
+            compile_with_fp8=True,
             source="torchtitan job config defaults (Liang et al. 2024, arXiv:2410.06511): FSDP2, "
             "activation_checkpoint.mode = selective, async TP off, SDPA flash, pipeline "
-            "schedule 1F1B",
+            "schedule 1F1B, training.compile = false with norm_type = 'rmsnorm' (eager "
+            "RMSNorm, RoPE and SwiGLU, op by op); its Float8 training runs with "
+            "training.compile (docs/float8.md; the paper's Float8 rows are 'torch.compile + "
+            "Float8')",
         ),
         _fw(
             name="llm-foundry",
@@ -302,9 +309,11 @@ def resolve_framework(text: str) -> Framework:
 
 def framework_defaults(framework: Framework, given: dict[str, Any]) -> dict[str, Any]:
     """Plan fields the framework sets, for those `given` leaves out (TP overlap only with
-    tp > 1, interleaving only with pp > 1)."""
+    tp > 1, interleaving only with pp > 1, compiled element-wise kernels with FP8 where its
+    FP8 recipe compiles)."""
     tp = int(given.get("tp") or 1)
     pp = int(given.get("pp") or 1)
+    compiled_fp8 = framework.compile_with_fp8 and given.get("precision") == "fp8"
     defaults: dict[str, Any] = {
         "sharding": framework.sharding,
         "recompute": framework.recompute,
@@ -321,6 +330,7 @@ def framework_defaults(framework: Framework, given: dict[str, Any]) -> dict[str,
         "graphs": framework.graphs,
         "compiled": framework.compiled,
         "master_weights": framework.master_weights,
+        "fused_elementwise": framework.fused_elementwise or compiled_fp8,
     }
     if pp > 1:
         defaults["vpp"] = framework.vpp

@@ -66,6 +66,9 @@ class Plan(BaseModel):
     # Adam's fp32 master copy (4 B/param), or its 16-bit remainder over the bf16 weights (2 B;
     # apex DistributedFusedAdam / TE FusedAdam store_param_remainders)
     master_weights: MasterWeights = "fp32"
+    # norms, activation function and RoPE as one kernel each (fused kernels, torch.compile,
+    # XLA); False: eager PyTorch, op by op through HBM (e.g. RMSNorm in fp32 in 7 kernels)
+    fused_elementwise: bool = True
     pp_first: int | None = Field(default=None, ge=0)  # layers on the first stage (None: even)
     pp_last: int | None = Field(default=None, ge=0)  # layers on the last stage (None: even)
     pp_layers: tuple[int, ...] | None = None  # explicit layers per stage (overrides the two)
