@@ -63,7 +63,8 @@ def reject_non_finite(data: Any, path: str) -> None:
         raise UserInputError(path, data, f"a number of magnitude at most 2**53 ({MAX_EXACT_INT})")
     if isinstance(data, dict):
         for key, value in data.items():
-            reject_non_finite(value, f"{path}.{key}" if path else str(key))
+            name = str(key) if str(key).isprintable() else repr(str(key))  # one-line paths
+            reject_non_finite(value, f"{path}.{name}" if path else name)
     elif isinstance(data, (list, tuple)):
         for index, value in enumerate(data):
             reject_non_finite(value, f"{path}[{index}]")
