@@ -6,10 +6,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup demo plots test lint typecheck unit clean
 
+# -qq: pip prints errors only, so a first `make demo` shows the demo rather than install notes.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[train,dev,tensorboard,ray]"
+	$(BIN)/pip install -qq --upgrade pip
+	$(BIN)/pip install -qq -e ".[train,dev,tensorboard,ray]"
 	touch $(STAMP)
 
 setup: $(STAMP)
