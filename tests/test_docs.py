@@ -11,7 +11,9 @@ Blocks are chosen by their language: ``bash``/``sh``/``shell`` run whole under
 ``bash -euo pipefail``; ``console`` runs its ``$ `` lines; ``python`` runs under this
 interpreter; ``toml`` and ``json`` are parsed; ``text`` is shown output. A fence without a
 language fails the test, so no command escapes it. A block that uses ``$SHARED_DIR`` is
-skipped, with the reason, where the shared folder is absent.
+skipped, with the reason, where the shared folder is absent; so is a later block of its page
+that then fails, as it may read what the skipped one wrote (where the folder is present,
+every block must pass).
 """
 
 from __future__ import annotations
@@ -157,6 +159,9 @@ def run_page(page: Path, tmp: Path) -> PageRun:
             )
         except subprocess.TimeoutExpired:
             return PageRun(f"{block.where} ran past {BLOCK_TIMEOUT_S} s", ())
+        if (done.returncode != 0 or "Traceback" in done.stderr) and skipped:
+            skipped.append(f"{block.where} (after {skipped[0]}, whose output it may read)")
+            continue
         if done.returncode != 0 or "Traceback" in done.stderr:
             return PageRun(
                 f"{block.where} exited {done.returncode}\n--- stdout\n{done.stdout[-3000:]}"
@@ -183,3 +188,28 @@ def test_page_runs_as_written(page: Path, page_runs: dict[Path, PageRun]) -> Non
     assert result.failure is None, result.failure
     if result.skipped:
         pytest.skip(f"{', '.join(result.skipped)}: {missing_shared_reason('')}")
+
+
+def test_a_block_that_needs_a_skipped_one_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the shared folder, a block that reads what a skipped block wrote is skipped
+    with it (a fresh clone beside no ``../shared`` failed on docs/heloco.md); a block that
+    needs nothing of it still runs."""
+    repo = tmp_path / "repo"
+    (repo / "docs").mkdir(parents=True)
+    page = repo / "docs" / "page.md"
+    page.write_text(
+        "```bash\nmkdir out && ls $SHARED_DIR > out/listing\n```\n\n"
+        "```bash\ncat out/listing\n```\n\n"
+        "```bash\ntouch ran\n```\n",
+        encoding="utf-8",
+    )
+    module = sys.modules[__name__]
+    monkeypatch.setattr(module, "REPO", repo)
+    monkeypatch.setattr(module, "shared_dir", lambda: tmp_path / "absent")
+    (tmp_path / "run").mkdir()
+    result = run_page(page, tmp_path / "run")
+    assert result.failure is None, result.failure
+    assert result.skipped[0] == "docs/page.md:1" and result.skipped[1].startswith("docs/page.md:5")
+    assert (tmp_path / "run" / "ran").exists()
