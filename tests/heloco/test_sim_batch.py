@@ -18,7 +18,7 @@ from heloco.model import TinyGPT, preset_config
 from heloco.sim import SimConfig, parse_sim_config, run_simulation
 from heloco.sim.batch import BatchEngine
 from heloco.sim.build import build_run
-from heloco.sim.pool import PooledRounds, RoundPool
+from heloco.sim.pool import PooledRounds, RoundPool, same_tensors
 from heloco.sim.run import batching_pays, round_sources, run_simulations
 from heloco.sim.stacked import stacked_losses
 
@@ -245,3 +245,12 @@ def test_runs_side_by_side_evaluate_identical_parameters_once(
     for cfg, got in zip(cfgs, results, strict=True):
         assert not isinstance(got, Exception)
         assert got.losses == run_simulation(cfg.model_copy(update={"batch": "off"})).losses
+
+
+def test_rounds_are_shared_only_between_bit_identical_inputs() -> None:
+    zero, negative = torch.zeros(3), torch.tensor([0.0, -0.0, 0.0])
+    assert torch.equal(zero, negative) and not same_tensors([zero], [negative])
+    nan = torch.tensor([float("nan"), 1.0])
+    assert same_tensors([nan], [nan.clone()])
+    assert not same_tensors([zero], [zero.double()])
+    assert not same_tensors([zero], [zero[:2]])

@@ -9,7 +9,7 @@ of any result:
 - **Identical rounds once.** A round is a pure function of the worker's state (data position,
   schedule position, round count, kept AdamW moments), its data stream and inner config, the
   dispatched parameters and the step count. Rounds of different runs that agree on all of
-  them, compared exactly (``torch.equal``), are computed once; the others get a copy of the
+  them, compared bit for bit, are computed once; the others get a copy of the
   result and of the worker state it leaves. Every worker's first round of the methods that
   dispatch the initial model unchanged is such a round.
 - **Only rounds that may be taken.** A run stops when its taken rounds reach its token budget
@@ -59,9 +59,16 @@ def _probe(tensors: Sequence[torch.Tensor]) -> tuple[bytes, ...]:
     return tuple(out)
 
 
-def _same_tensors(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes (so -0.0 and 0.0 differ, and NaNs with the same bits agree)."""
+    return t.detach().reshape(-1).contiguous().view(torch.uint8)
+
+
+def same_tensors(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:
+    """Whether the two sequences hold tensors of the same dtypes, shapes and bits."""
     return len(a) == len(b) and all(
-        x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b, strict=True)
+        x.dtype == y.dtype and x.shape == y.shape and torch.equal(_bits(x), _bits(y))
+        for x, y in zip(a, b, strict=True)
     )
 
 
@@ -171,8 +178,8 @@ class RoundPool:
         self, a: int, b: int, states: dict[int, tuple[str, dict[str, torch.Tensor]]]
     ) -> bool:
         pa, pb = self.pending[a].dispatch.params, self.pending[b].dispatch.params
-        return _same_tensors(list(states[a][1].values()), list(states[b][1].values())) and (
-            _same_tensors(list(pa.values()), list(pb.values()))
+        return same_tensors(list(states[a][1].values()), list(states[b][1].values())) and (
+            same_tensors(list(pa.values()), list(pb.values()))
         )
 
     def _share(self, leader: int, result: RoundResult, followers: list[int]) -> None:
