@@ -1,9 +1,16 @@
-"""Test-wide settings: hypothesis without wall-clock deadlines, derandomized under CI."""
+"""Test-wide settings (hypothesis without wall-clock deadlines, derandomized under CI) and the
+benchmark-script loader."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -14,3 +21,21 @@ settings.register_profile(
     print_blob=True,
 )
 settings.load_profile("project")
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def load_benchmark() -> Callable[[str], ModuleType]:
+    """Import ``benchmarks/<name>.py`` (not a package) as a module, for tests of its logic."""
+
+    def load(name: str) -> ModuleType:
+        spec = importlib.util.spec_from_file_location(f"{name}_bench", BENCHMARKS / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    return load

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -16,24 +12,6 @@ import torch
 TinyNetValues = Callable[..., dict[str, Any]]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may reach the internet (transformers)
-
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-@pytest.fixture(scope="module")
-def load_benchmark() -> Callable[[str], ModuleType]:
-    """Import ``benchmarks/<name>.py`` (not a package) as a module, for tests of its logic."""
-
-    def load(name: str) -> ModuleType:
-        spec = importlib.util.spec_from_file_location(f"{name}_bench", BENCHMARKS / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        return module
-
-    return load
 
 
 @pytest.fixture

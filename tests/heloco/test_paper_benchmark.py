@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
@@ -12,17 +10,10 @@ import pytest
 from heloco.config import load_config
 from heloco.experiments import CellResult, Spread
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "heloco_paper.py"
-
 
 @pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("heloco_paper_bench", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+def bench(load_benchmark: Callable[[str], ModuleType]) -> ModuleType:
+    return load_benchmark("heloco_paper")
 
 
 def _row(paces: list[float], method: str, seed: int, loss: float) -> CellResult:

@@ -4,27 +4,19 @@ change to the model that breaks the reproduction fails here and not only in the 
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
-import sys
-from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import pytest
 
 pytestmark = pytest.mark.slow
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "islands_published.py"
 
 
 @pytest.fixture(scope="module")
-def published() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("islands_published", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+def published(load_benchmark: Callable[[str], ModuleType]) -> ModuleType:
+    return load_benchmark("islands_published")
 
 
 def test_streaming_diloco_table_4_within_the_targets_at_1b(published: ModuleType) -> None:
