@@ -1,5 +1,5 @@
-"""Test-wide settings (hypothesis without wall-clock deadlines, derandomized under CI) and the
-benchmark-script loader."""
+"""Test-wide settings (hypothesis without wall-clock deadlines, derandomized under CI), the
+benchmark-script loader and the one-line CLI error check."""
 
 from __future__ import annotations
 
@@ -39,3 +39,19 @@ def load_benchmark() -> Callable[[str], ModuleType]:
         return module
 
     return load
+
+
+@pytest.fixture
+def cli_error(
+    capsys: pytest.CaptureFixture[str],
+) -> Callable[[Callable[[list[str]], int], list[str]], str]:
+    """Run a CLI's ``main(argv)`` and return its error: exit 2, one stderr line, no traceback."""
+
+    def run(main: Callable[[list[str]], int], argv: list[str]) -> str:
+        rc = main(argv)
+        err = capsys.readouterr().err.strip()
+        assert rc == 2, f"{argv} exited {rc}; stderr: {err}"
+        assert "Traceback" not in err and len(err.splitlines()) == 1, err
+        return err
+
+    return run

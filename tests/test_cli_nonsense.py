@@ -23,21 +23,10 @@ HOLDOUT = REPO / "benchmarks" / "holdout_runs.csv"
 TOPOLOGY = REPO / "src" / "shardmeter" / "data" / "topologies" / "two-clouds.toml"
 QUICK = ["simulate", "--quiet", "--print-config"]  # validation only, nothing trains
 
-Main = Callable[[list[str]], int]
-
-
-def one_line(main: Main, argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    """Run ``main(argv)``; assert exit 2 and one stderr line without a traceback."""
-    rc = main(argv)
-    err = capsys.readouterr().err.strip()
-    assert rc == 2, f"{argv} exited {rc}; stderr: {err}"
-    assert "Traceback" not in err and len(err.splitlines()) == 1, err
-    return err
-
 
 @pytest.mark.parametrize("flag", ["--tp", "--pp", "--cp", "--micro-batch", "--dp", "--gpus"])
-def test_predict_zero_degree(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
-    err = one_line(shardmeter_main, ["predict", flag, "0"], capsys)
+def test_predict_zero_degree(flag: str, cli_error: Callable[..., str]) -> None:
+    err = cli_error(shardmeter_main, ["predict", flag, "0"])
     assert flag in err and "got '0'" in err
 
 
@@ -60,8 +49,8 @@ def test_predict_zero_degree(flag: str, capsys: pytest.CaptureFixture[str]) -> N
         (["--set", "comm_delays=[0, 0, 0, 0, nan]"], "comm_delays"),
     ],
 )
-def test_simulate_nonsense(argv: list[str], field: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert field in one_line(heloco_main, [*QUICK, *argv], capsys)
+def test_simulate_nonsense(argv: list[str], field: str, cli_error: Callable[..., str]) -> None:
+    assert field in cli_error(heloco_main, [*QUICK, *argv])
 
 
 def csv_with(tmp_path: Path, **cells: str) -> Path:
@@ -124,10 +113,10 @@ def test_calibration_csv_good_row_still_predicts(
     ],
 )
 def test_topology_nonsense(
-    old: str, new: str, field: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    old: str, new: str, field: str, tmp_path: Path, cli_error: Callable[..., str]
 ) -> None:
     text = TOPOLOGY.read_text(encoding="utf-8")
     assert old in text
     path = tmp_path / "topo.toml"
     path.write_text(text.replace(old, new, 1), encoding="utf-8")
-    assert field in one_line(shardmeter_main, ["predict", "--topology", str(path)], capsys)
+    assert field in cli_error(shardmeter_main, ["predict", "--topology", str(path)])

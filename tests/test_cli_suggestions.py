@@ -18,16 +18,6 @@ from shardmeter.cli import main as shardmeter_main
 
 TOPOLOGY = Path(__file__).resolve().parents[1] / "src/shardmeter/data/topologies/two-clouds.toml"
 
-Main = Callable[[list[str]], int]
-
-
-def error_line(main: Main, argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    rc = main(argv)
-    err = capsys.readouterr().err.strip()
-    assert rc == 2, f"{argv} exited {rc}; stderr: {err}"
-    assert "Traceback" not in err and len(err.splitlines()) == 1, err
-    return err
-
 
 FLAGS = [
     (
@@ -43,16 +33,16 @@ FLAGS = [
 @pytest.mark.parametrize("command", ["predict", "sweep"])
 @pytest.mark.parametrize(("flag", "typo", "meant"), FLAGS, ids=[f[0][0] for f in FLAGS])
 def test_shardmeter_flag_keys(
-    command: str, flag: list[str], typo: str, meant: str, capsys: pytest.CaptureFixture[str]
+    command: str, flag: list[str], typo: str, meant: str, cli_error: Callable[..., str]
 ) -> None:
     argv = [command, "--topology", "two-clouds", *flag]
-    err = error_line(shardmeter_main, [*argv, "--no-plots"] if command == "sweep" else argv, capsys)
+    err = cli_error(shardmeter_main, [*argv, "--no-plots"] if command == "sweep" else argv)
     assert f"{typo}: " in err and "unknown key" in err and meant in err, err
 
 
-def test_plan_payload_key(capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_payload_key(cli_error: Callable[..., str]) -> None:
     argv = ["plan", "--topology", "two-clouds", "--payload", "topk:fracton=0.1", "--no-progress"]
-    assert "did you mean run.payload.fraction?" in error_line(shardmeter_main, argv, capsys)
+    assert "did you mean run.payload.fraction?" in cli_error(shardmeter_main, argv)
 
 
 @pytest.mark.parametrize(
@@ -66,13 +56,13 @@ def test_plan_payload_key(capsys: pytest.CaptureFixture[str]) -> None:
     ],
 )
 def test_topology_file_keys(
-    edit: tuple[str, str], meant: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    edit: tuple[str, str], meant: str, tmp_path: Path, cli_error: Callable[..., str]
 ) -> None:
     text = TOPOLOGY.read_text(encoding="utf-8")
     assert edit[0] in text
     path = tmp_path / "topo.toml"
     path.write_text(text.replace(edit[0], edit[1], 1), encoding="utf-8")
-    err = error_line(shardmeter_main, ["predict", "--topology", str(path)], capsys)
+    err = cli_error(shardmeter_main, ["predict", "--topology", str(path)])
     assert "did you mean" in err and meant in err, err
 
 
@@ -84,11 +74,11 @@ def test_topology_file_keys(
     ],
 )
 def test_shardmeter_spec_file_keys(
-    flag: str, text: str, meant: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    flag: str, text: str, meant: str, tmp_path: Path, cli_error: Callable[..., str]
 ) -> None:
     path = tmp_path / "spec.toml"
     path.write_text(text, encoding="utf-8")
-    err = error_line(shardmeter_main, ["predict", flag, str(path)], capsys)
+    err = cli_error(shardmeter_main, ["predict", flag, str(path)])
     assert "did you mean" in err and meant in err, err
 
 
@@ -103,17 +93,17 @@ def test_shardmeter_spec_file_keys(
     ],
 )
 def test_heloco_set_keys(
-    assignment: str, typo: str, meant: str, capsys: pytest.CaptureFixture[str]
+    assignment: str, typo: str, meant: str, cli_error: Callable[..., str]
 ) -> None:
     argv = ["simulate", "--set", assignment, "--print-config"]
-    err = error_line(heloco_main, argv, capsys)
+    err = cli_error(heloco_main, argv)
     # the suggestion is itself a key --set takes (no internal prefix)
     assert err.startswith(f"heloco: error: {typo}: ") and "did you mean" in err, err
     assert f" {meant}" in err.split("did you mean", 1)[1], err
 
 
-def test_heloco_config_file_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_heloco_config_file_keys(tmp_path: Path, cli_error: Callable[..., str]) -> None:
     path = tmp_path / "run.toml"
     path.write_text("[outer]\nmomentun = 0.5\n[model]\nvocab_size = 64\nn_layr = 2\n")
-    err = error_line(heloco_main, ["simulate", "--config", str(path), "--print-config"], capsys)
+    err = cli_error(heloco_main, ["simulate", "--config", str(path), "--print-config"])
     assert "outer.momentun" in err and "did you mean outer.momentum" in err, err

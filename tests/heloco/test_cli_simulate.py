@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -84,85 +85,76 @@ def test_preset_flag_and_config_file(tmp_path: Path) -> None:
     assert cfg.data.tokenizer == "bpe"  # inherited from the preset
 
 
-def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
-    rc = main(argv)
-    err = capsys.readouterr().err.strip()
-    assert rc == 2
-    assert "Traceback" not in err
-    assert len(err.splitlines()) == 1, err
-    return err
-
-
-def test_unknown_method(capsys: pytest.CaptureFixture[str]) -> None:
-    err = one_line_error(capsys, ["simulate", "--method", "adam-async"])
+def test_unknown_method(cli_error: Callable[..., str]) -> None:
+    err = cli_error(main, ["simulate", "--method", "adam-async"])
     assert "adam-async" in err and "heloco" in err
 
 
-def test_paces_of_wrong_length(capsys: pytest.CaptureFixture[str]) -> None:
-    err = one_line_error(capsys, ["simulate", "--workers", "5", "--paces", "1,2,3"])
+def test_paces_of_wrong_length(cli_error: Callable[..., str]) -> None:
+    err = cli_error(main, ["simulate", "--workers", "5", "--paces", "1,2,3"])
     assert (
         err == "heloco: error: paces: got [1.0, 2.0, 3.0]; 5 values, one per worker (workers = 5)"
     )
 
 
-def test_cross_field_model_error_names_the_field(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cross_field_model_error_names_the_field(cli_error: Callable[..., str]) -> None:
     shape = ["--set", "model.d_model=30", "--set", "model.n_head=4", "--set", "model.n_layer=1"]
     shape += ["--set", "model.vocab_size=256", "--set", "model.seq_len=64"]
-    err = one_line_error(capsys, ["simulate", *shape])
+    err = cli_error(main, ["simulate", *shape])
     assert err == "heloco: error: model.d_model: got 30; a multiple of n_head (4)"
     shape[1] = "model.d_model=-1"  # a field error inside the table branch of `str | ModelConfig`
-    err = one_line_error(capsys, ["simulate", *shape])
+    err = cli_error(main, ["simulate", *shape])
     assert err.startswith("heloco: error: model.d_model: got -1; ")
 
 
-def test_paces_not_numbers(capsys: pytest.CaptureFixture[str]) -> None:
-    assert "paces" in one_line_error(capsys, ["simulate", "--paces", "1,fast,2"])
+def test_paces_not_numbers(cli_error: Callable[..., str]) -> None:
+    assert "paces" in cli_error(main, ["simulate", "--paces", "1,fast,2"])
 
 
-def test_missing_data_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_data_folder(tmp_path: Path, cli_error: Callable[..., str]) -> None:
     missing = tmp_path / "nowhere"
-    err = one_line_error(capsys, ["simulate", *FAST, "--data-dir", str(missing)])
+    err = cli_error(main, ["simulate", *FAST, "--data-dir", str(missing)])
     assert "data_dir" in err and "nowhere" in err
 
 
-def test_language_without_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_language_without_text(tmp_path: Path, cli_error: Callable[..., str]) -> None:
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for lang in ("de", "en", "fr", "it"):
         (corpus / f"{lang}.txt").write_text("lorem ipsum dolor sit amet " * 2000)
     (corpus / "es.txt").write_text("")
-    err = one_line_error(capsys, ["simulate", *FAST, "--data-dir", str(corpus)])
+    err = cli_error(main, ["simulate", *FAST, "--data-dir", str(corpus)])
     assert "'es'" in err
 
 
-def test_unknown_preset_and_bad_set(capsys: pytest.CaptureFixture[str]) -> None:
-    assert "preset" in one_line_error(capsys, ["simulate", "--preset", "nope"])
-    assert "--set" in one_line_error(capsys, ["simulate", "--set", "novalue"])
-    assert "bogus" in one_line_error(capsys, ["simulate", "--set", "bogus=1"])
+def test_unknown_preset_and_bad_set(cli_error: Callable[..., str]) -> None:
+    assert "preset" in cli_error(main, ["simulate", "--preset", "nope"])
+    assert "--set" in cli_error(main, ["simulate", "--set", "novalue"])
+    assert "bogus" in cli_error(main, ["simulate", "--set", "bogus=1"])
 
 
-def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    err = one_line_error(capsys, ["simulate", "--config", str(tmp_path / "absent.toml")])
+def test_missing_config_file(tmp_path: Path, cli_error: Callable[..., str]) -> None:
+    err = cli_error(main, ["simulate", "--config", str(tmp_path / "absent.toml")])
     assert "config" in err and "absent.toml" in err
 
 
-def test_unknown_or_absent_device(capsys: pytest.CaptureFixture[str]) -> None:
-    err = one_line_error(capsys, ["simulate", "--set", "device=gpu", "--quiet"])
+def test_unknown_or_absent_device(cli_error: Callable[..., str]) -> None:
+    err = cli_error(main, ["simulate", "--set", "device=gpu", "--quiet"])
     assert err == "heloco: error: device: got 'gpu'; a torch device such as cpu or cuda:0"
     if not torch.cuda.is_available():
-        err = one_line_error(capsys, ["simulate", "--set", "device=cuda", "--quiet"])
+        err = cli_error(main, ["simulate", "--set", "device=cuda", "--quiet"])
         assert err == "heloco: error: device: got 'cuda'; cpu (no CUDA device is available here)"
 
 
-def test_set_typo_gets_suggestions(capsys: pytest.CaptureFixture[str]) -> None:
-    err = one_line_error(capsys, ["simulate", "--set", "inner.lrr=3"])
+def test_set_typo_gets_suggestions(cli_error: Callable[..., str]) -> None:
+    err = cli_error(main, ["simulate", "--set", "inner.lrr=3"])
     assert err.startswith("heloco: error: inner.lrr: got 3; unknown key; did you mean inner.lr")
-    err = one_line_error(capsys, ["simulate", "--set", "pace_jiter=0.1"])
+    err = cli_error(main, ["simulate", "--set", "pace_jiter=0.1"])
     assert "did you mean pace_jitter?" in err
 
 
-def test_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    err = one_line_error(capsys, ["simulate", "my.toml"])  # the config is --config now
+def test_usage_errors_are_one_line(cli_error: Callable[..., str]) -> None:
+    err = cli_error(main, ["simulate", "my.toml"])  # the config is --config now
     assert "my.toml" in err
 
 
@@ -176,8 +168,8 @@ def test_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     ],
 )
 def test_one_pace_rule_everywhere(
-    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    argv: list[str], tmp_path: Path, cli_error: Callable[..., str]
 ) -> None:
     """`--paces` means seconds per inner step in simulate and launch, with one error text."""
-    err = one_line_error(capsys, [str(tmp_path / "out") if a == "OUT" else a for a in argv])
+    err = cli_error(main, [str(tmp_path / "out") if a == "OUT" else a for a in argv])
     assert err.endswith(PACE_RULE), err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,13 +23,11 @@ def test_missing_secret_is_a_one_line_error(
     argv: list[str],
     needle: str,
     monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    cli_error: Callable[..., str],
 ) -> None:
     monkeypatch.delenv(SECRET_ENV, raising=False)
     monkeypatch.delenv(SECRET_FILE_ENV, raising=False)
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert needle in err and len(err.splitlines()) == 1
+    assert needle in cli_error(main, argv)
 
 
 @pytest.mark.parametrize(
@@ -60,12 +59,10 @@ def test_missing_secret_is_a_one_line_error(
     ],
 )
 def test_bad_flags_exit_2(
-    argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    argv: list[str], monkeypatch: pytest.MonkeyPatch, cli_error: Callable[..., str]
 ) -> None:
     monkeypatch.setenv(SECRET_ENV, "a-test-secret-of-enough-bytes")
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("heloco: error:") and len(err.splitlines()) == 1
+    assert cli_error(main, argv).startswith("heloco: error:")
 
 
 @pytest.mark.parametrize(
@@ -86,14 +83,13 @@ def test_bad_run_config_exits_2_before_starting(
     argv: list[str],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    cli_error: Callable[..., str],
 ) -> None:
     monkeypatch.setenv(SECRET_ENV, "a-test-secret-of-enough-bytes")
     (tmp_path / "file").write_text("x")
     paths = {"OUT": tmp_path / "run", "FILE": tmp_path / "file", "FILE/sub": tmp_path / "file/sub"}
-    assert main([str(paths[a]) if a in paths else a for a in argv]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("heloco: error:") and len(err.splitlines()) == 1
+    err = cli_error(main, [str(paths[a]) if a in paths else a for a in argv])
+    assert err.startswith("heloco: error:")
 
 
 @pytest.mark.parametrize("content", [b"short", b"\xff\xfe\x00"])
@@ -101,24 +97,22 @@ def test_malformed_secret_file_exits_2(
     content: bytes,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    cli_error: Callable[..., str],
 ) -> None:
     monkeypatch.delenv(SECRET_ENV, raising=False)
     monkeypatch.delenv(SECRET_FILE_ENV, raising=False)
     secret = tmp_path / "secret"
     secret.write_bytes(content)
     argv = ["work", "--connect", "tcp://127.0.0.1:9", "--worker", "0"]
-    assert main([*argv, "--secret-file", str(secret)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("heloco: error: secret") and len(err.splitlines()) == 1
+    err = cli_error(main, [*argv, "--secret-file", str(secret)])
+    assert err.startswith("heloco: error: secret")
 
 
 def test_negative_checkpoint_period_names_its_flag(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, cli_error: Callable[..., str]
 ) -> None:
     monkeypatch.setenv(SECRET_ENV, "a-test-secret-of-enough-bytes")
-    assert main(["serve", "--checkpoint-every-s", "-1"]) == 2
-    err = capsys.readouterr().err.strip()
+    err = cli_error(main, ["serve", "--checkpoint-every-s", "-1"])
     assert err.startswith("heloco: error: --checkpoint-every-s") and "-1" in err
 
 

@@ -160,7 +160,7 @@ def test_keys_layout_modes_and_growth(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def test_bad_key_folders_are_one_line_errors(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli_error: Callable[..., str]
 ) -> None:
     keys.generate(tmp_path / "keys", 1)
     (tmp_path / "keys" / "worker0" / "worker0.key_secret").write_text("garbage")
@@ -172,9 +172,7 @@ def test_bad_key_folders_are_one_line_errors(
         ["serve", "--preset", "default", "--keys", str(tmp_path / "keys" / "worker0")],
     ]
     for argv in cases:
-        assert main(argv) == 2, argv
-        err = capsys.readouterr().err.strip()
-        assert err.startswith("heloco: error:") and len(err.splitlines()) == 1, err
+        assert cli_error(main, argv).startswith("heloco: error:")
 
 
 def test_a_shared_secret_file_is_warned_about(

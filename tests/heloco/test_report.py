@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -77,10 +78,8 @@ def test_short_labels_are_distinct() -> None:
     assert labels == ["x/heloco/s0", "y/heloco/s0"]
 
 
-def test_bad_run_dir_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["report", str(tmp_path / "missing")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "RUN_DIR" in err
+def test_bad_run_dir_is_one_line(tmp_path: Path, cli_error: Callable[..., str]) -> None:
+    assert "RUN_DIR" in cli_error(main, ["report", str(tmp_path / "missing")])
     (tmp_path / "empty").mkdir()
     assert main(["report", str(tmp_path / "empty")]) == 2
 
