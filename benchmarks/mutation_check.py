@@ -118,6 +118,13 @@ MUTATIONS: tuple[Mutation, ...] = (
              "where(regather, 2.0, 1.0),", "where(regather, 1.0, 1.0),"),
     Mutation("eager RMSNorm bytes counted as fused", "compute.py",
              "NORM_BYTES = (4.0, 36.0)", "NORM_BYTES = (4.0, 4.0)"),
+    Mutation("autocast weight cast reads 2 B instead of 4", "compute.py",
+             "AUTOCAST_CAST_BYTES = 6.0", "AUTOCAST_CAST_BYTES = 4.0"),
+    Mutation("backward gradient casts of fp32 weights dropped", "compute.py",
+             "BWD_ELEMENTWISE * (self.elementwise_s + self.cast_s)",
+             "BWD_ELEMENTWISE * self.elementwise_s + 0.0 * self.cast_s"),
+    Mutation("fp32 weights gathered as bf16", "memory.py",
+             "where(plans.params_fp32, 4.0, WEIGHT_BYTES)", "where(plans.params_fp32, 2.0, WEIGHT_BYTES)"),
 )  # fmt: skip
 
 

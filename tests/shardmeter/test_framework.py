@@ -70,6 +70,10 @@ def test_blank_fields_take_the_framework_defaults_and_stated_ones_win() -> None:
     assert Plan(framework="torchtitan", precision="fp8").fused_elementwise
     assert Plan(framework="torchtitan", fused_elementwise=True).fused_elementwise
     assert Plan(framework="nemo").fused_elementwise and Plan().fused_elementwise
+    # llm-foundry's Composer FSDP (mixed_precision DEFAULT) keeps fp32 weights under autocast.
+    assert Plan(framework="llm-foundry").param_dtype == "fp32"
+    assert Plan(framework="llm-foundry", param_dtype="bf16").param_dtype == "bf16"
+    assert Plan(framework="torchtitan").param_dtype == "bf16" and Plan().param_dtype == "bf16"
 
 
 def test_every_framework_documents_its_source() -> None:

@@ -56,6 +56,12 @@ HEAD_KERNELS = 3.0  # output GEMM, softmax cross-entropy, loss reduction
 # cast back r4 w2) = 20 B. SwiGLU silu(g)·u per intermediate element: fused reads g and u
 # and writes 6 B; eager silu (r2 w2) then multiply (r4 w2) = 10 B. Residual adds (r4 w2) and
 # GELU (r2 w2) are one kernel either way.
+# fp32 weights under torch.autocast (FSDP MixedPrecision param_dtype=float32, Composer's
+# mixed_precision DEFAULT): each GEMM casts its weight to bf16 at every use, reading 4 B and
+# writing 2 B per weight (aten::_to_copy); backward casts the weight gradient back to fp32
+# (r2 w4) and to the bf16 reduce dtype (r4 w2), twice the forward (PyTorch autocast docs,
+# "CUDA Ops that can autocast to float16"; torch.distributed.fsdp.MixedPrecision).
+AUTOCAST_CAST_BYTES = 6.0
 NORM_BYTES = (4.0, 36.0)
 ROPE_BYTES = (4.0, 20.0)
 SWIGLU_BYTES = (6.0, 10.0)
@@ -113,10 +119,11 @@ class LayerCost:
     attention_bwd_s: Num | None = None  # default: BWD_ATTN × attention_s (FlashAttention-2)
     synced_launch_s: Num = 0.0  # launches after a host sync (dropless MoE), not hidden
     down_s: Num = 0.0  # the MLP down projection(s): the layer's last GEMM
+    cast_s: Num = 0.0  # autocast casts of fp32 weights to bf16 (params_fp32)
 
     @property
     def gpu_forward_s(self) -> Num:
-        return self.gemm_s + self.attention_s + self.elementwise_s
+        return self.gemm_s + self.attention_s + self.elementwise_s + self.cast_s
 
     @property
     def forward_s(self) -> Num:
@@ -125,7 +132,7 @@ class LayerCost:
     @property
     def backward_s(self) -> Num:
         attn = BWD_ATTN * self.attention_s if self.attention_bwd_s is None else self.attention_bwd_s
-        gpu = BWD_GEMM * self.gemm_s + attn + BWD_ELEMENTWISE * self.elementwise_s
+        gpu = BWD_GEMM * self.gemm_s + attn + BWD_ELEMENTWISE * (self.elementwise_s + self.cast_s)
         return maximum(gpu, KERNELS_BWD * (self.launch_s + self.synced_launch_s))
 
 
@@ -168,6 +175,12 @@ def launch_time(kernels: Num, plans: PlanArrays, acc: Accelerator) -> Num:
     """Host seconds to launch `kernels` kernels: kernel_launch_us each, none when the step is
     replayed from CUDA graphs or an XLA executable."""
     return where(plans.graphs, 0.0, kernels * acc.efficiency.kernel_launch_us * 1e-6)
+
+
+def cast_time(weights: Num, plans: PlanArrays, acc: Accelerator) -> Num:
+    """Forward seconds to cast `weights` fp32 weights to bf16 (AUTOCAST_CAST_BYTES each) where
+    the plan keeps fp32 weights under autocast; none otherwise."""
+    return where(plans.params_fp32, memory_time(AUTOCAST_CAST_BYTES * weights, acc), 0.0)
 
 
 def attention_time(
@@ -231,6 +244,7 @@ def layer_forward(
     out = gemm_time(t, sh.q_local, h, acc, sh.fp8)
     gemm_s = qkv + out
     gemm_flops = 2.0 * t * h * (2.0 * sh.q_local + 2.0 * sh.kv_local)
+    weights = h * (2.0 * sh.q_local + 2.0 * sh.kv_local)  # the GEMMs' weights on this GPU
     attention_s, attention_bwd_s, attn_flops = attention_time(model, plans, acc, sh)
 
     n_mat = model.mlp_matrices
@@ -261,6 +275,8 @@ def layer_forward(
         router_s = gemm_time(t, h, spec.experts, acc, False)
         gemm_s = gemm_s + routed_s + router_s
         gemm_flops = gemm_flops + routed_flops + 2.0 * t * h * spec.experts
+        weights = weights + (local_experts + spec.shared_experts) * n_mat * h * width
+        weights = weights + h * spec.experts
         if spec.shared_experts:
             shared_s, shared_flops, shared_down = _mlp_cost(
                 sh, h, width * spec.shared_experts, n_mat, t, acc
@@ -279,6 +295,7 @@ def layer_forward(
         mlp_s, mlp_flops, down_s = _mlp_cost(sh, h, width, n_mat, t, acc)
         gemm_s = gemm_s + mlp_s
         gemm_flops = gemm_flops + mlp_flops
+        weights = weights + n_mat * h * width
         active_width = width
     elem_bytes = elem_bytes + act_bytes_per_width * t * active_width
     return LayerCost(
@@ -291,6 +308,7 @@ def layer_forward(
         attention_bwd_s=attention_bwd_s,
         synced_launch_s=synced,
         down_s=down_s,
+        cast_s=cast_time(weights, plans, acc),
     )
 
 
@@ -310,6 +328,7 @@ def logits_forward(model: TransformerSpec, plans: PlanArrays, acc: Accelerator) 
         gemm_flops=2.0 * sh.tokens * model.hidden * v_local,
         attention_flops=zero,
         launch_s=launch_time(HEAD_KERNELS, plans, acc),
+        cast_s=cast_time(model.hidden * v_local, plans, acc),
     )
 
 

@@ -43,6 +43,12 @@ UNFUSED_SCORE_STORED = (
 )
 
 
+def gathered_weight_bytes(plans: PlanArrays) -> Num:
+    """Bytes per weight a ZeRO-3 all-gather moves and its buffer holds: bf16, or fp32 where
+    the plan keeps fp32 weights under autocast (FSDP param_dtype=float32 gathers them as is)."""
+    return where(plans.params_fp32, 4.0, WEIGHT_BYTES)
+
+
 @dataclass(frozen=True)
 class ModelStates:
     """Bytes per GPU of weights, gradients and optimizer states."""
@@ -268,6 +274,7 @@ class _Shared:
     dense: ModelStates  # bytes per dense parameter
     expert: ModelStates  # bytes per routed-expert parameter
     unit: Num  # parameters one ZeRO-3 all-gather fetches
+    unit_weight_bytes: Num  # bytes per gathered weight (gathered_weight_bytes)
     missing_dense: Num  # share of a gathered dense unit this GPU does not hold, 1 − 1/d
     missing_expert: Num
     zero3: Num
@@ -284,6 +291,7 @@ def _shared(model: TransformerSpec, plans: PlanArrays, layer: Num) -> _Shared:
         dense=model_state_bytes(1.0, d_dense, plans.sharding, remainder),
         expert=model_state_bytes(1.0, d_expert, plans.sharding, remainder),
         unit=_gather_unit_params(model, plans, layer),
+        unit_weight_bytes=gathered_weight_bytes(plans),
         # The gathered unit lacks (1 - 1/d) of each part: dense weights shard over d_dense,
         # routed experts over d_expert (ZeRO paper, Rajbhandari et al. 2020, Sec. 5.3).
         missing_dense=1.0 - 1.0 / d_dense,
@@ -300,7 +308,7 @@ def _stage_memory(
     activations, the full-recompute working layer, the ZeRO-3 prefetch buffer and `logits`."""
     dense, expert = params.dense, params.expert
     activations = shared.per_layer * layers * in_flight + shared.working
-    unit_bytes = WEIGHT_BYTES * minimum(2.0 * shared.unit, params.total)
+    unit_bytes = shared.unit_weight_bytes * minimum(2.0 * shared.unit, params.total)
     missing = (dense * shared.missing_dense + expert * shared.missing_expert) / maximum(
         params.total, 1e-30
     )

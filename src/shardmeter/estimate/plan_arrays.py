@@ -26,7 +26,7 @@ ATTENTION_CODES: dict[str, int] = {"flash": 0, "unfused": 1}
 _BOOL_FIELDS = (
     "sp", "overlap_dp", "overlap_param_gather", "overlap_tp", "fused_ce", "gather_matrix",
     "overlap_ep", "ep_fp8", "ep_dedup", "graphs", "master_remainder", "compiled",
-    "fused_elementwise",
+    "fused_elementwise", "params_fp32",
 )  # fmt: skip
 
 
@@ -49,6 +49,7 @@ def plan_columns(plan: Plan) -> dict[str, Any]:
         "pp_last": last,
         "ep_imbalance": plan.ep_imbalance or 0.0,
         "master_remainder": plan.master_weights == "remainder",
+        "params_fp32": plan.param_dtype == "fp32",
     }
     return {
         f.name: derived[f.name] if f.name in derived else getattr(plan, f.name)
@@ -90,6 +91,7 @@ class PlanArrays:
     master_remainder: Any = False  # 16-bit remainders instead of an fp32 master copy
     compiled: Any = False  # the step is one compiled graph: recompute skips dead work
     fused_elementwise: Any = True  # norms, activation, RoPE fused (else eager op by op)
+    params_fp32: Any = False  # fp32 weights cast to bf16 at each use (autocast), gathered fp32
 
     @classmethod
     def from_columns(cls, **columns: ArrayLike) -> PlanArrays:

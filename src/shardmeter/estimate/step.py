@@ -38,9 +38,9 @@ from shardmeter.estimate.compute import (
 )
 from shardmeter.estimate.memory import (
     GRAD_BYTES,
-    WEIGHT_BYTES,
     LocalParams,
     end_stage_tables,
+    gathered_weight_bytes,
     local_params,
     memory_breakdown,
     per_layer_params,
@@ -175,10 +175,12 @@ def _sync(
     d_dense, d_expert = shards
     acc = cluster.accelerator
 
+    weight_bytes = gathered_weight_bytes(plans)
+
     def one(p_count: Num, d: Num, rep: Num, stride: Num) -> tuple[Num, Num, Num]:
         grads = p_count * GRAD_BYTES
         rs = comm.reduce_scatter_time(grads, d, stride, cluster)
-        gather = comm.all_gather_time(p_count * WEIGHT_BYTES / units, d, stride, cluster)
+        gather = comm.all_gather_time(p_count * weight_bytes / units, d, stride, cluster)
         copies = where(plans.gather_matrix, launch_time(d, plans, acc), 0.0)
         ag = units * maximum(gather, copies)
         ar = comm.all_reduce_time(grads / d, rep, stride * d, cluster)
@@ -415,7 +417,9 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
         "tp": m * layers_crit * tp_count * tp_msg * 2.0 * (tp - 1.0) / tp,
         "pp": pp_sends * pp_msg,
         "dp": where(stage >= SHARDING_CODES["zero2"], m, 1.0) * grad_bytes,
-        "fsdp": where(zero3, 2.0 * m, where(stage >= 1, 1.0, 0.0)) * heaviest.total * 2.0,
+        "fsdp": where(zero3, 2.0 * m, where(stage >= 1, 1.0, 0.0))
+        * heaviest.total
+        * gathered_weight_bytes(plans),
         "cp": m * layers_crit * 3.0 * kv_block * (cp - 1.0),
         "ep": m * ep_count * tokens_mb * top_k * model.hidden * ACT_BYTES * (ep - 1.0) / ep,
     }

@@ -24,6 +24,7 @@ Attention = Literal["flash", "unfused"]
 GatherUnit = Literal["layer", "matrix"]
 MasterWeights = Literal["fp32", "remainder"]
 Dispatch = Literal["bf16", "fp8"]
+ParamDtype = Literal["bf16", "fp32"]
 
 
 class Framework(BaseModel):
@@ -51,6 +52,7 @@ class Framework(BaseModel):
     master_weights: MasterWeights = "fp32"  # fp32 master copy, or its 16-bit remainder
     fused_elementwise: bool = True  # norms, activation and RoPE one kernel each (else eager)
     compile_with_fp8: bool = False  # its FP8 recipe compiles the model (fused element-wise)
+    param_dtype: ParamDtype = "bf16"  # weights the layers hold (fp32: autocast casts per use)
     source: str
 
 
@@ -171,8 +173,12 @@ FRAMEWORKS: dict[str, Framework] = {
             overlap_tp=False,
             attention="flash",
             fused_ce=True,
+            param_dtype="fp32",
             source="llm-foundry MPT yamls: FSDP FULL_SHARD, activation_checkpointing false, "
-            "flash attention, loss_fn fused_crossentropy",
+            "flash attention, loss_fn fused_crossentropy; precision amp_bf16 with Composer's "
+            "FSDP mixed_precision DEFAULT (the benchmark table's 'MP Mode'), which Composer "
+            "0.12-0.16 (2023, trainer/dist_strategy.py) maps to param_dtype float32, "
+            "reduce_dtype bf16: fp32 weights gathered and cast by torch.autocast at each use",
         ),
         _fw(
             name="maxtext",
@@ -331,6 +337,7 @@ def framework_defaults(framework: Framework, given: dict[str, Any]) -> dict[str,
         "compiled": framework.compiled,
         "master_weights": framework.master_weights,
         "fused_elementwise": framework.fused_elementwise or compiled_fp8,
+        "param_dtype": framework.param_dtype,
     }
     if pp > 1:
         defaults["vpp"] = framework.vpp

@@ -16,6 +16,7 @@ from shardmeter.specs.framework import (
     Dispatch,
     GatherUnit,
     MasterWeights,
+    ParamDtype,
     framework_defaults,
     framework_id,
     resolve_framework,
@@ -69,6 +70,10 @@ class Plan(BaseModel):
     # norms, activation function and RoPE as one kernel each (fused kernels, torch.compile,
     # XLA); False: eager PyTorch, op by op through HBM (e.g. RMSNorm in fp32 in 7 kernels)
     fused_elementwise: bool = True
+    # dtype of the weights the layers hold between optimizer steps: bf16 (the optimizer writes
+    # a 16-bit copy), or fp32 under torch.autocast, which casts every weight to bf16 at each
+    # use and gathers fp32 under ZeRO-3 (FSDP MixedPrecision param_dtype=float32)
+    param_dtype: ParamDtype = "bf16"
     pp_first: int | None = Field(default=None, ge=0)  # layers on the first stage (None: even)
     pp_last: int | None = Field(default=None, ge=0)  # layers on the last stage (None: even)
     pp_layers: tuple[int, ...] | None = None  # explicit layers per stage (overrides the two)
