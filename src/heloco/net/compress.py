@@ -166,6 +166,26 @@ def dequantize_int8(
     return out
 
 
+def dequantize_range(
+    q: torch.Tensor, scales: torch.Tensor, block: int, lo: int, hi: int, out: torch.Tensor
+) -> torch.Tensor:
+    """Elements ``[lo, hi)`` of :func:`dequantize_int8` into ``out[: hi - lo]``: the same value
+    per element (``float(q_i) · s_b``, one rounding), decoding nothing outside the range."""
+    dst = out[: hi - lo]
+    pos = lo
+    while pos < hi:
+        b = pos // block
+        whole = (hi - pos) // block if pos % block == 0 else 0
+        end = pos + whole * block if whole else min(hi, (b + 1) * block)
+        rows = max(whole, 1)
+        length = (end - pos) // rows
+        dst[pos - lo : end - lo].view(rows, length).copy_(q[pos:end].view(rows, length)).mul_(
+            scales[b : b + rows, None]
+        )
+        pos = end
+    return dst
+
+
 def int8_error_bound(x: torch.Tensor, block: int = DEFAULT_BLOCK) -> torch.Tensor:
     """Per-element bound on |decode(encode(x)) − x|: ``max|x_b| / 254`` for x's block b.
 
@@ -270,6 +290,25 @@ class Decoded(Mapping[str, torch.Tensor]):
             scratch = torch.empty(self._largest, dtype=torch.float32, device=self.device)
             self._local.scratch = scratch
         return decode(enc, self.device, out=scratch[: enc.numel])
+
+    def chunk(self, name: str, lo: int, hi: int) -> torch.Tensor:
+        """Elements ``[lo, hi)`` of tensor ``name`` flattened, as fp32: a view of an fp32 frame,
+        else decoded into the reading thread's chunk scratch (valid until its next chunk).
+        What :func:`heloco.outer.base.chunks` reads, so only one chunk is ever decoded."""
+        enc = self.encoded[name]
+        if enc.codec == "fp32":
+            return _view(enc.data, torch.float32)[lo:hi].to(self.device)
+        scratch = getattr(self._local, "chunk", None)
+        if scratch is None or scratch.numel() < hi - lo:
+            scratch = torch.empty(hi - lo, dtype=torch.float32, device=self.device)
+            self._local.chunk = scratch
+        if enc.codec == "int8":
+            first = lo // enc.block  # the blocks the range touches, moved to the device alone
+            q = _view(enc.data, torch.int8)[first * enc.block : hi].to(self.device)
+            s = _view(enc.scales, torch.float32)[first : n_blocks(hi, enc.block)].to(self.device)
+            start = first * enc.block
+            return dequantize_range(q, s, enc.block, lo - start, hi - start, scratch)
+        return scratch[: hi - lo].copy_(_view(enc.data, _DTYPES[enc.codec])[lo:hi])
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.encoded)

@@ -34,6 +34,7 @@ import zmq
 from heloco.net import compress, messages, wire
 from heloco.net.coordinator import check_peer, error
 from heloco.net.wire import Message, WireError
+from heloco.outer.base import read_chunk
 from heloco.server import Dispatch, Server
 from heloco.types import Delta, Params
 
@@ -227,6 +228,10 @@ class Merged(Mapping[str, torch.Tensor]):
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.parts[self.owner[name]][name]
+
+    def chunk(self, name: str, lo: int, hi: int) -> torch.Tensor:
+        """Elements ``[lo, hi)`` of tensor ``name`` flattened, read from its shard's part."""
+        return read_chunk(self.parts[self.owner[name]], name, lo, hi)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.order)

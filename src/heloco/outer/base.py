@@ -10,12 +10,20 @@ parameters only, plus whole-model quantities formed afterwards from per-block sc
 server can run the blocks of disjoint shards on parallel threads (the same result, bit for bit),
 and a pseudo-gradient may be a mapping that decodes one tensor when it is read (a wire message
 that never exists as a whole fp32 model): a block function holds one decoded tensor at a time.
+
+A block larger than :data:`CHUNK_ELEMENTS` is processed in chunks of that many elements
+(:func:`chunks`): the update, the int8 decoding of the pseudo-gradient and the block's
+diagnostics all run on one chunk while it is in cache, instead of one pass over the whole
+block per operation. Every element sees the same float operations in the same order, so θ and
+the state come out bit for bit as block-at-a-time; only the block's norms and inner products
+are summed per chunk (:func:`merge_geometry`), which changes them in the last bits. Blocks up to
+:data:`CHUNK_ELEMENTS` (every tensor of the built-in models) are one chunk: unchanged.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
@@ -24,6 +32,7 @@ import torch
 from heloco.types import Delta, Params, clone_params
 from shardmeter.errors import UserInputError
 
+CHUNK_ELEMENTS = 1 << 20  # elements per chunk: 4 MiB of fp32 per tensor, in cache together
 RhoMode = Literal["sqrt_k", "delay", "none"]
 Rho = RhoMode | float
 T = TypeVar("T")
@@ -239,6 +248,54 @@ class MomentumRule:
 
 Geometry = tuple[float, float, float]
 """One block before a step: (‖G_b‖, ⟨G_b, m_b⟩, ‖m_b‖), G_b the weighted update, m_b momentum."""
+
+
+@runtime_checkable
+class ChunkedDelta(Protocol):
+    """A pseudo-gradient that decodes a range of one tensor's flat elements on demand (a wire
+    message: :class:`heloco.net.compress.Decoded`); the chunk stays valid until the same
+    thread reads the next one from this mapping."""
+
+    def chunk(self, name: str, lo: int, hi: int) -> torch.Tensor:
+        """Elements ``[lo, hi)`` of tensor ``name`` flattened, as fp32."""
+        ...
+
+
+def read_chunk(delta: Delta, name: str, lo: int, hi: int) -> torch.Tensor:
+    """Elements ``[lo, hi)`` of ``delta[name]`` flattened (decoded only there if it can)."""
+    if isinstance(delta, ChunkedDelta):
+        return delta.chunk(name, lo, hi)
+    return delta[name].reshape(-1)[lo:hi]
+
+
+def chunks(
+    name: str, deltas: Sequence[Delta], state: Sequence[torch.Tensor]
+) -> Iterator[tuple[list[torch.Tensor], list[torch.Tensor]]]:
+    """(Δ chunks, state chunks) of block ``name`` for each of ``deltas`` and each ``state``
+    tensor (θ, momentum, ...: views, written in place), :data:`CHUNK_ELEMENTS` at a time.
+
+    A block of at most one chunk (or with a non-contiguous state tensor) comes whole, with
+    its own shapes, exactly as a block-at-a-time rule reads it."""
+    numel = state[0].numel()
+    if numel <= CHUNK_ELEMENTS or not all(t.is_contiguous() for t in state):
+        yield [d[name] for d in deltas], list(state)
+        return
+    flats = [t.view(-1) for t in state]
+    for lo in range(0, numel, CHUNK_ELEMENTS):
+        hi = min(numel, lo + CHUNK_ELEMENTS)
+        yield [read_chunk(d, name, lo, hi) for d in deltas], [f[lo:hi] for f in flats]
+
+
+def merge_geometry(parts: Sequence[Geometry]) -> Geometry:
+    """One block's geometry from its chunks': norms as the root of the exact (``fsum``) sum of
+    their squares, inner products as their exact sum; one chunk is returned as it is."""
+    if len(parts) == 1:
+        return parts[0]
+    return (
+        math.sqrt(math.fsum(p[0] * p[0] for p in parts)),
+        math.fsum(p[1] for p in parts),
+        math.sqrt(math.fsum(p[2] * p[2] for p in parts)),
+    )
 
 
 def weighted_geometry(

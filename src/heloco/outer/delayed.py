@@ -22,8 +22,10 @@ from heloco.outer.base import (
     Rho,
     StepStats,
     check_names,
+    chunks,
     copy_into,
     geometry_stats,
+    merge_geometry,
     prefixed,
     unprefixed,
     weighted_geometry,
@@ -77,17 +79,19 @@ class DelayedNesterov(MomentumRule):
         milestone = (self.pushes + 1) % n == 0
 
         def block(k: str) -> Geometry:
-            g, theta, m, buf = arrival.delta[k], params[k], self.m[k], self.buf[k]
-            geometry = weighted_geometry([g], [w], m, seeded)
-            buf.add_(g, alpha=w)
-            if milestone:
-                m.mul_(beta).add_(buf, alpha=1.0 / n)
-                theta.add_(m, alpha=-eps * (1.0 - c * n + c) * beta)
-                buf.zero_()
-            elif c != 0.0:
-                theta.add_(m, alpha=-eps * c * beta)
-            theta.add_(g, alpha=-eps * w / n)
-            return geometry
+            parts = []
+            state = [params[k], self.m[k], self.buf[k]]
+            for (g,), (theta, m, buf) in chunks(k, [arrival.delta], state):
+                parts.append(weighted_geometry([g], [w], m, seeded))
+                buf.add_(g, alpha=w)
+                if milestone:
+                    m.mul_(beta).add_(buf, alpha=1.0 / n)
+                    theta.add_(m, alpha=-eps * (1.0 - c * n + c) * beta)
+                    buf.zero_()
+                elif c != 0.0:
+                    theta.add_(m, alpha=-eps * c * beta)
+                theta.add_(g, alpha=-eps * w / n)
+            return merge_geometry(parts)
 
         geometry = self.runner.map(block, list(params))
         self.pushes += 1

@@ -19,10 +19,13 @@ import torch
 from heloco.outer.base import (
     Arrival,
     Delta,
+    Geometry,
     MomentumRule,
     Rho,
     StepStats,
     check_names,
+    chunks,
+    merge_geometry,
     norm,
     plain_dispatch,
     whole_cosine,
@@ -120,11 +123,14 @@ class MomentumLookAhead(MomentumRule):
         """Per-block ‖Δ_b‖ and, once the momentum is seeded, ⟨Δ_b, m_b⟩ and ‖m_b‖."""
         seeded = self.seeded
 
-        def block(k: str) -> tuple[float, float, float]:
-            d, m = delta[k], self.m[k]
-            if not seeded:
-                return norm(d), 0.0, 0.0
-            return norm(d), float(torch.dot(d.reshape(-1), m.reshape(-1))), norm(m)
+        def block(k: str) -> Geometry:
+            parts = []
+            for (d,), (m,) in chunks(k, [delta], [self.m[k]]):
+                if not seeded:
+                    parts.append((norm(d), 0.0, 0.0))
+                else:
+                    parts.append((norm(d), float(torch.dot(d.reshape(-1), m.reshape(-1))), norm(m)))
+            return merge_geometry(parts)
 
         found = self.runner.map(block, names)
         columns = [
@@ -143,10 +149,11 @@ class MomentumLookAhead(MomentumRule):
         coefs = dict(zip(names, zip(upd.a.tolist(), upd.b.tolist(), strict=True), strict=True))
 
         def block(k: str) -> None:
-            (a, b), d, theta, m = coefs[k], delta[k], params[k], self.m[k]
-            theta.add_(d, alpha=-lr * (1.0 + mu * (1.0 - mu)) * a)
-            theta.add_(m, alpha=-lr * (b + mu * mu + mu * (1.0 - mu) * b))
-            m.mul_(mu + (1.0 - mu) * b).add_(d, alpha=(1.0 - mu) * a)
+            a, b = coefs[k]
+            for (d,), (theta, m) in chunks(k, [delta], [params[k], self.m[k]]):
+                theta.add_(d, alpha=-lr * (1.0 + mu * (1.0 - mu)) * a)
+                theta.add_(m, alpha=-lr * (b + mu * mu + mu * (1.0 - mu) * b))
+                m.mul_(mu + (1.0 - mu) * b).add_(d, alpha=(1.0 - mu) * a)
 
         self.runner.map(block, names)
 

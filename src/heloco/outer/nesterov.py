@@ -17,7 +17,9 @@ from heloco.outer.base import (
     MomentumRule,
     StepStats,
     check_names,
+    chunks,
     geometry_stats,
+    merge_geometry,
     weighted_geometry,
 )
 from heloco.types import Params
@@ -42,16 +44,18 @@ class Nesterov(MomentumRule):
 
         def block(k: str) -> Geometry:
             # θ ← θ − η(1+μ)G − ημ²·buf_old  (= θ − η(G + μ buf_new)); then buf ← μ buf + G.
-            theta, buf = params[k], self.m[k]
-            deltas = [a.delta[k] for a in arrivals]
-            geometry = weighted_geometry(deltas, coefs, buf, seeded)
-            for d, c in zip(deltas, coefs, strict=True):
-                theta.add_(d, alpha=-lr * (1.0 + mu) * c)
-            theta.add_(buf, alpha=-lr * mu * mu)
-            buf.mul_(mu)
-            for d, c in zip(deltas, coefs, strict=True):
-                buf.add_(d, alpha=c)
-            return geometry
+            parts = []
+            for deltas, (theta, buf) in chunks(
+                k, [a.delta for a in arrivals], [params[k], self.m[k]]
+            ):
+                parts.append(weighted_geometry(deltas, coefs, buf, seeded))
+                for d, c in zip(deltas, coefs, strict=True):
+                    theta.add_(d, alpha=-lr * (1.0 + mu) * c)
+                theta.add_(buf, alpha=-lr * mu * mu)
+                buf.mul_(mu)
+                for d, c in zip(deltas, coefs, strict=True):
+                    buf.add_(d, alpha=c)
+            return merge_geometry(parts)
 
         geometry = self.runner.map(block, list(params))
         self.seeded = True
