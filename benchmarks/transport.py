@@ -40,8 +40,9 @@ from typing import Any
 import torch
 import zmq
 
-from heloco.net import auth, compress
+from heloco.net import auth, compress, wire
 from heloco.net.client import ClientConfig
+from heloco.net.compress import Codec
 from heloco.net.coordinator import Budget, Coordinator
 from heloco.net.endpoint import Endpoint, EndpointConfig
 from heloco.net.keys import (
@@ -53,6 +54,7 @@ from heloco.net.keys import (
     serve_securely,
 )
 from heloco.net.link import NetLink
+from heloco.net.pool import WORKER_THREADS
 from heloco.net.session import Session
 from heloco.net.worker_loop import NetWorker, WorkerOptions
 from heloco.outer import OuterConfig, build_optimizer
@@ -70,10 +72,13 @@ def fake_params(n_params: int) -> dict[str, torch.Tensor]:
     return {f"layer{i}.weight": torch.zeros(per + (i < extra)) for i in range(N_TENSORS)}
 
 
-def curve_keys() -> tuple[ServerKeys, ClientKeys]:
-    """A fresh server key pair that admits one fresh client key (named worker0)."""
-    server, client = new_keypair(), new_keypair()
-    return ServerKeys(server, {client.public: "worker0"}), ClientKeys(server.public, client)
+def curve_keys(workers: int = 1) -> tuple[ServerKeys, list[ClientKeys]]:
+    """A fresh server key pair that admits one fresh client key per worker (named worker<i>,
+    so each may speak only for its own slot)."""
+    server = new_keypair()
+    clients = [new_keypair() for _ in range(workers)]
+    allowed = {c.public: f"worker{i}" for i, c in enumerate(clients)}
+    return ServerKeys(server, allowed), [ClientKeys(server.public, c) for c in clients]
 
 
 # -- the machine's limit ------------------------------------------------------------------------
@@ -111,14 +116,14 @@ class LimitProbe:
     of ``n_params`` fp32. :meth:`limit` is the best of each."""
 
     def __init__(self, n_params: int, curve: bool) -> None:
-        server_keys, client_keys = curve_keys() if curve else (None, None)
+        server_keys, client_keys = curve_keys() if curve else (None, [])
         q: Any = mp.get_context("spawn").Queue()
         self.proc = mp.get_context("spawn").Process(target=echo, args=(server_keys, q), daemon=True)
         self.proc.start()
         self.ctx: zmq.Context[Any] = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
-        if client_keys is not None:
-            connect_securely(self.sock, client_keys)
+        if client_keys:
+            connect_securely(self.sock, client_keys[0])
         self.sock.connect(q.get(timeout=60))
         self.frames = [compress.as_bytes(t) for t in fake_params(n_params).values()]
         self.nbytes = sum(len(f) for f in self.frames)
@@ -152,13 +157,19 @@ class LimitProbe:
 
 # -- the HeLoCo transport -----------------------------------------------------------------------
 def serve_fake(
-    n_params: int, secret: bytes, keys: ServerKeys | None, shards: int, threads: int, q: Any
+    n_params: int,
+    secret: bytes,
+    keys: ServerKeys | None,
+    shards: int,
+    threads: int,
+    workers: int,
+    q: Any,
 ) -> None:
     """Server process: a real endpoint in front of a Server with async Nesterov."""
     torch.set_num_threads(threads)
     init = fake_params(n_params)
-    opt = build_optimizer("async-nesterov", init, OuterConfig(), 1)
-    server = Server(init, opt, ServerConfig(n_workers=1, inner_steps=1))
+    opt = build_optimizer("async-nesterov", init, OuterConfig(), workers)
+    server = Server(init, opt, ServerConfig(n_workers=workers, inner_steps=1))
     del init
     coord = Coordinator(server, Budget())
     cfg = EndpointConfig(
@@ -171,7 +182,8 @@ def serve_fake(
 
 @dataclass(frozen=True)
 class Row:
-    """Pull/push sizes (MB) and throughput (MB/s) of one setting and codec over loopback."""
+    """One setting and codec over loopback: pull/push sizes (MB) and throughput (MB/s) end to
+    end, and the server's capacity (``workers`` queued pushes of ``queued_mb`` each, MB/s)."""
 
     params_m: int
     curve: bool
@@ -181,39 +193,54 @@ class Row:
     pull_mbs: float
     push_mb: float
     push_mbs: float
+    workers: int
+    queued_mb: float
+    queued_mbs: float
 
     @property
     def updates_per_s(self) -> float:
-        """Pushes applied per second (1 / seconds per push)."""
+        """Pushes applied per second, end to end (1 / seconds per push)."""
         return self.push_mbs / self.push_mb
+
+    @property
+    def queued_updates_per_s(self) -> float:
+        """Pushes applied per second while pushes queue up (pushes / seconds of the window)."""
+        return self.queued_mbs / self.queued_mb
 
 
 @dataclass
 class Timings:
-    """Seconds and wire bytes of every pull and push of one shard count and codec."""
+    """Seconds and wire bytes of every pull, push and queued window of one shard count and
+    codec (bytes: of one pull, one push, one window)."""
 
     pulls: list[float] = field(default_factory=list)
     pushes: list[float] = field(default_factory=list)
+    windows: list[float] = field(default_factory=list)
     pull_bytes: int = 0
     push_bytes: int = 0
+    window_bytes: int = 0
 
 
 def start_server(
-    n_params: int, curve: bool, shards: int, threads: int
-) -> tuple[mp.process.BaseProcess, NetLink]:
-    """A server process of ``shards`` shards and a joined worker link to it."""
+    n_params: int, curve: bool, shards: int, threads: int, workers: int
+) -> tuple[mp.process.BaseProcess, list[NetLink]]:
+    """A server process of ``shards`` shards for ``workers`` worker slots, and a joined link
+    for each slot (each with its own CURVE key when ``curve``)."""
     secret = auth.new_secret()
-    server_keys, client_keys = curve_keys() if curve else (None, None)
+    server_keys, client_keys = curve_keys(workers) if curve else (None, [])
     ctx = mp.get_context("spawn")
     q: Any = ctx.Queue()
-    args = (n_params, secret, server_keys, shards, threads, q)
+    args = (n_params, secret, server_keys, shards, threads, workers, q)
     proc = ctx.Process(target=serve_fake, args=args, daemon=True)
     proc.start()
     address = q.get(timeout=300)
-    cfg = ClientConfig(address, timeout_s=600, deadline_s=600, max_bytes=2 << 30, keys=client_keys)
-    link = NetLink(cfg, secret, 0)
-    link.join()
-    return proc, link
+    links = []
+    for w in range(workers):
+        keys = client_keys[w] if client_keys else None
+        cfg = ClientConfig(address, timeout_s=600, deadline_s=600, max_bytes=2 << 30, keys=keys)
+        links.append(NetLink(cfg, secret, w))
+        links[-1].join()
+    return proc, links
 
 
 def bench(
@@ -223,15 +250,17 @@ def bench(
     codecs: list[str],
     reps: int,
     threads: int,
+    workers: int,
     probe: LimitProbe,
 ) -> list[Row]:
-    """Best pull and push of ``n_params`` per shard count and codec (``reps`` each), against
-    one server process per shard count, all up at once: the limit ``probe`` and the shard
-    counts take turns round by round, so a shared machine's load falls on each alike."""
-    servers: list[tuple[mp.process.BaseProcess, NetLink]] = []
+    """Best pull, push and queued window of ``n_params`` per shard count and codec (``reps``
+    each), against one server process per shard count, all up at once: the limit ``probe``
+    and the shard counts take turns round by round, so a shared machine's load falls on
+    each alike."""
+    servers: list[tuple[mp.process.BaseProcess, list[NetLink]]] = []
     try:
         for k in shard_counts:
-            servers.append(start_server(n_params, curve, k, threads))
+            servers.append(start_server(n_params, curve, k, threads, workers))
         gen = torch.Generator().manual_seed(0)
         delta = {
             k: torch.randn(v.shape, generator=gen) * 1e-3 for k, v in fake_params(n_params).items()
@@ -240,9 +269,10 @@ def bench(
         for codec in codecs:
             for _ in range(reps):
                 probe.measure()
-                for k, (_, link) in zip(shard_counts, servers, strict=True):
-                    link.codec = compress.check_codec(codec)
-                    one_round(link, delta, got[(k, codec)])
+                for k, (_, links) in zip(shard_counts, servers, strict=True):
+                    links[0].codec = compress.check_codec(codec)
+                    one_round(links[0], delta, got[(k, codec)])
+                    queued_round(links, delta, compress.check_codec(codec), got[(k, codec)])
         return [
             Row(
                 n_params // 1_000_000,
@@ -253,12 +283,16 @@ def bench(
                 t.pull_bytes / MB / min(t.pulls),
                 t.push_bytes / MB,
                 t.push_bytes / MB / min(t.pushes),
+                workers,
+                t.window_bytes / workers / MB,
+                t.window_bytes / MB / min(t.windows),
             )
             for (k, c), t in got.items()
         ]
     finally:
-        for proc, link in servers:
-            link.close()
+        for proc, links in servers:
+            for link in links:
+                link.close()
             proc.kill()
             proc.join(10)
 
@@ -280,6 +314,116 @@ def one_round(link: NetLink, delta: dict[str, torch.Tensor], into: Timings) -> N
     into.pushes.append(time.perf_counter() - t0)
     into.push_bytes = traffic.sent_bytes - before
     assert outcome.accepted, outcome
+
+
+@dataclass
+class Queued:
+    """One worker's push, encoded and signed ahead: a ``stage`` message per shard (sharded
+    server) and the ``push`` itself, each with the DEALER socket it goes out on."""
+
+    worker: int
+    stages: list[tuple[zmq.Socket[bytes], list[wire.Frame]]]
+    push: tuple[zmq.Socket[bytes], list[wire.Frame]]
+
+    @property
+    def nbytes(self) -> int:
+        """Wire bytes of all its messages."""
+        return sum(wire.wire_bytes(f) for _, f in [*self.stages, self.push])
+
+
+def worker_sockets(link: NetLink) -> list[zmq.Socket[bytes]]:
+    """Fresh DEALER sockets of the link's worker (its CURVE key) to every shard (shard 0 is
+    the server's own address), on a context of their own (closed with the sockets)."""
+    addresses = [c.cfg.address for c in link.shards.clients] if link.shards else [link.cfg.address]
+    ctx: zmq.Context[Any] = zmq.Context()
+    socks = []
+    for address in addresses:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        if link.cfg.keys is not None:
+            connect_securely(sock, link.cfg.keys)
+        sock.connect(address)
+        socks.append(sock)
+    return socks
+
+
+def prepare(
+    link: NetLink, socks: list[zmq.Socket[bytes]], delta: dict[str, torch.Tensor], codec: Codec
+) -> Queued:
+    """Pull the worker's next dispatch (its one round in flight) and encode and sign the push
+    of ``delta`` that answers it, as ``NetLink.push`` would, without sending anything."""
+    d = link.pull()
+    assert d is not None
+    body = link.ident | {
+        "round_id": d.round_id,
+        "base_revision": d.revision,
+        "steps": 1,
+        "tokens": 1,
+        "mean_loss": 0.0,
+        "compute_s": 1.0,
+    }
+    del d
+
+    def framed(
+        type_: str, body: dict[str, Any], tensors: dict[str, torch.Tensor]
+    ) -> list[wire.Frame]:
+        msg = wire.make(type_, body, tensors, codec, compress.DEFAULT_BLOCK, threads=WORKER_THREADS)
+        return wire.encode(msg, link.secret, WORKER_THREADS)
+
+    if link.shards is None:
+        return Queued(link.worker, [], (socks[0], framed("push", body, delta)))
+    ref = link.ident | {"round_id": body["round_id"]}
+    stages = [
+        (sock, framed("stage", ref, {k: delta[k] for k in names}))
+        for sock, names in zip(socks, link.shards.names, strict=True)
+    ]
+    return Queued(link.worker, stages, (socks[0], framed("push", body, {})))
+
+
+def queued_round(
+    links: list[NetLink], delta: dict[str, torch.Tensor], codec: Codec, into: Timings
+) -> None:
+    """The server's capacity: every worker's push prepared and signed first, then all sent
+    back to back (a sharded server's: each worker's stages, its push once they are staged),
+    timed from the first send to the last reply; every push must be applied."""
+    socks = [worker_sockets(link) for link in links]
+    try:
+        queue = [prepare(link, s, delta, codec) for link, s in zip(links, socks, strict=True)]
+        secret = links[0].secret
+        owner = {id(sock): q for q in queue for sock, _ in [*q.stages, q.push]}
+        poller = zmq.Poller()
+        for sock in {id(s): s for group in socks for s in group}.values():
+            poller.register(sock, zmq.POLLIN)
+        left = {q.worker: len(q.stages) for q in queue}
+        applied = 0
+        t0 = time.perf_counter()
+        for q in queue:
+            for sock, frames in q.stages or [q.push]:
+                sock.send_multipart(frames, copy=False)
+        while applied < len(queue):
+            events = poller.poll(600_000)
+            if not events:
+                raise RuntimeError("no reply from the server within 600 s")
+            for sock, _ in events:
+                frames = [f.buffer for f in sock.recv_multipart(copy=False)]
+                reply = wire.decode(frames, secret)
+                q = owner[id(sock)]
+                if reply.type == "staged":
+                    left[q.worker] -= 1
+                    if left[q.worker] == 0:
+                        q.push[0].send_multipart(q.push[1], copy=False)
+                elif reply.type == "ack" and reply.body["applied"] and not reply.body["duplicate"]:
+                    applied += 1
+                else:
+                    raise RuntimeError(f"worker {q.worker}: {reply.type} {reply.body}")
+        into.windows.append(time.perf_counter() - t0)
+        into.window_bytes = sum(q.nbytes for q in queue)
+    finally:
+        for group in socks:
+            ctx = group[0].context
+            for sock in group:
+                sock.close(linger=0)
+            ctx.term()
 
 
 # -- real rounds --------------------------------------------------------------------------------
@@ -340,28 +484,45 @@ ROW_HEADER = (
     f"{'params':>6} {'curve':>5} {'shards':>6} {'codec':>5} | {'pull MB/s':>9} {'xlim':>5} "
     f"| {'push MB':>7} {'push MB/s':>9} {'xlim':>5} | {'upd/s':>5}"
 )
+QUEUED_HEADER = (
+    f"{'params':>6} {'curve':>5} {'shards':>6} {'codec':>5} | {'push MB':>7} {'MB/s':>9} "
+    f"{'xlim':>5} | {'upd/s':>5}"
+)
 
 
 def print_rows(rows: list[Row], limits: dict[tuple[int, bool], Limit]) -> None:
-    """One line per setting and codec: MB/s and the ratio to the limit of the same setting."""
+    """One line per setting and codec: MB/s and the ratio to the limit of the same setting,
+    end to end, then the server's capacity with pushes queued."""
+    print(ROW_HEADER)
     for r in rows:
         lim = limits[(r.params_m, r.curve)].mbs
         print(
             f"{r.params_m:>5}M {'on' if r.curve else 'off':>5} {r.shards:>6} {r.codec:>5} | "
             f"{r.pull_mbs:>9.1f} {r.pull_mbs / lim:>5.2f} | {r.push_mb:>7.1f} "
-            f"{r.push_mbs:>9.1f} {r.push_mbs / lim:>5.2f} | {r.updates_per_s:>5.2f}",
+            f"{r.push_mbs:>9.1f} {r.push_mbs / lim:>5.2f} | {r.updates_per_s:>5.2f}"
+        )
+    print(f"server capacity: {rows[0].workers} workers' pushes signed ahead, sent back to back")
+    print(QUEUED_HEADER)
+    for r in rows:
+        lim = limits[(r.params_m, r.curve)].mbs
+        print(
+            f"{r.params_m:>5}M {'on' if r.curve else 'off':>5} {r.shards:>6} {r.codec:>5} | "
+            f"{r.queued_mb:>7.1f} {r.queued_mbs:>9.1f} {r.queued_mbs / lim:>5.2f} | "
+            f"{r.queued_updates_per_s:>5.2f}",
             flush=True,
         )
 
 
 def print_checks(rows: list[Row], limits: dict[tuple[int, bool], Limit]) -> None:
-    """The issue's targets, read off the rows above (one shard unless stated)."""
+    """The issue's targets, read off the rows above (one shard unless stated): end to end
+    ("e2e", one worker's push) and server capacity ("queued")."""
     by = {(r.params_m, r.curve, r.shards, r.codec): r for r in rows}
     print("\ntargets: fp32 pull and push >= 0.5x limit, int8 push >= 0.8x fp32 push (MB/s),")
-    print("2 shards >= 1.5x the updates/s of 1 shard (fp32 push)")
+    print("2 shards >= 1.5x the updates/s of 1 shard (fp32 push); e2e = one worker's push end")
+    print("to end, queued = the server's capacity with pushes queued up")
     print(
-        f"{'params':>6} {'curve':>5} | {'pull/lim':>8} {'push/lim':>8} | {'int8/fp32':>9} | "
-        f"{'2sh/1sh':>7}"
+        f"{'params':>6} {'curve':>5} | {'pull/lim':>8} {'push/lim':>8} | {'int8/fp32':>9} "
+        f"{'queued':>6} | {'2sh/1sh':>7} {'queued':>6}"
     )
     for (size, curve), limit in limits.items():
         fp32, int8 = by.get((size, curve, 1, "fp32")), by.get((size, curve, 1, "int8"))
@@ -372,11 +533,13 @@ def print_checks(rows: list[Row], limits: dict[tuple[int, bool], Limit]) -> None
             f"{fp32.pull_mbs / limit.mbs:>8.2f}",
             f"{fp32.push_mbs / limit.mbs:>8.2f}",
             f"{int8.push_mbs / fp32.push_mbs:>9.2f}" if int8 else f"{'-':>9}",
+            f"{int8.queued_mbs / fp32.queued_mbs:>6.2f}" if int8 else f"{'-':>6}",
             f"{two.updates_per_s / fp32.updates_per_s:>7.2f}" if two else f"{'-':>7}",
+            f"{two.queued_updates_per_s / fp32.queued_updates_per_s:>6.2f}" if two else f"{'-':>6}",
         ]
         print(
-            f"{size:>5}M {'on' if curve else 'off':>5} | {cells[0]} {cells[1]} | {cells[2]} | "
-            f"{cells[3]}"
+            f"{size:>5}M {'on' if curve else 'off':>5} | {cells[0]} {cells[1]} | {cells[2]} "
+            f"{cells[3]} | {cells[4]} {cells[5]}"
         )
 
 
@@ -391,6 +554,7 @@ def main() -> None:
     parser.add_argument("--shards", default="1,2", help="shard counts, comma-separated")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--workers", type=int, default=4, help="worker slots whose pushes queue")
     parser.add_argument("--rounds", action="store_true", help="also time real training rounds")
     parser.add_argument("--round-presets", default="tiny,small")
     parser.add_argument("--inner-steps", type=int, default=20)
@@ -409,7 +573,9 @@ def main() -> None:
             n = size * 1_000_000
             probe = LimitProbe(n, curve)
             try:
-                got = bench(n, curve, shard_counts, codecs, args.reps, args.threads, probe)
+                got = bench(
+                    n, curve, shard_counts, codecs, args.reps, args.threads, args.workers, probe
+                )
                 lim = limits[(size, curve)] = probe.limit()
             finally:
                 probe.close()
@@ -417,7 +583,6 @@ def main() -> None:
                 f"{size}M parameters, CURVE {'on' if curve else 'off'}: limit {lim.mbs:.1f} MB/s "
                 f"(ZeroMQ {lim.zmq_mbs:.1f} MB/s, HMAC-SHA256 {lim.hmac_mbs:.1f} MB/s)"
             )
-            print(ROW_HEADER)
             print_rows(got, limits)
             print(flush=True)
             rows += got
