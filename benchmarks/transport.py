@@ -12,18 +12,35 @@ other: limit MB/s = bytes / (t_zmq + t_hmac). With CURVE on (as `heloco serve`
 always runs), the raw ZeroMQ leg is CURVE-encrypted too, so each setting has its own limit.
 
 The server is the real one (endpoint, coordinator, ``Server``, async Nesterov outer step) in
-its own process over N fp32 parameters in 8 tensors; this process is a worker (``NetLink``,
-the same client as `heloco work`): it pulls the model (fp32) and pushes a pseudo-gradient
-(fp32, bf16 or int8). MB/s = wire bytes / seconds of the request, end to end (encode, HMAC,
-loopback TCP, verify, decode, finiteness check and, for a push, the outer update); updates/s =
-1 / seconds per push. With 2 shards the worker fetches and stages both halves in parallel.
-The servers of every shard count run at once and take turns round by round (a pull and a
-push each), so the load of a shared machine falls on each of them alike.
+its own process over N fp32 parameters in 8 tensors, with ``--workers`` worker slots (4).
+This process is the workers, with the client `heloco work` uses (``NetLink``). Two measures,
+both in wire bytes per second (MB/s) and updates/s:
+
+* end to end (``push``): ONE worker pulls the model (fp32) and pushes a pseudo-gradient (fp32,
+  bf16 or int8), timed per request: the worker's encoding (int8 quantising) and tag, loopback
+  TCP, the server's verification, decoding, finiteness check and outer update, and the reply.
+  updates/s = 1 / seconds per push: what one worker waits for. The worker's own work is in
+  every figure, so a second shard can only shorten the server's share of it.
+* server capacity (``queued``): what sharding is for. Every worker slot pulls (its one round
+  in flight), then its push is encoded and signed BEFORE the timed window; the pushes are then
+  sent back to back (to a sharded server: each worker's ``stage`` messages, and its ``push``
+  as soon as every shard has staged its part, as ``NetLink`` does), timed from the first send
+  to the last reply. Every push must come back applied (no duplicate, no rejection: the
+  server's revision, replay and one-round-per-worker rules are the normal ones). MB/s = wire
+  bytes of all pushes / window seconds; updates/s = pushes / window seconds.
+
+The servers of every shard count run at once and take turns round by round (a pull, a push
+and a queued window each), so the load of a shared machine falls on each of them alike.
 Every process runs ``--threads`` torch threads (default 1, the run config's default); the
 worker hashes and quantises on up to 4 threads of its own (``heloco.net.pool``), a server
-shard on one, so a figure may exceed the one-core limit. Each
-figure is the best of ``--reps`` (the machine is shared: the best run is the least disturbed),
-and so is the limit, measured once before every round of the setting (the same load).
+shard on one, so a figure may exceed the one-core limit. Each figure is the best of ``--reps``
+(the machine is shared: the best run is the least disturbed), and so is the limit, measured
+once before every round of the setting (the same load).
+
+Last, the unit costs at the largest size, on one core in this process: the outer step per
+parameter (u), what int8 decoding adds to it (q), the fp32 finiteness check (f) and the
+worker's int8 quantising (w), and the int8/fp32 ratio they would give if a push were these
+costs plus c = ZeroMQ + tag per wire byte one after the other (BENCHMARKS.md derives it).
 """
 
 from __future__ import annotations
@@ -58,6 +75,7 @@ from heloco.net.pool import WORKER_THREADS
 from heloco.net.session import Session
 from heloco.net.worker_loop import NetWorker, WorkerOptions
 from heloco.outer import OuterConfig, build_optimizer
+from heloco.outer.base import Arrival
 from heloco.server import Server, ServerConfig
 from heloco.sim import parse_sim_config
 from heloco.types import RoundResult
@@ -426,6 +444,82 @@ def queued_round(
             ctx.term()
 
 
+# -- unit costs ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class UnitCosts:
+    """What one push costs per parameter on one core (ns), measured in process at one size:
+    ``u`` the outer step as the server applies an fp32 push (async Nesterov over the frames'
+    memory), ``q`` what an int8 push's step costs more (its decoding), ``f`` the finiteness
+    check of an fp32 push, ``w`` the worker's int8 quantising."""
+
+    params_m: int
+    u: float
+    q: float
+    f: float
+    w: float
+
+    def ratio(self, limit: Limit, end_to_end: bool) -> float:
+        """int8/fp32 push MB/s if a push were these costs one after the other, with
+        c = ZeroMQ + tag per wire byte (the worker's tag too, end to end; BENCHMARKS.md):
+        (4c + f + u) / (4(c + u + q [+ w]))."""
+        tag = 1e3 / limit.hmac_mbs
+        c = 1e3 / limit.zmq_mbs + tag * (2 if end_to_end else 1)
+        extra = self.w if end_to_end else 0.0
+        return (4 * c + self.f + self.u) / (4 * (c + self.u + self.q + extra))
+
+
+def unit_costs(n_params: int, reps: int) -> UnitCosts:
+    """Best of ``reps`` of each cost (:class:`UnitCosts`) over ``n_params`` in 8 tensors."""
+    params = fake_params(n_params)
+    gen = torch.Generator().manual_seed(0)
+    delta = {k: torch.randn(v.shape, generator=gen) * 1e-3 for k, v in params.items()}
+    opt = build_optimizer("async-nesterov", params, OuterConfig(), 1)
+
+    def received(codec: Codec) -> compress.Decoded:
+        """Δ as the server holds a push: decoded from writable frames (copies of the bytes)."""
+        out = {}
+        for k, v in delta.items():
+            e = compress.encode(v, codec)
+            out[k] = compress.Encoded(
+                e.codec, e.shape, e.block, bytearray(e.data), bytearray(e.scales)
+            )
+        return compress.Decoded(out)
+
+    fp32, int8 = received("fp32"), received("int8")
+    opt.step(params, [Arrival(fp32, 0, 0)])  # seeds the momentum: later steps do all the work
+
+    def best(fn: Any) -> float:
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return min(times) / n_params * 1e9
+
+    u = best(lambda: opt.step(params, [Arrival(fp32, 0, 0)]))
+    u8 = best(lambda: opt.step(params, [Arrival(int8, 0, 0)]))
+    f = best(lambda: [compress.is_finite(e) for e in fp32.encoded.values()])
+    w = best(lambda: [compress.quantize_int8(v) for v in delta.values()])
+    return UnitCosts(n_params // 1_000_000, u, u8 - u, f, w)
+
+
+def print_costs(costs: UnitCosts, limits: dict[tuple[int, bool], Limit]) -> None:
+    """The unit costs, and the int8/fp32 ratio they imply in each setting of that size."""
+    print(
+        f"\nunit costs at {costs.params_m}M, one core, ns per parameter: outer step u "
+        f"{costs.u:.2f}, int8 decoding q {costs.q:.2f},\nfp32 finiteness f {costs.f:.2f}, "
+        f"worker's int8 quantising w {costs.w:.2f}; c = ZeroMQ + tag per wire byte"
+    )
+    print(f"{'curve':>5} | {'zmq':>5} {'tag':>5} | {'int8/fp32 if serial: queued':>27} {'e2e':>5}")
+    for (size, curve), lim in limits.items():
+        if size == costs.params_m:
+            print(
+                f"{'on' if curve else 'off':>5} | {1e3 / lim.zmq_mbs:>5.2f} "
+                f"{1e3 / lim.hmac_mbs:>5.2f} | {costs.ratio(lim, False):>27.2f} "
+                f"{costs.ratio(lim, True):>5.2f}"
+            )
+
+
 # -- real rounds --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RoundRow:
@@ -587,6 +681,7 @@ def main() -> None:
             print(flush=True)
             rows += got
     print_checks(rows, limits)
+    print_costs(unit_costs(max(sizes) * 1_000_000, args.reps), limits)
     print(f"\nend: {load()}")
     if args.rounds:
         print(
