@@ -16,8 +16,10 @@ A block larger than :data:`CHUNK_ELEMENTS` is processed in chunks of that many e
 diagnostics all run on one chunk while it is in cache, instead of one pass over the whole
 block per operation. Every element sees the same float operations in the same order, so θ and
 the state come out bit for bit as block-at-a-time; only the block's norms and inner products
-are summed per chunk (:func:`merge_geometry`), which changes them in the last bits. Blocks up to
-:data:`CHUNK_ELEMENTS` (every tensor of the built-in models) are one chunk: unchanged.
+are summed per chunk (:func:`merge_geometry`), which changes them in the last bits, and with
+them HeLoCo's correction coefficients (θ then agrees to float rounding). Blocks up to
+:data:`CHUNK_ELEMENTS` are one chunk and unchanged: every tensor of the TinyGPT presets with
+the byte vocabulary (the paper grid's); not the 50257-token embedding of ``paper-gpt2vocab``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import torch
 from heloco.types import Delta, Params, clone_params
 from shardmeter.errors import UserInputError
 
-CHUNK_ELEMENTS = 1 << 20  # elements per chunk: 4 MiB of fp32 per tensor, in cache together
+CHUNK_ELEMENTS = 1 << 19  # elements per chunk: 2 MiB of fp32 per tensor, in cache together
 RhoMode = Literal["sqrt_k", "delay", "none"]
 Rho = RhoMode | float
 T = TypeVar("T")
