@@ -123,6 +123,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("backward gradient casts of fp32 weights dropped", "compute.py",
              "BWD_ELEMENTWISE * (self.elementwise_s + self.cast_s)",
              "BWD_ELEMENTWISE * self.elementwise_s + 0.0 * self.cast_s"),
+    Mutation("fp32 residual stream of autocast counted as bf16", "compute.py",
+             "FP32_RESIDUAL_BYTES = 2.0 * (10.0 - 6.0) + 2.0 * 6.0",
+             "FP32_RESIDUAL_BYTES = 2.0 * (10.0 - 6.0)"),
     Mutation("fp32 weights gathered as bf16", "memory.py",
              "where(plans.params_fp32, 4.0, WEIGHT_BYTES)", "where(plans.params_fp32, 2.0, WEIGHT_BYTES)"),
 )  # fmt: skip

@@ -511,13 +511,16 @@ def test_fp32_weights_under_autocast_cast_and_gather_fp32() -> None:
     """FSDP with fp32 weights under autocast (Composer's mixed_precision DEFAULT), 1 TB/s HBM,
     gathers on demand: every GEMM casts its weight to bf16 each micro-batch (read 4 B, write
     2 B) and backward moves twice that (the gradient cast back to fp32 and to bf16), so each
-    layer and the head pay 18 B per weight per micro-batch; the all-gathers move fp32, twice
-    the bytes, and the two-unit prefetch buffer holds fp32."""
+    layer and the head pay 18 B per weight per micro-batch; the residual stream is fp32 (an
+    fp32 embedding plus bf16 block outputs), 20 B more per token and hidden element forward
+    (two adds 10 B instead of 6, two norm input casts 6 B), twice that backward; the
+    all-gathers move fp32, twice the bytes, and the two-unit prefetch buffer holds fp32."""
     world = cluster(hbm_bytes_per_s=1e12)
     bf16 = estimate_step(MODEL, world, _zero_plan("zero3", False))
     fp32 = estimate_step(MODEL, world, _zero_plan("zero3", False).model_copy(
         update={"param_dtype": "fp32"}))  # fmt: skip
     casts = 2 * 18 * (LAYERS * LAYER_PARAMS + TABLE_PARAMS) / 1e12
+    casts += 2 * 3 * 20 * LAYERS * T1 * H / 1e12  # fp32 residual stream, m = 2
     check(fp32.time_breakdown["compute"] - bf16.time_breakdown["compute"], casts)
     ag_l, ag_t = ring(4, 4 * LAYER_PARAMS, W_NV), ring(4, 4 * TABLE_PARAMS, W_NV)
     gathers = 2 * (LAYERS * 2 * ag_l + 2 * 2 * ag_t + ag_l)  # forward and backward, m = 2

@@ -62,6 +62,12 @@ HEAD_KERNELS = 3.0  # output GEMM, softmax cross-entropy, loss reduction
 # (r2 w4) and to the bf16 reduce dtype (r4 w2), twice the forward (PyTorch autocast docs,
 # "CUDA Ops that can autocast to float16"; torch.distributed.fsdp.MixedPrecision).
 AUTOCAST_CAST_BYTES = 6.0
+# With fp32 weights the embedding (not an autocast op) returns fp32, and bf16 + fp32 promotes,
+# so the residual stream stays fp32: each of the two residual adds reads 4 + 2 and writes 4 B
+# (10 instead of 6) and each of the two norms first casts its fp32 input to bf16 (r4 w2):
+# 2·4 + 2·6 = 20 B more per token and hidden element (PyTorch type promotion; llm-foundry MPT
+# `SharedEmbedding`, `LPLayerNorm`).
+FP32_RESIDUAL_BYTES = 2.0 * (10.0 - 6.0) + 2.0 * 6.0
 NORM_BYTES = (4.0, 36.0)
 ROPE_BYTES = (4.0, 20.0)
 SWIGLU_BYTES = (6.0, 10.0)
@@ -257,6 +263,8 @@ def layer_forward(
     act_bytes_per_width = per_element(SWIGLU_BYTES) if model.mlp == "swiglu" else 4.0
     # Two norms and two residual adds (2 reads + 1 write, 6 B) over h, then RoPE on q and k.
     elem_bytes = (2.0 * per_element(NORM_BYTES) + 12.0) * sh.norm_tokens * h
+    residual_fp32 = where(plans.params_fp32, FP32_RESIDUAL_BYTES, 0.0)
+    elem_bytes = elem_bytes + residual_fp32 * sh.norm_tokens * h
     elem_bytes = elem_bytes + per_element(ROPE_BYTES) * t * (sh.q_local + sh.kv_local)
     synced: Num = 0.0
     if moe and model.moe is not None:
