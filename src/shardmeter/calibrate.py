@@ -329,7 +329,7 @@ def plan_from_row(row: Mapping[str, str]) -> Plan:
 
 
 # Optional plan columns (not in the shared schema): `pp_layers` as "7;8;...;7", `attention`,
-# `ep_dispatch`, `ep_imbalance`, and yes/no `ep_dedup`, `overlap_ep`, `graphs`, `fused_ce`,
+# `ep_dispatch`, `param_dtype`, `ep_imbalance`, and yes/no `ep_dedup`, `overlap_ep`, `graphs`, `fused_ce`,
 # `compiled`, `fused_elementwise`.
 _BOOL_EXTRAS = ("ep_dedup", "overlap_ep", "graphs", "fused_ce", "compiled", "fused_elementwise")
 
@@ -342,7 +342,7 @@ def _plan_extras(row: Mapping[str, str]) -> dict[str, object]:
             extras["pp_layers"] = tuple(int(x) for x in layers.split(";"))
         except ValueError:
             raise UserInputError("pp_layers", layers, "layer counts separated by ';'") from None
-    for name in ("attention", "ep_dispatch"):
+    for name in ("attention", "ep_dispatch", "param_dtype"):
         if _cell(row, name):
             extras[name] = _cell(row, name).lower()
     if _cell(row, "ep_imbalance"):

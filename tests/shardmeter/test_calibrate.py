@@ -180,6 +180,17 @@ def test_relaxed_schedule_rules_still_predict() -> None:
         run_from_row({**row, "cp": "3", "n_gpus": "36", "seq_len": "8192"})
 
 
+def test_llm_foundry_rows_keep_fp32_weights_unless_the_row_says_otherwise() -> None:
+    """Composer's FSDP mixed_precision DEFAULT (llm-foundry) keeps fp32 weights under autocast;
+    an optional `param_dtype` column overrides it, and a bad value names the field."""
+    foundry = {**BASE, "framework": "llm-foundry", "tp": "1", "dp": "16"}
+    assert run_from_row(foundry).plan.param_dtype == "fp32"
+    assert run_from_row({**foundry, "param_dtype": "BF16"}).plan.param_dtype == "bf16"
+    assert run_from_row(BASE).plan.param_dtype == "bf16"
+    with pytest.raises(UserInputError, match="param_dtype"):
+        run_from_row({**foundry, "param_dtype": "fp64"})
+
+
 def test_power_capped_variant_without_runs_follows_its_parent_at_the_capped_clock() -> None:
     cal = Calibration.start(["ampere", "hopper"])
     capped = cal.apply(cluster_from_row({**BASE, "gpu": "h100-sxm-96gb-500w"}))
