@@ -40,12 +40,15 @@ once before every round of the setting (the same load).
 Last, the unit costs at the largest size, on one core in this process: the outer step per
 parameter (u), what int8 decoding adds to it (q), the fp32 finiteness check (f) and the
 worker's int8 quantising (w), and the int8/fp32 ratio they would give if a push were these
-costs plus c = ZeroMQ + tag per wire byte one after the other (BENCHMARKS.md derives it).
+costs plus c = ZeroMQ + tag per wire byte one after the other (BENCHMARKS.md derives it);
+and, from the CPU time the raw transfer costs both processes (io, read from /proc), the most
+a second shard can gain when the transfer shares the machine's cores with the server.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing as mp
 import os
 import tempfile
@@ -117,15 +120,28 @@ def echo(keys: ServerKeys | None, address: Any) -> None:
 
 @dataclass(frozen=True)
 class Limit:
-    """Raw ZeroMQ and HMAC rates over the same bytes, and the two combined (MB/s)."""
+    """Raw ZeroMQ and HMAC rates over the same bytes, and the two combined (MB/s); and the
+    CPU seconds per byte that the raw ZeroMQ transfer costs both processes together (the
+    sender's and the receiver's I/O threads, CURVE included when on; ns per byte)."""
 
     zmq_mbs: float
     hmac_mbs: float
+    zmq_cpu_ns: float = math.nan
 
     @property
     def mbs(self) -> float:
         """bytes / (t_zmq + t_hmac), as MB/s."""
         return 1.0 / (1.0 / self.zmq_mbs + 1.0 / self.hmac_mbs)
+
+
+def process_cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system, all threads) of process ``pid`` so far, from Linux's
+    /proc (clock ticks, usually 10 ms); nan where there is no /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class LimitProbe:
@@ -148,22 +164,29 @@ class LimitProbe:
         self.secret = auth.new_secret()
         self.zmq_s: list[float] = []
         self.hmac_s: list[float] = []
+        self.cpu_s: list[float] = []
         self.sock.send_multipart([b"warm-up"])
         self.sock.recv_multipart()
 
     def measure(self) -> None:
         """One raw ZeroMQ request of the frames, then one tag over them (one core)."""
+        cpu0 = time.process_time() + process_cpu_s(self.proc.pid)
         t0 = time.perf_counter()
         self.sock.send_multipart(self.frames, copy=False)
         self.sock.recv_multipart()
         self.zmq_s.append(time.perf_counter() - t0)
+        self.cpu_s.append(time.process_time() + process_cpu_s(self.proc.pid) - cpu0)
         t0 = time.perf_counter()
         auth.sign(self.secret, self.frames)
         self.hmac_s.append(time.perf_counter() - t0)
 
     def limit(self) -> Limit:
-        """Best raw ZeroMQ and best tag rate so far."""
-        return Limit(self.nbytes / MB / min(self.zmq_s), self.nbytes / MB / min(self.hmac_s))
+        """Best raw ZeroMQ and best tag rate so far; the transfer's least CPU time."""
+        return Limit(
+            self.nbytes / MB / min(self.zmq_s),
+            self.nbytes / MB / min(self.hmac_s),
+            min(self.cpu_s) / self.nbytes * 1e9,
+        )
 
     def close(self) -> None:
         """Stop the echo process."""
@@ -467,6 +490,18 @@ class UnitCosts:
         extra = self.w if end_to_end else 0.0
         return (4 * c + self.f + self.u) / (4 * (c + self.u + self.q + extra))
 
+    def shard_gain(self, limit: Limit, shards: int, cores: int | None = None) -> float:
+        """Most updates/s ``shards`` shards can gain over one with fp32 pushes queued, on
+        ``cores`` cores that also run the transfer: a shard's serial work per parameter is
+        s = 4·tag + f + u, split over the shards; the transfer's CPU io = 4·(its CPU per byte)
+        runs beside it, the receiving half on one I/O thread per shard. Seconds per push
+        with k shards: max(s/k, io/(2k), (s + io)/cores)."""
+        p = cores or os.cpu_count() or 1
+        s = 4e3 / limit.hmac_mbs + self.f + self.u
+        io = 4 * limit.zmq_cpu_ns
+        one, k = max(s, io / 2, (s + io) / p), max(s / shards, io / 2 / shards, (s + io) / p)
+        return one / k
+
 
 def unit_costs(n_params: int, reps: int) -> UnitCosts:
     """Best of ``reps`` of each cost (:class:`UnitCosts`) over ``n_params`` in 8 tensors."""
@@ -510,13 +545,21 @@ def print_costs(costs: UnitCosts, limits: dict[tuple[int, bool], Limit]) -> None
         f"{costs.u:.2f}, int8 decoding q {costs.q:.2f},\nfp32 finiteness f {costs.f:.2f}, "
         f"worker's int8 quantising w {costs.w:.2f}; c = ZeroMQ + tag per wire byte"
     )
-    print(f"{'curve':>5} | {'zmq':>5} {'tag':>5} | {'int8/fp32 if serial: queued':>27} {'e2e':>5}")
+    print(
+        "ns per byte: zmq the raw transfer, io its CPU time in both processes, tag one core's\n"
+        f"HMAC. 2sh/1sh: the most 2 shards can gain on {os.cpu_count()} cores shared with the "
+        "transfer (fp32, queued)"
+    )
+    print(
+        f"{'curve':>5} | {'zmq':>5} {'io':>5} {'tag':>5} | {'int8/fp32 if serial: queued':>27} "
+        f"{'e2e':>5} | {'2sh/1sh':>7}"
+    )
     for (size, curve), lim in limits.items():
         if size == costs.params_m:
             print(
-                f"{'on' if curve else 'off':>5} | {1e3 / lim.zmq_mbs:>5.2f} "
+                f"{'on' if curve else 'off':>5} | {1e3 / lim.zmq_mbs:>5.2f} {lim.zmq_cpu_ns:>5.2f} "
                 f"{1e3 / lim.hmac_mbs:>5.2f} | {costs.ratio(lim, False):>27.2f} "
-                f"{costs.ratio(lim, True):>5.2f}"
+                f"{costs.ratio(lim, True):>5.2f} | {costs.shard_gain(lim, 2):>7.2f}"
             )
 
 

@@ -26,3 +26,15 @@ def test_queued_pushes_are_each_applied_once(monkeypatch: pytest.MonkeyPatch) ->
         assert r.queued_updates_per_s > 0 and r.updates_per_s > 0
     costs = bench.unit_costs(8000, 1)
     assert costs.u > 0 and costs.w > 0
+
+
+def test_cost_model_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    bench = importlib.import_module("transport")
+    costs = bench.UnitCosts(100, u=1.0, q=0.0, f=0.0, w=0.0)
+    # c = 1 ns zmq + 1 ns tag per byte: (4c + u) / (4(c + u)) = 9 / 12
+    assert costs.ratio(bench.Limit(1000.0, 1000.0), False) == pytest.approx(0.75)
+    # s = 4 tag + u = 2 ns per parameter: free cores and no transfer CPU double the rate ...
+    assert costs.shard_gain(bench.Limit(1000.0, 4000.0, 0.0), 2, cores=64) == pytest.approx(2.0)
+    # ... a transfer that needs as much CPU as the shards leaves 2 cores nothing to gain
+    assert costs.shard_gain(bench.Limit(1000.0, 4000.0, 0.5), 2, cores=2) == pytest.approx(1.0)
