@@ -57,8 +57,14 @@ def _merged(delta: Params) -> Delta:
     return Merged(parts, plan, list(delta))
 
 
+def _strided(delta: Params) -> Delta:
+    """The same values in non-contiguous tensors (transposed storage)."""
+    return {k: v.t().contiguous().t() if v.dim() == 2 else v for k, v in delta.items()}
+
+
 FORMS: dict[str, Callable[[Params], Delta]] = {
     "tensor": lambda d: d,
+    "strided": _strided,
     "fp32": _wire("fp32"),
     "bf16": _wire("bf16"),
     "int8": _wire("int8"),

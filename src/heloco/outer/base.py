@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import torch
@@ -265,9 +266,16 @@ class ChunkedDelta(Protocol):
 
 def read_chunk(delta: Delta, name: str, lo: int, hi: int) -> torch.Tensor:
     """Elements ``[lo, hi)`` of ``delta[name]`` flattened (decoded only there if it can)."""
+    return chunk_reader(delta, name)(lo, hi)
+
+
+def chunk_reader(delta: Delta, name: str) -> Callable[[int, int], torch.Tensor]:
+    """``(lo, hi) ->`` elements ``[lo, hi)`` of ``delta[name]`` flattened: decoded per chunk
+    by a :class:`ChunkedDelta`, else slices of the tensor flattened once."""
     if isinstance(delta, ChunkedDelta):
-        return delta.chunk(name, lo, hi)
-    return delta[name].reshape(-1)[lo:hi]
+        return partial(delta.chunk, name)
+    flat = delta[name].reshape(-1)
+    return lambda lo, hi: flat[lo:hi]
 
 
 def chunks(
@@ -283,9 +291,10 @@ def chunks(
         yield [d[name] for d in deltas], list(state)
         return
     flats = [t.view(-1) for t in state]
+    readers = [chunk_reader(d, name) for d in deltas]
     for lo in range(0, numel, CHUNK_ELEMENTS):
         hi = min(numel, lo + CHUNK_ELEMENTS)
-        yield [read_chunk(d, name, lo, hi) for d in deltas], [f[lo:hi] for f in flats]
+        yield [read(lo, hi) for read in readers], [f[lo:hi] for f in flats]
 
 
 def merge_geometry(parts: Sequence[Geometry]) -> Geometry:
