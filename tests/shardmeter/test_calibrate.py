@@ -212,16 +212,30 @@ def test_deepseek_v3_public_figure_within_20_percent() -> None:
     assert result.ape is not None and result.ape <= 0.20
 
 
-def test_llama3_405b_meta_plan_is_expressible_and_fits() -> None:
-    """Meta's 405B plan (Llama 3 paper Table 4, 16,384 GPUs): TP8, PP16 over 126 layers with one
-    layer fewer on the first and last stages, interleaved (v = 8), DP 128, 8K sequences."""
+@pytest.mark.parametrize(("dp", "in_flight"), [(64, 141), (128, 128)])
+def test_llama3_405b_meta_plan_is_expressible_and_fits(dp: int, in_flight: int) -> None:
+    """Meta's 405B plan (Llama 3 paper Table 4, 8,192 and 16,384 GPUs): TP8 with SP, PP16 over
+    126 layers with one fewer on the first and last stages (whose end chunks hold only the
+    embedding and the head), v = 8 one-layer chunks, DP 64 or 128, 2,048 sequences of 8K, no
+    activation checkpointing. The fullest stage is rank 1 (8 layers): 2·14 + 7·16 + 1 = 141
+    one-layer chunk-micro-batches at m = 32, all 8·16 = 128 at m = 16, each 2 B per token of
+    4h/tp (norm and GEMM inputs, SP), (2q + 2kv)/tp (Q, K, V, attention output) and 2F/tp
+    (SwiGLU inputs; its output recomputed), plus 8 layers of bf16 weights, ZeRO-2 gradients
+    and optimizer over dp, and the 5 GB overhead."""
     from shardmeter.estimate.step import estimate_step
     from shardmeter.specs.loader import load_cluster, load_model
     from shardmeter.specs.plan import Plan
 
+    model = load_model("llama-3.1-405b")
     plan = Plan(
-        framework="meta-llama3", tp=8, pp=16, vpp=8, dp=128, pp_first=7, pp_last=7,
+        framework="meta-llama3", tp=8, pp=16, vpp=8, dp=dp, pp_first=7, pp_last=7,
         micro_batch=1, global_batch=2048,
     )  # fmt: skip
-    est = estimate_step(load_model("llama-3.1-405b"), load_cluster("dgx-h100"), plan)
-    assert est.fits and est.n_gpus == 16384
+    assert plan.sp and plan.pp_end_chunks and plan.recompute_act and plan.recompute == "none"
+    est = estimate_step(model, load_cluster("dgx-h100"), plan)
+    h, q, kv, f, tp = 16384, 16384, 1024, 53248, 8
+    per_layer_mb = 2 * 8192 * (4 * h + 2 * q + 2 * kv + 2 * f) / tp
+    layer_params = (h * (q + 2 * kv) + q * h + 3 * h * f) / tp
+    states = 8 * layer_params * (2 + (2 + 12) / dp)
+    assert est.memory_bytes == pytest.approx(in_flight * per_layer_mb + states + 5e9, rel=1e-6)
+    assert est.fits and est.n_gpus == 8 * 16 * dp

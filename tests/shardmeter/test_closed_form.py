@@ -15,6 +15,8 @@ import math
 
 import pytest
 
+from shardmeter.estimate.memory import in_flight_layers
+from shardmeter.estimate.plan_arrays import PlanArrays
 from shardmeter.estimate.step import estimate_step
 from shardmeter.specs.hardware import Accelerator, Cluster, Efficiency, Link
 from shardmeter.specs.model import MoESpec, TransformerSpec
@@ -539,3 +541,70 @@ def test_tpu_torus_axes() -> None:
     on_gpu = estimate_step(MODEL, gpu, plan).time_breakdown["tp_comm"]
     check(on_tpu, LAYERS * 4 * 2 * ring(4, m, W_NV / 2))
     check(on_gpu, LAYERS * 4 * 2 * ring(4, m, W_NV))
+
+
+# --- saved-set knobs and the interleaved in-flight count (Llama 3 405B) ---------------------
+def test_activation_and_norm_outputs_recomputed() -> None:
+    """tp 2 with SP. Recomputing the activation-function output from its kept input (xformers'
+    fused SwiGLU, DeepSeek-V3 §3.3.2) drops 2 B × F/tp per token and layer; recomputing the two
+    norm outputs, the QKV and MLP GEMM inputs, from the kept norm inputs (Megatron-Core
+    "layernorm", DeepSeek-V3 §3.2.3) drops 2 B × 2h/tp. Selective recompute already drops the
+    former; it still keeps the norm outputs unless they are recomputed too."""
+    base = Plan(tp=2, sp=True, micro_batch=1, global_batch=1)
+    ref = estimate_step(MODEL, CLUSTER, base)
+    fixed = states(STAGE_PARAMS / 2, 1, 0) + LOGITS / 2 + OVERHEAD
+    check(ref.memory_bytes, fixed + LAYERS * activations(T1, 2, sp=True))
+    act_out, norm_out = 2 * T1 * FFN / 2, 2 * 2 * H * T1 / 2
+    act = estimate_step(MODEL, CLUSTER, base.model_copy(update={"recompute_act": True}))
+    check(act.memory_bytes, fixed + LAYERS * (activations(T1, 2, sp=True) - act_out))
+    check(act.step_time_s, ref.step_time_s)
+    norm = estimate_step(MODEL, CLUSTER, base.model_copy(update={"recompute_norm": True}))
+    check(norm.memory_bytes, fixed + LAYERS * (activations(T1, 2, sp=True) - norm_out))
+    selective = base.model_copy(update={"recompute": "selective", "recompute_norm": True})
+    kept = activations(T1, 2, sp=True) - 2 * T1 * (H + FFN) / 2 - norm_out
+    check(estimate_step(MODEL, CLUSTER, selective).memory_bytes, fixed + LAYERS * kept)
+
+
+def test_interleaved_chunk_group_widens_the_warm_up() -> None:
+    """pp 2, v 2 (chunks of 2 layers), m = 8 with N = 4 micro-batches per chunk group (Llama 3's
+    tunable N): stage 0 runs 2(p − 1) + (v − 1)·N = 6 warm-up forwards and holds 7
+    chunk-micro-batches, 14 layer-micro-batches (N = p: 5 and 10). The step time does not
+    change."""
+    plan = Plan(dp=4, pp=2, vpp=2, micro_batch=1, global_batch=32, overlap_dp=False)
+    grouped = plan.model_copy(update={"vpp_group": 4})
+    est, wide = estimate_step(MODEL, CLUSTER, plan), estimate_step(MODEL, CLUSTER, grouped)
+    stage = states(HALF * LAYER_PARAMS + TABLE_PARAMS, 1, 0) + OVERHEAD
+    check(est.memory_bytes, stage + 10 * activations(T1))
+    check(wide.memory_bytes, stage + 14 * activations(T1))
+    check(wide.step_time_s, est.step_time_s)
+
+
+BIG_VOCAB = 131072  # a table and logits heavy enough that the last stage is the fullest
+
+
+def test_interleaved_end_chunks_last_stage_fullest() -> None:
+    """pp 3, v 2, layers 1 + 6 + 1, m = 6, N = 3, with Llama 3's end chunks: the last stage's
+    second chunk holds only the head, its first the one layer. Its warm-up is (v − 1)·N = 3
+    forwards of that layer; the head chunk's forwards and backwards then alternate (3 held);
+    in the second round a forward of the layer chunk comes before the backward that frees one:
+    4 layer-micro-batches. Spread over the chunks instead (half a layer each) it holds
+    ((v − 1)·N + 1)/2 = 2. With a 131K vocabulary the last stage (table, logits) is fullest."""
+    model = MODEL.model_copy(update={"vocab": BIG_VOCAB})
+    plan = Plan(pp=3, vpp=2, pp_layers=(1, 6, 1), micro_batch=1, global_batch=6)
+    last = states(LAYER_PARAMS + BIG_VOCAB * H, 1, 0) + T1 * BIG_VOCAB * 8 + OVERHEAD
+    spread = estimate_step(model, CLUSTER, plan)
+    check(spread.memory_bytes, last + 2 * activations(T1))
+    ends = estimate_step(model, CLUSTER, plan.model_copy(update={"pp_end_chunks": True}))
+    check(ends.memory_bytes, last + 4 * activations(T1))
+
+
+def test_interleaved_in_flight_by_rank_hand_counted() -> None:
+    """The same pipeline rank by rank, in layer-micro-batches. Rank 0 (embedding-only first
+    chunk, one-layer second): W = 2·2 + 3 = 7 warm-up forwards plus one, in the order chunk 0
+    ×3, chunk 1 ×3, chunk 0 ×2, so 3 of the one-layer chunk; spread, 8 × ½ = 4. Rank 1 (two
+    3-layer chunks): 2 + 3 + 1 = 6 chunk-micro-batches, 18. Rank 2: 4 (above)."""
+    plans = PlanArrays.scalar(Plan(pp=3, vpp=2, pp_layers=(1, 6, 1), global_batch=6))
+    assert in_flight_layers(plans, 0.0, 1.0, 3.0, last=False) == pytest.approx(3.0)
+    assert in_flight_layers(plans, 0.0, 1.0, 0.5, last=False) == pytest.approx(4.0)
+    assert in_flight_layers(plans, 1.0, 6.0, 3.0, last=False) == pytest.approx(18.0)
+    assert in_flight_layers(plans, 2.0, 1.0, 3.0, last=True) == pytest.approx(4.0)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shardmeter.estimate.memory import (
     activation_bytes_per_layer,
-    in_flight_micro_batches,
+    chunk_layers,
+    in_flight_layers,
     korthikanti_activation_bytes,
     local_params,
     memory_breakdown,
@@ -86,11 +89,71 @@ def test_fp8_saves_gemm_inputs_in_one_byte() -> None:
 
 
 def test_pipeline_in_flight() -> None:
-    """1F1B: stage 0 holds p micro-batches; interleaving multiplies by 1 + (p−1)/(p·v)."""
+    """1F1B: stage 0 holds min(p, m) micro-batches; interleaving 1 + (p−1)/(p·v) times that
+    (Korthikanti et al. 2022 §4.2.3), in layer-micro-batches of a 4-layer stage."""
     plans = PlanArrays.from_columns(
         pp=np.array([1, 4, 4, 4]), vpp=np.array([1, 1, 2, 1]), global_batch=np.array([8, 8, 8, 2])
     )
-    np.testing.assert_allclose(in_flight_micro_batches(plans), [1, 4, 4 * (1 + 3 / 8), 2])
+    got = in_flight_layers(plans, 0.0, 4.0, 4.0 / plans.vpp, last=False)
+    np.testing.assert_allclose(got, 4 * np.array([1, 4, 4 * (1 + 3 / 8), 2]))
+
+
+def schedule_peak(p: int, v: int, m: int, n: int, rank: int, weights: list[float]) -> float:
+    """Peak layer-micro-batches of one rank, by running the interleaved 1F1B order itself:
+    W = 2(p−1−rank) + (v−1)·n warm-up forwards, then forward/backward pairs, then the
+    cool-down; forward k runs chunk (k mod n·v) // n, backward k its mirror v − 1 − that."""
+    total = m * v
+    warm = min(2 * (p - rank - 1) + (v - 1) * n, total)
+    held = peak = 0.0
+    forwards = backwards = 0
+    while forwards < total:
+        held += weights[(forwards % (n * v)) // n]
+        forwards += 1
+        peak = max(peak, held)
+        if forwards > warm:
+            held -= weights[v - 1 - (backwards % (n * v)) // n]
+            backwards += 1
+    return peak
+
+
+@settings(max_examples=150, derandomize=True, deadline=None)
+@given(
+    p=st.integers(2, 6), v=st.integers(2, 4), rounds=st.integers(1, 3), wide=st.booleans(),
+    q=st.integers(1, 3), data=st.data(),
+)  # fmt: skip
+def test_in_flight_matches_the_schedule(
+    p: int, v: int, rounds: int, wide: bool, q: int, data: st.DataObject
+) -> None:
+    """Every rank kind, chunk groups N = p or 2p, end stages short of layers in their end
+    chunks (first: front, last: back): the closed form equals the schedule's own peak."""
+    n = p * (2 if wide else 1)
+    m = n * rounds
+    short = data.draw(st.integers(0, q * v))
+    plans = PlanArrays.from_columns(
+        pp=p, vpp=v, global_batch=m, vpp_group=0 if n == p else n, pp_end_chunks=True
+    )
+    first = float(in_flight_layers(plans, 0.0, float(short), float(q), last=False))
+    front = [float(chunk_layers(float(short), float(q), float(c), float(v))) for c in range(v)]
+    assert first == pytest.approx(schedule_peak(p, v, m, n, 0, front))
+    last = float(in_flight_layers(plans, p - 1.0, float(short), float(q), last=True))
+    assert last == pytest.approx(schedule_peak(p, v, m, n, p - 1, front[::-1]))
+    mid = float(in_flight_layers(plans, 1.0, float(q * v), float(q), last=p == 2))
+    assert mid == pytest.approx(schedule_peak(p, v, m, n, 1, [float(q)] * v))
+
+
+def test_llama3_405b_in_flight_by_rank() -> None:
+    """Meta's layout, p 16, v 8 one-layer chunks, N = 16: the middle rank 1 holds Megatron's
+    warm-up 2·14 + 7·16 plus one = 141 at m = 32; rank 0's first chunk (embedding only) holds
+    31 of its 143, so 112; the last rank 7·16 + 1 = 113 (its head-only chunk is backwarded
+    first, and a one-layer chunk's forward comes on top); at m = 16 all run forward first."""
+    for m, expected in ((32, (112, 141, 113)), (16, (112, 128, 112))):
+        plans = PlanArrays.from_columns(pp=16, vpp=8, global_batch=m, pp_end_chunks=True)
+        got = (
+            float(in_flight_layers(plans, 0.0, 7.0, 1.0, last=False)),
+            float(in_flight_layers(plans, 1.0, 8.0, 1.0, last=False)),
+            float(in_flight_layers(plans, 15.0, 7.0, 1.0, last=True)),
+        )
+        assert got == pytest.approx(expected)
 
 
 def test_params_divided_by_tp_pp() -> None:

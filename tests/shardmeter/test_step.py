@@ -16,7 +16,7 @@ from shardmeter.estimate.step import (
 )
 from shardmeter.specs.hardware import Accelerator, Cluster, Efficiency, Link
 from shardmeter.specs.model import TransformerSpec
-from shardmeter.specs.plan import Plan
+from shardmeter.specs.plan import Plan, validate_plan
 
 LLAMA = TransformerSpec(
     name="llama-ish", n_layers=32, hidden=4096, n_heads=32, n_kv_heads=8, ffn=14336,
@@ -146,6 +146,17 @@ def test_plan_validity_agrees_with_validate_plan() -> None:
     plans = [Plan(tp=3), Plan(pp=3), Plan(vpp=2), Plan(dp=2, global_batch=3), Plan(cp=2)]
     mask = plan_validity(LLAMA, PlanArrays.from_plans(plans))
     assert mask.tolist() == [False, False, False, False, True]
+    grouped = [
+        Plan(pp=2, vpp=2, global_batch=8, vpp_group=4),  # N = 4 divides m = 8
+        Plan(pp=2, vpp=2, global_batch=6, vpp_group=4),  # m = 6 is not whole groups
+        Plan(pp=2, vpp=2, global_batch=8, vpp_group=1),  # N < p stalls the pipeline
+        Plan(pp=2, global_batch=8, vpp_group=2),  # N without interleaving
+    ]
+    mask = plan_validity(LLAMA, PlanArrays.from_plans(grouped))
+    assert mask.tolist() == [True, False, False, False]
+    for plan, field in zip(grouped[1:], ("global_batch", "vpp_group", "vpp_group"), strict=True):
+        with pytest.raises(UserInputError, match=rf"plan\.{field}"):
+            validate_plan(plan, LLAMA)
 
 
 def test_plan_arrays_default_shard_group_is_dp_when_sharded() -> None:

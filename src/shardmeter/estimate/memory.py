@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from shardmeter.estimate._xp import (
     Num,
     as_float,
+    floor,
     full_like,
     logical_not,
     maximum,
@@ -190,6 +193,15 @@ def _activation_sets(model: TransformerSpec, plans: PlanArrays) -> tuple[Num, Nu
     gemm_inputs = fp8_half * (2.0 * model.hidden * norm_tokens + tokens * mlp_copies)
     full_set = ACT_BYTES * (replicated + split) - gemm_inputs - fp8_half * tokens * mlp_width
     selective_set = ACT_BYTES * (replicated + split - tokens * (q_l + mlp_width)) - gemm_inputs
+    # Recomputed in backward from what is kept, so not saved: the activation-function output
+    # from its input (xformers' fused SwiGLU; DeepSeek-V3 §3.3.2), and the two norm outputs,
+    # the QKV and MLP GEMM inputs, from the norm inputs (Megatron-Core recompute_modules
+    # "layernorm"; DeepSeek-V3 §3.2.3). Selective recompute already drops the former.
+    act_out = (ACT_BYTES - fp8_half) * tokens * mlp_width
+    norm_out = (ACT_BYTES - fp8_half) * 2.0 * model.hidden * norm_tokens
+    dropped_norm = where(plans.recompute_norm, norm_out, 0.0)
+    full_set = full_set - where(plans.recompute_act, act_out, 0.0) - dropped_norm
+    selective_set = selective_set - dropped_norm
     # Unfused attention also keeps its score tensors (5·a·s²·b / tp, Korthikanti §4.1); selective
     # recompute exists to drop exactly these.
     scores = tokens * model.seq_len * model.n_heads / tp * UNFUSED_SCORE_STORED
@@ -216,16 +228,69 @@ def _saved_per_layer(plans: PlanArrays, full_set: Num, selective_set: Num, layer
     return where(code == RECOMPUTE_CODES["full"], layer_input, partial)
 
 
-def in_flight_micro_batches(plans: PlanArrays, stage: Num = 0) -> Num:
-    """Micro-batches whose activations pipeline stage `stage` holds at its peak, in units of
-    the whole stage: 1F1B min(p − i, m); interleaved (p·v + p − 1 − 2i)/v chunk-micro-batches
-    (Megatron's warm-up (p − i − 1)·2 + (v − 1)·p, plus one), which for stage 0 is Korthikanti
-    et al. 2022 §4.2.3's p·(1 + (p−1)/(p·v))."""
-    p, v = as_float(plans.pp), as_float(plans.vpp)
+def _group(plans: PlanArrays) -> Num:
+    """N, micro-batches per chunk group of the interleaved schedule (default p)."""
+    return as_float(where(plans.vpp_group > 0, plans.vpp_group, plans.pp))
+
+
+def _max_chunks(plans: PlanArrays) -> int:
+    return int(np.max(plans.vpp))
+
+
+def chunk_layers(layers: Num, q: Num, index: Num, v: Num) -> Num:
+    """Layers of chunk `index` (0-based, counted from the light end) of a stage of `layers`
+    layers in chunks of at most `q`: full chunks, the deficit at the light end."""
+    return where(index < v, minimum(maximum(layers - (v - 1.0 - index) * q, 0.0), q), 0.0)
+
+
+def in_flight_layers(plans: PlanArrays, stage: Num, layers: Num, q: Num, last: bool) -> Num:
+    """Layer-micro-batches of activations stage `stage` holds at its peak.
+
+    1F1B: min(p − i, m) micro-batches of all its layers (Narayanan et al. SC'21 §2.2.1).
+    Interleaved, v chunks of at most q layers: the warm-up runs W = 2(p − 1 − i) + (v − 1)·N
+    forwards, chunk c taking N micro-batches in turn (Megatron-Core get_pp_rank_microbatches,
+    microbatch_group_size_per_vp_stage = N, default p; torch ScheduleInterleaved1F1B); the peak
+    is W + 1 chunk-micro-batches, or all m·v when W + 1 ≥ m·v. On the first and middle stages
+    it is reached there. On the last stage, whose light chunks are backwarded first, it can
+    come later: each steady block of N steps runs forwards of chunk b − 1 and backwards of
+    chunk v − 1 − b, gaining N·(w_{b−1} − w_{v−1−b}) layers (checked against the schedule
+    itself in tests/shardmeter/test_memory.py).
+    """
+    p, v, n = as_float(plans.pp), as_float(plans.vpp), _group(plans)
     m = as_float(plans.micro_batches)
-    plain = minimum(p - stage, m)
-    interleaved = minimum((p * v + p - 1.0 - 2.0 * stage) / v, m)
-    return where(plans.vpp > 1, interleaved, plain)
+    plain = minimum(p - stage, m) * layers
+    if _max_chunks(plans) == 1:
+        return plain
+    if last:
+        return where(plans.vpp > 1, _last_stage_peak(plans, layers, q, n, m), plain)
+    peak = minimum(2.0 * (p - 1.0 - stage) + (v - 1.0) * n + 1.0, m * v)
+    rounds = floor(peak / (n * v))
+    rest = peak - rounds * n * v
+    held = 0.0 * peak
+    for c in range(_max_chunks(plans)):
+        # chunk c (the light first chunks lead) ran `rounds` full groups and part of this one
+        count = rounds * n + minimum(maximum(rest - c * n, 0.0), n)
+        held = held + count * chunk_layers(layers, q, float(c), v)
+    return where(plans.vpp > 1, held, plain)
+
+
+def _last_stage_peak(plans: PlanArrays, layers: Num, q: Num, n: Num, m: Num) -> Num:
+    """Peak layer-micro-batches of the last stage (light chunks last), by steady block."""
+    v = as_float(plans.vpp)
+
+    def w(chunk: Num) -> Num:  # layers of chunk `chunk`, counted from the front
+        return chunk_layers(layers, q, v - 1.0 - chunk, v)
+
+    warm = layers - w(v - 1.0)  # chunks 0..v−2 ran N micro-batches each in the warm-up
+    level = n * warm
+    peak = level + w(v - 1.0)  # block 0: forward and backward of the last chunk
+    several = m >= 2.0 * n  # a second round of forwards exists
+    for b in range(1, _max_chunks(plans)):
+        gain = w(b - 1.0) - w(v - 1.0 - b)
+        top = level + maximum(gain, 0.0) * (n - 1.0) + w(b - 1.0)
+        peak = where(several & (b < v), maximum(peak, top), peak)
+        level = level + n * gain
+    return peak
 
 
 @dataclass(frozen=True)
@@ -301,13 +366,12 @@ def _shared(model: TransformerSpec, plans: PlanArrays, layer: Num) -> _Shared:
 
 
 def _stage_memory(
-    cluster: Cluster, shared: _Shared, params: LocalParams, layers: Num, in_flight: Num,
-    logits: Num,
+    cluster: Cluster, shared: _Shared, params: LocalParams, in_flight: Num, logits: Num,
 ) -> MemoryArrays:  # fmt: skip
-    """Memory of one stage kind: its states, `in_flight` micro-batches of `layers` layers'
-    activations, the full-recompute working layer, the ZeRO-3 prefetch buffer and `logits`."""
+    """Memory of one stage kind: its states, `in_flight` layer-micro-batches of activations,
+    the full-recompute working layer, the ZeRO-3 prefetch buffer and `logits`."""
     dense, expert = params.dense, params.expert
-    activations = shared.per_layer * layers * in_flight + shared.working
+    activations = shared.per_layer * in_flight + shared.working
     unit_bytes = shared.unit_weight_bytes * minimum(2.0 * shared.unit, params.total)
     missing = (dense * shared.missing_dense + expert * shared.missing_expert) / maximum(
         params.total, 1e-30
@@ -343,17 +407,28 @@ def memory_breakdown(
     def params_of(layers: Num, tables_on: Num) -> LocalParams:
         return local_params(model, plans, layers, tables_on, per_layer)
 
+    v = as_float(plans.vpp)
+    fullest = maximum(maximum(counts.first, counts.mid), counts.last)
+
+    def chunk(layers: Num) -> Num:
+        """Largest chunk of a stage: a full one where a lighter end stage lost its end
+        chunks' layers (`pp_end_chunks`), else the stage's layers spread over v chunks."""
+        return where(plans.pp_end_chunks & (layers < fullest), fullest / v, layers / v)
+
     first = _stage_memory(
-        cluster, shared, params_of(counts.first, tables), counts.first,
-        in_flight_micro_batches(plans, 0), where(single, logits, 0.0),
+        cluster, shared, params_of(counts.first, tables),
+        in_flight_layers(plans, 0.0, counts.first, chunk(counts.first), last=False),
+        where(single, logits, 0.0),
     )  # fmt: skip
     last = _stage_memory(
-        cluster, shared, params_of(counts.last, tables), counts.last,
-        in_flight_micro_batches(plans, as_float(plans.pp) - 1.0), logits,
+        cluster, shared, params_of(counts.last, tables),
+        in_flight_layers(plans, as_float(plans.pp) - 1.0, counts.last, chunk(counts.last),
+                         last=True),
+        logits,
     )  # fmt: skip
     mid = _stage_memory(
-        cluster, shared, params_of(counts.mid, 0.0), counts.mid,
-        in_flight_micro_batches(plans, 1.0), 0.0,
+        cluster, shared, params_of(counts.mid, 0.0),
+        in_flight_layers(plans, 1.0, counts.mid, counts.mid / v, last=False), 0.0,
     )  # fmt: skip
     totals = [first.total, where(plans.pp > 2, mid.total, 0.0), where(single, 0.0, last.total)]
     pick_mid = (totals[1] > totals[0]) & (totals[1] >= totals[2])

@@ -26,7 +26,7 @@ ATTENTION_CODES: dict[str, int] = {"flash": 0, "unfused": 1}
 _BOOL_FIELDS = (
     "sp", "overlap_dp", "overlap_param_gather", "overlap_tp", "fused_ce", "gather_matrix",
     "overlap_ep", "ep_fp8", "ep_dedup", "graphs", "master_remainder", "compiled",
-    "fused_elementwise", "params_fp32",
+    "fused_elementwise", "params_fp32", "pp_end_chunks", "recompute_act", "recompute_norm",
 )  # fmt: skip
 
 
@@ -50,6 +50,7 @@ def plan_columns(plan: Plan) -> dict[str, Any]:
         "ep_imbalance": plan.ep_imbalance or 0.0,
         "master_remainder": plan.master_weights == "remainder",
         "params_fp32": plan.param_dtype == "fp32",
+        "vpp_group": plan.vpp_group or 0,
     }
     return {
         f.name: derived[f.name] if f.name in derived else getattr(plan, f.name)
@@ -92,6 +93,10 @@ class PlanArrays:
     compiled: Any = False  # the step is one compiled graph: recompute skips dead work
     fused_elementwise: Any = True  # norms, activation, RoPE fused (else eager op by op)
     params_fp32: Any = False  # fp32 weights cast to bf16 at each use (autocast), gathered fp32
+    pp_end_chunks: Any = False  # lighter end stages lose their end chunks' layers
+    vpp_group: Any = 0  # micro-batches per chunk group N of the interleaved schedule (0: pp)
+    recompute_act: Any = False  # activation-function output recomputed in backward
+    recompute_norm: Any = False  # norm outputs (GEMM inputs) recomputed in backward
 
     @classmethod
     def from_columns(cls, **columns: ArrayLike) -> PlanArrays:

@@ -53,6 +53,9 @@ class Framework(BaseModel):
     fused_elementwise: bool = True  # norms, activation and RoPE one kernel each (else eager)
     compile_with_fp8: bool = False  # its FP8 recipe compiles the model (fused element-wise)
     param_dtype: ParamDtype = "bf16"  # weights the layers hold (fp32: autocast casts per use)
+    pp_end_chunks: bool = False  # lighter end stages lose their end chunks' layers (PP > 1)
+    recompute_act: bool = False  # activation-function output recomputed, not kept
+    recompute_norm: bool = False  # norm outputs (GEMM inputs) recomputed, not kept
     source: str
 
 
@@ -253,8 +256,14 @@ FRAMEWORKS: dict[str, Framework] = {
             overlap_tp=False,
             attention="flash",
             fused_ce=False,
+            pp_end_chunks=True,
+            recompute_act=True,
             source="Llama 3 paper (arXiv:2407.21783 §3.3.2): FSDP sharding optimizer states and "
-            "gradients but not resharding weights after forward; interleaved 1F1B",
+            "gradients but not resharding weights after forward; interleaved 1F1B whose first "
+            "chunk holds only the embedding and last only the head; no activation "
+            "checkpointing at 8K. Assumed, not published: the MLP is xformers' fused SwiGLU "
+            "(Meta's kernel library; xformers/ops/swiglu_op.py keeps x, x1, x2 and recomputes "
+            "silu(x1)*x2 in backward)",
         ),
         _fw(
             name="deepseek-hai-llm",
@@ -271,9 +280,12 @@ FRAMEWORKS: dict[str, Framework] = {
             overlap_ep=True,
             ep_dispatch="fp8",
             ep_dedup=True,
+            recompute_act=True,
+            recompute_norm=True,
             source="DeepSeek-V3 report (arXiv:2412.19437 §3.2-3.3): ZeRO-1, DualPipe (two "
             "chunks per rank, all-to-all hidden under compute), node-level dispatch over IB "
-            "then NVLink, FP8 dispatch / BF16 combine, RMSNorm and MLA up-projection recomputed",
+            "then NVLink, FP8 dispatch / BF16 combine, RMSNorm and MLA up-projection recomputed "
+            "(§3.2.3), SwiGLU inputs cached and its output recomputed (§3.3.2)",
         ),
     )
 }
@@ -338,7 +350,10 @@ def framework_defaults(framework: Framework, given: dict[str, Any]) -> dict[str,
         "master_weights": framework.master_weights,
         "fused_elementwise": framework.fused_elementwise or compiled_fp8,
         "param_dtype": framework.param_dtype,
+        "recompute_act": framework.recompute_act,
+        "recompute_norm": framework.recompute_norm,
     }
     if pp > 1:
         defaults["vpp"] = framework.vpp
+        defaults["pp_end_chunks"] = framework.pp_end_chunks
     return {k: v for k, v in defaults.items() if given.get(k) is None}

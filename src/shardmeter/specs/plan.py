@@ -77,6 +77,20 @@ class Plan(BaseModel):
     pp_first: int | None = Field(default=None, ge=0)  # layers on the first stage (None: even)
     pp_last: int | None = Field(default=None, ge=0)  # layers on the last stage (None: even)
     pp_layers: tuple[int, ...] | None = None  # explicit layers per stage (overrides the two)
+    # A lighter first/last stage loses its layers from its end chunks: the first chunk holds
+    # only the embedding, the last only the head (Llama 3 paper §3.3.2; Megatron-Core
+    # account_for_embedding/loss_in_pipeline_split). False: spread over the stage's v chunks
+    # (Megatron-Core decoder_first/last_pipeline_num_layers).
+    pp_end_chunks: bool = False
+    # N, micro-batches run back to back per chunk in the interleaved schedule (Megatron-Core
+    # microbatch_group_size_per_vp_stage, the Llama 3 schedule's tunable N); None = pp
+    vpp_group: int | None = Field(default=None, ge=1)
+    # the activation-function output (SwiGLU/GELU) is recomputed from its saved input in
+    # backward (xformers' fused SwiGLU; DeepSeek-V3 §3.3.2), not kept
+    recompute_act: bool = False
+    # the norm outputs (the GEMM inputs) are recomputed from the saved norm inputs in backward
+    # (Megatron-Core recompute_modules "layernorm"; DeepSeek-V3 §3.2.3), not kept
+    recompute_norm: bool = False
     framework: str | None = None  # identifier whose defaults filled the unstated fields
 
     @model_validator(mode="before")
@@ -153,11 +167,19 @@ def validate_plan(plan: Plan, model: TransformerSpec, n_gpus: int | None = None)
             plan.global_batch,
             f"must be a multiple of dp*micro_batch = {plan.dp * plan.micro_batch}",
         )
-    if plan.vpp > 1 and plan.micro_batches % plan.pp:
+    group = plan.vpp_group if plan.vpp_group is not None else plan.pp
+    if plan.vpp_group is not None and (plan.vpp == 1 or group < plan.pp):
+        raise UserInputError(
+            "plan.vpp_group",
+            group,
+            f"needs an interleaved schedule (vpp > 1) and >= pp = {plan.pp}",
+        )
+    if plan.vpp > 1 and plan.micro_batches % group:
         raise UserInputError(
             "plan.global_batch",
             plan.global_batch,
-            f"interleaved schedules need micro-batches ({plan.micro_batches}) divisible by pp = {plan.pp}",
+            f"interleaved schedules need micro-batches ({plan.micro_batches}) divisible by "
+            f"{'vpp_group' if plan.vpp_group is not None else 'pp'} = {group}",
         )
     if plan.shard_degree is not None:
         if plan.sharding == "none":
