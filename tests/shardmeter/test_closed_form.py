@@ -603,8 +603,11 @@ def test_interleaved_in_flight_by_rank_hand_counted() -> None:
     chunk, one-layer second): W = 2·2 + 3 = 7 warm-up forwards plus one, in the order chunk 0
     ×3, chunk 1 ×3, chunk 0 ×2, so 3 of the one-layer chunk; spread, 8 × ½ = 4. Rank 1 (two
     3-layer chunks): 2 + 3 + 1 = 6 chunk-micro-batches, 18. Rank 2: 4 (above)."""
-    plans = PlanArrays.scalar(Plan(pp=3, vpp=2, pp_layers=(1, 6, 1), global_batch=6))
-    assert in_flight_layers(plans, 0.0, 1.0, 3.0, last=False) == pytest.approx(3.0)
-    assert in_flight_layers(plans, 0.0, 1.0, 0.5, last=False) == pytest.approx(4.0)
-    assert in_flight_layers(plans, 1.0, 6.0, 3.0, last=False) == pytest.approx(18.0)
-    assert in_flight_layers(plans, 2.0, 1.0, 3.0, last=True) == pytest.approx(4.0)
+    plan = Plan(pp=3, vpp=2, pp_layers=(1, 6, 1), global_batch=6, pp_end_chunks=True)
+    ends = PlanArrays.scalar(plan)
+    spread = PlanArrays.scalar(plan.model_copy(update={"pp_end_chunks": False}))
+    assert in_flight_layers(ends, 0.0, 1.0, 3.0, last=False) == pytest.approx(3.0)
+    assert in_flight_layers(spread, 0.0, 1.0, 0.5, last=False) == pytest.approx(4.0)
+    assert in_flight_layers(ends, 1.0, 6.0, 3.0, last=False) == pytest.approx(18.0)
+    assert in_flight_layers(ends, 2.0, 1.0, 3.0, last=True) == pytest.approx(4.0)
+    assert in_flight_layers(spread, 2.0, 1.0, 0.5, last=True) == pytest.approx(2.0)

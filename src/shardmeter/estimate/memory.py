@@ -244,7 +244,8 @@ def chunk_layers(layers: Num, q: Num, index: Num, v: Num) -> Num:
 
 
 def in_flight_layers(plans: PlanArrays, stage: Num, layers: Num, q: Num, last: bool) -> Num:
-    """Layer-micro-batches of activations stage `stage` holds at its peak.
+    """Layer-micro-batches of activations stage `stage` holds at its peak (`q`: its largest
+    chunk, used where `pp_end_chunks` makes the end chunks lighter).
 
     1F1B: min(p − i, m) micro-batches of all its layers (Narayanan et al. SC'21 §2.2.1).
     Interleaved, v chunks of at most q layers: the warm-up runs W = 2(p − 1 − i) + (v − 1)·N
@@ -261,9 +262,11 @@ def in_flight_layers(plans: PlanArrays, stage: Num, layers: Num, q: Num, last: b
     plain = minimum(p - stage, m) * layers
     if _max_chunks(plans) == 1:
         return plain
+    peak = minimum(2.0 * (p - 1.0 - stage) + (v - 1.0) * n + 1.0, m * v)
+    if not np.any(plans.pp_end_chunks):  # layers/v on every chunk (`q` unused): the count
+        return where(plans.vpp > 1, peak * layers / v, plain)
     if last:
         return where(plans.vpp > 1, _last_stage_peak(plans, layers, q, n, m), plain)
-    peak = minimum(2.0 * (p - 1.0 - stage) + (v - 1.0) * n + 1.0, m * v)
     rounds = floor(peak / (n * v))
     rest = peak - rounds * n * v
     held = 0.0 * peak
