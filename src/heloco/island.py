@@ -45,6 +45,15 @@ def init_island(device: str) -> tuple[int, int]:
     return world()
 
 
+def leave_island() -> None:
+    """Leave the island's process group together, when this process joined one: a barrier so
+    that no rank exits while another still uses the group, then the group destroyed (torch
+    asks for it before exit)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def average_grads_each_step(model: nn.Module) -> None:
     """DDP semantics without wrapping: all_reduce-average every gradient as it is accumulated."""
     _, size = world()

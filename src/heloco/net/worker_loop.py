@@ -21,7 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from heloco.data.seeding import derive_seed
-from heloco.island import Island, IslandMode, average_grads_each_step, init_island
+from heloco.island import (
+    Island,
+    IslandMode,
+    average_grads_each_step,
+    init_island,
+    leave_island,
+)
 from heloco.net import compress
 from heloco.net.client import ClientConfig
 from heloco.net.compress import Codec
@@ -190,6 +196,8 @@ class NetWorker:
                     if self.pacer is not None:
                         self.pacer(i)
                     outer.step(loss, tokens)
+            if self.world > 1:
+                leave_island()
         finally:
             self._finish(wall0)
         return self.report
