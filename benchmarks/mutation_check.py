@@ -146,6 +146,14 @@ MUTATIONS: tuple[Mutation, ...] = (
              "count = rounds * n + minimum(maximum(rest - c * n, 0.0), n)", "count = peak / v"),
     Mutation("last stage's steady-state growth ignored", "memory.py",
              "peak = where(several & (b < v), maximum(peak, top), peak)", "peak = peak + 0.0 * top"),
+    # --- MLA up-projection recompute (DeepSeek-V3) ---
+    Mutation("recomputed Q, K, V still kept", "memory.py",
+             "where(plans.recompute_qkv, ACT_BYTES * tokens", "where(plans.recompute_qkv, 0.0 * tokens"),
+    Mutation("MLA latents not kept in place of Q, K, V", "memory.py",
+             "ACT_BYTES * model.mla.latent_dim * norm_tokens", "0.0 * model.mla.latent_dim * norm_tokens"),
+    Mutation("up-projection GEMMs not re-run in backward", "compute.py",
+             "+ where(plans.recompute_qkv, qkv_recompute_time(model, plans, acc), 0.0)",
+             "+ 0.0 * where(plans.recompute_qkv, qkv_recompute_time(model, plans, acc), 0.0)"),
 )  # fmt: skip
 
 

@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -26,7 +27,7 @@ from shardmeter.specs.framework import framework_id
 from shardmeter.specs.hardware import Accelerator, Cluster, Efficiency
 from shardmeter.specs.hf import gqa_equivalent, mla_attention_params
 from shardmeter.specs.loader import load_cluster
-from shardmeter.specs.model import MoESpec, TransformerSpec
+from shardmeter.specs.model import MLASpec, MoESpec, TransformerSpec
 from shardmeter.specs.plan import Plan, validate_plan
 from shardmeter.specs.validation import MAX_EXACT_INT, validate_spec
 
@@ -170,13 +171,18 @@ def _is_deepseek_v3(model_name: str) -> bool:
     return "deepseek-v3" in model_name.lower().replace(" ", "-")
 
 
-def _mla_as_gqa(hidden: int, n_heads: int) -> dict[str, int]:
+def _mla_as_gqa(hidden: int, n_heads: int) -> dict[str, Any]:
     """DeepSeek-V3's multi-head latent attention (q_lora 1536, kv_lora 512, qk 128 + 64 rope,
     v 128; arXiv:2412.19437 §2.1) as the GQA shape with the same weight count, as the
-    Hugging Face import does: exact projection FLOPs, approximate score FLOPs."""
+    Hugging Face import does: exact projection FLOPs, approximate score FLOPs; the latent
+    shapes kept for the activations of the up-projection recompute."""
+    mla = MLASpec(
+        q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+        v_head_dim=128,
+    )  # fmt: skip
     attn = mla_attention_params(hidden, n_heads, 1536, 512, 128, 64, 128)
     head_dim, kv_heads = gqa_equivalent(hidden, n_heads, attn)
-    return {"head_dim": head_dim, "n_kv_heads": kv_heads}
+    return {"head_dim": head_dim, "n_kv_heads": kv_heads, "mla": mla}
 
 
 def model_from_row(row: Mapping[str, str]) -> TransformerSpec:

@@ -19,7 +19,7 @@ from shardmeter.estimate.memory import in_flight_layers
 from shardmeter.estimate.plan_arrays import PlanArrays
 from shardmeter.estimate.step import estimate_step
 from shardmeter.specs.hardware import Accelerator, Cluster, Efficiency, Link
-from shardmeter.specs.model import MoESpec, TransformerSpec
+from shardmeter.specs.model import MLASpec, MoESpec, TransformerSpec
 from shardmeter.specs.plan import Plan
 
 H, HEADS, FFN, VOCAB, SEQ, LAYERS = 1024, 8, 4096, 8192, 1024, 8
@@ -564,6 +564,32 @@ def test_activation_and_norm_outputs_recomputed() -> None:
     kept = activations(T1, 2, sp=True) - 2 * T1 * (H + FFN) / 2 - norm_out
     check(estimate_step(MODEL, CLUSTER, selective).memory_bytes, fixed + LAYERS * kept)
 
+
+def test_qkv_recomputed_from_mla_latents() -> None:
+    """tp 2 with SP, m = 1. Re-projecting Q, K, V in backward (DeepSeek-V3 §3.2.3, MLA
+    up-projections) drops 2 B × (q + 2·kv)/tp = 2 B × 3h/2 per token and layer. With MLA
+    (q_lora 256, kv_lora 128, RoPE key 32; 8 heads of nope 64, v 128) the latents are kept:
+    2 B × 416 per token, /tp with SP; backward re-runs the up-projections, 2·T·(256·4·96 +
+    128·4·192) FLOPs per layer (4 heads per GPU). Without MLA it re-runs the QKV GEMM,
+    2·T·h·3h/2, and keeps nothing in their place (its input is saved anyway)."""
+    mla = MLASpec(
+        q_lora_rank=256, kv_lora_rank=128, qk_nope_head_dim=64, qk_rope_head_dim=32,
+        v_head_dim=128,
+    )  # fmt: skip
+    latent_model = MODEL.model_copy(update={"mla": mla})
+    base = Plan(tp=2, sp=True, micro_batch=1, global_batch=1)
+    qkv = base.model_copy(update={"recompute_qkv": True})
+    fixed = states(STAGE_PARAMS / 2, 1, 0) + LOGITS / 2 + OVERHEAD
+    kept = activations(T1, 2, sp=True) - 2 * T1 * 3 * H / 2
+    ref = estimate_step(latent_model, CLUSTER, base)
+    check(ref.memory_bytes, fixed + LAYERS * activations(T1, 2, sp=True))
+    est = estimate_step(latent_model, CLUSTER, qkv)
+    check(est.memory_bytes, fixed + LAYERS * (kept + 2 * 416 * T1 / 2))
+    up = 2 * T1 * (256 * 4 * 96 + 128 * 4 * 192) / PEAK
+    check(est.step_time_s - ref.step_time_s, LAYERS * up)
+    plain = estimate_step(MODEL, CLUSTER, qkv)
+    check(plain.memory_bytes, fixed + LAYERS * kept)
+    check(plain.step_time_s - ref.step_time_s, LAYERS * 2 * T1 * H * 3 * H / 2 / PEAK)
 
 def test_interleaved_chunk_group_widens_the_warm_up() -> None:
     """pp 2, v 2 (chunks of 2 layers), m = 8 with N = 4 micro-batches per chunk group (Llama 3's

@@ -364,12 +364,43 @@ def model_flops_per_token(model: TransformerSpec, causal: bool = True) -> float:
     return model.training_flops_per_token(causal=causal)
 
 
-def recompute_flops_per_token(model: TransformerSpec, recompute: Num) -> Num:
-    """Extra forward FLOPs per token re-run in backward: all layers (full) or attention (selective)."""
+def qkv_flops_per_token(model: TransformerSpec) -> float:
+    """Forward FLOPs per token of the projections to Q, K, V over all layers, 2 per weight:
+    with MLA the up-projections from the latents, 2·(q_lora·n·(nope + rope) + kv_lora·n·(nope
+    + v)) (DeepSeek-V2 Eqs. 12, 13, 16), else the QKV GEMM 2·h·(q + 2·kv)."""
+    if model.mla is not None:
+        per_layer = model.mla.up_params(model.n_heads, model.hidden)
+    else:
+        per_layer = model.hidden * (model.q_dim + 2 * model.kv_dim)
+    return 2.0 * model.n_layers * per_layer
+
+
+def recompute_flops_per_token(
+    model: TransformerSpec, recompute: Num, recompute_qkv: Num = False
+) -> Num:
+    """Extra forward FLOPs per token re-run in backward: all layers (full) or attention
+    (selective), plus the Q, K, V projections when `recompute_qkv` (full already has them)."""
     layers = model.matmul_flops_per_token() - 2.0 * model.vocab * model.hidden
     attention = model.attention_flops_per_token(causal=True)
-    selective = where(recompute == RECOMPUTE_CODES["selective"], attention, 0.0)
+    qkv = where(recompute_qkv, qkv_flops_per_token(model), 0.0)
+    selective = where(recompute == RECOMPUTE_CODES["selective"], attention, 0.0) + qkv
     return where(recompute == RECOMPUTE_CODES["full"], layers + attention, selective)
+
+
+def qkv_recompute_time(model: TransformerSpec, plans: PlanArrays, acc: Accelerator) -> Num:
+    """Seconds per micro-batch of re-running one layer's Q, K, V projections in backward
+    (`recompute_qkv`): the MLA up-projection GEMMs from the latents (heads split over tp), or
+    the QKV GEMM."""
+    sh = _shapes(model, plans)
+    tp = as_float(plans.tp)
+    mla = model.mla
+    if mla is None:
+        return gemm_time(sh.tokens, model.hidden, sh.q_local + 2.0 * sh.kv_local, acc, sh.fp8)
+    n = model.n_heads / tp
+    kv_width = n * (mla.qk_nope_head_dim + mla.v_head_dim)
+    q_width = n * (mla.qk_nope_head_dim + mla.qk_rope_head_dim)
+    kv = gemm_time(sh.tokens, mla.kv_lora_rank, kv_width, acc, sh.fp8)
+    return kv + gemm_time(sh.tokens, mla.q_input(model.hidden), q_width, acc, sh.fp8)
 
 
 def optimizer_time(params_owned: Num, acc: Accelerator, remainder: Num = False) -> Num:
@@ -425,7 +456,7 @@ def unit_costs(model: TransformerSpec, plans: PlanArrays, acc: Accelerator) -> U
     code = plans.recompute
     selective = where(
         code == RECOMPUTE_CODES["selective"], mix("attention_s") + mix("elementwise_s"), 0.0
-    )
+    ) + where(plans.recompute_qkv, qkv_recompute_time(model, plans, acc), 0.0)
     # A compiled step (XLA, torch.compile) recomputes only what the backward needs: the layer's
     # last GEMM (MLP down projection) feeds just the residual stream and is dead code there.
     full = layer_fwd - where(plans.compiled, mix("down_s"), 0.0)

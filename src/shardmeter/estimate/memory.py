@@ -202,6 +202,13 @@ def _activation_sets(model: TransformerSpec, plans: PlanArrays) -> tuple[Num, Nu
     dropped_norm = where(plans.recompute_norm, norm_out, 0.0)
     full_set = full_set - where(plans.recompute_act, act_out, 0.0) - dropped_norm
     selective_set = selective_set - dropped_norm
+    # Q, K, V re-projected in backward (DeepSeek-V3 §3.2.3, MLA up-projections): not kept;
+    # with MLA the latents they are projected from are kept instead (q_lora + kv_lora + RoPE
+    # key per token, replicated over tp like the norm inputs, 2 B each)
+    latents = 0.0 if model.mla is None else ACT_BYTES * model.mla.latent_dim * norm_tokens
+    dropped_qkv = where(plans.recompute_qkv, ACT_BYTES * tokens * (q_l + 2.0 * kv_l) - latents, 0.0)
+    full_set = full_set - dropped_qkv
+    selective_set = selective_set - dropped_qkv
     # Unfused attention also keeps its score tensors (5·a·s²·b / tp, Korthikanti §4.1); selective
     # recompute exists to drop exactly these.
     scores = tokens * model.seq_len * model.n_heads / tp * UNFUSED_SCORE_STORED

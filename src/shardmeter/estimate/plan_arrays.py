@@ -27,6 +27,7 @@ _BOOL_FIELDS = (
     "sp", "overlap_dp", "overlap_param_gather", "overlap_tp", "fused_ce", "gather_matrix",
     "overlap_ep", "ep_fp8", "ep_dedup", "graphs", "master_remainder", "compiled",
     "fused_elementwise", "params_fp32", "pp_end_chunks", "recompute_act", "recompute_norm",
+    "recompute_qkv",
 )  # fmt: skip
 
 
@@ -97,6 +98,7 @@ class PlanArrays:
     vpp_group: Any = 0  # micro-batches per chunk group N of the interleaved schedule (0: pp)
     recompute_act: Any = False  # activation-function output recomputed in backward
     recompute_norm: Any = False  # norm outputs (GEMM inputs) recomputed in backward
+    recompute_qkv: Any = False  # Q, K, V re-projected in backward (MLA: from the latents)
 
     @classmethod
     def from_columns(cls, **columns: ArrayLike) -> PlanArrays:

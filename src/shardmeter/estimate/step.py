@@ -427,7 +427,10 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
 
     tokens_step = as_float(plans.global_batch) * model.seq_len
     model_flops = model_flops_per_token(model, causal=True) * tokens_step
-    hw_flops = model_flops + recompute_flops_per_token(model, plans.recompute) * tokens_step
+    hw_flops = (
+        model_flops
+        + recompute_flops_per_token(model, plans.recompute, plans.recompute_qkv) * tokens_step
+    )
     fp8 = plans.precision == PRECISION_CODES["fp8"]
     fp16 = plans.precision == PRECISION_CODES["fp16"]
     peak = where(fp8, acc.peak("fp8"), where(fp16, acc.peak("fp16"), acc.peak("bf16")))

@@ -1,7 +1,7 @@
 """What the user describes: model, hardware and plan (validated, loadable from TOML/JSON)."""
 
 from shardmeter.specs.hardware import Accelerator, Cluster, Efficiency, Link
-from shardmeter.specs.model import MoESpec, TransformerSpec
+from shardmeter.specs.model import MLASpec, MoESpec, TransformerSpec
 from shardmeter.specs.plan import Plan, validate_plan
 
 __all__ = [
@@ -9,6 +9,7 @@ __all__ = [
     "Cluster",
     "Efficiency",
     "Link",
+    "MLASpec",
     "MoESpec",
     "Plan",
     "TransformerSpec",

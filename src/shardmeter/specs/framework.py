@@ -56,6 +56,7 @@ class Framework(BaseModel):
     pp_end_chunks: bool = False  # lighter end stages lose their end chunks' layers (PP > 1)
     recompute_act: bool = False  # activation-function output recomputed, not kept
     recompute_norm: bool = False  # norm outputs (GEMM inputs) recomputed, not kept
+    recompute_qkv: bool = False  # Q, K, V re-projected (MLA: from the latents), not kept
     source: str
 
 
@@ -282,6 +283,7 @@ FRAMEWORKS: dict[str, Framework] = {
             ep_dedup=True,
             recompute_act=True,
             recompute_norm=True,
+            recompute_qkv=True,
             source="DeepSeek-V3 report (arXiv:2412.19437 §3.2-3.3): ZeRO-1, DualPipe (two "
             "chunks per rank, all-to-all hidden under compute), node-level dispatch over IB "
             "then NVLink, FP8 dispatch / BF16 combine, RMSNorm and MLA up-projection recomputed "
@@ -352,6 +354,7 @@ def framework_defaults(framework: Framework, given: dict[str, Any]) -> dict[str,
         "param_dtype": framework.param_dtype,
         "recompute_act": framework.recompute_act,
         "recompute_norm": framework.recompute_norm,
+        "recompute_qkv": framework.recompute_qkv,
     }
     if pp > 1:
         defaults["vpp"] = framework.vpp

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from shardmeter.errors import UserInputError
-from shardmeter.specs.model import MoESpec, TransformerSpec
+from shardmeter.specs.model import MLASpec, MoESpec, TransformerSpec
 from shardmeter.specs.validation import validate_spec
 
 # architectures[0] -> model_type, for configs that only name the class
@@ -191,14 +191,21 @@ def _deepseek_v3(cfg: _Config) -> dict[str, Any]:
     with `n_routed_experts` experts of `moe_intermediate_size` plus `n_shared_experts`."""
     hidden = cfg.int("hidden_size")
     n_heads = cfg.int("num_attention_heads")
+    mla = MLASpec(
+        q_lora_rank=cfg.int("q_lora_rank") if cfg.has("q_lora_rank") else None,
+        kv_lora_rank=cfg.int("kv_lora_rank"),
+        qk_nope_head_dim=cfg.int("qk_nope_head_dim"),
+        qk_rope_head_dim=cfg.int("qk_rope_head_dim"),
+        v_head_dim=cfg.int("v_head_dim"),
+    )
     attn = mla_attention_params(
         hidden,
         n_heads,
-        cfg.int("q_lora_rank") if cfg.has("q_lora_rank") else None,
-        cfg.int("kv_lora_rank"),
-        cfg.int("qk_nope_head_dim"),
-        cfg.int("qk_rope_head_dim"),
-        cfg.int("v_head_dim"),
+        mla.q_lora_rank,
+        mla.kv_lora_rank,
+        mla.qk_nope_head_dim,
+        mla.qk_rope_head_dim,
+        mla.v_head_dim,
     )
     head_dim, kv_heads = gqa_equivalent(hidden, n_heads, attn)
     n_layers = cfg.int("num_hidden_layers")
@@ -214,6 +221,7 @@ def _deepseek_v3(cfg: _Config) -> dict[str, Any]:
         "vocab": cfg.int("vocab_size"),
         "seq_len": cfg.int("max_position_embeddings"),
         "tied_embeddings": cfg.flag("tie_word_embeddings", False),
+        "mla": mla,
         "moe": MoESpec(
             experts=cfg.int("n_routed_experts"),
             top_k=cfg.int("num_experts_per_tok"),

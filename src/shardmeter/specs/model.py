@@ -47,6 +47,36 @@ class MoESpec(BaseModel):
         return self
 
 
+class MLASpec(BaseModel):
+    """Multi-head latent attention (DeepSeek-V2 2024, Eqs. 9-19; DeepSeek-V3 config.json): Q, K
+    and V are up-projected per head from low-rank latents (Q from the hidden state when
+    `q_lora_rank` is None), plus one shared RoPE key of `qk_rope_head_dim`. Widths in elements."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    q_lora_rank: int | None = Field(default=None, gt=0)  # None: Q projected from the hidden
+    kv_lora_rank: int = Field(gt=0)
+    qk_nope_head_dim: int = Field(gt=0)
+    qk_rope_head_dim: int = Field(gt=0)
+    v_head_dim: int = Field(gt=0)
+
+    @property
+    def latent_dim(self) -> int:
+        """Per-token width of the latents the up-projections read: q_lora + kv_lora + the
+        RoPE key (Q's input is the norm output, saved anyway, when there is no Q latent)."""
+        return (self.q_lora_rank or 0) + self.kv_lora_rank + self.qk_rope_head_dim
+
+    def q_input(self, hidden: int) -> int:
+        """Width Q is projected from: the Q latent, or the hidden state without one."""
+        return self.q_lora_rank if self.q_lora_rank is not None else hidden
+
+    def up_params(self, n_heads: int, hidden: int) -> int:
+        """Weights of the projections to Q (from `q_input`) and to K_nope, V (from the KV
+        latent): q_lora·n·(nope + rope) + kv_lora·n·(nope + v) (DeepSeek-V2 Eqs. 12, 13, 16)."""
+        q = self.q_input(hidden) * n_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
+        return q + self.kv_lora_rank * n_heads * (self.qk_nope_head_dim + self.v_head_dim)
+
+
 class TransformerSpec(BaseModel):
     """A decoder-only transformer. Sizes are counts (layers, heads) or widths (elements)."""
 
@@ -64,6 +94,9 @@ class TransformerSpec(BaseModel):
     seq_len: int = Field(gt=0)
     tied_embeddings: bool = False
     moe: MoESpec | None = None
+    # MLA's latent shapes (None = standard attention); the weights and FLOPs stay those of the
+    # same-weight GQA shape above (shardmeter.specs.hf.gqa_equivalent)
+    mla: MLASpec | None = None
 
     @model_validator(mode="after")
     def _check(self) -> TransformerSpec:

@@ -91,6 +91,11 @@ class Plan(BaseModel):
     # the norm outputs (the GEMM inputs) are recomputed from the saved norm inputs in backward
     # (Megatron-Core recompute_modules "layernorm"; DeepSeek-V3 §3.2.3), not kept
     recompute_norm: bool = False
+    # Q, K and V are re-projected in backward from the projection's input, not kept: with MLA
+    # from the compressed latents, which are kept instead (DeepSeek-V3 §3.2.3 "MLA
+    # up-projections"; Megatron-Core recompute_modules "mla_up_proj"); otherwise from the QKV
+    # GEMM input, which is kept anyway
+    recompute_qkv: bool = False
     framework: str | None = None  # identifier whose defaults filled the unstated fields
 
     @model_validator(mode="before")
