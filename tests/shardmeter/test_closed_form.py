@@ -591,6 +591,7 @@ def test_qkv_recomputed_from_mla_latents() -> None:
     check(plain.memory_bytes, fixed + LAYERS * kept)
     check(plain.step_time_s - ref.step_time_s, LAYERS * 2 * T1 * H * 3 * H / 2 / PEAK)
 
+
 def test_interleaved_chunk_group_widens_the_warm_up() -> None:
     """pp 2, v 2 (chunks of 2 layers), m = 8 with N = 4 micro-batches per chunk group (Llama 3's
     tunable N): stage 0 runs 2(p − 1) + (v − 1)·N = 6 warm-up forwards and holds 7
