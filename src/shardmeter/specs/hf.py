@@ -172,8 +172,8 @@ def mla_attention_params(
 
 def gqa_equivalent(hidden: int, n_heads: int, attn_params: int) -> tuple[int, int]:
     """(head_dim, n_kv_heads) of the GQA layer whose weights 2h(n·d + k·d) come closest to
-    `attn_params`, with k dividing n; ties prefer the larger head_dim. TransformerSpec has no
-    MLA fields, so MLA is represented by its weight count (exact matmul FLOPs per token),
+    `attn_params`, with k dividing n; ties prefer the larger head_dim. MLA's weights and FLOPs
+    are represented by its weight count (exact matmul FLOPs per token),
     while the score/value matmuls then use this head_dim (an approximation, see docs/specs.md)."""
     target = attn_params / (2 * hidden)  # = d · (n + k)
     best: tuple[float, int, int] | None = None
