@@ -617,14 +617,17 @@ def load() -> str:
     return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} cores"
 
 
+SETTING_HEADER = f"{'params':>6} {'curve':>5} {'shards':>6} {'codec':>5} |"
 ROW_HEADER = (
-    f"{'params':>6} {'curve':>5} {'shards':>6} {'codec':>5} | {'pull MB/s':>9} {'xlim':>5} "
+    f"{SETTING_HEADER} {'pull MB/s':>9} {'xlim':>5} "
     f"| {'push MB':>7} {'push MB/s':>9} {'xlim':>5} | {'upd/s':>5}"
 )
-QUEUED_HEADER = (
-    f"{'params':>6} {'curve':>5} {'shards':>6} {'codec':>5} | {'push MB':>7} {'MB/s':>9} "
-    f"{'xlim':>5} | {'upd/s':>5}"
-)
+QUEUED_HEADER = f"{SETTING_HEADER} {'push MB':>7} {'MB/s':>9} {'xlim':>5} | {'upd/s':>5}"
+
+
+def setting(r: Row) -> str:
+    """The row's setting, in the columns of :data:`SETTING_HEADER`."""
+    return f"{r.params_m:>5}M {'on' if r.curve else 'off':>5} {r.shards:>6} {r.codec:>5} |"
 
 
 def print_rows(rows: list[Row], limits: dict[tuple[int, bool], Limit]) -> None:
@@ -634,8 +637,7 @@ def print_rows(rows: list[Row], limits: dict[tuple[int, bool], Limit]) -> None:
     for r in rows:
         lim = limits[(r.params_m, r.curve)].mbs
         print(
-            f"{r.params_m:>5}M {'on' if r.curve else 'off':>5} {r.shards:>6} {r.codec:>5} | "
-            f"{r.pull_mbs:>9.1f} {r.pull_mbs / lim:>5.2f} | {r.push_mb:>7.1f} "
+            f"{setting(r)} {r.pull_mbs:>9.1f} {r.pull_mbs / lim:>5.2f} | {r.push_mb:>7.1f} "
             f"{r.push_mbs:>9.1f} {r.push_mbs / lim:>5.2f} | {r.updates_per_s:>5.2f}"
         )
     print(f"server capacity: {rows[0].workers} workers' pushes signed ahead, sent back to back")
@@ -643,8 +645,7 @@ def print_rows(rows: list[Row], limits: dict[tuple[int, bool], Limit]) -> None:
     for r in rows:
         lim = limits[(r.params_m, r.curve)].mbs
         print(
-            f"{r.params_m:>5}M {'on' if r.curve else 'off':>5} {r.shards:>6} {r.codec:>5} | "
-            f"{r.queued_mb:>7.1f} {r.queued_mbs:>9.1f} {r.queued_mbs / lim:>5.2f} | "
+            f"{setting(r)} {r.queued_mb:>7.1f} {r.queued_mbs:>9.1f} {r.queued_mbs / lim:>5.2f} | "
             f"{r.queued_updates_per_s:>5.2f}",
             flush=True,
         )
