@@ -40,9 +40,13 @@ once before every round of the setting (the same load).
 Last, the unit costs at the largest size, on one core in this process: the outer step per
 parameter (u), what int8 decoding adds to it (q), the fp32 finiteness check (f) and the
 worker's int8 quantising (w), and the int8/fp32 ratio they would give if a push were these
-costs plus c = ZeroMQ + tag per wire byte one after the other (BENCHMARKS.md derives it);
-and, from the CPU time the raw transfer costs both processes (io, read from /proc), the most
-a second shard can gain when the transfer shares the machine's cores with the server.
+costs plus c = ZeroMQ + tag per wire byte one after the other (BENCHMARKS.md derives it),
+beside the memory floor of any outer step (θ and the momentum read and written once).
+
+Every push and window also records the CPU seconds of both processes (all threads, from
+/proc), so the report gives the cores each kept busy and, for each ratio of the targets, its
+ceiling on this machine: the same CPU work cannot take less wall time than its CPU seconds
+over the cores, so a ratio above its ceiling needs less work, not better overlap.
 """
 
 from __future__ import annotations
@@ -144,6 +148,13 @@ def process_cpu_s(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_now(server_pid: int | None) -> float:
+    """CPU seconds so far of this process (the workers, their I/O threads included) plus the
+    server process ``server_pid``: differences of two readings bound how many cores a
+    measure kept busy (/proc ticks: about 10 ms resolution)."""
+    return time.process_time() + process_cpu_s(server_pid)
+
+
 class LimitProbe:
     """The machine's limit, measured between the transport's rounds: an echo process and a
     DEALER to it; each :meth:`measure` times one raw ZeroMQ request and one tag over the frames
@@ -237,6 +248,19 @@ class Row:
     workers: int
     queued_mb: float
     queued_mbs: float
+    push_cpu_s: float = math.nan
+    queued_cpu_s: float = math.nan
+
+    @property
+    def push_cores(self) -> float:
+        """Cores busy on average during the best push: CPU seconds of every process (both
+        ends, all threads) / wall seconds."""
+        return self.push_cpu_s * self.push_mbs / self.push_mb
+
+    @property
+    def queued_cores(self) -> float:
+        """Cores busy on average during the best queued window (as :attr:`push_cores`)."""
+        return self.queued_cpu_s * self.queued_mbs / (self.queued_mb * self.workers)
 
     @property
     def updates_per_s(self) -> float:
@@ -252,11 +276,14 @@ class Row:
 @dataclass
 class Timings:
     """Seconds and wire bytes of every pull, push and queued window of one shard count and
-    codec (bytes: of one pull, one push, one window)."""
+    codec (bytes: of one pull, one push, one window), and the CPU seconds of each push and
+    window in both processes (:func:`cpu_now`)."""
 
     pulls: list[float] = field(default_factory=list)
     pushes: list[float] = field(default_factory=list)
     windows: list[float] = field(default_factory=list)
+    push_cpu: list[float] = field(default_factory=list)
+    window_cpu: list[float] = field(default_factory=list)
     pull_bytes: int = 0
     push_bytes: int = 0
     window_bytes: int = 0
@@ -310,10 +337,12 @@ def bench(
         for codec in codecs:
             for _ in range(reps):
                 probe.measure()
-                for k, (_, links) in zip(shard_counts, servers, strict=True):
+                for k, (proc, links) in zip(shard_counts, servers, strict=True):
                     links[0].codec = compress.check_codec(codec)
-                    one_round(links[0], delta, got[(k, codec)])
-                    queued_round(links, delta, compress.check_codec(codec), got[(k, codec)])
+                    one_round(links[0], delta, got[(k, codec)], proc.pid)
+                    queued_round(
+                        links, delta, compress.check_codec(codec), got[(k, codec)], proc.pid
+                    )
         return [
             Row(
                 n_params // 1_000_000,
@@ -327,6 +356,8 @@ def bench(
                 workers,
                 t.window_bytes / workers / MB,
                 t.window_bytes / MB / min(t.windows),
+                t.push_cpu[t.pushes.index(min(t.pushes))],
+                t.window_cpu[t.windows.index(min(t.windows))],
             )
             for (k, c), t in got.items()
         ]
@@ -338,8 +369,11 @@ def bench(
             proc.join(10)
 
 
-def one_round(link: NetLink, delta: dict[str, torch.Tensor], into: Timings) -> None:
-    """One timed pull and one timed push of ``delta``, added to ``into``."""
+def one_round(
+    link: NetLink, delta: dict[str, torch.Tensor], into: Timings, server_pid: int | None = None
+) -> None:
+    """One timed pull and one timed push of ``delta``, added to ``into`` (with the push's CPU
+    seconds in this process and the server process ``server_pid``)."""
     traffic = link.client.traffic
     before = traffic.recv_bytes
     t0 = time.perf_counter()
@@ -350,9 +384,11 @@ def one_round(link: NetLink, delta: dict[str, torch.Tensor], into: Timings) -> N
     result = RoundResult(0, delta, 1, 1, 0.0, d.revision, d.round_id)
     del d
     before = traffic.sent_bytes
+    cpu0 = cpu_now(server_pid)
     t0 = time.perf_counter()
     outcome = link.push(result, 1.0)
     into.pushes.append(time.perf_counter() - t0)
+    into.push_cpu.append(cpu_now(server_pid) - cpu0)
     into.push_bytes = traffic.sent_bytes - before
     assert outcome.accepted, outcome
 
@@ -422,7 +458,11 @@ def prepare(
 
 
 def queued_round(
-    links: list[NetLink], delta: dict[str, torch.Tensor], codec: Codec, into: Timings
+    links: list[NetLink],
+    delta: dict[str, torch.Tensor],
+    codec: Codec,
+    into: Timings,
+    server_pid: int | None = None,
 ) -> None:
     """The server's capacity: every worker's push prepared and signed first, then all sent
     back to back (a sharded server's: each worker's stages, its push once they are staged),
@@ -437,6 +477,7 @@ def queued_round(
             poller.register(sock, zmq.POLLIN)
         left = {q.worker: len(q.stages) for q in queue}
         applied = 0
+        cpu0 = cpu_now(server_pid)
         t0 = time.perf_counter()
         for q in queue:
             for sock, frames in q.stages or [q.push]:
@@ -458,6 +499,7 @@ def queued_round(
                 else:
                     raise RuntimeError(f"worker {q.worker}: {reply.type} {reply.body}")
         into.windows.append(time.perf_counter() - t0)
+        into.window_cpu.append(cpu_now(server_pid) - cpu0)
         into.window_bytes = sum(q.nbytes for q in queue)
     finally:
         for group in socks:
@@ -473,13 +515,16 @@ class UnitCosts:
     """What one push costs per parameter on one core (ns), measured in process at one size:
     ``u`` the outer step as the server applies an fp32 push (async Nesterov over the frames'
     memory), ``q`` what an int8 push's step costs more (its decoding), ``f`` the finiteness
-    check of an fp32 push, ``w`` the worker's int8 quantising."""
+    check of an fp32 push, ``w`` the worker's int8 quantising; ``floor`` the least any outer
+    step with fp32 θ and momentum can cost here: both read and written once from memory, timed
+    as two copies of N fp32 elements (8 bytes moved per element each)."""
 
     params_m: int
     u: float
     q: float
     f: float
     w: float
+    floor: float = math.nan
 
     def ratio(self, limit: Limit, end_to_end: bool) -> float:
         """int8/fp32 push MB/s if a push were these costs one after the other, with
@@ -489,18 +534,6 @@ class UnitCosts:
         c = 1e3 / limit.zmq_mbs + tag * (2 if end_to_end else 1)
         extra = self.w if end_to_end else 0.0
         return (4 * c + self.f + self.u) / (4 * (c + self.u + self.q + extra))
-
-    def shard_gain(self, limit: Limit, shards: int, cores: int | None = None) -> float:
-        """Most updates/s ``shards`` shards can gain over one with fp32 pushes queued, on
-        ``cores`` cores that also run the transfer: a shard's serial work per parameter is
-        s = 4·tag + f + u, split over the shards; the transfer's CPU io = 4·(its CPU per byte)
-        runs beside it, the receiving half on one I/O thread per shard. Seconds per push
-        with k shards: max(s/k, io/(2k), (s + io)/cores)."""
-        p = cores or os.cpu_count() or 1
-        s = 4e3 / limit.hmac_mbs + self.f + self.u
-        io = 4 * limit.zmq_cpu_ns
-        one, k = max(s, io / 2, (s + io) / p), max(s / shards, io / 2 / shards, (s + io) / p)
-        return one / k
 
 
 def unit_costs(n_params: int, reps: int) -> UnitCosts:
@@ -535,31 +568,32 @@ def unit_costs(n_params: int, reps: int) -> UnitCosts:
     u8 = best(lambda: opt.step(params, [Arrival(int8, 0, 0)]))
     f = best(lambda: [compress.is_finite(e) for e in fp32.encoded.values()])
     w = best(lambda: [compress.quantize_int8(v) for v in delta.values()])
-    return UnitCosts(n_params // 1_000_000, u, u8 - u, f, w)
+    src, dst = torch.ones(n_params), torch.empty(n_params)
+    floor = 2 * best(lambda: dst.copy_(src))
+    return UnitCosts(n_params // 1_000_000, u, u8 - u, f, w, floor)
 
 
 def print_costs(costs: UnitCosts, limits: dict[tuple[int, bool], Limit]) -> None:
     """The unit costs, and the int8/fp32 ratio they imply in each setting of that size."""
     print(
         f"\nunit costs at {costs.params_m}M, one core, ns per parameter: outer step u "
-        f"{costs.u:.2f}, int8 decoding q {costs.q:.2f},\nfp32 finiteness f {costs.f:.2f}, "
-        f"worker's int8 quantising w {costs.w:.2f}; c = ZeroMQ + tag per wire byte"
+        f"{costs.u:.2f}\n(memory floor {costs.floor:.2f}), int8 decoding q {costs.q:.2f}, "
+        f"fp32 finiteness f {costs.f:.2f}, worker's int8\nquantising w {costs.w:.2f}; "
+        "c = ZeroMQ + tag per wire byte"
     )
     print(
-        "ns per byte: zmq the raw transfer, io its CPU time in both processes, tag one core's\n"
-        f"HMAC. 2sh/1sh: the most 2 shards can gain on {os.cpu_count()} cores shared with the "
-        "transfer (fp32, queued)"
+        "ns per byte: zmq the raw transfer, io its CPU time in both processes, tag one\ncore's HMAC"
     )
     print(
         f"{'curve':>5} | {'zmq':>5} {'io':>5} {'tag':>5} | {'int8/fp32 if serial: queued':>27} "
-        f"{'e2e':>5} | {'2sh/1sh':>7}"
+        f"{'e2e':>5}"
     )
     for (size, curve), lim in limits.items():
         if size == costs.params_m:
             print(
                 f"{'on' if curve else 'off':>5} | {1e3 / lim.zmq_mbs:>5.2f} {lim.zmq_cpu_ns:>5.2f} "
                 f"{1e3 / lim.hmac_mbs:>5.2f} | {costs.ratio(lim, False):>27.2f} "
-                f"{costs.ratio(lim, True):>5.2f} | {costs.shard_gain(lim, 2):>7.2f}"
+                f"{costs.ratio(lim, True):>5.2f}"
             )
 
 
@@ -651,34 +685,62 @@ def print_rows(rows: list[Row], limits: dict[tuple[int, bool], Limit]) -> None:
         )
 
 
+def ceiling(ratio: float, cores_busy: float) -> float:
+    """The most a measured ratio could reach with the same CPU work better overlapped: the
+    numerator's setting, which kept ``cores_busy`` cores busy on average, cannot take less
+    wall time than its CPU seconds over the machine's cores (work over cores, Brent 1974)."""
+    return ratio * (os.cpu_count() or 1) / cores_busy
+
+
 def print_checks(rows: list[Row], limits: dict[tuple[int, bool], Limit]) -> None:
     """The issue's targets, read off the rows above (one shard unless stated): end to end
-    ("e2e", one worker's push) and server capacity ("queued")."""
+    ("e2e", one worker's push) and server capacity ("queued"); after each ratio, in brackets,
+    its :func:`ceiling` on this machine's cores."""
     by = {(r.params_m, r.curve, r.shards, r.codec): r for r in rows}
     print("\ntargets: fp32 pull and push >= 0.5x limit, int8 push >= 0.8x fp32 push (MB/s),")
     print("2 shards >= 1.5x the updates/s of 1 shard (fp32 push); e2e = one worker's push end")
-    print("to end, queued = the server's capacity with pushes queued up")
+    print("to end, queued = the server's capacity with pushes queued up; (x): the most the")
+    print(f"same CPU work could reach on {os.cpu_count()} cores (its CPU seconds / cores)")
     print(
-        f"{'params':>6} {'curve':>5} | {'pull/lim':>8} {'push/lim':>8} | {'int8/fp32':>9} "
-        f"{'queued':>6} | {'2sh/1sh':>7} {'queued':>6}"
+        f"{'params':>6} {'curve':>5} | {'pull':>4} {'push':>4} | {'int8/fp32':>11} "
+        f"{'queued':>11} | {'2sh/1sh':>11} {'queued':>11}"
     )
+
+    def cell(num: Row | None, den: Row | None, queued: bool, per_update: bool) -> str:
+        if num is None or den is None:
+            return f"{'-':>11}"
+        if queued:
+            a, b = num.queued_mbs, den.queued_mbs
+            if per_update:
+                a, b = num.queued_updates_per_s, den.queued_updates_per_s
+            busy = num.queued_cores
+        else:
+            a, b = num.push_mbs, den.push_mbs
+            if per_update:
+                a, b = num.updates_per_s, den.updates_per_s
+            busy = num.push_cores
+        return f"{a / b:>4.2f} ({ceiling(a / b, busy):>4.2f})"
+
     for (size, curve), limit in limits.items():
         fp32, int8 = by.get((size, curve, 1, "fp32")), by.get((size, curve, 1, "int8"))
         two = by.get((size, curve, 2, "fp32"))
         if fp32 is None:
             continue
-        cells = [
-            f"{fp32.pull_mbs / limit.mbs:>8.2f}",
-            f"{fp32.push_mbs / limit.mbs:>8.2f}",
-            f"{int8.push_mbs / fp32.push_mbs:>9.2f}" if int8 else f"{'-':>9}",
-            f"{int8.queued_mbs / fp32.queued_mbs:>6.2f}" if int8 else f"{'-':>6}",
-            f"{two.updates_per_s / fp32.updates_per_s:>7.2f}" if two else f"{'-':>7}",
-            f"{two.queued_updates_per_s / fp32.queued_updates_per_s:>6.2f}" if two else f"{'-':>6}",
-        ]
         print(
-            f"{size:>5}M {'on' if curve else 'off':>5} | {cells[0]} {cells[1]} | {cells[2]} "
-            f"{cells[3]} | {cells[4]} {cells[5]}"
+            f"{size:>5}M {'on' if curve else 'off':>5} | {fp32.pull_mbs / limit.mbs:>4.2f} "
+            f"{fp32.push_mbs / limit.mbs:>4.2f} | {cell(int8, fp32, False, False)} "
+            f"{cell(int8, fp32, True, False)} | {cell(two, fp32, False, True)} "
+            f"{cell(two, fp32, True, True)}"
         )
+
+
+def print_cpu(rows: list[Row]) -> None:
+    """Cores kept busy on average (CPU seconds of both processes / wall seconds) by the best
+    push and the best queued window of each setting."""
+    print(f"\ncores busy on average ({os.cpu_count()} cores; CPU seconds of both processes / wall)")
+    print(f"{SETTING_HEADER} {'push':>5} {'queued':>6}")
+    for r in rows:
+        print(f"{setting(r)} {r.push_cores:>5.2f} {r.queued_cores:>6.2f}")
 
 
 def main() -> None:
@@ -724,6 +786,7 @@ def main() -> None:
             print_rows(got, limits)
             print(flush=True)
             rows += got
+    print_cpu(rows)
     print_checks(rows, limits)
     print_costs(unit_costs(max(sizes) * 1_000_000, args.reps), limits)
     print(f"\nend: {load()}")
