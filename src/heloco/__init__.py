@@ -10,7 +10,8 @@ The public API (imported lazily, so `heloco --help` does not pay for torch):
 - `Worker`, `InnerConfig`, `TinyGPT`, `ModelConfig`, `DataConfig`, `build_data(...)`;
 - your own training loop: `OuterLoop(model, optimizer, link)` around it, with
   `connect(address, worker)` (a `heloco serve`) or `LocalLink(server, worker)`; `Rounds`,
-  the round boundary every worker loop shares;
+  the round boundary every worker loop shares; inside a `torchrun` island, `full_tensor(p)`
+  (a sharded parameter's whole value) and `leave_island()` (the island's safe last call);
 - `load_runs(dirs)`, `plot_runs(runs, out_dir)`: the report of `heloco report`;
 - `pace_map(topology)` (ShardMeter topology -> worker paces), `plan_to_train(run_dirs, ...)`.
 """
@@ -34,6 +35,8 @@ _EXPORTS: dict[str, str] = {
     "OuterLoop": "heloco.outer_loop",
     "LocalLink": "heloco.outer_loop",
     "Rounds": "heloco.rounds",
+    "full_tensor": "heloco.rounds",
+    "leave_island": "heloco.island",
     "connect": "heloco.net.link",
     "TinyGPT": "heloco.model",
     "ModelConfig": "heloco.model",

@@ -10,12 +10,17 @@ island's round result is reduced onto it before the push:
 - ``deltas``: the ranks train independently and their Δ are averaged at the round's end.
 
 Either way the island's tokens are the sum over ranks and its loss the mean.
+
+Every tensor handed to a collective here is held by :mod:`heloco.handoff` until the backend
+has let go of it, and :func:`leave_island` waits for that: a backend thread that frees a
+tensor while the interpreter finalises aborts the process.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -23,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from heloco.handoff import keep, settle
 from heloco.server import Dispatch
 from heloco.types import Params, RoundResult
 from shardmeter.errors import UserInputError
@@ -46,11 +52,20 @@ def init_island(device: str) -> tuple[int, int]:
 
 
 def leave_island() -> None:
-    """Leave the island's process group together, when this process joined one: a barrier so
-    that no rank exits while another still uses the group, then the group destroyed (torch
-    asks for it before exit)."""
+    """Leave the island's process group together, when this process joined one; call it last
+    on every rank. A barrier, so that no rank exits while another still uses the group; a
+    wait until the backend's threads have dropped every tensor heloco handed them (one freed
+    by such a thread once the interpreter finalises aborts the process, see
+    :mod:`heloco.handoff`); then the group destroyed (torch asks for it before exit)."""
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+        if not settle():
+            warnings.warn(
+                "heloco.leave_island: a tensor handed to a collective is still referenced "
+                "(a view of a dispatch or Δ kept past the loop?); leaving anyway",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         dist.destroy_process_group()
 
 
@@ -99,10 +114,12 @@ class Island:
             return payload
         raw = json.dumps(payload).encode() if self.leader else b""
         size = torch.tensor([len(raw)], dtype=torch.int64, device=self.device)
+        keep(size)
         dist.broadcast(size, 0)
         buf = torch.zeros(int(size.item()), dtype=torch.uint8, device=self.device)
         if self.leader:
             buf.copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+        keep(buf)
         dist.broadcast(buf, 0)
         return dict(json.loads(bytes(buf.cpu().tolist())))
 
@@ -122,6 +139,7 @@ class Island:
             numel = like[n].numel()
             out[n] = flat[offset : offset + numel].view(like[n].shape).cpu()
             offset += numel
+        keep(flat, out.values())
         return out
 
     def broadcast_dispatch(self, dispatch: Dispatch | None, like: Params) -> Dispatch | None:
@@ -133,6 +151,7 @@ class Island:
             d = dispatch
             head = torch.tensor([1, d.revision, d.steps, d.round_id, d.worker])
         head = head.to(self.device)
+        keep(head)
         dist.broadcast(head, 0)
         kind, revision, steps, round_id, worker = (int(x) for x in head.tolist())
         if kind == 0:
@@ -146,18 +165,20 @@ class Island:
         if self.size == 1:
             return result
         loss = torch.tensor([result.mean_loss], dtype=torch.float64, device=self.device)
+        keep(loss)
         dist.all_reduce(loss)
         delta = result.delta
         if self.mode == "deltas":
             names = list(delta)
             flat = torch.cat([delta[n].reshape(-1) for n in names]).to(self.device)
             dist.all_reduce(flat)
-            flat = flat.div_(self.size).cpu()
+            host = flat.div_(self.size).cpu()
             delta, offset = {}, 0
             for n in names:
                 numel = result.delta[n].numel()
-                delta[n] = flat[offset : offset + numel].view(result.delta[n].shape)
+                delta[n] = host[offset : offset + numel].view(result.delta[n].shape)
                 offset += numel
+            keep(flat, delta.values())
         return replace(
             result,
             delta=delta,

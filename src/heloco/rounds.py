@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from heloco.handoff import keep
 from heloco.server import Dispatch
 from heloco.types import Params, RoundResult
 from shardmeter.errors import UserInputError
@@ -50,8 +51,47 @@ def _is_dtensor(t: torch.Tensor) -> bool:
 
 
 def full_tensor(p: torch.Tensor) -> torch.Tensor:
-    """The whole value of a parameter: itself, or the gathered DTensor (a collective)."""
-    return p.full_tensor() if _is_dtensor(p) else p  # type: ignore[attr-defined]
+    """The whole value of a parameter: itself, or the gathered DTensor (a collective that
+    every rank of its mesh joins; no autograd).
+
+    FSDP2's layout (one mesh dimension, ``Shard(d)`` or ``Replicate``) is gathered into
+    buffers held by :mod:`heloco.handoff`, so an island can leave safely right after
+    gathering (:func:`heloco.island.leave_island`); other layouts take DTensor's own gather.
+    """
+    if not _is_dtensor(p):
+        return p
+    return _gather(p)
+
+
+@torch.no_grad()
+def _gather(p: Any) -> torch.Tensor:
+    """A DTensor's whole value, through buffers the handoff holds (see :func:`full_tensor`)."""
+    from torch.distributed import all_gather_into_tensor
+    from torch.distributed.tensor import Replicate, Shard
+
+    mesh, local = p.device_mesh, p.to_local()
+    ranks = mesh.mesh.flatten().tolist()
+    if mesh.ndim != 1 or ranks != sorted(ranks):
+        return p.full_tensor()
+    place = p.placements[0]
+    if isinstance(place, Replicate):
+        return local
+    if type(place) is not Shard:
+        return p.full_tensor()
+    # torch.chunk's split (DTensor, FSDP2): rank i holds rows [i*c, (i+1)*c) of c = ceil(n/world)
+    # rows, the last ones fewer or none; each sends its rows padded to c.
+    dim = place.dim % p.ndim
+    n, world = p.shape[dim], len(ranks)
+    rows = -(-n // world)
+    mine = local.movedim(dim, 0)
+    send = mine.new_zeros((rows, *mine.shape[1:]))
+    send[: mine.shape[0]].copy_(mine)
+    out = mine.new_empty((world * rows, *mine.shape[1:]))
+    whole = out[:n].movedim(0, dim)
+    keep(send)
+    keep(out, [whole])
+    all_gather_into_tensor(out, send, group=mesh.get_group())
+    return whole
 
 
 def check_params(named: Iterable[tuple[str, torch.Tensor]], start: Params) -> None:

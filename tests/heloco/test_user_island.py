@@ -3,7 +3,10 @@
 The script is what a user writes: init the process group, wrap the model in DDP or shard it
 with FSDP2 (``fully_shard``, which gloo supports on CPU), their own AdamW and batches, and
 ``heloco.OuterLoop`` around the loop. Rank 0 talks to the server and broadcasts each
-dispatch (loaded shard by shard under FSDP2); DDP/FSDP keep the ranks one model.
+dispatch (loaded shard by shard under FSDP2); DDP/FSDP keep the ranks one model. The script
+gathers the model right before it leaves the island with ``heloco.leave_island()``: the
+gathered tensors must not be freed by gloo's worker thread once the interpreter finalises
+(that aborts the rank: heloco.handoff).
 """
 
 from __future__ import annotations
@@ -38,8 +41,6 @@ USER_SCRIPT = textwrap.dedent(
     import heloco
     from heloco.sim import build_run, parse_sim_config
 
-    from heloco.rounds import full_tensor
-
     address, config, out, wrap = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -68,11 +69,16 @@ USER_SCRIPT = textwrap.dedent(
             outer.record_loss(loss)
             opt.step()
             steps += 1
-    checksum = float(sum(full_tensor(p.detach()).double().abs().sum() for p in model.parameters()))
+    checksum = 0.0
+    for p in model.parameters():
+        whole = heloco.full_tensor(p.detach())   # the sharded parameter's whole value
+        checksum += float(whole.double().abs().sum())
+        if wrap == "fsdp2":  # test only: this rank's shard sits at its rows of the whole
+            rows = -(-whole.shape[0] // 2)
+            assert torch.equal(whole[rank * rows : rank * rows + p.to_local().shape[0]], p.to_local())
     open(f"{out}-rank{rank}.json", "w").write(json.dumps({"steps": steps, "checksum": checksum,
         "rounds": outer.rounds.rounds}))
-    dist.barrier()  # every rank's collectives are done before the group goes away
-    dist.destroy_process_group()
+    heloco.leave_island()  # last: barrier, gloo's threads done with our tensors, group destroyed
     """
 )
 
