@@ -66,7 +66,7 @@ def full_tensor(p: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def _gather(p: Any) -> torch.Tensor:
     """A DTensor's whole value, through buffers the handoff holds (see :func:`full_tensor`)."""
-    from torch.distributed import all_gather_into_tensor
+    from torch.distributed import all_gather_single
     from torch.distributed.tensor import Replicate, Shard
 
     mesh, local = p.device_mesh, p.to_local()
@@ -90,7 +90,7 @@ def _gather(p: Any) -> torch.Tensor:
     whole = out[:n].movedim(0, dim)
     keep(send)
     keep(out, [whole])
-    all_gather_into_tensor(out, send, group=mesh.get_group())
+    all_gather_single(out, send, group=mesh.get_group())
     return whole
 
 

@@ -129,7 +129,7 @@ def test_full_tensor_gathers_uneven_shards(
             if len(sent) == world:
                 out.copy_(torch.cat([sent[r] for r in range(world)]))
 
-        monkeypatch.setattr(dist, "all_gather_into_tensor", all_gather)
+        monkeypatch.setattr(dist, "all_gather_single", all_gather)
         return rounds._gather(FakeDTensor(whole, dim, rank, world))
 
     for rank in range(world):  # the first pass sends every rank's padded rows
