@@ -1,11 +1,11 @@
 """Tensors handed to ``torch.distributed`` collectives, held until the backend lets go of them.
 
 Why: a collective's work object keeps its tensors for a moment after the collective is
-complete (gloo frees it on its worker thread once that thread gets round to it; NCCL's
-watchdog thread likewise). If the tensor's Python object dies first, torch hands the Python
-object over to the C++ tensor (PyObject preservation), and the backend thread later needs the
-GIL to free it. Once the interpreter has begun to finalise, a thread that asks for the GIL is
-ended with ``pthread_exit``; its unwind through a ``noexcept`` destructor calls
+complete (gloo frees it on its worker thread once that thread gets round to it; other
+backends' threads may do the same). If the tensor's Python object dies first, torch hands the
+Python object over to the C++ tensor (PyObject preservation), and the backend thread later
+needs the GIL to free it. Once the interpreter has begun to finalise, a thread that asks for
+the GIL is ended with ``pthread_exit``; its unwind through a ``noexcept`` destructor calls
 ``std::terminate``: "terminate called without an active exception", an island rank aborting
 at exit after a clean run (seen under CPU load, with the worker thread scheduled late).
 
