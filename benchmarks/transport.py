@@ -34,8 +34,9 @@ and a queued window each), so the load of a shared machine falls on each of them
 Every process runs ``--threads`` torch threads (default 1, the run config's default); the
 worker hashes and quantises on up to 4 threads of its own (``heloco.net.pool``), a server
 shard on one, so a figure may exceed the one-core limit. Each figure is the best of ``--reps``
-(the machine is shared: the best run is the least disturbed), and so is the limit, measured
-once before every round of the setting (the same load).
+at the largest size and of proportionally more (at most 10) at smaller ones, whose pushes
+last tens of ms (the machine is shared: the best run is the least disturbed), and so is the
+limit, measured once before every round of the setting (the same load).
 
 Last, the unit costs at the largest size, on one core in this process: the outer step per
 parameter (u), what int8 decoding adds to it (q), the fp32 finiteness check (f) and the
@@ -743,6 +744,16 @@ def print_cpu(rows: list[Row]) -> None:
         print(f"{setting(r)} {r.push_cores:>5.2f} {r.queued_cores:>6.2f}")
 
 
+MAX_REPS = 10
+
+
+def reps_at(size: int, largest: int, reps: int) -> int:
+    """Repetitions at ``size``: ``reps`` at the largest size, proportionally more at smaller
+    ones (a 10M push lasts tens of ms, so one scheduling hiccup spoils it), at most
+    :data:`MAX_REPS`."""
+    return max(reps, min(MAX_REPS, reps * largest // size))
+
+
 def main() -> None:
     """Print the limit, the transport's rates and their ratios, and the targets."""
     parser = argparse.ArgumentParser(
@@ -752,7 +763,9 @@ def main() -> None:
     parser.add_argument("--codecs", default="fp32,bf16,int8")
     parser.add_argument("--curve", default="off,on", help="off, on or off,on")
     parser.add_argument("--shards", default="1,2", help="shard counts, comma-separated")
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument(
+        "--reps", type=int, default=3, help="repetitions at the largest size (more when smaller)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument("--workers", type=int, default=4, help="worker slots whose pushes queue")
     parser.add_argument("--rounds", action="store_true", help="also time real training rounds")
@@ -774,7 +787,14 @@ def main() -> None:
             probe = LimitProbe(n, curve)
             try:
                 got = bench(
-                    n, curve, shard_counts, codecs, args.reps, args.threads, args.workers, probe
+                    n,
+                    curve,
+                    shard_counts,
+                    codecs,
+                    reps_at(size, max(sizes), args.reps),
+                    args.threads,
+                    args.workers,
+                    probe,
                 )
                 lim = limits[(size, curve)] = probe.limit()
             finally:
