@@ -689,7 +689,8 @@ def print_rows(rows: list[Row], limits: dict[tuple[int, bool], Limit]) -> None:
 def ceiling(ratio: float, cores_busy: float) -> float:
     """The most a measured ratio could reach with the same CPU work better overlapped: the
     numerator's setting, which kept ``cores_busy`` cores busy on average, cannot take less
-    wall time than its CPU seconds over the machine's cores (work over cores, Brent 1974)."""
+    wall time than its CPU seconds over the machine's cores (the work law T_P >= T_1 / P,
+    Cormen et al., "Introduction to Algorithms", 3rd ed., §27.1)."""
     return ratio * (os.cpu_count() or 1) / cores_busy
 
 
