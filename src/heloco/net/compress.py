@@ -161,8 +161,7 @@ def dequantize_int8(
         out = torch.empty(numel, dtype=torch.float32, device=q.device)
     for first, end, length in _row_chunks(numel, block):
         lo, hi = first * block, first * block + (end - first) * length
-        rows = out[lo:hi].view(-1, length)
-        rows.copy_(q[lo:hi].view(-1, length)).mul_(scales[first:end, None])
+        dequantize_range(q, scales, block, lo, hi, out[lo:hi])
     return out
 
 

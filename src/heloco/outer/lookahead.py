@@ -26,8 +26,8 @@ from heloco.outer.base import (
     check_names,
     chunks,
     merge_geometry,
-    norm,
     plain_dispatch,
+    weighted_geometry,
     whole_cosine,
 )
 from heloco.types import Params
@@ -126,10 +126,7 @@ class MomentumLookAhead(MomentumRule):
         def block(k: str) -> Geometry:
             parts = []
             for (d,), (m,) in chunks(k, [delta], [self.m[k]]):
-                if not seeded:
-                    parts.append((norm(d), 0.0, 0.0))
-                else:
-                    parts.append((norm(d), float(torch.dot(d.reshape(-1), m.reshape(-1))), norm(m)))
+                parts.append(weighted_geometry([d], [1.0], m, seeded))
             return merge_geometry(parts)
 
         found = self.runner.map(block, names)
