@@ -180,7 +180,10 @@ def _mla_as_gqa(hidden: int, n_heads: int) -> dict[str, Any]:
         q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
         v_head_dim=128,
     )  # fmt: skip
-    attn = mla_attention_params(hidden, n_heads, 1536, 512, 128, 64, 128)
+    attn = mla_attention_params(
+        hidden, n_heads, mla.q_lora_rank, mla.kv_lora_rank, mla.qk_nope_head_dim,
+        mla.qk_rope_head_dim, mla.v_head_dim,
+    )  # fmt: skip
     head_dim, kv_heads = gqa_equivalent(hidden, n_heads, attn)
     return {"head_dim": head_dim, "n_kv_heads": kv_heads, "mla": mla}
 

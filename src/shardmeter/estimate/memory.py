@@ -235,11 +235,6 @@ def _saved_per_layer(plans: PlanArrays, full_set: Num, selective_set: Num, layer
     return where(code == RECOMPUTE_CODES["full"], layer_input, partial)
 
 
-def _group(plans: PlanArrays) -> Num:
-    """N, micro-batches per chunk group of the interleaved schedule (default p)."""
-    return as_float(where(plans.vpp_group > 0, plans.vpp_group, plans.pp))
-
-
 def _max_chunks(plans: PlanArrays) -> int:
     return int(np.max(plans.vpp))
 
@@ -264,7 +259,7 @@ def in_flight_layers(plans: PlanArrays, stage: Num, layers: Num, q: Num, last: b
     chunk v − 1 − b, gaining N·(w_{b−1} − w_{v−1−b}) layers (checked against the schedule
     itself in tests/shardmeter/test_memory.py).
     """
-    p, v, n = as_float(plans.pp), as_float(plans.vpp), _group(plans)
+    p, v, n = as_float(plans.pp), as_float(plans.vpp), as_float(plans.chunk_group)
     m = as_float(plans.micro_batches)
     plain = minimum(p - stage, m) * layers
     if _max_chunks(plans) == 1:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from shardmeter.estimate._xp import maximum
+from shardmeter.estimate._xp import Num, maximum, where
 from shardmeter.specs.plan import Plan
 
 IntArray = NDArray[np.int64]
@@ -99,6 +99,11 @@ class PlanArrays:
     recompute_act: Any = False  # activation-function output recomputed in backward
     recompute_norm: Any = False  # norm outputs (GEMM inputs) recomputed in backward
     recompute_qkv: Any = False  # Q, K, V re-projected in backward (MLA: from the latents)
+
+    @property
+    def chunk_group(self) -> Num:
+        """N, micro-batches per chunk group of the interleaved schedule: `vpp_group`, else pp."""
+        return where(self.vpp_group > 0, self.vpp_group, self.pp)
 
     @classmethod
     def from_columns(cls, **columns: ArrayLike) -> PlanArrays:

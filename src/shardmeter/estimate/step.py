@@ -540,7 +540,7 @@ def plan_validity(model: TransformerSpec, plans: PlanArrays) -> NDArray[np.bool_
     ok &= (plans.ep == 1) | ((model.moe is not None) & (experts % plans.ep == 0))
     ok &= plans.dp % plans.ep == 0
     ok &= plans.global_batch % (plans.dp * plans.micro_batch) == 0
-    group = np.where(plans.vpp_group > 0, plans.vpp_group, plans.pp)
+    group = plans.chunk_group
     ok &= (plans.vpp_group == 0) | ((plans.vpp > 1) & (group >= plans.pp))
     ok &= (plans.vpp == 1) | (plans.micro_batches % group == 0)
     ok &= (plans.sharding > 0) | (plans.shard_group == 1)
