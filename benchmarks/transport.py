@@ -182,12 +182,12 @@ class LimitProbe:
 
     def measure(self) -> None:
         """One raw ZeroMQ request of the frames, then one tag over them (one core)."""
-        cpu0 = time.process_time() + process_cpu_s(self.proc.pid)
+        cpu0 = cpu_now(self.proc.pid)
         t0 = time.perf_counter()
         self.sock.send_multipart(self.frames, copy=False)
         self.sock.recv_multipart()
         self.zmq_s.append(time.perf_counter() - t0)
-        self.cpu_s.append(time.process_time() + process_cpu_s(self.proc.pid) - cpu0)
+        self.cpu_s.append(cpu_now(self.proc.pid) - cpu0)
         t0 = time.perf_counter()
         auth.sign(self.secret, self.frames)
         self.hmac_s.append(time.perf_counter() - t0)
@@ -335,15 +335,14 @@ def bench(
             k: torch.randn(v.shape, generator=gen) * 1e-3 for k, v in fake_params(n_params).items()
         }
         got = {(k, c): Timings() for k in shard_counts for c in codecs}
-        for codec in codecs:
+        for name in codecs:
+            codec = compress.check_codec(name)
             for _ in range(reps):
                 probe.measure()
                 for k, (proc, links) in zip(shard_counts, servers, strict=True):
-                    links[0].codec = compress.check_codec(codec)
+                    links[0].codec = codec
                     one_round(links[0], delta, got[(k, codec)], proc.pid)
-                    queued_round(
-                        links, delta, compress.check_codec(codec), got[(k, codec)], proc.pid
-                    )
+                    queued_round(links, delta, codec, got[(k, codec)], proc.pid)
         return [
             Row(
                 n_params // 1_000_000,
@@ -696,8 +695,8 @@ def ceiling(ratio: float, cores_busy: float) -> float:
 
 def print_checks(rows: list[Row], limits: dict[tuple[int, bool], Limit]) -> None:
     """The issue's targets, read off the rows above (one shard unless stated): end to end
-    ("e2e", one worker's push) and server capacity ("queued"); after each ratio, in brackets,
-    its :func:`ceiling` on this machine's cores."""
+    ("e2e", one worker's push) and server capacity ("queued"); after each ratio, in
+    parentheses, its :func:`ceiling` on this machine's cores."""
     by = {(r.params_m, r.curve, r.shards, r.codec): r for r in rows}
     print("\ntargets: fp32 pull and push >= 0.5x limit, int8 push >= 0.8x fp32 push (MB/s),")
     print("2 shards >= 1.5x the updates/s of 1 shard (fp32 push); e2e = one worker's push end")
