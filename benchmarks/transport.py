@@ -87,6 +87,7 @@ from heloco.outer.base import Arrival
 from heloco.server import Server, ServerConfig
 from heloco.sim import parse_sim_config
 from heloco.types import RoundResult
+from shardmeter.clikit import positive_int
 
 N_TENSORS = 8
 MB = 1e6
@@ -764,13 +765,18 @@ def main() -> None:
     parser.add_argument("--curve", default="off,on", help="off, on or off,on")
     parser.add_argument("--shards", default="1,2", help="shard counts, comma-separated")
     parser.add_argument(
-        "--reps", type=int, default=3, help="repetitions at the largest size (more when smaller)"
+        "--reps",
+        type=positive_int,
+        default=3,
+        help="repetitions at the largest size (more when smaller)",
     )
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    parser.add_argument("--workers", type=int, default=4, help="worker slots whose pushes queue")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch threads per process")
+    parser.add_argument(
+        "--workers", type=positive_int, default=4, help="worker slots whose pushes queue"
+    )
     parser.add_argument("--rounds", action="store_true", help="also time real training rounds")
     parser.add_argument("--round-presets", default="tiny,small")
-    parser.add_argument("--inner-steps", type=int, default=20)
+    parser.add_argument("--inner-steps", type=positive_int, default=20)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     codecs = args.codecs.split(",")
