@@ -244,6 +244,13 @@ class Server:
         reason = self.check(result, validated)
         if reason is not None:
             raise SubmissionRejected(reason, result.worker, result.round_id)
+        return self.accept(result)
+
+    def accept(self, result: RoundResult) -> UpdateRecord | None:
+        """Accept a round that :meth:`check` has just passed (nothing submitted, dispatched or
+        evicted since): :meth:`submit` without checking again. A transport that checks the
+        revision log before it decodes a push's tensors calls this, so a push is checked once.
+        """
         out = self._outstanding.pop(result.worker)
         self._last_accepted[result.worker] = out.round_id
         self._pending.append((result, out.round_id))

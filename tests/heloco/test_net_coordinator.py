@@ -182,6 +182,43 @@ def test_endpoint_drops_bad_mac_and_replays(tmp_path: Path) -> None:
     assert ep.handle_frames(wire.encode(old, SECRET)) is None and coord.counters.stale == 1
 
 
+def drop_each_kind(ep: Endpoint) -> None:
+    """One message of every kind the listener drops before the coordinator sees it."""
+    msg = wire.make("status")
+    frames = wire.encode(msg, SECRET)
+    assert ep.handle_frames(list(frames)) is not None
+    assert ep.handle_frames(list(frames)) is None  # replay
+    assert ep.handle_frames(wire.encode(wire.make("status"), b"wrong-secret-0123456789")) is None
+    big = wire.make("push", {"worker": 0}, {"w": torch.zeros(3000)})
+    assert ep.handle_frames(wire.encode(big, SECRET)) is not None  # too_large: an error reply
+    old = wire.Message("status", id=wire.new_id(), ts=msg.ts - 10_000)
+    assert ep.handle_frames(wire.encode(old, SECRET)) is None  # stale
+    assert ep.handle_frames([b"not a header"]) is None  # malformed
+
+
+DROPS = ("bad_mac", "replay", "stale", "too_large", "malformed")
+
+
+def test_restarted_server_still_counts_every_drop(tmp_path: Path) -> None:
+    """After a restore, drops are counted where ``status`` and the ``net`` event read them,
+    on top of the counts the checkpoint holds."""
+    first = Endpoint(
+        make_coord(), SECRET, EndpointConfig(checkpoint_dir=tmp_path, max_bytes=10_000)
+    )
+    push(first.coord, 0, pull(first.coord, 0))
+    drop_each_kind(first)
+    before = first.coord.status()["counters"]
+    assert all(before[k] == 1 for k in DROPS)
+    assert first.save_checkpoint() is not None
+    ep = Endpoint(make_coord(), SECRET, EndpointConfig(checkpoint_dir=tmp_path, max_bytes=10_000))
+    assert ep.restore()
+    assert ep.coord.status()["counters"] == before
+    drop_each_kind(ep)
+    after = ep.coord.status()["counters"]
+    assert {k: after[k] for k in DROPS} == {k: 2 for k in DROPS}
+    assert ep.listeners[0].counters is ep.coord.counters
+
+
 def test_endpoint_checkpoint_restore_roundtrip(tmp_path: Path) -> None:
     coord = make_coord()
     ep = Endpoint(coord, SECRET, EndpointConfig(checkpoint_dir=tmp_path))
@@ -261,3 +298,19 @@ def test_bad_compute_time_is_refused_and_the_round_stays_good(compute_s: object)
     ok = coord.handle(wire.make("push", body | {"compute_s": None}, delta))
     assert ok.type == "ack" and coord.server.speeds[0] is None
     consistent(coord)
+
+
+def test_a_push_checks_the_revision_log_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    coord = make_coord()
+    calls: list[int] = []
+    check = coord.server.check
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        return check(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(coord.server, "check", counted)
+    ack = push(coord, 0, pull(coord, 0))
+    assert ack.type == "ack" and ack.body["applied"] and len(calls) == 1
+    replayed = push(coord, 1, pull(coord, 1))
+    assert replayed.type == "ack" and len(calls) == 2

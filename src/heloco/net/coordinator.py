@@ -53,6 +53,12 @@ class Counters:
     forbidden: int = 0
     checkpoint_failed: int = 0
 
+    def load(self, values: dict[str, int]) -> None:
+        """Set the counts a checkpoint holds in place (every holder of this object sees them);
+        counts this version does not know are ignored, counts the checkpoint lacks become 0."""
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, int(values.get(f.name, 0)))
+
 
 @dataclass
 class WorkerInfo:
@@ -426,7 +432,7 @@ class Coordinator:
                 raise SubmissionRejected(reason, w, probe.round_id)
             self._check_claims(w, body)
             result = dataclasses.replace(probe, delta=self._delta_of(msg, w, body.round_id))
-            record = self.server.submit(result, validated=True)
+            record = self.server.accept(result)  # checked above; nothing changed since
         except SubmissionRejected as exc:
             if exc.reason == "duplicate":
                 # A retried push whose first copy was applied (its ack was lost): answer again.

@@ -417,14 +417,16 @@ class CoordinatorMeta(messages.Strict):
 
 
 def load_coordinator_meta(coord: Coordinator, meta: CoordinatorMeta) -> None:
-    """Inverse of :func:`coordinator_meta`; wall time continues from the saved elapsed time."""
-    known = {f.name for f in fields(Counters)}
+    """Inverse of :func:`coordinator_meta`; wall time continues from the saved elapsed time.
+
+    The counters and worker records are loaded into the coordinator's own objects, never
+    replaced: the listeners hold the same :class:`Counters` and keep counting into it."""
     coord.tokens = meta.tokens
     coord.t0 = coord.clock() - meta.elapsed
-    coord.counters = Counters(**{k: v for k, v in meta.counters.items() if k in known})
-    coord.workers = [
-        WorkerInfo(
-            **(w.model_dump() | {"last_loss": float("nan") if w.last_loss is None else w.last_loss})
-        )
-        for w in meta.workers
-    ]
+    coord.counters.load(meta.counters)
+    if len(meta.workers) != len(coord.workers):
+        raise ValueError("checkpoint was written for a different number of workers")
+    for info, w in zip(coord.workers, meta.workers, strict=True):
+        saved = w.model_dump() | {"last_loss": float("nan") if w.last_loss is None else w.last_loss}
+        for f in fields(WorkerInfo):
+            setattr(info, f.name, saved[f.name])
