@@ -26,7 +26,7 @@ demo: $(STAMP)
 		--plot out/plan-eight-heterogeneous.png
 	@echo
 	@echo "== 3/3 heloco simulate: five workers, two at half speed, one language each"
-	@$(BIN)/heloco simulate --out out/heloco-default
+	@$(BIN)/heloco simulate --out out/heloco-default --overwrite
 	@echo
 	@echo "Next: . $(VENV)/bin/activate, then shardmeter --help, heloco --help, README.md"
 

@@ -1,8 +1,8 @@
 """Run metrics: JSONL events and a summary.json, independent of the clock that drives the run.
 
 The simulator passes simulated seconds as ``time``; the network runtime passes wall seconds.
-Schema: docs/heloco-metrics.md. Events are appended one JSON object per line (line-buffered);
-the summary is written atomically (temp file + os.replace).
+Schema: docs/heloco-metrics.md. Events are written one JSON object per line (line-buffered),
+each with the run's id; the summary is written atomically (temp file + os.replace).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from heloco.runfolder import RUN_ID_FIELD, new_run_id
 from heloco.server import UpdateRecord
 
 EVENTS_FILE = "events.jsonl"
@@ -215,19 +216,28 @@ def loss_at(points: list[EvalPoint], budget: float, key: str) -> float | None:
 
 
 class MetricsWriter:
-    """Appends events to ``events.jsonl`` and writes ``summary.json``; no-op without a dir."""
+    """Writes events to ``events.jsonl`` and ``summary.json``; no-op without a dir.
 
-    def __init__(self, out_dir: Path | None) -> None:
+    Every event carries the run's id (``run``): ``run_id``, or a fresh one. A new writer
+    starts the events file afresh; ``append`` continues it (a server resuming its run, which
+    then sets :attr:`run_id` to the id its checkpoint holds)."""
+
+    def __init__(
+        self, out_dir: Path | None, run_id: str | None = None, append: bool = False
+    ) -> None:
         self.out_dir = out_dir
+        self.run_id = run_id if run_id is not None else new_run_id()
         self._fh: IO[str] | None = None
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
-            self._fh = (out_dir / EVENTS_FILE).open("a", buffering=1, encoding="utf-8")
+            mode = "a" if append else "w"
+            self._fh = (out_dir / EVENTS_FILE).open(mode, buffering=1, encoding="utf-8")
 
     def event(self, payload: dict[str, Any]) -> None:
-        """Append one JSON line to the events file (no-op without an output folder)."""
+        """Append one JSON line, with the run id, to the events file (no-op without a folder)."""
         if self._fh is not None:
-            self._fh.write(json.dumps(payload, allow_nan=False) + "\n")
+            line = {**payload, RUN_ID_FIELD: self.run_id}
+            self._fh.write(json.dumps(line, allow_nan=False) + "\n")
 
     def write_summary(self, summary: RunSummary) -> None:
         """Write summary.json atomically (no-op without an output folder)."""

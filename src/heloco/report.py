@@ -18,6 +18,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from heloco.metrics import EVENTS_FILE, SUMMARY_FILE, EvalPoint
+from heloco.runfolder import run_ids
 from shardmeter.errors import UserInputError, from_pydantic
 
 CONFIG_FILE = "config.json"
@@ -95,15 +96,30 @@ class EvalEvent(BaseModel):
 
 def read_evals(path: Path) -> list[EvalPoint]:
     """The ``eval`` events of an events.jsonl; a line that is not JSON (a torn last line of a
-    live run) is skipped, an eval event with missing or malformed fields is a one-line error."""
+    live run) is skipped, an eval event with missing or malformed fields is a one-line error,
+    and so is a file whose events carry two run ids (two runs written into one folder)."""
     points = []
+    runs: dict[str, int] = {}  # run id -> first line
     with path.open(encoding="utf-8", errors="replace") as fh:
         for number, line in enumerate(fh, 1):
             try:
                 event = json.loads(line)
             except (json.JSONDecodeError, RecursionError):
                 continue
-            if not isinstance(event, dict) or event.get("type") != "eval":
+            if not isinstance(event, dict):
+                continue
+            for rid in run_ids([event]):
+                runs.setdefault(rid, number)
+            if len(runs) > 1:
+                first, second = list(runs.items())[:2]
+                raise UserInputError(
+                    "RUN_DIR",
+                    str(path.parent),
+                    f"a folder holding one run (events of run {first[0]} from line "
+                    f"{first[1]}, of run {second[0]} from line {second[1]}); rerun into a new "
+                    "folder or with --overwrite",
+                )
+            if event.get("type") != "eval":
                 continue
             try:
                 points.append(EvalEvent.model_validate(event).point())

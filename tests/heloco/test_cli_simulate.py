@@ -41,6 +41,36 @@ def test_default_preset_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture
     assert (out / "events.jsonl").stat().st_size > 0
     # the written config reloads to the config that ran
     assert load_config(out / "config.toml").token_budget == 5120
+    first = (out / "events.jsonl").read_text()
+    # a second run into the same folder is refused in one line, and changes nothing
+    assert main(["simulate", *FAST, "--out", str(out), "--json"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--out" in err and "--overwrite" in err and len(err.splitlines()) == 1
+    assert (out / "events.jsonl").read_text() == first
+
+
+def test_overwrite_replaces_the_run_and_report_refuses_two_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert main(["simulate", *FAST, "--out", str(out), "--quiet"]) == 2
+    assert main(["simulate", *FAST, "--out", str(out), "--quiet", "--overwrite"]) == 0
+    assert (out / "notes.txt").read_text() == "mine"  # only the run's own files are replaced
+    first = (out / "events.jsonl").read_text().splitlines()
+    assert main(["simulate", *FAST, "--out", str(out), "--quiet", "--overwrite"]) == 0
+    second = (out / "events.jsonl").read_text().splitlines()
+    assert len(second) == len(first)  # replaced, not appended
+    runs = {json.loads(x)["run"] for x in first} | {json.loads(x)["run"] for x in second}
+    assert len(runs) == 2
+    capsys.readouterr()
+    assert main(["report", str(out), "--out", str(tmp_path / "rep")]) == 0
+    # events of two runs in one file (as an older version appended them): refused
+    (out / "events.jsonl").write_text("\n".join([*first, *second]) + "\n")
+    assert main(["report", str(out), "--out", str(tmp_path / "rep2")]) == 2
+    err = capsys.readouterr().err
+    assert "one run" in err and f"line {len(first) + 1}" in err
 
 
 def test_out_dir_is_an_alias_of_out(tmp_path: Path) -> None:

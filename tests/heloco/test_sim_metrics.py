@@ -101,6 +101,12 @@ def test_writer_appends_lines_and_writes_summary_atomically(tmp_path: Path) -> N
     data = json.loads((tmp_path / SUMMARY_FILE).read_text())
     assert data["loss_at_time_budget"] is None and data["schema_version"] == 1
     assert [p.name for p in tmp_path.iterdir() if p.suffix == ".tmp"] == []
-    with MetricsWriter(tmp_path) as w:  # a second writer appends
+    run = first["run"]
+    assert all(json.loads(x)["run"] == run for x in lines)
+    with MetricsWriter(tmp_path, run_id=run, append=True) as w:  # a resumed run appends
         w.event({"type": "round"})
     assert len((tmp_path / EVENTS_FILE).read_text().splitlines()) == 3
+    with MetricsWriter(tmp_path) as w:  # a new run starts the file afresh, with a new id
+        w.event({"type": "round"})
+    (only,) = (tmp_path / EVENTS_FILE).read_text().splitlines()
+    assert json.loads(only)["run"] != run

@@ -23,6 +23,22 @@ def add_out(p: argparse.ArgumentParser, help_text: str) -> None:
     p.add_argument("--out-dir", dest="out", type=Path, help=argparse.SUPPRESS)
 
 
+def add_overwrite(p: argparse.ArgumentParser, resume: bool = False) -> None:
+    """``--overwrite`` (replace the run a non-empty ``--out`` holds) and, where a run can
+    continue, ``--resume``."""
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run the --out folder holds (default: refuse a folder holding files)",
+    )
+    if resume:
+        p.add_argument(
+            "--resume",
+            action="store_true",
+            help="continue the run the --out folder holds, from its newest checkpoint",
+        )
+
+
 def require_out(args: argparse.Namespace) -> Path:
     """``args.out``, or a one-line error where the command needs an output folder."""
     if args.out is None:

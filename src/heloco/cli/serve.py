@@ -10,7 +10,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from heloco.cli.common import add_config_args, add_out, load_run_config
+from heloco import runfolder
+from heloco.cli.common import add_config_args, add_out, add_overwrite, load_run_config
 from heloco.cli.netargs import (
     add_wire_args,
     check_folder,
@@ -46,6 +47,7 @@ def add_parser(sub: Any) -> None:
         help="listen address; use tcp://0.0.0.0:PORT for other hosts, port 0 = any free",
     )
     add_out(p, "results folder (events.jsonl, summary.json, checkpoints)")
+    add_overwrite(p, resume=True)
     p.add_argument("--checkpoint-dir", type=Path, help="default: OUT/checkpoints")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="UPDATES")
     p.add_argument("--checkpoint-every-s", type=float, default=60.0, metavar="SECONDS")
@@ -133,6 +135,9 @@ def run(args: argparse.Namespace) -> int:
     keys = server_keys(args)
     cfg = load_run_config(args)
     out = args.out if args.out is not None else cfg.out_dir
+    if out is not None:
+        # Keys and logs a launcher put there first are not a run: only a run's files count.
+        runfolder.prepare("--out", out, args.overwrite, args.resume, server=True)
     ckpt = args.checkpoint_dir or (out / "checkpoints" if out is not None else None)
     endpoint = EndpointConfig(
         bind=args.bind,

@@ -16,8 +16,16 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from heloco import runfolder
 from heloco import topology as topology_flags
-from heloco.cli.common import add_config_args, add_out, load_run_config, parse_paces, set_overrides
+from heloco.cli.common import (
+    add_config_args,
+    add_out,
+    add_overwrite,
+    load_run_config,
+    parse_paces,
+    set_overrides,
+)
 from heloco.config import (
     atomic_write_text,
     config_to_toml,
@@ -79,6 +87,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--eval-every", type=nonneg_int, help="training tokens between evaluations")
     p.add_argument("--outer-lr", type=positive_float, help="outer learning rate (default: Table 3)")
     add_out(p, "run folder for events.jsonl, summary.json, config.toml (default: none)")
+    add_overwrite(p)
     p.add_argument(
         "--threads",
         type=positive_int,
@@ -126,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(config_to_toml(cfg))
         return 0
     if cfg.out_dir is not None:
+        runfolder.prepare("--out", cfg.out_dir, args.overwrite)
         cfg.out_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(cfg.out_dir / "config.toml", config_to_toml(cfg))
         topology_flags.record(args, cfg.out_dir)

@@ -243,6 +243,7 @@ class LocalCluster:
             str(self.keys_dir / keys.SERVER),
             "--shards",
             str(self.cfg.shards),
+            "--resume",  # a restarted server continues its run (a fresh folder has none)
             *self.cfg.serve_args,
         ]
         self.server = self._spawn("server", args)

@@ -88,7 +88,8 @@ class Session:
             wait_for_workers_s=liveness.wait_for_workers_s,
         )
         self.endpoint = Endpoint(self.coord, secret, endpoint)
-        self.writer = MetricsWriter(self.out_dir)
+        # A restarted server continues its run's events (the run id comes from its checkpoint)
+        self.writer = MetricsWriter(self.out_dir, append=True)
         self.stats = RunStats(cfg.workers, self.side.data.worker_languages)
         # Cycle of the slowest worker, max_w(H_w·pace_w + comm_w), as in the simulator.
         cycle = max(round_seconds(self.side.steps, self.side.paces, self.side.comm))
@@ -121,6 +122,9 @@ class Session:
         self.traj.tokens = self.coord.tokens
         self.traj.steps = sum(a.steps for r in self.side.server.log for a in r.arrivals)
         self.traj.evals, self.rec.next_eval = _evals_of(self.endpoint.restored_extra)
+        run_id = self.endpoint.restored_extra.get("run_id")
+        if isinstance(run_id, str):
+            self.writer.run_id = run_id
         assert self.endpoint.restored_from is not None
         self.writer.event(
             {
@@ -134,7 +138,11 @@ class Session:
         )
 
     def _extra(self) -> dict[str, Any]:
-        return {"evals": [asdict(e) for e in self.traj.evals], "next_eval": self.rec.next_eval}
+        return {
+            "evals": [asdict(e) for e in self.traj.evals],
+            "next_eval": self.rec.next_eval,
+            "run_id": self.writer.run_id,
+        }
 
     # -- hooks ------------------------------------------------------------------------------
     def _on_update(self, event: UpdateEvent) -> None:
