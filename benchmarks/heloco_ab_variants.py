@@ -1,4 +1,4 @@
-"""How arrival balancing was made stable (issue 15, item 4): its variants against HeLoCo at the
+"""How arrival balancing was made stable: its variants against HeLoCo at the
 same tuning budget, on the paper grid's heterogeneous pace settings.
 
 Each variant is a method plus config overrides, run on the regime presets of

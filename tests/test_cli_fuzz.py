@@ -50,7 +50,8 @@ FUZZ = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-pytestmark = pytest.mark.timeout(600)  # no hang: every test ends well inside this
+# no hang: every test ends well inside the timeout; subprocesses and many runs: slow
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 Main = Callable[[Sequence[str]], int]
 

@@ -18,7 +18,7 @@ from rich.cells import cell_len
 
 REPO = Path(__file__).resolve().parents[1]
 SCREEN = 50  # lines: one screen of a terminal window
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]  # make demo: minutes
 
 
 def test_demo_prints_a_screen_per_step(tmp_path: Path) -> None:

@@ -45,7 +45,7 @@ SKIP = re.compile(r"<!--\s*skip-test:\s*(?P<why>[^>]*?)\s*-->\s*$")
 BLOCK_TIMEOUT_S = 300
 # The pages run once, two at a time, in the first test's fixture: a couple of minutes on two
 # idle cores, longer on a loaded machine; each block still stops at BLOCK_TIMEOUT_S.
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.timeout(1800), pytest.mark.slow]  # every page runs: minutes
 
 
 @dataclass(frozen=True)

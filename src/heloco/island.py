@@ -29,8 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from heloco.handoff import keep, settle
-from heloco.server import Dispatch
-from heloco.types import Params, RoundResult
+from heloco.types import Dispatch, Params, RoundResult
 from shardmeter.errors import UserInputError
 
 IslandMode = Literal["grads", "deltas"]

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -39,20 +38,10 @@ from torch import nn
 
 from heloco.island import Island, IslandMode
 from heloco.rounds import DataPosition, Rounds, StateDict
-from heloco.server import Dispatch, Server, SubmissionRejected
-from heloco.types import RoundResult
+from heloco.server import Server, SubmissionRejected
+from heloco.types import Dispatch, PushOutcome, RoundResult
 from heloco.worker_state import load_states, pick_state, save_states
 from shardmeter.errors import UserInputError
-
-
-@dataclass(frozen=True)
-class PushOutcome:
-    """The server's answer to a push: applied (or buffered) and the revision after it."""
-
-    accepted: bool
-    revision: int
-    reason: str = ""
-    duplicate: bool = False
 
 
 class Link(Protocol):
@@ -295,7 +284,9 @@ class OuterLoop:
         if self.state_file is not None:
             self._start_state = self.rounds.state_dict()
         self._round_t0 = time.perf_counter()
-        if dispatch.steps == 0:  # possible under DyLU rounding: pushed at once
+        if dispatch.steps == 0:
+            # Never from a heloco server (DyLU gives every round >= 1 step; the wire refuses 0),
+            # but a user's own Link may send one: push its zero Δ at once.
             self._finish_round()
 
     # -- state ------------------------------------------------------------------------------

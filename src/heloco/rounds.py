@@ -30,8 +30,7 @@ import torch
 from torch import nn
 
 from heloco.handoff import keep
-from heloco.server import Dispatch
-from heloco.types import Params, RoundResult
+from heloco.types import Dispatch, Params, RoundResult
 from shardmeter.errors import UserInputError
 
 StateDict = dict[str, Any]

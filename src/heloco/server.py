@@ -21,7 +21,9 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from heloco.outer.base import Arrival, OptimizerState, OuterOptimizer, StepStats
-from heloco.types import Delta, Params, RoundResult, clone_params
+from heloco.types import Delta, Dispatch, Params, RoundResult, clone_params
+
+__all__ = ["Dispatch", "Server", "ServerConfig", "SubmissionRejected", "UpdateRecord"]
 
 DyluReference = Literal["max", "quantile"]
 RejectReason = Literal[
@@ -48,17 +50,6 @@ class ServerConfig(BaseModel):
         None, ge=1, description="recent speed observations the quantile sees (None: 4 per worker)"
     )
     grace_window: float = Field(0.0, ge=0, description="apply arrivals in a window as a batch")
-
-
-@dataclass(frozen=True)
-class Dispatch:
-    """What a worker receives: start point, its revision, steps to take and the round's id."""
-
-    params: Params
-    revision: int
-    steps: int
-    round_id: int
-    worker: int
 
 
 @dataclass(frozen=True)

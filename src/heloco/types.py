@@ -1,4 +1,5 @@
-"""Types shared by every HeLoCo module: parameter maps and the result of one worker round."""
+"""Types shared by the HeLoCo modules: parameter maps, a dispatch, the result of one worker
+round and the server's answer to its push."""
 
 from __future__ import annotations
 
@@ -43,3 +44,24 @@ def clone_params(params: Params) -> Params:
 def zeros_like_params(params: Params) -> Params:
     """fp32 zeros with the names and shapes of ``params``."""
     return {name: torch.zeros_like(t, dtype=torch.float32) for name, t in params.items()}
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """What a worker receives: start point, its revision, steps to take and the round's id."""
+
+    params: Params
+    revision: int
+    steps: int
+    round_id: int
+    worker: int
+
+
+@dataclass(frozen=True)
+class PushOutcome:
+    """The server's answer to a push: applied (or buffered) and the revision after it."""
+
+    accepted: bool
+    revision: int
+    reason: str = ""
+    duplicate: bool = False

@@ -7,8 +7,9 @@ fresh every round by default, and the cosine learning-rate schedule position is 
 worker across rounds (spec §1.2).
 
 The loop is kept as tight as a plain PyTorch training loop: one index gather per batch,
-``zero_grad(set_to_none=True)``, foreach/fused AdamW, and a single host sync per round (the
-loss is summed on device and read once).
+``zero_grad(set_to_none=True)``, foreach/fused AdamW, and no host sync inside a round's steps
+(the loss is summed on device and read once, at the round's end, when Δ is also copied to the
+host one tensor at a time: :func:`heloco.rounds.pseudo_gradient`).
 """
 
 from __future__ import annotations
@@ -25,8 +26,7 @@ from heloco.data.seeding import derive_seed
 from heloco.data.stream import TokenStream
 from heloco.data.validation import LossFn, token_cross_entropy
 from heloco.rounds import Rounds, StateDict
-from heloco.server import Dispatch
-from heloco.types import Params, RoundResult
+from heloco.types import Dispatch, Params, RoundResult
 from shardmeter.errors import UserInputError
 
 SAMPLER_KEY = 2  # derive_seed key of a worker's batch sampler

@@ -1,4 +1,4 @@
-"""Issue 11 case 9: without the `train` extra, every `heloco` command is a one-line hint."""
+"""Without the `train` extra, every `heloco` command is a one-line hint."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 11 case 10: every config key has an effect.
+"""Every config key has an effect.
 
 A table sets each key of ``heloco simulate --print-config`` (every key docs/heloco.md
 documents is one of them) to a non-default value on a tiny run and checks that its effect

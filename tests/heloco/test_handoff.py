@@ -20,8 +20,7 @@ import torch.distributed as dist
 
 from heloco import handoff
 from heloco.island import Island
-from heloco.server import Dispatch
-from heloco.types import RoundResult
+from heloco.types import Dispatch, RoundResult
 
 
 class LateReleasingBackend:

@@ -1,7 +1,7 @@
 """Server checkpoints: atomic, checksummed, newest valid first, and a full disk is survived.
 
-Issue 11 cases 4 and 5: a corrupt newest checkpoint no longer blocks the start (the previous
-one is used, with a warning), and a poisoned value can neither be pushed nor loaded.
+A corrupt newest checkpoint does not block the start (the previous one is used, with a
+warning), and a poisoned value can neither be pushed nor loaded.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def test_checkpoint_written_before_checksums_still_loads(tmp_path: Path) -> None
 def test_corrupt_newest_checkpoint_falls_back_to_the_previous(
     tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Case 5: a truncated (or bit-flipped) newest checkpoint is skipped with a warning."""
+    """A truncated (or bit-flipped) newest checkpoint is skipped with a warning."""
     ep = saved_at(tmp_path, [2, 4])
     newest = checkpoint.checkpoints(tmp_path)[-1]
     tensors, state = newest / checkpoint.TENSORS_FILE, newest / checkpoint.STATE_FILE
@@ -133,7 +133,7 @@ def test_checkpoint_of_another_model_is_skipped(tmp_path: Path) -> None:
 
 
 def test_poisoned_value_is_neither_accepted_nor_loaded(tmp_path: Path) -> None:
-    """Case 4: ``tokens = 10**400`` in a push is refused; a checkpoint holding it (checksums
+    """``tokens = 10**400`` in a push is refused; a checkpoint holding it (checksums
     recomputed, as an attacker with disk access could) is skipped on load."""
     ep = saved_at(tmp_path, [1])
     bad = push_round(ep.coord, tokens=10**400)

@@ -1,4 +1,4 @@
-"""A hostile network against a live `heloco serve` on 127.0.0.1 (issue 11, "What to build").
+"""A hostile network against a live `heloco serve` on 127.0.0.1.
 
 One real server process (CURVE keys, HMAC secret, ``--max-mb 4``) takes 60 hostile cases:
 strangers without keys, key holders without the secret, and secret holders sending
@@ -208,7 +208,7 @@ CASES: list[Case] = [
     ("unknown key, valid message", "unknown_key", GOOD_STATUS, None),
     ("wrong server key", "wrong_server", GOOD_STATUS, None),
     (
-        "no keys, issue case 1",
+        "no keys, deep JSON + 2 MB",
         "stranger",
         lambda s, r: [b"[" * 150_000 + b"]" * 150_000, b"x" * 2_000_000, b"\0" * 32],
         None,
@@ -221,7 +221,7 @@ CASES: list[Case] = [
     ("empty frame", "insider", lambda s, r: [b""], None),
     ("tag only", "insider", lambda s, r: [b"\0" * 32], None),
     (
-        "issue case 1 as insider",
+        "deep JSON + 2 MB as insider",
         "insider",
         lambda s, r: [b"[" * 150_000 + b"]" * 150_000, b"x" * 2_000_000, b"\0" * 32],
         None,
@@ -594,7 +594,7 @@ def _flood_tcp(port: int, greeting: bytes, total: int) -> int:
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
 def test_a_stranger_cannot_make_the_server_allocate(tmp_path: Path, tiny_net_values: Any) -> None:
-    """Case 2's 228 MiB of 120 frames, sent by peers without an allowed key: the server's peak
+    """228 MiB in 120 frames, sent by peers without an allowed key: the server's peak
     memory grows by less than 32 MiB (libzmq never gets past the handshake)."""
     values = tiny_net_values(method="async-nesterov", workers=1, token_budget=10**9)
     save_config(parse_sim_config(values), tmp_path / "run.toml")

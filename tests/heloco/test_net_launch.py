@@ -1,4 +1,4 @@
-"""`heloco launch` ends when training ends (issue 11 case 7), and `heloco keys`.
+"""`heloco launch` ends when training ends, and `heloco keys`.
 
 The launch replays the simulated clock in real time: paces are seconds per inner step, so a
 worker's share of the updates follows its pace; the workers are told the run is over and

@@ -1,4 +1,4 @@
-"""Every field of every message is validated before use (issue 11 cases 1-3 and 6).
+"""Every field of every message is validated before use.
 
 In process, through the real wire format: authentication before parsing, bounded JSON,
 strict types and ranges, staleness as the revision log defines it, slot-bound keys, and
@@ -53,9 +53,9 @@ def header(**over: Any) -> bytes:
     return json.dumps(head | over).encode()
 
 
-# -- case 1: nothing is parsed before the HMAC, and parsing is bounded --------------------------
+# -- nothing is parsed before the HMAC, and parsing is bounded --------------------------
 def test_oversized_deep_unauthenticated_message_is_refused_unparsed() -> None:
-    """The issue's crash: > --max-mb, first frame JSON nested 150,000 deep, a bogus tag."""
+    """A message that once crashed the server: > --max-mb, first frame JSON nested 150,000 deep, a bogus tag."""
     ep = Endpoint(make_coord(), SECRET, EndpointConfig(max_bytes=1 << 20))
     frames = [b"[" * 150_000 + b"]" * 150_000, b"x" * 2_000_000, b"\0" * 32]
     reply = ep.handle_frames(frames)
@@ -64,7 +64,7 @@ def test_oversized_deep_unauthenticated_message_is_refused_unparsed() -> None:
 
 
 def test_deep_header_of_a_secret_holder_is_refused_by_a_count() -> None:
-    """Case 3: a signed header nested 100,000 deep is a bad_header, not a RecursionError."""
+    """A signed header nested 100,000 deep is a bad_header, not a RecursionError."""
     for deep in (b"[" * 100_000 + b"]" * 100_000, b'{"a":' * 50_000 + b"1" + b"}" * 50_000):
         with pytest.raises(WireError, match="nested"):
             wire.decode(signed(deep), SECRET)
@@ -139,7 +139,7 @@ def test_decode_raises_only_wire_errors(head: bytes, payload: list[bytes], sign:
     msg.params()
 
 
-# -- cases 2-3: types, ranges, finiteness -------------------------------------------------------
+# -- types, ranges, finiteness -------------------------------------------------------
 @pytest.mark.parametrize(
     ("field", "value"),
     [
@@ -256,7 +256,7 @@ def test_worker_checks_replies_too() -> None:
         reply_body(wire.make("wait", {"retry_s": 1e9, "revision": 0}), messages.Wait)
 
 
-# -- case 6: staleness is the revision log's ------------------------------------------------
+# -- staleness is the revision log's ------------------------------------------------
 def test_ack_and_status_staleness_equal_the_revision_log() -> None:
     """τ = revision at arrival − base revision (spec 1.1): 0 for the first arrival."""
     coord = make_coord(workers=3)

@@ -1,4 +1,4 @@
-"""Arrival balancing (issue 15, item 4): never amplify by default, and balance the data, not the
+"""Arrival balancing: never amplify by default, and balance the data, not the
 workers, when their mixtures are known. Worked examples and properties."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fidelity to the authors' code (issue 15, item 5): our fused HeLoCo against plain re-derivations
+"""Fidelity to the authors' code: our fused HeLoCo against plain re-derivations
 of the paper prototype and of the production server, on random arrivals, to float rounding.
 
 The references below are written from the semantics of the authors' public code (spec §6):

@@ -1,4 +1,4 @@
-"""Issue 11 case 10: the outer lr, momentum and rho reach the optimizer, whichever spelling
+"""The outer lr, momentum and rho reach the optimizer, whichever spelling
 (``[outer]`` table, top-level alias, ``--set``, ``--outer-lr``) and whichever layer set them."""
 
 from __future__ import annotations

@@ -26,9 +26,8 @@ from heloco.net.session import Session
 from heloco.net.worker_loop import NetWorker, WorkerOptions
 from heloco.outer_loop import LocalLink, OuterLoop
 from heloco.rounds import Rounds
-from heloco.server import Dispatch
 from heloco.sim import RunParts, SimConfig, build_run, parse_sim_config
-from heloco.types import Params
+from heloco.types import Dispatch, Params
 from heloco.worker import SAMPLER_KEY, cosine_lr
 from shardmeter.errors import UserInputError
 

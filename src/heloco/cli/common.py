@@ -1,6 +1,6 @@
 """Flags every `heloco` command spells the same way: --out, --config/--preset/--set, --paces.
 
-One vocabulary across the commands (issue 11, case 13): ``--out`` names the output folder
+One vocabulary across the commands: ``--out`` names the output folder
 (``--out-dir`` is a hidden, deprecated alias), ``--config`` a run config TOML, ``--set`` a
 dotted override (a misspelt key gets suggestions), and ``--paces`` seconds per inner step.
 """

@@ -28,8 +28,8 @@ from typing import Any
 
 from heloco.net import compress, messages, wire
 from heloco.net.wire import Message, WireError
-from heloco.server import Dispatch, Server, SubmissionRejected, UpdateRecord
-from heloco.types import Delta, RoundResult
+from heloco.server import Server, SubmissionRejected, UpdateRecord
+from heloco.types import Delta, Dispatch, RoundResult
 
 WORKER_KEY = re.compile(r"worker(\d+)")  # allow-list name bound to one worker slot
 

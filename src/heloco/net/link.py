@@ -22,9 +22,7 @@ from heloco.net import auth, compress, keys, messages, wire
 from heloco.net.client import Client, ClientConfig, ServerUnreachable, ShardedClient
 from heloco.net.compress import Codec
 from heloco.net.wire import Message
-from heloco.outer_loop import PushOutcome
-from heloco.server import Dispatch
-from heloco.types import Params, RoundResult
+from heloco.types import Dispatch, Params, PushOutcome, RoundResult
 from shardmeter.errors import UserInputError
 
 M = TypeVar("M", bound=BaseModel)

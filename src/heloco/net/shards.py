@@ -35,8 +35,8 @@ from heloco.net import compress, messages, wire
 from heloco.net.coordinator import check_peer, error
 from heloco.net.wire import Message, WireError
 from heloco.outer.base import read_chunk
-from heloco.server import Dispatch, Server
-from heloco.types import Delta, Params
+from heloco.server import Server
+from heloco.types import Delta, Dispatch, Params
 
 T = TypeVar("T")
 

@@ -32,9 +32,9 @@ from heloco.net import compress
 from heloco.net.client import ClientConfig
 from heloco.net.compress import Codec
 from heloco.net.link import NetLink, Replaced
-from heloco.outer_loop import OuterLoop, PushOutcome
+from heloco.outer_loop import OuterLoop
 from heloco.sim import PACE_RULE, build_run, parse_sim_config
-from heloco.types import RoundResult
+from heloco.types import PushOutcome, RoundResult
 from heloco.worker import Worker, check_device
 from shardmeter.errors import UserInputError
 

@@ -21,7 +21,7 @@ mix less than the arrival mix (TV = total variation distance), r < 1 and the wei
 (rounds per second, e.g. 1/(H_i·pace_i)) or are estimated online from arrival counts with a
 Laplace prior: s_i = (n_i + α)/(N + Kα).
 
-Why a weight never exceeds 1 by default (issue 15, item 4; BENCHMARKS.md): "mean" multiplies the
+Why a weight never exceeds 1 by default (measured in BENCHMARKS.md): "mean" multiplies the
 step of an update that is stale by about 1/s_i revisions by up to (1/K)/s_i. When several slow
 workers land together, or past the early phase of training, that overshoots (runs diverged);
 "clip" and "max" only down-weight, so no step is ever larger than the plain method's. "clip"

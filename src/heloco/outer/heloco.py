@@ -10,7 +10,7 @@ Per block b, against the momentum m *before* this arrival (HeLoCo Eqs. 7-15, Alg
 Blocks with ‖Δ‖ < ε or ‖m‖ < ε pass through. Every case is Δ̂ = a Δ + b m, so the correction is
 computed on per-block scalars only and applied by the MLA step in fused passes.
 
-ε sits where the authors' code puts it, so both agree to float rounding (issue 15, item 5):
+ε sits where the authors' code puts it, so both agree to float rounding:
   normalized = the paper prototype (``SmartDCMLA_v2``, aaasif-isu/panofabric-engine):
       c = clamp(Δ·m / (‖Δ‖‖m‖ + ε), −1, 1); shrink Δ − β (Δ·m)/(‖m‖+ε)² m; rotation with the unit
       vectors Δ/(‖Δ‖+ε), m/(‖m‖+ε) and ‖Δ‖ ũ/(‖ũ‖+ε) (Δ itself if ‖ũ‖ < ε);

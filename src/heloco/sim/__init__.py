@@ -8,8 +8,9 @@ seed give bit-identical losses. The server and the outer optimizers are the prod
 
 Modules, one job each: ``config`` (SimConfig), ``clock`` (paces, steps, schedules),
 ``recorder`` (trajectory bookkeeping), ``loop`` (the event loop), ``build`` (a run's parts),
-``run`` (runs end to end, one or side by side), ``stacked`` and ``batch`` (rounds
-of many TinyGPT workers in one batched kernel).
+``run`` (runs end to end, one or side by side), ``pool`` (the rounds of runs side by side,
+each distinct round computed once), ``evalcache`` (evaluations shared by identical
+parameters), ``stacked`` and ``batch`` (rounds of many TinyGPT workers in one batched kernel).
 """
 
 from heloco.sim.build import (

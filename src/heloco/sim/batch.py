@@ -23,10 +23,9 @@ import torch
 from torch import nn
 
 from heloco.model import ModelConfig, TinyGPT
-from heloco.server import Dispatch
 from heloco.sim.pool import RoundPool
 from heloco.sim.stacked import Stack, stacked_losses
-from heloco.types import RoundResult
+from heloco.types import Dispatch, RoundResult
 from heloco.worker import Worker
 
 

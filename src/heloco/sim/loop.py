@@ -18,11 +18,11 @@ import numpy as np
 
 from heloco.data import derive_seed
 from heloco.metrics import EvalPoint, MetricsWriter, RunStats
-from heloco.server import Dispatch, Server, UpdateRecord
+from heloco.server import Server, UpdateRecord
 from heloco.sim.clock import Clock, round_seconds
 from heloco.sim.config import JITTER_KEY
 from heloco.sim.recorder import Evaluator, Recorder, Trajectory
-from heloco.types import Params, RoundResult
+from heloco.types import Dispatch, Params, RoundResult
 
 
 class RoundRunner(Protocol):

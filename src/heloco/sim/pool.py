@@ -31,8 +31,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from heloco.server import Dispatch
-from heloco.types import Params, RoundResult
+from heloco.types import Dispatch, Params, RoundResult
 from heloco.worker import Worker
 
 
