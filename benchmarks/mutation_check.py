@@ -6,7 +6,8 @@
 Each mutation is one exact text replacement in `src/shardmeter/estimate/*.py`. It is applied to
 a temporary copy of `src/` (the working tree is never touched), the tests run against that
 copy, and the table lists the tests that fail. A mutation no test catches is a hole in the
-suite; the script exits 1 if any. The first eleven are issue 13's list; the rest are the
+suite; the script exits 1 if any. A heloco mutation (its path under ``src/heloco``) runs the
+tests it names. The first eleven are issue 13's list; the rest are the
 equivalents for the terms issue 13 added.
 """
 
@@ -28,9 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 @dataclass(frozen=True)
 class Mutation:
     name: str
-    path: str  # relative to src/shardmeter/estimate
+    path: str  # relative to src/shardmeter/estimate, or to src/ when it starts with "heloco/"
     old: str
     new: str
+    tests: str = ""  # the tests that must catch it (default: --tests)
 
 
 MUTATIONS: tuple[Mutation, ...] = (
@@ -154,6 +156,20 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("up-projection GEMMs not re-run in backward", "compute.py",
              "+ where(plans.recompute_qkv, qkv_recompute_time(model, plans, acc), 0.0)",
              "+ 0.0 * where(plans.recompute_qkv, qkv_recompute_time(model, plans, acc), 0.0)"),
+    # --- heloco: the server's snapshot and the message tag ---
+    Mutation("heloco: Server.state_dict() hands out the live optimizer state", "heloco/server.py",
+             "opt = self.optimizer.state_dict(copy)", "opt = self.optimizer.state_dict(False)",
+             "tests/heloco/test_server.py"),
+    Mutation("heloco: the HMAC no longer covers frame lengths", "heloco/net/auth.py",
+             'mac.update(len(frame).to_bytes(8, "little"))', 'mac.update(b"")',
+             "tests/heloco/test_net_wire.py"),
+    Mutation("heloco: a restore replaces the counters the listener holds", "heloco/net/endpoint.py",
+             "coord.counters.load(meta.counters)", "coord.counters = Counters(**meta.counters)",
+             "tests/heloco/test_net_coordinator.py"),
+    Mutation("heloco: a push checks the revision log twice", "heloco/net/coordinator.py",
+             "record = self.server.accept(result)",
+             "record = self.server.submit(result, validated=True)",
+             "tests/heloco/test_net_coordinator.py"),
 )  # fmt: skip
 
 
@@ -169,7 +185,8 @@ def failing_tests(src: Path, tests: str) -> tuple[list[str], str]:
 
 
 def apply(src: Path, mutation: Mutation) -> None:
-    path = src / "shardmeter" / "estimate" / mutation.path
+    under = src if mutation.path.startswith("heloco/") else src / "shardmeter" / "estimate"
+    path = under / mutation.path
     text = path.read_text()
     if text.count(mutation.old) != 1:
         raise SystemExit(f"mutation {mutation.name!r}: the text to replace is not unique in "
@@ -197,7 +214,7 @@ def main() -> int:
             shutil.rmtree(src, ignore_errors=True)
             shutil.copytree(ROOT / "src", src)
             apply(src, mutation)
-            failed, _ = failing_tests(src, args.tests)
+            failed, _ = failing_tests(src, mutation.tests or args.tests)
             holes += not failed
             caught = ", ".join(failed) if failed else "NOT CAUGHT"
             print(f"{mutation.name:<52} {caught}")

@@ -119,6 +119,21 @@ def test_tag_of_large_frames_is_the_same_on_any_thread_count_and_covers_every_by
     assert auth.sign(b"another-secret-of-16+bytes", frames) != tag
 
 
+def test_tag_covers_frame_boundaries_of_small_frames() -> None:
+    """The same bytes cut into frames differently (a header byte moved into a tensor frame, an
+    empty frame added) get different tags: each frame's length is MACed before its bytes."""
+    frames = [b'{"v":1}', b"\x00\x01\x02\x03", b"tail"]
+    tag = auth.sign(SECRET, frames)
+    for other in (
+        [b'{"v":1', b"}\x00\x01\x02\x03", b"tail"],
+        [b'{"v":1}', b"\x00\x01", b"\x02\x03tail"],
+        [b'{"v":1}', b"", b"\x00\x01\x02\x03", b"tail"],
+        [b"".join(frames)],
+    ):
+        assert b"".join(other) == b"".join(frames)
+        assert not auth.verify(SECRET, other, tag)
+
+
 def test_declared_shape_must_match_bytes() -> None:
     msg = wire.make("push", {}, {"w": torch.randn(6)})
     bad = wire.Message(

@@ -207,3 +207,21 @@ def test_state_dict_round_trip_through_json(method: str) -> None:
         assert torch.equal(s.params[k], twin.params[k])
     assert [r.revision for r in twin.log] == [r.revision for r in s.log]
     assert twin.check(r) == "duplicate"
+
+
+@pytest.mark.parametrize("method", ["heloco", "async-nesterov", "dn"])
+def test_a_kept_state_dict_does_not_drift_with_later_updates(method: str) -> None:
+    """``state_dict()`` (copy=True) is a snapshot: θ and every optimizer tensor (momentum,
+    DN's buffer) keep the values they had, however many updates follow."""
+    s = make(method, k=2)
+    s.submit(result(s, 0, scale=0.5))
+    snap = s.state_dict()
+    kept = {k: v.clone() for k, v in snap.tensors.items()}
+    assert any(k.startswith("optimizer/") for k in kept)
+    for w in (1, 0, 1):
+        s.submit(result(s, w, scale=0.3 * (w + 1)))
+    assert s.revision == 4
+    for k, v in kept.items():
+        assert torch.equal(snap.tensors[k], v), k
+    live = s.state_dict(copy=False).tensors
+    assert any(not torch.equal(live[k], v) for k, v in kept.items() if k.startswith("optimizer/"))
