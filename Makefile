@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo plots test lint typecheck unit clean
+.PHONY: setup demo plots test test-fast lint typecheck unit unit-fast clean
 
 # -qq: pip prints errors only, so a first `make demo` shows the demo rather than install notes.
 $(STAMP): pyproject.toml
@@ -44,7 +44,15 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest -q
 
+# The full suite (what CI runs).
 test: lint typecheck unit
+
+# The fast lane: everything not marked slow (subprocesses, multi-process runs, docs, demo,
+# CLI fuzzing, tests over ~1 s); about 2 minutes on 2 cores. `make test` before merging.
+unit-fast: $(STAMP)
+	$(BIN)/pytest -q -m "not slow"
+
+test-fast: lint typecheck unit-fast
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

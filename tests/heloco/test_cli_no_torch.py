@@ -23,6 +23,7 @@ def run_without(module: str, argv: list[str], tmp_path: Path) -> subprocess.Comp
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow  # a fresh interpreter per case
 @pytest.mark.parametrize(
     ("module", "argv"),
     [

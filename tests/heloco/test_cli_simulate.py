@@ -29,6 +29,7 @@ def parse(*argv: str) -> object:
     return build_parser().parse_args(["simulate", *argv])
 
 
+@pytest.mark.slow
 def test_default_preset_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
     rc = main(["simulate", *FAST, "--out", str(out), "--json"])
@@ -49,6 +50,7 @@ def test_default_preset_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture
     assert (out / "events.jsonl").read_text() == first
 
 
+@pytest.mark.slow
 def test_overwrite_replaces_the_run_and_report_refuses_two_runs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

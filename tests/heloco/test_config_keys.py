@@ -259,6 +259,7 @@ def baseline(row: Row, folder: Path) -> Any:
     return _BASELINES[key]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.key)
 def test_key_has_an_effect(row: Row, tmp_path: Path) -> None:
     before_dir, after_dir = tmp_path / "before", tmp_path / "after"

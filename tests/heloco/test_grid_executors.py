@@ -73,6 +73,7 @@ def test_unknown_executor_is_one_line() -> None:
         list(run_tasks(str, [1], executor="slurm"))  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_ray_stays_unimported() -> None:
     code = (
         "import sys, heloco.experiments, heloco.sim, heloco.executors; print('ray' in sys.modules)"

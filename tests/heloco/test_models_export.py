@@ -92,6 +92,7 @@ def assert_same_logits(model: torch.nn.Module, out: Path) -> None:
     assert tok("héllo\n")["input_ids"] == list("héllo\n".encode())  # the byte tokenizer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["tinygpt", "llama", "gpt2"])
 def test_trained_model_exports_with_equal_logits(
     tmp_path: Path, values: Callable[..., dict[str, Any]], arch: str

@@ -71,6 +71,7 @@ def test_deep_header_of_a_secret_holder_is_refused_by_a_count() -> None:
     assert wire.json_depth(header()) <= wire.MAX_JSON_DEPTH
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(st.recursive(st.integers() | st.text(alphabet='[]{}"\\ a'), st.lists, max_leaves=30))
 def test_json_depth_matches_the_nesting(value: object) -> None:

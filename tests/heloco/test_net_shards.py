@@ -232,6 +232,7 @@ def test_dispatch_being_fetched_keeps_its_values_through_an_update(served: Any) 
     b.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_every_shard_holds_curve_and_the_worker_keys_to_their_slots() -> None:
     """CURVE on: a worker key pushes an fp32 tensor larger than the header cap (libzmq checks

@@ -1,12 +1,19 @@
 """Worker-side pieces that need no server: the pacer that emulates slower machines and stops
-sleeping when the run is over."""
+sleeping when the run is over, and the worker's own build (which holds no server)."""
 
 from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
-from heloco.net.worker_loop import Pacer
+import pytest
+import torch
+
+from heloco.net.client import ClientConfig
+from heloco.net.worker_loop import NetWorker, Pacer, WorkerOptions
+from heloco.server import Server
+from heloco.sim import build_run, parse_sim_config
 
 
 def run_steps(pacer: Pacer, steps: int, compute_s: float) -> float:
@@ -41,3 +48,32 @@ def test_run_over_ends_the_sleep_at_once() -> None:
     pacer = Pacer(pace=30.0, over=over)  # without the stop, each step would last 30 s
     threading.Timer(0.05, over.set).start()
     assert run_steps(pacer, 3, 0.0) < 10
+
+
+def test_a_worker_process_builds_no_server(
+    monkeypatch: pytest.MonkeyPatch, tiny_net_values: Any
+) -> None:
+    """`heloco work` builds its worker from the welcome's run config through the same code as
+    the simulator, but never constructs a Server (nor the outer optimizer's state); its first
+    round is the simulator's, bit for bit."""
+    cfg = parse_sim_config(tiny_net_values(method="heloco", workers=2, token_budget=1000))
+    reference = build_run(cfg).worker(1).run_round(build_run(cfg).server.params, 2, 0, 0)
+    built: list[str] = []
+
+    def refuse(self: Server, *args: object, **kwargs: object) -> None:
+        built.append("Server")
+        raise AssertionError("a worker process built a Server")
+
+    monkeypatch.setattr(Server, "__init__", refuse)
+    opts = WorkerOptions(worker=1)
+    net = NetWorker(ClientConfig("tcp://127.0.0.1:9"), b"worker-test-secret-0123456789", opts)
+    try:
+        worker = net._setup({"run": cfg.model_dump(mode="json") | {"out_dir": None}})
+        start = {k: v.detach().clone() for k, v in worker.model.named_parameters()}
+        mine = worker.run_round(start, 2, 0, 0)
+    finally:
+        if net.link is not None:
+            net.link.close()
+    assert built == []
+    assert mine.mean_loss == reference.mean_loss
+    assert all(torch.equal(mine.delta[k], reference.delta[k]) for k in reference.delta)

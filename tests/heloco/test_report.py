@@ -30,6 +30,7 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_report_writes_plots_and_table(
     two_runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -86,6 +86,7 @@ CASES: list[dict[str, Any]] = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[c["method"] for c in CASES])
 def test_batched_run_equals_unbatched(case: dict[str, Any]) -> None:
     reference = run_simulation(config(**case, batch="off"))
@@ -98,6 +99,7 @@ def test_batched_run_equals_unbatched(case: dict[str, Any]) -> None:
     assert batched.summary.staleness_max == reference.summary.staleness_max
 
 
+@pytest.mark.slow
 def test_runs_side_by_side_equal_each_run_alone() -> None:
     cfgs = [config(**case) for case in CASES[:3]] + [config(**CASES[0], seed=6)]
     together = run_simulations(cfgs)
@@ -121,6 +123,7 @@ def test_runs_of_one_shape_share_one_engine_and_off_opts_out() -> None:
     assert alone is not None and not isinstance(alone, PooledRounds)  # nothing to batch
 
 
+@pytest.mark.slow
 def test_a_failing_run_does_not_stop_the_others(tmp_path: Any) -> None:
     bad = config(**CASES[0], data={**BASE["data"], "data_dir": str(tmp_path / "absent")})
     good = config(**CASES[0])
@@ -160,6 +163,7 @@ def pooled(cfgs: list[SimConfig], monkeypatch: pytest.MonkeyPatch) -> tuple[list
     return results, seen
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["tiny", "small"], ids=["batched", "one-at-a-time"])
 def test_a_pool_computes_identical_rounds_once_and_changes_no_result(
     model: str, monkeypatch: pytest.MonkeyPatch
@@ -184,6 +188,7 @@ def test_a_pool_computes_identical_rounds_once_and_changes_no_result(
             assert torch.equal(got.params[name], p)
 
 
+@pytest.mark.slow
 def test_a_pool_computes_no_round_its_run_cannot_take(monkeypatch: pytest.MonkeyPatch) -> None:
     """Asynchronous runs stop at their token budget with rounds in flight: those rounds are
     never computed (every computed or shared round is taken)."""
@@ -226,6 +231,7 @@ def test_may_take_stops_where_the_budget_fills() -> None:
     assert timed.may_take() == [1, 0]  # worker 2 arrives past the time budget
 
 
+@pytest.mark.slow
 def test_runs_side_by_side_evaluate_identical_parameters_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -12,6 +12,7 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_queued_pushes_are_each_applied_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(BENCHMARKS))  # importable by name: the servers are spawned

@@ -204,6 +204,7 @@ outer_specs = st.builds(
 PROPS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+@pytest.mark.slow
 @PROPS
 @given(topologies(), outer_specs, st.floats(1.01, 100.0), st.integers(2, 8))
 def test_more_bandwidth_or_larger_h_never_lowers_utilization(
@@ -223,6 +224,7 @@ def test_more_bandwidth_or_larger_h_never_lowers_utilization(
     assert longer.utilization >= base.utilization - 1e-12
 
 
+@pytest.mark.slow
 @PROPS
 @given(topologies(), st.sampled_from([2, 4, 16, 100, 500]), st.sampled_from([16, 8, 4]))
 def test_async_beats_diloco_beats_sync_dp(
@@ -240,6 +242,7 @@ def test_async_beats_diloco_beats_sync_dp(
     assert asyn.tokens_per_s >= diloco.tokens_per_s * (1 - 1e-9)
 
 
+@pytest.mark.slow
 @PROPS
 @given(topologies(), outer_specs)
 def test_cost_is_gpu_hours_times_price_plus_egress_and_time_adds_up(
@@ -266,6 +269,7 @@ def test_cost_is_gpu_hours_times_price_plus_egress_and_time_adds_up(
         assert parts == pytest.approx(isl.round_s, rel=1e-9)
 
 
+@pytest.mark.slow
 @PROPS
 @given(topologies(), outer_specs)
 def test_stragglers_wait_in_sync_modes_and_never_in_async(

@@ -212,6 +212,7 @@ def outers(draw: st.DrawFn, mode: str | None = None) -> OuterSpec:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 @PROPS
 @given(data=st.data())
@@ -236,6 +237,7 @@ def test_enabling_any_overlap_never_lowers_utilization(mode: str, data: st.DataO
         assert better.wan_bytes_per_round == pytest.approx(base.wan_bytes_per_round), change
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 @PROPS
 @given(data=st.data(), faster=st.floats(1.01, 1000.0))
@@ -284,6 +286,7 @@ def test_a_given_step_time_replaces_the_prediction_and_keeps_its_shares() -> Non
     assert predict_topology(topo, step_time_s=20.0).islands[1].step_source == "given"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 @PROPS
 @given(
@@ -491,6 +494,7 @@ def test_sweep_text_agrees_with_the_table() -> None:
     assert res.knees[-1].value == 8.0
 
 
+@pytest.mark.slow
 def test_plan_plot_pareto_line_joins_plotted_points_only() -> None:
     from shardmeter.report.plan import front_line
     from shardmeter.search import Constraints, plan
@@ -512,6 +516,7 @@ def test_plan_plot_pareto_line_joins_plotted_points_only() -> None:
             assert not np.any((walls < w * (1 - 1e-12)) & (costs < c * (1 - 1e-12)))
 
 
+@pytest.mark.slow
 def test_plan_searches_with_the_payload(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["plan", "--topology", "two-clouds", "--modes", "sync", "--top", "1", "--json"]
     assert main(argv) == 0
@@ -578,6 +583,7 @@ def test_payloads_in_sweep_and_failures_in_a_sweep(capsys: pytest.CaptureFixture
     assert points[0]["utilization"] < points[1]["utilization"]
 
 
+@pytest.mark.slow
 def test_no_overlap_switches_every_overlap_off_in_predict_and_plan(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -28,6 +28,7 @@ def rows(text: str) -> list[list[str]]:
     return out
 
 
+@pytest.mark.slow
 def test_planner_page_quotes_the_benchmark() -> None:
     if shared_path("calibration", "runs.csv") is None:
         pytest.skip(missing_shared_reason("calibration", "runs.csv"))

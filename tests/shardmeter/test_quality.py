@@ -112,6 +112,7 @@ def test_errors_are_one_line(tmp_path: Path, runs: Path) -> None:
     assert len(find_runs(runs / "a_sync")) == 1  # a single run folder is accepted
 
 
+@pytest.mark.slow
 def test_shardmeter_quality_imports_neither_heloco_nor_torch() -> None:
     code = (
         "import sys, shardmeter.quality; "
@@ -184,12 +185,14 @@ def flip_and_keep(best: dict[str, Candidate]) -> tuple[Candidate, Candidate, flo
     return fast, slow, 1.1 * ratio, 0.9 * ratio
 
 
+@pytest.mark.slow
 def test_planner_plans_reranked_by_time_to_target(best_per_mode: dict[str, Candidate]) -> None:
     fast, slow, flip, keep = flip_and_keep(best_per_mode)
     assert rank_by_time_to_target([fast, slow], factors(flip))[0].candidate is slow
     assert rank_by_time_to_target([fast, slow], factors(keep))[0].candidate is fast
 
 
+@pytest.mark.slow
 def test_plan_to_target_searches_every_mode(best_per_mode: dict[str, Candidate]) -> None:
     fast, slow, flip, keep = flip_and_keep(best_per_mode)
     assert plan(top_k=1, **PLAN_KW).ranked[0].outer == fast.outer  # by tokens/s
@@ -246,6 +249,7 @@ def test_apply_without_the_flag_and_conflicts(runs: Path) -> None:
                      "--quality-method", "async-nesterov"]))  # fmt: skip
 
 
+@pytest.mark.slow
 def test_rank_from_args_and_json(runs: Path) -> None:
     args = parse(["--quality-from", str(runs), "--target-loss", "3.0"])
     ranked = rank_from_args(args, top_k=2, **PLAN_KW)
@@ -289,6 +293,7 @@ def test_default_target_is_reached_and_q_scales_with_tokens(
     assert q.factor("async-nesterov") == pytest.approx(c * q.factor("heloco"))
 
 
+@pytest.mark.slow
 def test_cli_predict_and_plan_take_quality_from(
     runs: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -154,6 +154,7 @@ def test_pareto_front_matches_quadratic_definition() -> None:
     assert np.all(dominated(t, c, t[idx], c[idx]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prune", [True, False])
 def test_brute_force_finds_the_same_optimum(
     gpt17: TransformerSpec, a100_40: object, prune: bool
@@ -177,6 +178,7 @@ def test_brute_force_finds_the_same_optimum(
     assert got == pytest.approx(ranked, rel=1e-9)
 
 
+@pytest.mark.slow
 def test_front_over_gpu_counts_matches_brute_force(a100_40: object) -> None:
     tokens = 1e9
     brute: list[tuple[float, float]] = []

@@ -33,7 +33,7 @@ from heloco.net.client import ClientConfig
 from heloco.net.compress import Codec
 from heloco.net.link import NetLink, Replaced
 from heloco.outer_loop import OuterLoop
-from heloco.sim import PACE_RULE, build_run, parse_sim_config
+from heloco.sim import PACE_RULE, build_worker_parts, parse_sim_config
 from heloco.types import PushOutcome, RoundResult
 from heloco.worker import Worker, check_device
 from shardmeter.errors import UserInputError
@@ -139,12 +139,13 @@ class NetWorker:
         self.pacer: Pacer | None = None
 
     def _setup(self, welcome: dict[str, Any]) -> Worker:
-        """Build the worker from the run config the server sent."""
+        """Build the worker from the run config the server sent (its data, model and
+        schedule; no server)."""
         cfg = parse_sim_config(welcome["run"])
         if self.opts.threads is not None:
             cfg = cfg.model_copy(update={"threads": self.opts.threads})
         batch_seed = derive_seed(cfg.seed, ISLAND_KEY, self.rank) if self.rank else None
-        worker = build_run(cfg, self.opts.device).worker(self.opts.worker, batch_seed)
+        worker = build_worker_parts(cfg, self.opts.device).worker(self.opts.worker, batch_seed)
         if self.opts.pace is not None:
             self.pacer = Pacer(self.opts.pace, self.link.over if self.link is not None else None)
         if self.world > 1 and self.opts.island_mode == "grads":

@@ -15,8 +15,10 @@ parameters), ``stacked`` and ``batch`` (rounds of many TinyGPT workers in one ba
 
 from heloco.sim.build import (
     RunParts,
+    WorkerParts,
     build_run,
     build_server,
+    build_worker_parts,
     initial_model,
     model_config_for,
     seed_everything,
@@ -68,8 +70,10 @@ __all__ = [
     "RunResult",
     "SimConfig",
     "Trajectory",
+    "WorkerParts",
     "build_run",
     "build_server",
+    "build_worker_parts",
     "expected_worker_steps",
     "fold_outer_aliases",
     "initial_model",

@@ -1,12 +1,13 @@
-"""A run's parts from its config: data, initial model, per-worker schedules and server
-(identical in the simulator, the network server and every network worker)."""
+"""A run's parts from its config: data, initial model and per-worker schedules (identical in
+the simulator, the network server and every network worker), and the server (the simulator
+and the network server only: a network worker builds no server)."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -73,9 +74,10 @@ def initial_model(
 
 
 @dataclass(eq=False)
-class RunParts:
-    """Everything a run of ``cfg`` is built from, identical in the simulator, the network
-    server and every network worker (same seeds, data split, initial model, optimizer)."""
+class WorkerParts:
+    """What a worker of a run of ``cfg`` is built from, identical in the simulator, the
+    network server and every network worker (same seeds, data split, initial model): no
+    server, so a worker process holds none."""
 
     cfg: SimConfig
     data: WorkerData
@@ -84,7 +86,6 @@ class RunParts:
     comm: list[float]  # configured seconds added to each round
     steps: list[int]  # steps per round from the configured paces (H or DyLU's H_w)
     inner: list[InnerConfig]  # each worker's inner config (its cosine length)
-    server: Server
 
     def worker(
         self, w: int, batch_seed: int | None = None, model: nn.Module | None = None
@@ -104,6 +105,14 @@ class RunParts:
         return self.data.validation.evaluate(
             self.model, self.cfg.eval_batch_size, self.cfg.eval_windows
         )
+
+
+@dataclass(eq=False)
+class RunParts(WorkerParts):
+    """Everything a run of ``cfg`` is built from: the workers' parts and the server (the
+    simulator and the network server; the same optimizer in both)."""
+
+    server: Server
 
 
 def build_server(
@@ -128,12 +137,12 @@ def build_server(
     return Server(init, optimizer, server_cfg)
 
 
-def build_run(
+def build_worker_parts(
     cfg: SimConfig, device: torch.device | str | None = None, data: WorkerData | None = None
-) -> RunParts:
+) -> WorkerParts:
     """Seed, build data (or take ``data``, built for the same data config, worker count and
-    seed), initial model (on ``device``, default ``cfg.device``), per-worker schedules and the
-    server of ``cfg``.
+    seed), initial model (on ``device``, default ``cfg.device``) and per-worker schedules of
+    ``cfg``: what a worker needs, and no server (``heloco work`` builds only this).
 
     Sets torch's thread count to ``cfg.threads`` first, in every process that builds a run
     (simulator, network server, network worker), so a config gives the same losses whichever
@@ -142,10 +151,21 @@ def build_run(
     seed_everything(cfg.seed)
     data = build_data(cfg.data, cfg.workers, cfg.seed) if data is None else data
     model = initial_model(cfg, data, device)
-    init = {k: v.detach().to("cpu", torch.float32).clone() for k, v in model.named_parameters()}
     paces, comm = resolve_paces(cfg), resolve_comm(cfg)
     steps = round_steps(cfg, paces)
-    rates = [1.0 / s for s in round_seconds(steps, paces, comm)]
     inner = worker_inner_configs(cfg, paces, comm)
-    server = build_server(cfg, init, rates, data.worker_languages)
-    return RunParts(cfg, data, model, paces, comm, steps, inner, server)
+    return WorkerParts(cfg, data, model, paces, comm, steps, inner)
+
+
+def build_run(
+    cfg: SimConfig, device: torch.device | str | None = None, data: WorkerData | None = None
+) -> RunParts:
+    """The workers' parts of ``cfg`` (:func:`build_worker_parts`) and its server, which starts
+    from the initial model and expects each worker's rounds at the rate its pace gives."""
+    parts = build_worker_parts(cfg, device, data)
+    init = {
+        k: v.detach().to("cpu", torch.float32).clone() for k, v in parts.model.named_parameters()
+    }
+    rates = [1.0 / s for s in round_seconds(parts.steps, parts.paces, parts.comm)]
+    server = build_server(cfg, init, rates, parts.data.worker_languages)
+    return RunParts(**{f.name: getattr(parts, f.name) for f in fields(WorkerParts)}, server=server)
