@@ -170,6 +170,13 @@ MUTATIONS: tuple[Mutation, ...] = (
              "record = self.server.accept(result)",
              "record = self.server.submit(result, validated=True)",
              "tests/heloco/test_net_coordinator.py"),
+    Mutation("heloco: an arrival at a grace window's end closes it", "heloco/run.py",
+             "(now is None or now > self.grace_end)", "(now is None or now >= self.grace_end)",
+             "tests/heloco/test_run_control.py"),
+    Mutation("heloco: a round arriving at the time budget is refused", "heloco/run.py",
+             "self.budget.seconds is not None and now > self.budget.seconds",
+             "self.budget.seconds is not None and now >= self.budget.seconds",
+             "tests/heloco/test_run_control.py"),
 )  # fmt: skip
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from heloco.net import compress, messages, wire
 from heloco.net.wire import Message, WireError
+from heloco.run import Budget, RunControl
 from heloco.server import Server, SubmissionRejected, UpdateRecord
 from heloco.types import Delta, Dispatch, RoundResult
 
@@ -78,18 +79,6 @@ class WorkerInfo:
 
 
 @dataclass(frozen=True)
-class Budget:
-    """When a networked run stops: training tokens of accepted rounds, wall seconds, updates.
-
-    Like the simulator, the run ends at the first budget reached; ``None`` means unlimited.
-    """
-
-    tokens: int | None = None
-    seconds: float | None = None
-    revisions: int | None = None
-
-
-@dataclass(frozen=True)
 class UpdateEvent:
     """One applied outer update with the wall time it happened and the tokens so far."""
 
@@ -102,7 +91,9 @@ class UpdateEvent:
 class Coordinator:
     """Drives ``server`` from requests; stops dispatching once the budget is reached.
 
-    In sync mode a barrier that is partly filled when the budget is reached is completed first
+    The budget, the tokens counted against it, grace windows and the start barrier are the
+    run's :class:`heloco.run.RunControl` (``control``), the policy the simulator follows too,
+    driven here with wall seconds since ``t0``. In sync mode a barrier that is partly filled when the budget is reached is completed first
     (the simulator checks its budget between rounds); buffered grace-window arrivals are
     flushed at the budget (as in the simulator).
 
@@ -144,41 +135,40 @@ class Coordinator:
         n = self.server.cfg.n_workers
         self.workers = [WorkerInfo(w) for w in range(n)]
         self.counters = Counters()
-        self.tokens = 0
-        self.grace_started: float | None = None
+        self.control = RunControl(
+            self.budget, self.server.cfg.grace_window, n, self.wait_for_workers_s
+        )
         self._shapes = {k: tuple(v.shape) for k, v in self.server.params.items()}
         self._dispatch_time: dict[tuple[int, int], float] = {}
         # durable serving: make the state so far survive a crash; False if it could not
         self.persist: Callable[[], bool] | None = None
-        self._ready: set[int] = set()
-        self._first_pull: float | None = None
-        self.started = self.wait_for_workers_s <= 0
+
+    @property
+    def tokens(self) -> int:
+        """Training tokens of the accepted rounds (counted by ``control``)."""
+        return self.control.tokens
+
+    @property
+    def started(self) -> bool:
+        """Whether the run has started (its start barrier is open)."""
+        return self.control.started
 
     def _start_barrier(self, worker: int) -> bool:
         """Whether dispatching may begin (see the class doc); opens the barrier when due."""
-        if self.started:
+        if self.control.started:
             return True
         now = self.clock()
-        self._ready.add(worker)
-        self._first_pull = now if self._first_pull is None else self._first_pull
-        if len(self._ready) == len(self.workers) or (
-            now - self._first_pull >= self.wait_for_workers_s
-        ):
-            self.started = True
+        if self.control.request(worker, now - self.t0):
             if self.server.revision == 0 and self.tokens == 0:
                 self.t0 = now
-            self._emit({"type": "start", "workers": sorted(self._ready), "time": self.elapsed()})
-        return self.started
+            workers = sorted(self.control.ready)
+            self._emit({"type": "start", "workers": workers, "time": self.elapsed()})
+        return self.control.started
 
     # -- state ------------------------------------------------------------------------------
     def budget_reached(self) -> bool:
         """Whether the run's token, wall-clock or revision budget is used up."""
-        b = self.budget
-        return (
-            (b.tokens is not None and self.tokens >= b.tokens)
-            or (b.seconds is not None and self.elapsed() >= b.seconds)
-            or (b.revisions is not None and self.server.revision >= b.revisions)
-        )
+        return self.control.reached(self.elapsed(), self.server.revision)
 
     @property
     def done(self) -> bool:
@@ -263,11 +253,11 @@ class Coordinator:
     def flush_due(self) -> list[UpdateEvent]:
         """Apply buffered async arrivals whose grace window has closed."""
         window = self.server.cfg.grace_window
-        if window <= 0 or self.server.cfg.synchronous or self.grace_started is None:
+        if window <= 0 or self.server.cfg.synchronous or self.control.grace_end is None:
             return []
-        if self.clock() - self.grace_started < window and not self.budget_reached():
+        if not self.control.grace_closes_before(self.elapsed()) and not self.budget_reached():
             return []
-        self.grace_started = None
+        self.control.close_grace()
         return [self._applied(r) for r in self.server.flush()]
 
     # -- requests ---------------------------------------------------------------------------
@@ -456,7 +446,7 @@ class Coordinator:
         info.tokens += result.tokens
         info.steps += result.steps
         info.last_loss = result.mean_loss
-        self.tokens += result.tokens
+        self.control.count(result.tokens)
         if body.compute_s is not None:
             self.server.observe_speed(w, result.steps / body.compute_s)
         start = self._dispatch_time.pop((w, body.round_id), 0.0)
@@ -470,8 +460,8 @@ class Coordinator:
                 start,
                 self.elapsed(),
             )
-        if record is None and self.grace_started is None and not self.server.cfg.synchronous:
-            self.grace_started = self.clock()
+        if record is None and not self.server.cfg.synchronous:
+            self.control.open_grace(self.elapsed())
         if record is not None:
             self._applied(record)
         if self.persist is not None and not self.persist():

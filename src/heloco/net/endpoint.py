@@ -421,7 +421,7 @@ def load_coordinator_meta(coord: Coordinator, meta: CoordinatorMeta) -> None:
 
     The counters and worker records are loaded into the coordinator's own objects, never
     replaced: the listeners hold the same :class:`Counters` and keep counting into it."""
-    coord.tokens = meta.tokens
+    coord.control.load_state_dict({"tokens": meta.tokens})
     coord.t0 = coord.clock() - meta.elapsed
     coord.counters.load(meta.counters)
     if len(meta.workers) != len(coord.workers):

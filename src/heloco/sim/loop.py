@@ -18,6 +18,7 @@ import numpy as np
 
 from heloco.data import derive_seed
 from heloco.metrics import EvalPoint, MetricsWriter, RunStats
+from heloco.run import Budget, RunControl
 from heloco.server import Server, UpdateRecord
 from heloco.sim.clock import Clock, round_seconds
 from heloco.sim.config import JITTER_KEY
@@ -76,6 +77,9 @@ class _Sim:
     ) -> None:
         self.server, self.rounds, self.clock, self.rec = server, rounds, clock, recorder
         self.traj = recorder.traj
+        # The run's policy (budgets, grace windows), shared with the network coordinator.
+        budget = Budget(tokens=clock.token_budget, seconds=clock.time_budget)
+        self.control = RunControl(budget, server.cfg.grace_window, len(clock.paces))
         self.jitter_rngs = [
             np.random.default_rng(derive_seed(clock.seed, JITTER_KEY, w))
             for w in range(len(clock.paces))
@@ -95,10 +99,10 @@ class _Sim:
         return steps * self.clock.paces[worker] * factor
 
     def budget_reached(self) -> bool:
-        tb = self.clock.token_budget
-        return tb is not None and self.traj.tokens >= tb
+        return self.control.tokens_reached()
 
     def record_round(self, result: RoundResult, start: float, end: float) -> None:
+        self.control.count(result.tokens)
         rid = -1 if result.round_id is None else result.round_id
         self.rec.record_round(
             result.worker, rid, result.steps, result.tokens, result.mean_loss, start, end
@@ -127,8 +131,7 @@ class _Sim:
     def run_async(self) -> Loop:
         heap: list[tuple[float, int]] = []
         inflight: dict[int, tuple[Dispatch, float, float]] = {}
-        grace = self.server.cfg.grace_window
-        tbud = self.clock.time_budget
+        control = self.control
 
         def start(w: int, t: float) -> None:
             d = self.server.dispatch(w)
@@ -141,12 +144,13 @@ class _Sim:
         for w in range(len(self.clock.paces)):
             start(w, 0.0)
         self.eval_now()
-        window_end: float | None = None
         waiting: list[int] = []
         ready: list[int] = []  # applied at time t, dispatched once every arrival at t is in
         while True:
-            if window_end is not None and (not heap or heap[0][0] > window_end):
-                if tbud is not None and window_end > tbud:
+            if control.grace_closes_before(heap[0][0] if heap else None):
+                window_end = control.grace_end
+                assert window_end is not None  # a window closes only when one is open
+                if control.past_time(window_end):
                     self.traj.stopped_by = "time"
                     break
                 self.traj.time = window_end
@@ -154,10 +158,11 @@ class _Sim:
                     self.record_update(rec)
                 for w in waiting:
                     start(w, window_end)
-                window_end, waiting = None, []
+                control.close_grace()
+                waiting = []
                 self.maybe_eval()
                 continue
-            if not heap or (tbud is not None and heap[0][0] > tbud):
+            if not heap or control.past_time(heap[0][0]):
                 self.traj.stopped_by = "time"
                 break
             t, w = heapq.heappop(heap)
@@ -172,7 +177,7 @@ class _Sim:
                 self.record_update(applied)
                 ready.append(w)
             else:
-                window_end = t + grace if window_end is None else window_end
+                control.open_grace(t)
                 waiting.append(w)
             self.maybe_eval()
             if self.budget_reached():
@@ -189,7 +194,6 @@ class _Sim:
     # -- sync -------------------------------------------------------------------------------
     def run_sync(self) -> Loop:
         k = len(self.clock.paces)
-        tbud = self.clock.time_budget
         self.eval_now()
         while not self.budget_reached():
             now = self.traj.time
@@ -197,7 +201,7 @@ class _Sim:
             computes = [self.compute_seconds(w, d.steps) for w, d in enumerate(dispatches)]
             ends = [now + c + self.clock.comm_delays[w] for w, c in enumerate(computes)]
             round_end = max(ends)
-            if tbud is not None and round_end > tbud:
+            if self.control.past_time(round_end):
                 self.traj.stopped_by = "time"
                 break
             for w, d in enumerate(dispatches):
