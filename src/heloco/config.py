@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from heloco.sim import OUTER_ALIASES, SimConfig, fold_outer_aliases, parse_sim_config
+from heloco.sim.config import OUTER_ALIASES, SimConfig, fold_outer_aliases, parse_sim_config
 from shardmeter.errors import UserInputError, check_input
 
 if sys.version_info >= (3, 11):

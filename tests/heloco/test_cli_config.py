@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,3 +79,17 @@ def test_malformed_toml(tmp_path: Path) -> None:
     path.write_text("method = \n")
     with pytest.raises(UserInputError, match="TOML"):
         load_config(path)
+
+
+@pytest.mark.slow  # a fresh interpreter
+def test_the_config_module_imports_no_simulator() -> None:
+    """``heloco.config`` (TOML, presets, overrides) loads the run config's schema only: none
+    of the simulator's loop, builders or runs."""
+    code = (
+        "import sys, heloco.config; "
+        "print(sorted(m for m in sys.modules if m.startswith('heloco.sim')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "['heloco.sim', 'heloco.sim.config']"
