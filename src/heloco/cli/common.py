@@ -35,7 +35,8 @@ def add_overwrite(p: argparse.ArgumentParser, resume: bool = False) -> None:
         p.add_argument(
             "--resume",
             action="store_true",
-            help="continue the run the --out folder holds, from its newest checkpoint",
+            help="continue the run the --out folder holds, from its newest checkpoint (its "
+            "keys and events are kept)",
         )
 
 

@@ -59,7 +59,7 @@ def add_parser(sub: Any) -> None:
     )
     add_config_args(p)
     add_out(p, "run folder: events.jsonl, summary.json, checkpoints, keys, logs (required)")
-    add_overwrite(p)
+    add_overwrite(p, resume=True)
     p.add_argument("--workers", type=int, help="default: the config's workers")
     p.add_argument(
         "--paces", help="seconds per inner step per worker, e.g. 1,2,4 (default: the config's)"
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     """Run `heloco launch`; bad input raises UserInputError (one line, exit 2)."""
     out = require_out(args)
     check_folder("--out", out)
-    runfolder.prepare("--out", out, args.overwrite)
+    runfolder.prepare("--out", out, args.overwrite, args.resume)
     if not args.timeout_s > 0:
         raise UserInputError("--timeout-s", args.timeout_s, "a number of seconds > 0")
     run_cfg = run_config(args)
