@@ -10,6 +10,7 @@ import json
 import sys
 from typing import Any
 
+from shardmeter.cli import topology_predict
 from shardmeter.clikit import positive_int
 from shardmeter.errors import UserInputError
 from shardmeter.estimate.step import estimate_step
@@ -28,11 +29,6 @@ from shardmeter.report.step import estimate_to_dict, render_step
 from shardmeter.report.terminal import add_wide_flag, console_for
 from shardmeter.specs.framework import FRAMEWORKS
 from shardmeter.specs.loader import load_plan
-
-try:
-    from shardmeter.cli import topology_predict
-except ImportError:  # the multi-island path is optional
-    topology_predict = None  # type: ignore[assignment]
 
 PLAN_INT_FLAGS: dict[str, str] = {
     "dp": "data-parallel degree (default: the GPUs left by tp*pp*cp)",
@@ -93,8 +89,7 @@ def add_parser(subparsers: Any) -> None:
     )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the JSON document (docs/model.md)")
     add_wide_flag(p)
-    if topology_predict is not None:
-        topology_predict.add_arguments(p)
+    topology_predict.add_arguments(p)
 
 
 def _plan_fields(args: argparse.Namespace) -> dict[str, Any]:
@@ -130,7 +125,7 @@ def inputs_from_args(args: argparse.Namespace) -> PredictInputs:
 
 
 def run(args: argparse.Namespace) -> int:
-    if getattr(args, "topology", None) and topology_predict is not None:
+    if getattr(args, "topology", None):
         return int(topology_predict.run_topology(args))
     inputs = inputs_from_args(args)
     est = estimate_step(inputs.model, inputs.cluster, inputs.plan)
