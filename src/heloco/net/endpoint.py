@@ -82,7 +82,17 @@ class EndpointConfig:
 class Endpoint:
     """Serves one :class:`Coordinator` until its target revision is reached or ``stop`` is set."""
 
-    def __init__(self, coord: Coordinator, secret: bytes, cfg: EndpointConfig) -> None:
+    def __init__(
+        self,
+        coord: Coordinator,
+        secret: bytes,
+        cfg: EndpointConfig,
+        extra_meta: Callable[[], dict[str, Any]] | None = None,
+        check_extra: Callable[[dict[str, Any]], object] | None = None,
+    ) -> None:
+        """``extra_meta`` gives the serving session's own state to checkpoint (``extra``);
+        ``check_extra`` checks a checkpoint's ``extra`` before it is loaded (raises if it
+        is unusable, so the checkpoint is skipped)."""
         self.coord = coord
         self.secret = secret
         self.cfg = cfg
@@ -104,8 +114,8 @@ class Endpoint:
         self._last_ckpt_rev = server.revision
         self._last_ckpt_time = time.monotonic()
         self.on_checkpoint: Callable[[Path], None] | None = None
-        self.extra_meta: Callable[[], dict[str, Any]] | None = None
-        self.check_extra: Callable[[dict[str, Any]], object] | None = None
+        self.extra_meta = extra_meta
+        self.check_extra = check_extra
         self.restored_extra: dict[str, Any] = {}
         self.restored_from: Path | None = None
         self.skipped: list[checkpoint.Skipped] = []

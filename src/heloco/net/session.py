@@ -77,17 +77,6 @@ class Session:
         self.cfg = cfg
         self.out_dir = out_dir if out_dir is not None else cfg.out_dir
         self.side: RunParts = build_run(cfg)
-        run = cfg.model_dump(mode="json") | {"out_dir": None}
-        self.coord = Coordinator(
-            self.side.server,
-            Budget(tokens=cfg.token_budget, seconds=cfg.time_budget),
-            run=run,
-            heartbeat_s=liveness.heartbeat_s,
-            evict_after_s=liveness.evict_after_s,
-            max_tokens_per_step=cfg.inner.batch_size * cfg.inner.seq_len * MAX_ISLAND_RANKS,
-            wait_for_workers_s=liveness.wait_for_workers_s,
-        )
-        self.endpoint = Endpoint(self.coord, secret, endpoint)
         # A restarted server continues its run's events (the run id comes from its checkpoint)
         self.writer = MetricsWriter(self.out_dir, append=True)
         self.stats = RunStats(cfg.workers, self.side.data.worker_languages)
@@ -103,15 +92,27 @@ class Session:
             cfg.eval_unit,
         )
         self.traj = self.rec.traj
-        self.coord.on_update = self._on_update
-        self.coord.on_round = self.rec.record_round
-        self.coord.on_event = self.writer.event
+        run = cfg.model_dump(mode="json") | {"out_dir": None}
+        self.coord = Coordinator(
+            self.side.server,
+            Budget(tokens=cfg.token_budget, seconds=cfg.time_budget),
+            run=run,
+            heartbeat_s=liveness.heartbeat_s,
+            evict_after_s=liveness.evict_after_s,
+            on_update=self._on_update,
+            on_round=self.rec.record_round,
+            on_event=self.writer.event,
+            max_tokens_per_step=cfg.inner.batch_size * cfg.inner.seq_len * MAX_ISLAND_RANKS,
+            wait_for_workers_s=liveness.wait_for_workers_s,
+        )
+        self.endpoint = Endpoint(
+            self.coord, secret, endpoint, extra_meta=self._extra, check_extra=_evals_of
+        )
         self.wall0 = time.perf_counter()
         self.resumed = False
 
     # -- persistence of the session's own state (evals) ------------------------------------
     def _resume(self) -> None:
-        self.endpoint.check_extra = _evals_of
         restored = self.endpoint.restore()
         skipped = [{"checkpoint": s.path.name, "reason": s.reason} for s in self.endpoint.skipped]
         if not restored:
@@ -159,7 +160,6 @@ class Session:
     def open(self) -> str:
         """Restore the last checkpoint (if any) and bind; returns the server address."""
         self._resume()
-        self.endpoint.extra_meta = self._extra
         address = self.endpoint.open()
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
