@@ -39,7 +39,8 @@ from heloco.config import atomic_write_text, load_config
 from heloco.executors import Executor, run_tasks
 from heloco.metrics import EvalPoint, atomic_write_json
 from heloco.outer import resolve_method
-from heloco.sim import RunResult, SimConfig
+from heloco.sim import CONFIG_FILE, RunResult, SimConfig
+from shardmeter.errors import UserInputError
 
 CELL_FILE = "cell.json"
 RESULTS_JSONL = "results.jsonl"
@@ -342,10 +343,31 @@ def load_cell_result(path: Path) -> CellResult:
     return CellResult(**json.loads(path.read_text(encoding="utf-8")))
 
 
-def done_result(cell: Cell, out_root: Path) -> CellResult | None:
-    """The stored result of a finished cell, or None."""
+def done_result(cell: Cell, out_root: Path, cfg: SimConfig | None = None) -> CellResult | None:
+    """The stored result of a finished cell, or None. With ``cfg`` (the config the cell would
+    run now), a cell run with another config is refused in one line: a grid folder holds one
+    grid, so its results never mix runs of different settings."""
     path = out_root / "runs" / cell.key / CELL_FILE
-    return load_cell_result(path) if path.is_file() else None
+    if not path.is_file():
+        return None
+    stored = path.parent / CONFIG_FILE
+    if cfg is not None and stored.is_file():
+        ran = json.loads(stored.read_text(encoding="utf-8"))
+        if ran != json.loads(json.dumps(cfg.model_dump(mode="json"))):
+            differ = sorted(k for k in cfg.model_dump(mode="json") if ran.get(k) != _json(cfg, k))
+            raise UserInputError(
+                "--out",
+                str(out_root),
+                f"a folder of this grid's settings (cell {cell.key} ran with other values of "
+                f"{', '.join(differ[:4]) or 'its config'}); use a new folder or remove "
+                f"{path.parent}",
+            )
+    return load_cell_result(path)
+
+
+def _json(cfg: SimConfig, key: str) -> Any:
+    """One key of ``cfg`` as its config.json holds it."""
+    return json.loads(json.dumps(cfg.model_dump(mode="json")[key]))
 
 
 # -- the grid -------------------------------------------------------------------------------
@@ -429,7 +451,10 @@ def run_grid(
     results: dict[str, CellResult] = {}
     todo: list[Cell] = []
     for cell in cells:
-        prev = done_result(cell, grid.out_root)
+        prev = None
+        if (grid.out_root / "runs" / cell.key / CELL_FILE).is_file():
+            now = cell_config(cell, grid.out_root, grid.data_dir, grid.overrides_for(cell))
+            prev = done_result(cell, grid.out_root, now)
         if prev is None:
             todo.append(cell)
         else:

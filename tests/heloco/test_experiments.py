@@ -25,6 +25,7 @@ from heloco.experiments import (
     window_mean,
 )
 from heloco.metrics import EvalPoint
+from shardmeter.errors import UserInputError
 
 
 def test_time_budget_is_async_token_time() -> None:
@@ -124,6 +125,12 @@ def test_grid_runs_writes_and_resumes(tmp_path: Path) -> None:
     assert {r.method for r in read_results(tmp_path)} == {"sync", "heloco"}
     stored = json.loads((tmp_path / "runs" / cells[1].key / "cell.json").read_text())
     assert stored["method"] == "heloco"
+    # the same folder with other settings: refused in one line, nothing mixed or rerun
+    other = GridRun(out_root=tmp_path, data_dir=None, jobs=1, extra={**TINY_CELL, "seed": 7})
+    with pytest.raises(UserInputError) as exc:
+        run_grid(cells, other)
+    assert "seed" in str(exc.value) and cells[0].key in str(exc.value)
+    assert len((tmp_path / RESULTS_JSONL).read_text().splitlines()) == 2
 
 
 def test_failed_cell_is_reported_not_fatal(tmp_path: Path) -> None:
