@@ -108,7 +108,8 @@ class RunControl:
     def state_dict(self) -> dict[str, Any]:
         """What a restarted run continues from (JSON): the tokens counted so far. A grace
         window does not outlive its process: its buffered arrivals are in the server's
-        checkpoint and are applied at the restarted run's first check."""
+        checkpoint, and the restarted run opens a new window for them (see
+        :func:`heloco.net.endpoint.load_coordinator_meta`)."""
         return {"tokens": self.tokens}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

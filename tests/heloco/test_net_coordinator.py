@@ -314,3 +314,25 @@ def test_a_push_checks_the_revision_log_once(monkeypatch: pytest.MonkeyPatch) ->
     assert ack.type == "ack" and ack.body["applied"] and len(calls) == 1
     replayed = push(coord, 1, pull(coord, 1))
     assert replayed.type == "ack" and len(calls) == 2
+
+
+def test_buffered_arrivals_of_a_checkpoint_get_a_new_grace_window(tmp_path: Path) -> None:
+    now = [1000.0]
+
+    def graced() -> Coordinator:
+        init = {"w": torch.zeros(3, 4), "b": torch.zeros(5)}
+        opt = build_optimizer("async-nesterov", init, OuterConfig(), 2)
+        cfg = ServerConfig(n_workers=2, inner_steps=3, grace_window=5.0)
+        server = Server(init, opt, cfg)
+        return Coordinator(server, Budget(revisions=100), clock=lambda: now[0], t0=now[0])
+
+    first = Endpoint(graced(), SECRET, EndpointConfig(checkpoint_dir=tmp_path))
+    ack = push(first.coord, 0, pull(first.coord, 0))
+    assert ack.type == "ack" and not ack.body["applied"] and first.coord.server.pending_workers
+    assert first.save_checkpoint() is not None
+    ep = Endpoint(graced(), SECRET, EndpointConfig(checkpoint_dir=tmp_path))
+    assert ep.restore() and ep.coord.server.pending_workers == [0]
+    assert ep.coord.flush_due() == []  # the new window is open
+    now[0] += 6.0
+    assert [e.record.revision for e in ep.coord.flush_due()] == [1]
+    assert ep.coord.server.pending_workers == []

@@ -430,7 +430,8 @@ def load_coordinator_meta(coord: Coordinator, meta: CoordinatorMeta) -> None:
     """Inverse of :func:`coordinator_meta`; wall time continues from the saved elapsed time.
 
     The counters and worker records are loaded into the coordinator's own objects, never
-    replaced: the listeners hold the same :class:`Counters` and keep counting into it."""
+    replaced: the listeners hold the same :class:`Counters` and keep counting into it.
+    Arrivals an asynchronous server had buffered in a grace window get a new window."""
     coord.control.load_state_dict({"tokens": meta.tokens})
     coord.t0 = coord.clock() - meta.elapsed
     coord.counters.load(meta.counters)
@@ -440,3 +441,5 @@ def load_coordinator_meta(coord: Coordinator, meta: CoordinatorMeta) -> None:
         saved = w.model_dump() | {"last_loss": float("nan") if w.last_loss is None else w.last_loss}
         for f in fields(WorkerInfo):
             setattr(info, f.name, saved[f.name])
+    if coord.server.pending_workers and not coord.server.cfg.synchronous:
+        coord.control.open_grace(coord.elapsed())  # the checkpoint's buffered arrivals
