@@ -3,11 +3,11 @@
     python benchmarks/mutation_check.py                  # closed-form tests only (~1 min)
     python benchmarks/mutation_check.py --tests tests/shardmeter   # the whole ShardMeter suite
 
-Each mutation is one exact text replacement in `src/shardmeter/estimate/*.py`. It is applied to
-a temporary copy of `src/` (the working tree is never touched), the tests run against that
-copy, and the table lists the tests that fail. A mutation no test catches is a hole in the
-suite; the script exits 1 if any. The first eleven are issue 13's list; the rest are the
-equivalents for the terms issue 13 added.
+Each mutation is one exact text replacement in `src/shardmeter/estimate/*.py` (or, when its path
+has a folder, another module of `src/shardmeter`), run against its own tests where it names
+them. It is applied to a temporary copy of `src/` (the working tree is never touched), the
+tests run against that copy, and the table lists the tests that fail. A mutation no test
+catches is a hole in the suite; the script exits 1 if any.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 @dataclass(frozen=True)
 class Mutation:
     name: str
-    path: str  # relative to src/shardmeter/estimate
+    path: str  # relative to src/shardmeter/estimate, or to src/shardmeter when it has a "/"
     old: str
     new: str
+    tests: str = ""  # the tests that catch it, when not the --tests default
 
 
 MUTATIONS: tuple[Mutation, ...] = (
@@ -154,14 +155,43 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("up-projection GEMMs not re-run in backward", "compute.py",
              "+ where(plans.recompute_qkv, qkv_recompute_time(model, plans, acc), 0.0)",
              "+ 0.0 * where(plans.recompute_qkv, qkv_recompute_time(model, plans, acc), 0.0)"),
+    # --- mutations an independent run found surviving; each now fails a named test ---
+    Mutation("K,V heads below tp: max(kv/tp, 1) dropped (compute)", "compute.py",
+             "kv_local = maximum(model.kv_heads / tp, 1.0) * model.dim_head  # KV",
+             "kv_local = (model.kv_heads / tp) * model.dim_head  # KV"),
+    Mutation("K,V heads below tp: max(kv/tp, 1) dropped (cp ring)", "step.py",
+             "kv_local = maximum(model.kv_heads / tp, 1.0) * model.dim_head",
+             "kv_local = (model.kv_heads / tp) * model.dim_head"),
+    Mutation("K,V heads below tp: max(kv/tp, 1) dropped (activations)", "memory.py",
+             "kv_l = maximum(model.kv_heads / tp, 1.0) * model.dim_head",
+             "kv_l = (model.kv_heads / tp) * model.dim_head"),
+    Mutation("TP ring factor 2(n-1)/n dropped from comm_bytes", "step.py",
+             '"tp": m * layers_crit * tp_count * tp_msg * 2.0 * (tp - 1.0) / tp,',
+             '"tp": m * layers_crit * tp_count * tp_msg,'),
+    Mutation("uneven interleaved split per stage, not per chunk", "compute.py",
+             "even = ceil(rest / maximum(stages * v, 1.0)) * v",
+             "even = ceil(rest / maximum(stages, 1.0))"),
+    Mutation("pruning guard against the runner-up dropped", "search/cluster.py",
+             "useless = (wall > self._threshold) & (wall > runner_up)",
+             "useless = wall > self._threshold  # runner-up ignored",
+             tests="tests/shardmeter/test_search.py"),
+    Mutation("WAN bytes and egress charged for rounds lost to failures", "estimate/islands.py",
+             "useful_rounds = wall[..., None] * loss.goodput / rnd.round_s",
+             "useful_rounds = wall[..., None] / rnd.round_s",
+             tests="tests/shardmeter/test_islands_fidelity.py"),
+    Mutation("search ranks plans as if nothing failed", "estimate/islands.py",
+             "island_tps = ideal_tps * loss.goodput",
+             "island_tps = ideal_tps * 1.0",
+             tests="tests/shardmeter/test_search.py"),
 )  # fmt: skip
 
 
 def failing_tests(src: Path, tests: str) -> tuple[list[str], str]:
-    """Run pytest against the package in `src`; return the failed test ids and the tail."""
+    """Run pytest against the package in `src` (`tests`: paths split by spaces); return the
+    failed test ids and the tail."""
     env = {**os.environ, "PYTHONPATH": str(src)}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", tests, "-W", "ignore"],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests.split(), "-W", "ignore"],
         cwd=ROOT, env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     failed = re.findall(r"^FAILED (\S+)", proc.stdout, flags=re.M)
@@ -169,7 +199,8 @@ def failing_tests(src: Path, tests: str) -> tuple[list[str], str]:
 
 
 def apply(src: Path, mutation: Mutation) -> None:
-    path = src / "shardmeter" / "estimate" / mutation.path
+    base = src / "shardmeter" if "/" in mutation.path else src / "shardmeter" / "estimate"
+    path = base / mutation.path
     text = path.read_text()
     if text.count(mutation.old) != 1:
         raise SystemExit(f"mutation {mutation.name!r}: the text to replace is not unique in "
@@ -183,21 +214,22 @@ def main() -> int:
     ap.add_argument("--only", default="", help="run only mutations whose name contains this")
     args = ap.parse_args()
     holes = 0
+    chosen = [m for m in MUTATIONS if not args.only or args.only in m.name]
+    targets = sorted({m.tests or args.tests for m in chosen})
     with tempfile.TemporaryDirectory() as tmp:
         clean = Path(tmp) / "clean"
         shutil.copytree(ROOT / "src", clean)
-        base, tail = failing_tests(clean, args.tests)
-        if base:
-            print(f"the unmutated tree already fails: {base}\n{tail}")
-            return 2
-        for mutation in MUTATIONS:
-            if args.only and args.only not in mutation.name:
-                continue
+        for target in targets:
+            base, tail = failing_tests(clean, target)
+            if base:
+                print(f"the unmutated tree already fails: {base}\n{tail}")
+                return 2
+        for mutation in chosen:
             src = Path(tmp) / "mutant"
             shutil.rmtree(src, ignore_errors=True)
             shutil.copytree(ROOT / "src", src)
             apply(src, mutation)
-            failed, _ = failing_tests(src, args.tests)
+            failed, _ = failing_tests(src, mutation.tests or args.tests)
             holes += not failed
             caught = ", ".join(failed) if failed else "NOT CAUGHT"
             print(f"{mutation.name:<52} {caught}")

@@ -39,9 +39,7 @@ FAILURES = "gpu_mtbf_hours=50000,restart_s=600"
 
 def flatten(value: Any, prefix: str, out: dict[str, float]) -> None:
     """Every number inside `value` (dataclasses, mappings, sequences) under a dotted key."""
-    if isinstance(value, bool):
-        out[prefix] = float(value)
-    elif isinstance(value, int | float):
+    if isinstance(value, bool | int | float):
         out[prefix] = float(value)
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         for f in dataclasses.fields(value):
