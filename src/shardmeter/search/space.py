@@ -7,10 +7,10 @@ estimator is called on a (K sync choices, R shapes) grid whose columns broadcast
 depends only on the shape runs once per row, not once per plan (design doc C.11: enumerate,
 prune by divisibility and memory, evaluate analytically).
 
-Divisibility rules are `validate_plan`'s (tp | heads, pp·vpp | layers unless uneven stages are
+The plan rules are `specs.rules.RULES` (tp | heads, pp·vpp | layers unless uneven stages are
 allowed, cp | seq, ep | experts and dp, dp·micro-batch | global batch, interleaving needs pp | m,
-shard group | dp), enforced at enumeration (`enumerate_shapes`, `sync_choices`) and on the grid
-(`grid_valid`).
+shard group | dp): enumeration (`enumerate_shapes`, `sync_choices`) only generates what can pass,
+and `grid_valid` evaluates the table on the grid.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from shardmeter.search.options import SpaceOptions
 from shardmeter.specs.hardware import Cluster
 from shardmeter.specs.model import TransformerSpec
 from shardmeter.specs.plan import Plan
+from shardmeter.specs.rules import PlanColumns, rules_hold
 
 IntArray = NDArray[np.int64]
 BoolArray = NDArray[np.bool_]
@@ -40,6 +41,9 @@ BoolArray = NDArray[np.bool_]
 SHARDING_NAMES: tuple[str, ...] = tuple(SHARDING_CODES)
 RECOMPUTE_NAMES: tuple[str, ...] = tuple(RECOMPUTE_CODES)
 PRECISION_NAMES: tuple[str, ...] = tuple(PRECISION_CODES)
+# rules the search relaxes: pp·vpp need not divide the layers (`SpaceOptions.uneven_layers`
+# decides at enumeration; the estimate takes the fullest stage)
+SEARCH_RELAXES: tuple[str, ...] = ("layers_per_chunk",)
 
 
 def divisors(n: int) -> list[int]:
@@ -262,13 +266,25 @@ def grid_plans(
     )
 
 
-def grid_valid(rows: Shapes, sync: SyncChoices, global_batch: int) -> BoolArray:
-    """(K, R) mask of runnable plans: dp·mb | G, interleaving needs pp | m, group | dp."""
-    step = rows.dp * rows.micro_batch
-    m = global_batch // step
-    ok_row = (global_batch % step == 0) & ((rows.vpp == 1) | (m % rows.pp == 0))
-    ok = (rows.dp[None, :] % sync.shard_group[:, None] == 0) & ok_row[None, :]
-    return np.asarray(ok, dtype=np.bool_)
+def grid_valid(
+    model: TransformerSpec, rows: Shapes, sync: SyncChoices, global_batch: int
+) -> BoolArray:
+    """(K, R) mask of runnable plans: every rule of `specs.rules.RULES` on the grid's columns,
+    except `layers_per_chunk` (the search models uneven stages by the fullest one)."""
+    columns = PlanColumns(
+        dp=rows.dp[None, :],
+        tp=rows.tp[None, :],
+        pp=rows.pp[None, :],
+        cp=rows.cp[None, :],
+        ep=rows.ep[None, :],
+        vpp=rows.vpp[None, :],
+        micro_batch=rows.micro_batch[None, :],
+        global_batch=int(global_batch),
+        sharding=sync.sharding[:, None],
+        shard_group=sync.shard_group[:, None],
+    )
+    ok = rules_hold(columns, model, relax=SEARCH_RELAXES)
+    return np.asarray(np.broadcast_to(ok, (len(sync), len(rows))), dtype=np.bool_)
 
 
 def make_plan(
