@@ -16,16 +16,14 @@ from hypothesis import strategies as st
 
 from shardmeter.errors import UserInputError
 from shardmeter.estimate.islands import predict_topology
+from shardmeter.cli.quality import add_arguments, apply, rank_from_args
 from shardmeter.quality import (
     MethodQuality,
     QualityFactors,
-    add_arguments,
-    apply,
     find_runs,
     plan_to_target,
     quality_factors,
     rank_by_time_to_target,
-    rank_from_args,
     ranked_json,
     tokens_to_loss,
 )
