@@ -10,13 +10,12 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from heloco.server import UpdateRecord
+from shardmeter.io import write_atomic
 
 EVENTS_FILE = "events.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -253,16 +252,8 @@ def summary_to_json(summary: RunSummary) -> dict[str, Any]:
 
 
 def atomic_write_json(path: Path, payload: dict[str, Any]) -> None:
-    """Write JSON to a temp file in the same folder, then os.replace it into place."""
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(payload, fh, indent=2, allow_nan=False)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write JSON atomically (``shardmeter.io.write_atomic``: temp file + os.replace)."""
+    write_atomic(path, json.dumps(payload, indent=2, allow_nan=False) + "\n")
 
 
 def _finite(x: float) -> float | None:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from heloco.metrics import EVENTS_FILE, SUMMARY_FILE, EvalPoint
 from shardmeter.errors import UserInputError, from_pydantic
+from shardmeter.io import atomic_path
 
 CONFIG_FILE = "config.json"
 PLOT_FORMATS = ("png", "svg")
@@ -297,9 +298,8 @@ def save_figure(fig: Any, out_dir: Path, stem: str) -> list[Path]:
     paths = []
     for fmt in PLOT_FORMATS:
         path = out_dir / f"{stem}.{fmt}"
-        tmp = path.with_name(f".{path.name}.tmp")
-        fig.savefig(tmp, format=fmt, dpi=120, bbox_inches="tight")
-        tmp.replace(path)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format=fmt, dpi=120, bbox_inches="tight")
         paths.append(path)
     return paths
 

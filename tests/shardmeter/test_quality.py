@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from shardmeter.cli.quality import add_arguments, apply, rank_from_args
 from shardmeter.errors import UserInputError
 from shardmeter.estimate.islands import predict_topology
-from shardmeter.cli.quality import add_arguments, apply, rank_from_args
 from shardmeter.quality import (
     MethodQuality,
     QualityFactors,
