@@ -7,13 +7,13 @@ the summary is written atomically (temp file + os.replace).
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from heloco.curve import value_at
 from heloco.server import UpdateRecord
 from shardmeter.io import write_atomic
 
@@ -201,16 +201,10 @@ def cycle_average(points: list[EvalPoint], now: float, cycle: float, loss: float
 
 def loss_at(points: list[EvalPoint], budget: float, key: str) -> float | None:
     """Validation loss at ``budget`` along ``key`` ('tokens' or 'time'), linearly interpolated
-    between the two evals that bracket it; None if the run never reached it."""
-    for a, b in itertools.pairwise(points):
-        xa, xb = float(getattr(a, key)), float(getattr(b, key))
-        if xa <= budget <= xb:
-            if xb == xa:
-                return b.loss
-            return a.loss + (b.loss - a.loss) * (budget - xa) / (xb - xa)
-    if points and float(getattr(points[-1], key)) == budget:
-        return points[-1].loss
-    return None
+    between the two evals that bracket it; None if the run never reached it
+    (`heloco.curve.value_at`)."""
+    xs = [float(getattr(p, key)) for p in points]
+    return value_at(xs, [p.loss for p in points], budget, "none")
 
 
 class MetricsWriter:
