@@ -1,4 +1,4 @@
-"""Islands fidelity (issue 12): overlap, fragment schedules, given step times, payload families,
+"""Islands fidelity: overlap, fragment schedules, given step times, payload families,
 object storage, failures and churn. Closed forms, properties and one-line errors."""
 
 from __future__ import annotations
@@ -493,7 +493,7 @@ def test_compare_modes_lists_every_mode(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_sweep_text_agrees_with_the_table() -> None:
-    """Issue 12: sync DP over two clouds is compute-bound at 4 GPUs per island and not beyond;
+    """Sync DP over two clouds is compute-bound at 4 GPUs per island and not beyond;
     the knee sentence must say so, not 'never compute-bound'."""
     from shardmeter.analysis import sweep
 
