@@ -1,10 +1,12 @@
 """Compose per-island inner-step estimates into a whole-topology estimate.
 
-`compose` is a pure function of per-island `StepEstimate`s, the resolved WAN and the outer
-settings: per-island and total throughput, compute utilization, WAN bytes, wall-clock to the
-token budget, cost, the bottleneck and the regime, and the smallest H / WAN bandwidth at which
-the run is compute-bound (utilization ≥ threshold). `predict_topology` runs the single-island
-estimator on each island (explicit plan, or an "auto" FSDP/HSDP plan) and then composes.
+`compose_arrays` is the one multi-island formula: an outer round per island plus failures and
+checkpoints -> throughput, wall-clock to the token budget, WAN bytes and cost, broadcast over
+any leading axes (the planner evaluates whole grids of GPU counts × outer settings with it).
+`compose` evaluates it for one topology and adds what one estimate explains: per-island
+figures, the bottleneck and the regime, and the smallest H / WAN bandwidth at which the run is
+compute-bound (utilization ≥ threshold). `predict_topology` runs the single-island estimator
+on each island (explicit plan, or an "auto" FSDP/HSDP plan) and then composes.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ rounds are max(H·T_i, exchange)), and the GPU cost of a fixed allocation grows 
 so for each (island, GPU count, batch) only the fastest fitting inner plan can be part of a
 best or Pareto-optimal plan. Each island type gets one inner search (`BestPolicy`); then every
 island subset × GPU counts (node multiples) × outer mode × H × bits × fragments × τ is composed
-on arrays with `estimate.outer.outer_round` and priced as in `estimate.islands.compose`.
+on arrays with `estimate.outer.outer_round` and priced, failures included, by
+`estimate.islands.compose_arrays`, the formula `predict_topology` evaluates for one topology,
+so the ranking counts failure losses.
 Caveat: with an overloaded async parameter server a faster small island can take server
 capacity from larger ones; that case is not covered by the factorisation.
 """
