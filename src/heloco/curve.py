@@ -9,7 +9,8 @@ interpolated between the two evaluations that bracket it.
 - outside the range (the run stopped before x, or x precedes the first eval), and for no
   points at all: `outside="none"` returns None, `"nan"` returns nan, `"clamp"` returns the
   nearest end's y (no points: ValueError);
-- a y that is nan or inf propagates as the arithmetic gives it.
+- x at an eval's x gives that eval's y exactly (a nan or inf at the next eval does not leak
+  in); between two evals a nan or inf y propagates as the arithmetic gives it.
 """
 
 from __future__ import annotations
@@ -42,5 +43,7 @@ def value_at(xs: Sequence[float], ys: Sequence[float], x: float, outside: Outsid
             x0, x1 = xs[i - 1], xs[i]
             if x1 == x0:
                 return ys[i]
+            if x == x0:
+                return ys[i - 1]  # exactly, even when the next y is nan or inf
             return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - x0) / (x1 - x0)
     return ys[-1]

@@ -36,8 +36,9 @@ def test_outside_the_range_none_nan_or_clamp() -> None:
         value_at([], [], 1.0, "clamp")
 
 
-def test_a_nan_loss_propagates() -> None:
+def test_a_nan_loss_propagates_between_evals_not_onto_an_eval() -> None:
     assert math.isnan(value_at([0.0, 1.0], [math.nan, 1.0], 0.5, "none") or 0.0)
+    assert value_at([0.0, 1.0], [2.0, math.nan], 0.0, "clamp") == 2.0  # a diverged next eval
 
 
 @settings(max_examples=50, deadline=None, derandomize=True)
