@@ -9,8 +9,9 @@ prune by divisibility and memory, evaluate analytically).
 
 The plan rules are `specs.rules.RULES` (tp | heads, pp·vpp | layers unless uneven stages are
 allowed, cp | seq, ep | experts and dp, dp·micro-batch | global batch, interleaving needs pp | m,
-shard group | dp): enumeration (`enumerate_shapes`, `sync_choices`) only generates what can pass,
-and `grid_valid` evaluates the table on the grid.
+shard group | dp): enumeration (`_model_options`, `sync_choices`) only generates layouts that
+can pass, `enumerate_shapes` keeps the shapes some batch can run by the table, and `grid_valid`
+evaluates the table on the grid.
 """
 
 from __future__ import annotations
@@ -167,10 +168,19 @@ def enumerate_shapes(
     tp, cp, pp, vpp, ep = lay.T
     dp = n_gpus // (tp * cp * pp)
     mb = ex[:, 0]
-    g = np.asarray(batches, dtype=np.int64)[None, :]
-    step = (dp * mb)[:, None]
-    runnable = (g % step == 0) & ((vpp[:, None] == 1) | ((g // step) % pp[:, None] == 0))
-    keep = runnable.any(axis=1)
+    columns = PlanColumns(
+        dp=dp[:, None],
+        tp=tp[:, None],
+        pp=pp[:, None],
+        cp=cp[:, None],
+        ep=ep[:, None],
+        vpp=vpp[:, None],
+        micro_batch=mb[:, None],
+        global_batch=np.asarray(batches, dtype=np.int64)[None, :],
+        sharding=0,
+        shard_group=1,
+    )
+    keep = rules_hold(columns, model, relax=SEARCH_RELAXES).any(axis=1)
     return Shapes(
         n_gpus=n_gpus,
         tp=tp[keep],
