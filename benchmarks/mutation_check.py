@@ -3,12 +3,11 @@
     python benchmarks/mutation_check.py                  # closed-form tests only (~1 min)
     python benchmarks/mutation_check.py --tests tests/shardmeter   # the whole ShardMeter suite
 
-Each mutation is one exact text replacement in `src/shardmeter/estimate/*.py`. It is applied to
-a temporary copy of `src/` (the working tree is never touched), the tests run against that
-copy, and the table lists the tests that fail. A mutation no test catches is a hole in the
-suite; the script exits 1 if any. A heloco mutation (its path under ``src/heloco``) runs the
-tests it names. The first eleven are issue 13's list; the rest are the
-equivalents for the terms issue 13 added.
+Each mutation is one exact text replacement in `src/shardmeter/estimate/*.py`, or, when its
+path starts with `shardmeter/` or `heloco/`, in that module under `src/`. It is applied to a
+temporary copy of `src/` (the working tree is never touched), the tests run against that copy
+(the mutation's own tests where it names them, else `--tests`), and the table lists the tests
+that fail. A mutation no test catches is a hole in the suite; the script exits 1 if any.
 """
 
 from __future__ import annotations
@@ -24,12 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("shardmeter/", "heloco/")  # a path starting so is relative to src/
 
 
 @dataclass(frozen=True)
 class Mutation:
     name: str
-    path: str  # relative to src/shardmeter/estimate, or to src/ when it starts with "heloco/"
+    path: str  # relative to src/shardmeter/estimate, or to src/ when it starts with a package
     old: str
     new: str
     tests: str = ""  # the tests that must catch it (default: --tests)
@@ -177,14 +177,43 @@ MUTATIONS: tuple[Mutation, ...] = (
              "self.budget.seconds is not None and now > self.budget.seconds",
              "self.budget.seconds is not None and now >= self.budget.seconds",
              "tests/heloco/test_run_control.py"),
+    # --- mutations an independent run found surviving; each now fails a named test ---
+    Mutation("K,V heads below tp: max(kv/tp, 1) dropped (compute)", "compute.py",
+             "kv_local = maximum(model.kv_heads / tp, 1.0) * model.dim_head  # KV",
+             "kv_local = (model.kv_heads / tp) * model.dim_head  # KV"),
+    Mutation("K,V heads below tp: max(kv/tp, 1) dropped (cp ring)", "step.py",
+             "kv_local = maximum(model.kv_heads / tp, 1.0) * model.dim_head",
+             "kv_local = (model.kv_heads / tp) * model.dim_head"),
+    Mutation("K,V heads below tp: max(kv/tp, 1) dropped (activations)", "memory.py",
+             "kv_l = maximum(model.kv_heads / tp, 1.0) * model.dim_head",
+             "kv_l = (model.kv_heads / tp) * model.dim_head"),
+    Mutation("TP ring factor 2(n-1)/n dropped from comm_bytes", "step.py",
+             '"tp": m * layers_crit * tp_count * tp_msg * 2.0 * (tp - 1.0) / tp,',
+             '"tp": m * layers_crit * tp_count * tp_msg,'),
+    Mutation("uneven interleaved split per stage, not per chunk", "compute.py",
+             "even = ceil(rest / maximum(stages * v, 1.0)) * v",
+             "even = ceil(rest / maximum(stages, 1.0))"),
+    Mutation("pruning guard against the runner-up dropped", "shardmeter/search/cluster.py",
+             "useless = (wall > self._threshold) & (wall > runner_up)",
+             "useless = wall > self._threshold  # runner-up ignored",
+             tests="tests/shardmeter/test_search.py"),
+    Mutation("WAN bytes and egress charged for rounds lost to failures", "islands.py",
+             "useful_rounds = wall[..., None] * loss.goodput / rnd.round_s",
+             "useful_rounds = wall[..., None] / rnd.round_s",
+             tests="tests/shardmeter/test_islands_fidelity.py"),
+    Mutation("search ranks plans as if nothing failed", "islands.py",
+             "island_tps = ideal_tps * loss.goodput",
+             "island_tps = ideal_tps * 1.0",
+             tests="tests/shardmeter/test_search.py"),
 )  # fmt: skip
 
 
 def failing_tests(src: Path, tests: str) -> tuple[list[str], str]:
-    """Run pytest against the package in `src`; return the failed test ids and the tail."""
+    """Run pytest against the package in `src` (`tests`: paths split by spaces); return the
+    failed test ids and the tail."""
     env = {**os.environ, "PYTHONPATH": str(src)}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", tests, "-W", "ignore"],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests.split(), "-W", "ignore"],
         cwd=ROOT, env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     failed = re.findall(r"^FAILED (\S+)", proc.stdout, flags=re.M)
@@ -192,7 +221,7 @@ def failing_tests(src: Path, tests: str) -> tuple[list[str], str]:
 
 
 def apply(src: Path, mutation: Mutation) -> None:
-    under = src if mutation.path.startswith("heloco/") else src / "shardmeter" / "estimate"
+    under = src if mutation.path.startswith(PACKAGES) else src / "shardmeter" / "estimate"
     path = under / mutation.path
     text = path.read_text()
     if text.count(mutation.old) != 1:
@@ -207,16 +236,17 @@ def main() -> int:
     ap.add_argument("--only", default="", help="run only mutations whose name contains this")
     args = ap.parse_args()
     holes = 0
+    chosen = [m for m in MUTATIONS if not args.only or args.only in m.name]
+    targets = sorted({m.tests or args.tests for m in chosen})
     with tempfile.TemporaryDirectory() as tmp:
         clean = Path(tmp) / "clean"
         shutil.copytree(ROOT / "src", clean)
-        base, tail = failing_tests(clean, args.tests)
-        if base:
-            print(f"the unmutated tree already fails: {base}\n{tail}")
-            return 2
-        for mutation in MUTATIONS:
-            if args.only and args.only not in mutation.name:
-                continue
+        for target in targets:
+            base, tail = failing_tests(clean, target)
+            if base:
+                print(f"the unmutated tree already fails: {base}\n{tail}")
+                return 2
+        for mutation in chosen:
             src = Path(tmp) / "mutant"
             shutil.rmtree(src, ignore_errors=True)
             shutil.copytree(ROOT / "src", src)

@@ -41,8 +41,8 @@ from shardmeter.quality import (
     plan_to_target,
     quality_factors,
     ranked_json,
-    render_ranked,
 )
+from shardmeter.report.quality import render_ranked
 from shardmeter.search import OuterOptions
 from shardmeter.specs.topology import load_topology
 

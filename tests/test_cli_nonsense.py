@@ -1,4 +1,4 @@
-"""Issue 11 case 11: nonsense is refused with one line (exit 2), in both commands.
+"""Nonsense is refused with one line (exit 2), in both commands.
 
 Each case is the command line a user typed (or the file cell they wrote) and what the one
 line must name. Before the fix these exited 0 with a silent substitute, a NaN result, or a

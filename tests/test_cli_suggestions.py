@@ -1,4 +1,4 @@
-"""Issue 11 case 13: a misspelt key gets "did you mean", in both commands and every input form.
+"""A misspelt key gets "did you mean", in both commands and every input form.
 
 Flags that take KEY=VALUE lists (`--failures`, `--bucket`, `--payload`), the files the flags
 read (topology, plan, model; heloco configs) and `--set` keys, including keys of a table

@@ -12,15 +12,14 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 import sys
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from heloco.sim.config import OUTER_ALIASES, SimConfig, fold_outer_aliases, parse_sim_config
 from shardmeter.errors import UserInputError, check_input
+from shardmeter.io import write_atomic
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -208,13 +207,5 @@ def save_config(cfg: SimConfig, path: Path) -> None:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to a temp file beside ``path``, then os.replace it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``text`` atomically (``shardmeter.io.write_atomic``: temp file + os.replace)."""
+    write_atomic(path, text)

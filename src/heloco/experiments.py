@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from heloco.config import atomic_write_text, load_config
+from heloco.curve import value_at
 from heloco.executors import Executor, run_tasks
 from heloco.metrics import EvalPoint, atomic_write_json
 from heloco.outer import resolve_method
@@ -148,18 +149,15 @@ def time_budget_for(token_budget: int, paces: Sequence[float], step_tokens: int)
 def interpolate(xs: Sequence[float], ys: Sequence[float], x: float, step: bool = False) -> float:
     """y(x) on sorted ``xs``: piecewise linear, or (``step``) the last value at or before x —
     exact for a synchronous run, whose model only changes when a round ends and which is
-    evaluated after every round. Clamps outside the range."""
+    evaluated after every round. Clamps outside the range (linear: `heloco.curve.value_at`)."""
+    if not step:
+        return value_at(xs, ys, x, "clamp")
     if x <= xs[0]:
         return ys[0]
     for i in range(1, len(xs)):
-        if x < xs[i] or (x == xs[i] and not step):
-            if step:
-                return ys[i - 1]
-            x0, x1 = xs[i - 1], xs[i]
-            if x1 == x0:
-                return ys[i]
-            return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - x0) / (x1 - x0)
-        if x == xs[i] and step and (i + 1 == len(xs) or xs[i + 1] > x):
+        if x < xs[i]:
+            return ys[i - 1]
+        if x == xs[i] and (i + 1 == len(xs) or xs[i + 1] > x):
             return ys[i]
     return ys[-1]
 

@@ -7,17 +7,16 @@ each with the run's id; the summary is written atomically (temp file + os.replac
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from heloco.runfolder import RUN_ID_FIELD, new_run_id
+from heloco.curve import value_at
 from heloco.server import UpdateRecord
+from shardmeter.io import write_atomic
 
 EVENTS_FILE = "events.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -203,16 +202,10 @@ def cycle_average(points: list[EvalPoint], now: float, cycle: float, loss: float
 
 def loss_at(points: list[EvalPoint], budget: float, key: str) -> float | None:
     """Validation loss at ``budget`` along ``key`` ('tokens' or 'time'), linearly interpolated
-    between the two evals that bracket it; None if the run never reached it."""
-    for a, b in itertools.pairwise(points):
-        xa, xb = float(getattr(a, key)), float(getattr(b, key))
-        if xa <= budget <= xb:
-            if xb == xa:
-                return b.loss
-            return a.loss + (b.loss - a.loss) * (budget - xa) / (xb - xa)
-    if points and float(getattr(points[-1], key)) == budget:
-        return points[-1].loss
-    return None
+    between the two evals that bracket it; None if the run never reached it
+    (`heloco.curve.value_at`)."""
+    xs = [float(getattr(p, key)) for p in points]
+    return value_at(xs, [p.loss for p in points], budget, "none")
 
 
 class MetricsWriter:
@@ -263,16 +256,8 @@ def summary_to_json(summary: RunSummary) -> dict[str, Any]:
 
 
 def atomic_write_json(path: Path, payload: dict[str, Any]) -> None:
-    """Write JSON to a temp file in the same folder, then os.replace it into place."""
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(payload, fh, indent=2, allow_nan=False)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write JSON atomically (``shardmeter.io.write_atomic``: temp file + os.replace)."""
+    write_atomic(path, json.dumps(payload, indent=2, allow_nan=False) + "\n")
 
 
 def _finite(x: float) -> float | None:

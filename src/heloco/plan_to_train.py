@@ -18,8 +18,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,6 +26,7 @@ from typing import Any, Literal
 from heloco.metrics import EVENTS_FILE, SUMMARY_FILE, atomic_write_json
 from heloco.topology import PaceMap, read_pace_map
 from shardmeter.errors import UserInputError
+from shardmeter.io import atomic_path
 
 RESULT_FILE = "plan_to_train.json"
 PLOT_STEM = "plan_to_train"
@@ -357,14 +356,8 @@ def plot(result: PlanToTrain, out_dir: Path, stem: str = PLOT_STEM) -> list[Path
     paths = []
     for ext in ("png", "svg"):
         path = out_dir / f"{stem}.{ext}"
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=f".tmp.{ext}", dir=out_dir)
-        os.close(fd)
-        try:
+        with atomic_path(path) as tmp:
             fig.savefig(tmp, format=ext, dpi=120)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
         paths.append(path)
     plt.close(fig)
     return paths

@@ -17,9 +17,11 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from heloco.curve import value_at
 from heloco.metrics import EVENTS_FILE, SUMMARY_FILE, EvalPoint
 from heloco.runfolder import run_ids
 from shardmeter.errors import UserInputError, from_pydantic
+from shardmeter.io import atomic_path
 
 CONFIG_FILE = "config.json"
 PLOT_FORMATS = ("png", "svg")
@@ -206,17 +208,9 @@ def load_runs(paths: Sequence[Path]) -> list[RunData]:
 
 def loss_at(points: Sequence[EvalPoint], x: float, key: str) -> float:
     """Loss at ``x`` along ``key`` ('tokens' or 'time'), linear between evals; nan if the run
-    did not reach ``x``."""
+    did not reach ``x`` (`heloco.curve.value_at`)."""
     xs = [float(getattr(p, key)) for p in points]
-    if not xs or x > xs[-1] or x < xs[0]:
-        return math.nan
-    for i in range(1, len(xs)):
-        if x <= xs[i]:
-            if xs[i] == xs[i - 1]:
-                return points[i].loss
-            w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
-            return points[i - 1].loss + w * (points[i].loss - points[i - 1].loss)
-    return points[-1].loss
+    return value_at(xs, [p.loss for p in points], x, "nan")
 
 
 def common_budget(runs: Sequence[RunData], key: str) -> float:
@@ -313,9 +307,8 @@ def save_figure(fig: Any, out_dir: Path, stem: str) -> list[Path]:
     paths = []
     for fmt in PLOT_FORMATS:
         path = out_dir / f"{stem}.{fmt}"
-        tmp = path.with_name(f".{path.name}.tmp")
-        fig.savefig(tmp, format=fmt, dpi=120, bbox_inches="tight")
-        tmp.replace(path)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format=fmt, dpi=120, bbox_inches="tight")
         paths.append(path)
     return paths
 

@@ -12,7 +12,6 @@ model is never replayed, and none is skipped.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from heloco.rounds import StateDict
+from shardmeter.io import atomic_path
 
 META_KEY = "heloco.worker_state"
 
@@ -32,15 +32,8 @@ def save_states(path: Path, states: dict[int, StateDict]) -> None:
         meta[str(steps)] = state["meta"]
         for name, t in state["tensors"].items():
             tensors[f"{steps}/{name}"] = t.detach().contiguous().cpu()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_file(tensors, str(tmp), metadata={META_KEY: json.dumps(meta)})
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    with atomic_path(path, fsync=True) as tmp:
+        save_file(tensors, str(tmp), metadata={META_KEY: json.dumps(meta)})
 
 
 def load_states(path: Path) -> dict[int, StateDict]:

@@ -12,7 +12,8 @@ Specs -> estimate -> report. The public API:
   ranks plans by predicted time to a target loss measured in HeLoCo runs;
 - validation: `evaluate_rows(read_rows(path))` against published measurements.
 
-numpy and pydantic only: this package never imports torch or heloco.
+`import shardmeter` needs numpy and pydantic only (the CLI adds rich for tables and matplotlib
+for plots); it never imports torch or heloco.
 """
 
 from shardmeter.analysis import SweepResult, plot_sweep, sweep

@@ -1,3 +1,5 @@
+"""`python -m shardmeter`: the `shardmeter` command line."""
+
 from shardmeter.cli import main
 
 raise SystemExit(main())

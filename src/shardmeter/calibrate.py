@@ -29,6 +29,7 @@ from shardmeter.specs.hf import gqa_equivalent, mla_attention_params
 from shardmeter.specs.loader import load_cluster
 from shardmeter.specs.model import MLASpec, MoESpec, TransformerSpec
 from shardmeter.specs.plan import Plan, validate_plan
+from shardmeter.specs.rules import RELAXABLE, PlanRuleError
 from shardmeter.specs.validation import MAX_EXACT_INT, validate_spec
 
 REQUIRED_COLUMNS: tuple[str, ...] = (
@@ -363,33 +364,53 @@ def _plan_extras(row: Mapping[str, str]) -> dict[str, object]:
     return extras
 
 
+def _relax_layers(plan: Plan, model: TransformerSpec) -> tuple[Plan, TransformerSpec]:
+    chunks = plan.pp * plan.vpp
+    return plan, model.model_copy(update={"n_layers": -(-model.n_layers // chunks) * chunks})
+
+
+def _relax_interleave(plan: Plan, model: TransformerSpec) -> tuple[Plan, TransformerSpec]:
+    return plan.model_copy(update={"vpp": 1}), model
+
+
+def _relax_batch(plan: Plan, model: TransformerSpec) -> tuple[Plan, TransformerSpec]:
+    per_step = plan.dp * plan.micro_batch
+    whole = max(plan.global_batch // per_step, 1) * per_step
+    return plan.model_copy(update={"global_batch": whole}), model
+
+
+# How a calibration row relaxes each relaxable rule of `specs.rules.RULES` (by code), and the
+# phrase the error table shows: the check the estimate then runs instead.
+RELAXATIONS: dict[
+    str, tuple[str, Callable[[Plan, TransformerSpec], tuple[Plan, TransformerSpec]]]
+] = {
+    "layers_per_chunk": ("uneven pipeline stages", _relax_layers),
+    "interleave_micro_batches": (
+        "interleaving with micro-batches not divisible by pp",
+        _relax_interleave,
+    ),
+    "whole_micro_batches": ("global batch not a whole number of micro-batches", _relax_batch),
+}
+
+
 def validate_relaxed(plan: Plan, model: TransformerSpec, n_gpus: int) -> tuple[str, ...]:
-    """`validate_plan`, except three schedule rules some frameworks do not impose (torchtitan
+    """`validate_plan`, except the rules marked relaxable in `specs.rules.RULES` (torchtitan
     splits layers unevenly; not every stack needs micro-batches divisible by pp when
-    interleaving, or a global batch that is a whole number of micro-batches). Returns the
-    rules relaxed; any other violation raises UserInputError."""
+    interleaving, or a global batch that is a whole number of micro-batches): each broken one
+    is relaxed by its code (`RELAXATIONS`) and validation runs again. Returns the phrases of
+    the rules relaxed; any other violation raises UserInputError."""
     relaxed: list[str] = []
     check_model, check_plan = model, plan
-    for _ in range(4):
+    for _ in range(len(RELAXATIONS) + 1):
         try:
             validate_plan(check_plan, check_model, n_gpus)
             return tuple(relaxed)
-        except UserInputError as exc:
-            chunks = check_plan.pp * check_plan.vpp
-            if exc.field == "plan.pp" and "divide n_layers" in exc.allowed:
-                layers = -(-check_model.n_layers // chunks) * chunks
-                check_model = check_model.model_copy(update={"n_layers": layers})
-                relaxed.append("uneven pipeline stages")
-            elif exc.field == "plan.global_batch" and "interleaved" in exc.allowed:
-                check_plan = check_plan.model_copy(update={"vpp": 1})
-                relaxed.append("interleaving with micro-batches not divisible by pp")
-            elif exc.field == "plan.global_batch" and "multiple" in exc.allowed:
-                per_step = check_plan.dp * check_plan.micro_batch
-                whole = max(check_plan.global_batch // per_step, 1) * per_step
-                check_plan = check_plan.model_copy(update={"global_batch": whole})
-                relaxed.append("global batch not a whole number of micro-batches")
-            else:
+        except PlanRuleError as exc:
+            if exc.code not in RELAXABLE or exc.code not in RELAXATIONS:
                 raise
+            phrase, relax = RELAXATIONS[exc.code]
+            check_plan, check_model = relax(check_plan, check_model)
+            relaxed.append(phrase)
     raise UserInputError("plan", plan, "violates the schedule rules")
 
 

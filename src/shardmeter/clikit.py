@@ -1,4 +1,5 @@
-"""The subcommand dispatcher both CLIs share: one module per subcommand, one-line user errors."""
+"""The argparse kit both CLIs share: the subcommand dispatcher (one module per subcommand),
+a parser whose usage errors are one line, and bounded number types for flags."""
 
 from __future__ import annotations
 

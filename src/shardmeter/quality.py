@@ -12,11 +12,13 @@ heloco.metrics.loss_at), `ref` is the synchronous DiLoCo run (method "sync"), an
 `target_loss` or, by default, the lowest loss every run reaches (max over runs of each run's
 best eval loss). Runs of the same method (seeds) are averaged in D. A plan's time and cost to
 the target are then q × its wall-clock and cost for the token budget (design doc C.10).
+
+Maths and data only (no argparse, no terminal): the `--quality-from` flags live in
+`shardmeter.cli.quality`, the table in `shardmeter.report.quality`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from collections.abc import Sequence
@@ -24,11 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from rich.console import Console
-
-from shardmeter.clikit import positive_float
 from shardmeter.errors import UserInputError
-from shardmeter.report.terminal import Col, duration, fit_table, si, usd
 
 SUMMARY_FILE = "summary.json"
 EVENTS_FILE = "events.jsonl"
@@ -248,64 +246,7 @@ def rank_by_time_to_target(
     return sorted(ranked, key=lambda r: (r.time_to_target_s, r.cost_to_target_usd))
 
 
-# --- `shardmeter predict/plan --quality-from RUN_DIR` ----------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags that read the quality factor from HeLoCo runs."""
-    group = parser.add_argument_group("quality factor from HeLoCo runs")
-    group.add_argument(
-        "--quality-from",
-        metavar="RUN_DIR",
-        help="HeLoCo run folder (or folder of runs incl. a 'sync' one): q = tokens to the "
-        "target loss relative to the sync run",
-    )
-    group.add_argument(
-        "--quality-method",
-        metavar="METHOD",
-        help=f"HeLoCo method whose q applies to async plans (default: {DEFAULT_ASYNC_METHOD}); "
-        "synchronous modes use the sync run (q = 1)",
-    )
-    group.add_argument(
-        "--target-loss",
-        type=positive_float,
-        help="validation loss (nats/token) the runs race to (default: lowest all reach)",
-    )
-
-
-def from_args(args: argparse.Namespace) -> QualityFactors | None:
-    """The quality factors named by `--quality-from`, or None without it."""
-    source = getattr(args, "quality_from", None)
-    if source is None:
-        for flag in ("quality_method", "target_loss"):
-            if getattr(args, flag, None) is not None:
-                raise UserInputError(
-                    f"--{flag.replace('_', '-')}", getattr(args, flag), "needs --quality-from"
-                )
-        return None
-    return quality_factors(source, getattr(args, "target_loss", None))
-
-
-def apply(args: argparse.Namespace) -> QualityFactors | None:
-    """`shardmeter predict --topology`: set `args.quality_factor` from `--quality-from` for
-    the run's outer mode (`--mode`, else the topology file's). Returns the factors used."""
-    quality = from_args(args)
-    if quality is None:
-        return None
-    if getattr(args, "quality_factor", None) is not None:
-        raise UserInputError("--quality-factor", args.quality_factor, "not with --quality-from")
-    mode = getattr(args, "mode", None)
-    if mode is None and getattr(args, "topology", None) is not None:
-        from shardmeter.specs.topology import load_topology
-
-        mode = load_topology(args.topology).run.mode
-    q = quality.for_mode(mode or "single", getattr(args, "quality_method", None))
-    if not math.isfinite(q):
-        raise UserInputError(
-            "--target-loss", quality.target_loss, "the chosen method never reaches it"
-        )
-    args.quality_factor = q
-    return quality
+# --- ranking a plan search by time to the target loss ---------------------------------------
 
 
 def plan_to_target(
@@ -331,18 +272,6 @@ def plan_to_target(
         ranked += rank_by_time_to_target(found, quality, method)
     ranked.sort(key=lambda r: (r.time_to_target_s, r.cost_to_target_usd))
     return ranked[:top_k]
-
-
-def rank_from_args(
-    args: argparse.Namespace, top_k: int = 20, **plan_kwargs: Any
-) -> list[RankedPlan]:
-    """`shardmeter plan --quality-from`: `plan_to_target` with the plan call's keyword
-    arguments (empty without the flag); the factors used are left on `args.quality`."""
-    quality = from_args(args)
-    if quality is None:
-        return []
-    args.quality = quality
-    return plan_to_target(quality, getattr(args, "quality_method", None), top_k, **plan_kwargs)
 
 
 def ranked_json(ranked: Sequence[RankedPlan], quality: QualityFactors) -> dict[str, Any]:
@@ -377,48 +306,6 @@ def ranked_json(ranked: Sequence[RankedPlan], quality: QualityFactors) -> dict[s
             for k, r in enumerate(ranked)
         ],
     }
-
-
-def render_ranked(
-    ranked: Sequence[RankedPlan],
-    quality: QualityFactors,
-    top: int = 10,
-    console: Console | None = None,
-) -> None:
-    """Print the quality-ranked plans as a table that fits the console."""
-    console = console or Console()
-    title = (
-        f"Plans by time to loss {quality.target_loss:.4f} (q = tokens to it relative to the "
-        f"{quality.reference!r} run in {quality.source})"
-    )
-    cols = (
-        Col("#"),
-        Col("mode", "left"),
-        Col("method", "left", drop=2),
-        Col("isl", drop=3),
-        Col("GPUs"),
-        Col("q", drop=1),
-        Col("tokens/s", drop=3),
-        Col("wall", drop=2),
-        Col("to target"),
-        Col("cost to target"),
-    )
-    rows = [
-        [
-            str(k),
-            r.mode,
-            r.method,
-            str(len(getattr(r.candidate, "islands", ()))),
-            str(r.candidate.n_gpus),
-            f"{r.quality_factor:.3f}",
-            si(r.candidate.tokens_per_s),
-            duration(r.candidate.wall_s),
-            duration(r.time_to_target_s),
-            usd(r.cost_to_target_usd),
-        ]
-        for k, r in enumerate(ranked[:top], 1)
-    ]
-    console.print(fit_table(console, title, cols, rows))
 
 
 def _finite(x: float) -> float | None:

@@ -1,4 +1,4 @@
-"""Issue 11 case 12: every table reads at 80 columns when piped, nothing cut; --wide: all."""
+"""Every table reads at 80 columns when piped, nothing cut; --wide: all."""
 
 from __future__ import annotations
 

@@ -638,3 +638,54 @@ def test_interleaved_in_flight_by_rank_hand_counted() -> None:
     assert in_flight_layers(ends, 1.0, 6.0, 3.0, last=False) == pytest.approx(18.0)
     assert in_flight_layers(ends, 2.0, 1.0, 3.0, last=True) == pytest.approx(4.0)
     assert in_flight_layers(spread, 2.0, 1.0, 0.5, last=True) == pytest.approx(2.0)
+
+
+# --- key/value heads below tp, bytes per GPU, uneven interleaved stages --------------------
+GQA = MODEL.model_copy(update={"n_kv_heads": 2})  # 2 K,V heads of 128, 8 query heads
+
+
+def test_kv_heads_below_tp_replicate_one_head_per_gpu() -> None:
+    """tp 4 > 2 K,V heads: each GPU keeps one whole K,V head (Megatron replicates them), so
+    the K,V projection, the saved K and V and the cp ring's K,V blocks all hold max(kv/tp, 1)
+    = 1 head of 128, not half a head: the same as a model with one K,V head, and more than
+    kv/tp would give. Closed form of the cp block: 2 (K and V) × 512 tokens × 128 × 2 B."""
+    plan = Plan(tp=4, cp=2, sp=True, micro_batch=1, global_batch=1, overlap_dp=False)
+    gqa = estimate_step(GQA, cluster(domain=8), plan)
+    mqa = estimate_step(GQA.model_copy(update={"n_kv_heads": 1}), cluster(domain=8), plan)
+    assert gqa.time_breakdown["compute"] == mqa.time_breakdown["compute"]
+    assert gqa.memory_breakdown["activations"] == mqa.memory_breakdown["activations"]
+    assert gqa.time_breakdown["cp_comm"] == mqa.time_breakdown["cp_comm"]
+    block = 2 * 512 * 128 * 2
+    check(gqa.comm_bytes["cp"], LAYERS * 3 * block * (2 - 1))
+    four = estimate_step(GQA.model_copy(update={"n_kv_heads": 4}), cluster(domain=8), plan)
+    assert four.comm_bytes["cp"] == pytest.approx(gqa.comm_bytes["cp"])  # 4/4 = 1 head too
+    eight = estimate_step(GQA.model_copy(update={"n_kv_heads": 8}), cluster(domain=8), plan)
+    check(eight.comm_bytes["cp"], 2 * gqa.comm_bytes["cp"])  # 8/4 = 2 heads per GPU
+
+
+def test_comm_bytes_per_gpu_closed_forms() -> None:
+    """Bytes each GPU sends per step. TP: 4 all-reduces per layer of the micro-batch's
+    activations (T·h·2 B), each a ring of 2(n−1)/n times the message (Patarasuk & Yuan 2009);
+    DP (DDP): one all-reduce of the bf16 gradients; PP: 2 sends per micro-batch per chunk."""
+    plan = Plan(dp=2, tp=4, micro_batch=1, global_batch=2, overlap_dp=False)
+    est = estimate_step(MODEL, cluster(domain=8), plan)
+    msg = T1 * H * 2
+    check(est.comm_bytes["tp"], LAYERS * 4 * msg * 2 * (4 - 1) / 4)
+    check(est.comm_bytes["dp"], 2 * STAGE_PARAMS / 4)
+    assert est.comm_bytes["pp"] == est.comm_bytes["cp"] == est.comm_bytes["ep"] == 0.0
+    two = estimate_step(MODEL, cluster(domain=8), plan.model_copy(update={"tp": 2}))
+    check(two.comm_bytes["tp"], LAYERS * 4 * msg * 2 * (2 - 1) / 2)
+
+
+def test_uneven_interleaved_split_rounds_each_chunk_up() -> None:
+    """7 layers over pp 2 × v 2 = 4 chunks: each chunk holds ceil(7/4) = 2 layers, so every
+    stage holds v·2 = 4 layers (Megatron-Core rounds a chunk up); splitting per stage instead
+    would give ceil(7/2) = 4 too, so 10 layers (ceil(10/4)·2 = 6, not ceil(10/2) = 5) tells
+    the two apart."""
+    from shardmeter.estimate.compute import stage_layers
+
+    for layers, per_stage in ((7, 4.0), (10, 6.0), (8, 4.0)):
+        model = MODEL.model_copy(update={"n_layers": layers})
+        plans = PlanArrays.scalar(Plan(pp=2, vpp=2, micro_batch=1, global_batch=4))
+        split = stage_layers(model, plans)
+        assert (float(split.first), float(split.mid), float(split.last)) == (per_stage,) * 3

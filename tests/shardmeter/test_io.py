@@ -43,3 +43,19 @@ def test_unwritable_output_paths_are_user_input_errors(tmp_path: Path) -> None:
         with pytest.raises(UserInputError, match=r"^output: got .*; a writable file path"):
             atomic_write_text(bad, "x")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "folder.txt"]
+
+
+def test_write_atomic_text_bytes_private_mode_and_fsync(tmp_path: Path) -> None:
+    """The one helper both packages write through: bytes or text, 0600 for secrets, fsync on
+    request, OSError (not a UserInputError) for a library caller, nothing left behind."""
+    from shardmeter.io import write_atomic
+
+    write_atomic(tmp_path / "a.bin", b"\x00\x01")
+    write_atomic(tmp_path / "key", "secret", mode=0o600, fsync=True)
+    assert (tmp_path / "a.bin").read_bytes() == b"\x00\x01"
+    assert stat.S_IMODE((tmp_path / "key").stat().st_mode) == 0o600
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(OSError) as info:
+        write_atomic(tmp_path / "dir", "x")
+    assert not isinstance(info.value, UserInputError)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin", "dir", "key"]

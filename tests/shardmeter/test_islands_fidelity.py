@@ -1,4 +1,4 @@
-"""Islands fidelity (issue 12): overlap, fragment schedules, given step times, payload families,
+"""Islands fidelity: overlap, fragment schedules, given step times, payload families,
 object storage, failures and churn. Closed forms, properties and one-line errors."""
 
 from __future__ import annotations
@@ -362,6 +362,21 @@ def test_sync_stalls_everyone_async_and_quorum_lose_only_the_failed_island() -> 
     assert sync.failures.failures_per_day == pytest.approx(4 * 24 / 10.0)
 
 
+def test_rounds_lost_to_failures_move_no_wan_bytes_and_pay_no_egress() -> None:
+    """A shared stall repeats no exchange: the rounds that reach the token budget are the same
+    with and without failures, so WAN bytes and egress are too; only GPU time grows."""
+    topo = load_topology("two-clouds")
+    free = predict_topology(topo, mode="diloco", tokens=1e11)
+    hit = predict_topology(
+        topo, mode="diloco", tokens=1e11, failures="gpu_mtbf_hours=2000,restart_s=3600"
+    )
+    assert hit.failures.shared_stall and hit.failures.goodput < 0.99
+    assert hit.wan_bytes_total == pytest.approx(free.wan_bytes_total, rel=1e-12)
+    assert hit.egress_cost_usd == pytest.approx(free.egress_cost_usd, rel=1e-12)
+    assert free.egress_cost_usd > 0
+    assert hit.gpu_cost_usd == pytest.approx(free.gpu_cost_usd / hit.failures.goodput, rel=1e-9)
+
+
 def test_per_gpu_mtbf_scales_with_island_size_and_young_daly_interval() -> None:
     inputs = [
         IslandInput("big", step(1.0, 1e6, 64), price_per_gpu_hour=2.0),
@@ -481,7 +496,7 @@ def test_compare_modes_lists_every_mode(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_sweep_text_agrees_with_the_table() -> None:
-    """Issue 12: sync DP over two clouds is compute-bound at 4 GPUs per island and not beyond;
+    """Sync DP over two clouds is compute-bound at 4 GPUs per island and not beyond;
     the knee sentence must say so, not 'never compute-bound'."""
     from shardmeter.analysis import sweep
 

@@ -1,4 +1,4 @@
-"""Issue 12, published figures: a slice of benchmarks/islands_published.py (the CLI on the
+"""Published figures: a slice of benchmarks/islands_published.py (the CLI on the
 topology files of benchmarks/published/, no Python-built inputs) pinned to its targets, so a
 change to the model that breaks the reproduction fails here and not only in the benchmark."""
 

@@ -1,4 +1,4 @@
-"""Issue 12: the topology file, the CLI and the Python API accept exactly the same things
+"""The topology file, the CLI and the Python API accept exactly the same things
 (fragment schedules, τ up to a whole round, given step times, payloads, failures) and refuse
 the same mistakes with the same one-line error."""
 

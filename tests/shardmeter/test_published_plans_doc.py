@@ -1,7 +1,8 @@
 """docs/planner.md quotes `benchmarks/published_plans.py`: its first rows must be today's output.
 
-The estimator changes (issue 13 moved the median gap from 4.1% to 9.8% and the out-of-memory
-count from 14 to 0) and the page kept the old table; this catches the drift for a few runs.
+When the estimator changes, the page's table can go stale (an estimator change once moved the
+median gap from 4.1% to 9.8% and the out-of-memory count from 14 to 0 while the page kept the
+old table); this catches the drift for a few runs.
 """
 
 from __future__ import annotations

@@ -14,18 +14,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from shardmeter.cli.quality import add_arguments, apply, rank_from_args
 from shardmeter.errors import UserInputError
 from shardmeter.estimate.islands import predict_topology
 from shardmeter.quality import (
     MethodQuality,
     QualityFactors,
-    add_arguments,
-    apply,
     find_runs,
     plan_to_target,
     quality_factors,
     rank_by_time_to_target,
-    rank_from_args,
     ranked_json,
     tokens_to_loss,
 )

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardmeter.errors import UserInputError
+from shardmeter.estimate.islands import with_run
 from shardmeter.estimate.step import estimate_step, estimate_step_arrays
 from shardmeter.predict import predict
 from shardmeter.search import Constraints, OuterOptions, SpaceOptions, plan
@@ -27,6 +28,7 @@ from shardmeter.search.space import (
 from shardmeter.specs.loader import load_cluster, load_model
 from shardmeter.specs.model import TransformerSpec
 from shardmeter.specs.plan import Plan, validate_plan
+from shardmeter.specs.topology import load_topology
 
 SMALL = TransformerSpec(
     name="small", n_layers=8, hidden=1024, n_heads=8, ffn=4096, vocab=32000, seq_len=2048
@@ -96,7 +98,7 @@ def test_grid_evaluation_equals_predict_on_random_plans(gpt17: TransformerSpec) 
         rows = shapes.take(np.flatnonzero(shapes.dp == dp))
         sync = sync_choices(int(dp), opts)
         grid = estimate_step_arrays(gpt17, cluster, grid_plans(rows, sync, 256, False))
-        valid = grid_valid(rows, sync, 256)
+        valid = grid_valid(gpt17, rows, sync, 256)
         kk, rr = np.nonzero(valid)
         for j in rng.choice(kk.size, size=min(6, kk.size), replace=False):
             k, r = int(kk[j]), int(rr[j])
@@ -132,7 +134,7 @@ def test_bounds_are_lower_bounds(
         sync = sync_choices(int(dp), opts)
         est = estimate_step_arrays(gpt17, cluster, grid_plans(sub, sync, batch, False))
         shape = (len(sync), len(sub))
-        valid = grid_valid(sub, sync, batch)
+        valid = grid_valid(gpt17, sub, sync, batch)
         t = np.where(valid, np.broadcast_to(est.step_time_s, shape), np.inf)
         m = np.where(valid, np.broadcast_to(est.memory_bytes, shape), np.inf)
         assert np.all(bound[sel] <= t.min(axis=0) * (1 + 1e-12))
@@ -300,6 +302,39 @@ def test_topology_search_agrees_with_compose() -> None:
             assert isl.n_gpus % 8 == 0
 
 
+def test_failures_change_the_best_plan_and_every_candidate_equals_compose() -> None:
+    """DiLoCo on two-clouds, H = 200 or 2000: without failures the longer round hides more WAN
+    time and wins; with a GPU MTBF of 2000 h and hour-long restarts every failure stalls both
+    islands and redoes half a round, so the search, which now ranks with failures, picks
+    H = 200. Ranking without failures and recomposing the winner would have kept H = 2000."""
+    small = SpaceOptions(
+        recompute=("none",), micro_batches=(1,), max_cp=1, sharding=("zero3",), max_pp=1
+    )
+    outer = OuterOptions(modes=("diloco",), inner_steps=(200, 2000))
+    topo = load_topology("two-clouds")
+    failing = with_run(topo, failures="gpu_mtbf_hours=2000,restart_s=3600")
+    free = plan(topology=topo, tokens=1e10, options=small, outer=outer, top_k=50)
+    hit = plan(topology=failing, tokens=1e10, options=small, outer=outer, top_k=50)
+    assert free.best_time is not None and free.best_time.outer is not None
+    assert hit.best_time is not None and hit.best_time.outer is not None
+    assert free.best_time.outer.inner_steps == 2000
+    assert hit.best_time.outer.inner_steps == 200
+    est = hit.top_estimate
+    assert est is not None and est.failures.goodput < 1.0
+    assert hit.best_time.wall_s == pytest.approx(est.wall_s, rel=1e-12)
+    assert hit.best_time.cost_usd == pytest.approx(est.cost_usd, rel=1e-12)
+    assert hit.best_time.utilization == pytest.approx(est.utilization, rel=1e-12)
+    # the failure-free winner, priced with failures, is slower than the new winner
+    old = [
+        c
+        for c in hit.ranked
+        if c.outer is not None
+        and c.outer.inner_steps == 2000
+        and [i.n_gpus for i in c.islands] == [i.n_gpus for i in free.best_time.islands]
+    ]
+    assert old and old[0].wall_s > hit.best_time.wall_s
+
+
 def test_bad_inputs_raise_user_input_errors() -> None:
     with pytest.raises(UserInputError, match="precision"):
         SpaceOptions(precisions=("int4",))
@@ -328,6 +363,19 @@ def test_pruning_keeps_the_runner_up_layout(gpt17: TransformerSpec) -> None:
     assert pruned.explanation is not None and full.explanation is not None
     assert pruned.explanation.text == full.explanation.text
     assert pruned.explanation.plan_diffs
+
+
+def test_pruning_spares_rows_that_could_become_the_runner_up() -> None:
+    """One node: the fastest plans all share the winner's layout, so the runner-up layout is
+    slower than the top-k threshold. Pruning by the threshold alone would drop it; the guard
+    keeps every row that could still beat the current runner-up, so the explanation matches
+    the unpruned search's."""
+    kwargs = dict(gpus=(8,), global_batch=256, options=SpaceOptions(max_cp=2), top_k=2)
+    pruned = plan("gpt-1.7b", "dgx-h100", **kwargs)  # type: ignore[arg-type]
+    full = plan("gpt-1.7b", "dgx-h100", prune=False, **kwargs)  # type: ignore[arg-type]
+    assert pruned.stats.pruned_bound > 0
+    assert pruned.explanation is not None and full.explanation is not None
+    assert pruned.explanation.text == full.explanation.text
 
 
 def test_topology_constraints_no_plan_meets_are_named() -> None:

@@ -40,7 +40,7 @@ def test_plan_topology_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 
 def test_plot_formats_are_the_sweeps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`plan --plot x.pdf` is accepted wherever `sweep --formats pdf` is (issue 11, case 13)."""
+    """`plan --plot x.pdf` is accepted wherever `sweep --formats pdf` is: one list of plot formats."""
     out = tmp_path / "front.pdf"
     argv = ["plan", "--model", "llama-3-8b", "--cluster", "dgx-h100", "--gpus", "8"]
     argv += ["--global-batch", "64", "--max-cp", "1", "--top", "3", "--plot", str(out)]
@@ -60,7 +60,7 @@ def test_plan_for_a_framework_as_predict_does(
     where: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`plan --framework` takes predict's names, and the plans it returns are that stack's
-    (issue 11, case 13: one vocabulary)."""
+    (one vocabulary of framework names across commands)."""
     argv = ["plan", *where, "--max-cp", "1", "--recompute", "none", "--top", "2", "--json"]
     assert main([*argv, "--framework", "maxtext"]) == 0, capsys.readouterr().err
     doc = json.loads(capsys.readouterr().out)

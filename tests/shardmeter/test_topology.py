@@ -46,7 +46,7 @@ def with_change(path: str, value: Any) -> dict[str, Any]:
     return data
 
 
-def test_shipped_examples_cover_the_issue() -> None:
+def test_shipped_topologies_include_the_documented_examples() -> None:
     assert {"two-clouds", "four-regions", "eight-heterogeneous", "intellect1"} <= set(SHIPPED)
 
 

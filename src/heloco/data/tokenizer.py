@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -22,6 +21,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from shardmeter.errors import UserInputError
+from shardmeter.io import write_atomic
 
 BYTE_VOCAB = 256
 BPE_MIN_VOCAB = BYTE_VOCAB + 1
@@ -188,16 +188,8 @@ def default_cache_dir() -> Path:
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file and ``os.replace`` (never half-written)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``data`` to ``path`` atomically (``shardmeter.io.write_atomic``), never half-written."""
+    write_atomic(path, data)
 
 
 def cached_bpe(texts: Sequence[str], vocab_size: int, cache_dir: Path | None) -> BpeTokenizer:

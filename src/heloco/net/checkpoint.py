@@ -33,6 +33,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from heloco.net.compress import as_bytes
+from shardmeter.io import write_atomic
 
 TENSORS_FILE = "tensors.safetensors"
 STATE_FILE = "state.json"
@@ -73,12 +74,7 @@ def _fsync(path: Path) -> None:
 
 
 def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, text, fsync=True)
 
 
 _DTYPE_NAMES = {

@@ -34,6 +34,7 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from heloco.net import auth
 from shardmeter.errors import UserInputError
+from shardmeter.io import write_atomic
 
 SERVER = "server"
 ALLOWED = "allowed"
@@ -74,14 +75,8 @@ def new_keypair() -> KeyPair:
 
 
 def _write(path: Path, text: str, private: bool) -> None:
-    """Write ``text`` atomically; a private file is created with mode 0600 from the start."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write ``text`` atomically and durably; a private file is 0600 from the start."""
+    write_atomic(path, text, mode=0o600 if private else 0o644, fsync=True)
 
 
 def _cert(name: str, keys: KeyPair, with_secret: bool) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -37,6 +36,7 @@ from heloco.sim import PACE_RULE, build_worker_parts, parse_sim_config
 from heloco.types import PushOutcome, RoundResult
 from heloco.worker import Worker, check_device
 from shardmeter.errors import UserInputError
+from shardmeter.io import write_atomic
 
 __all__ = ["NetWorker", "Pacer", "Replaced", "WorkerOptions", "WorkerReport"]
 
@@ -221,7 +221,4 @@ class NetWorker:
             path = self.opts.report
             if self.world > 1:
                 path = path.with_name(f"{path.stem}-rank{self.rank}{path.suffix}")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_text(json.dumps(asdict(self.report), indent=1, allow_nan=True))
-            os.replace(tmp, path)
+            write_atomic(path, json.dumps(asdict(self.report), indent=1, allow_nan=True))

@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from shardmeter import quality
+from shardmeter.cli import quality
 from shardmeter.clikit import bounded, nonneg_int, positive_float, positive_int
 from shardmeter.errors import UserInputError
 from shardmeter.estimate.islands import with_run

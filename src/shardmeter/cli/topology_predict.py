@@ -10,8 +10,8 @@ import argparse
 import sys
 from typing import Any
 
-from shardmeter import quality
 from shardmeter.analysis import compare_modes
+from shardmeter.cli import quality
 from shardmeter.clikit import bounded, nonneg_int, positive_float, positive_int
 from shardmeter.estimate.islands import predict_topology, with_step_times, with_wan
 from shardmeter.report.islands import modes_table, render_topology, topology_json

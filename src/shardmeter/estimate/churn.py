@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
 from shardmeter.specs.topology import FailureSpec
 
@@ -35,13 +35,14 @@ HOUR = 3600.0
 
 @dataclass(frozen=True)
 class Churn:
-    """What failures cost each island (arrays over islands) and the checkpoint interval."""
+    """What failures cost each island and the checkpoint interval. Per-island arrays have the
+    island axis last; the intervals have the leading axes only (one value per topology)."""
 
-    goodput: FloatArray  # share of wall time that still trains
-    failures_per_s: FloatArray  # λ_i
-    lost_per_failure_s: FloatArray  # restart + expected rework of island i's own failure
-    checkpoint_interval_s: float  # used (inf: never)
-    optimal_interval_s: float  # Young/Daly τ* for the group that stalls together (inf: none)
+    goodput: FloatArray  # (..., I) share of wall time that still trains
+    failures_per_s: FloatArray  # (..., I) λ_i
+    lost_per_failure_s: FloatArray  # (..., I) restart + expected rework of island i's failure
+    checkpoint_interval_s: FloatArray  # (...) used (inf: never)
+    optimal_interval_s: FloatArray  # (...) Young/Daly τ* for the group that stalls together
     shared_stall: bool  # True: a failure stalls every island
 
 
@@ -57,13 +58,16 @@ def island_mtbf_s(spec: FailureSpec, n_gpus: FloatArray, override_hours: FloatAr
     return np.where(np.isfinite(override_hours), override_hours * HOUR, per_island)
 
 
-def daly_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
-    """Daly's first-order optimum checkpoint interval (2006, eq. 20), seconds of work."""
-    if not math.isfinite(mtbf_s) or checkpoint_s <= 0:
-        return math.inf  # nothing fails, or no checkpoint cost given: recover from peers
-    if checkpoint_s >= mtbf_s / 2:
-        return mtbf_s
-    return math.sqrt(2.0 * checkpoint_s * mtbf_s) - checkpoint_s
+def daly_interval_s(checkpoint_s: float, mtbf_s: ArrayLike) -> FloatArray:
+    """Daly's first-order optimum checkpoint interval (2006, eq. 20), seconds of work, for each
+    MTBF in `mtbf_s`: inf where nothing fails or no checkpoint cost is given (recovery from the
+    peers' copy), the MTBF itself where C ≥ M/2."""
+    m = np.asarray(mtbf_s, dtype=np.float64)
+    if checkpoint_s <= 0:
+        return np.full(m.shape, math.inf)
+    with np.errstate(invalid="ignore"):
+        tau = np.sqrt(2.0 * checkpoint_s * m) - checkpoint_s
+    return np.where(~np.isfinite(m), math.inf, np.where(checkpoint_s >= m / 2, m, tau))
 
 
 def churn(
@@ -73,28 +77,33 @@ def churn(
     *,
     asynchronous: bool,
 ) -> Churn:
-    """Goodput per island. `sync_interval_s`: time between synchronisations of island i (its
-    round); `asynchronous`: the async mode (no shared stall even without a quorum)."""
+    """Goodput per island, broadcast over any leading axes (island axis last).
+    `sync_interval_s`: time between synchronisations of island i (its round); `asynchronous`:
+    the async mode (no shared stall even without a quorum)."""
     lam = np.where(np.isfinite(mtbf_s), 1.0 / mtbf_s, 0.0)
     n = lam.shape[-1]
     quorum = spec.quorum is not None and spec.quorum < n
     shared = not (asynchronous or quorum)
-    group_rate = float(lam.sum()) if shared else float(lam.max(initial=0.0))
-    optimal = daly_interval_s(spec.checkpoint_s, 1.0 / group_rate if group_rate > 0 else math.inf)
+    group_rate = lam.sum(axis=-1) if shared else lam.max(axis=-1, initial=0.0)
+    with np.errstate(divide="ignore"):
+        group_mtbf = np.where(group_rate > 0, 1.0 / group_rate, math.inf)
+    optimal = daly_interval_s(spec.checkpoint_s, group_mtbf)
     interval = (
-        optimal if spec.checkpoint_interval_s == "auto" else float(spec.checkpoint_interval_s)
+        optimal
+        if spec.checkpoint_interval_s == "auto"
+        else np.full(optimal.shape, float(spec.checkpoint_interval_s))
     )
-    overhead = spec.checkpoint_s / interval if spec.checkpoint_s > 0 else 0.0
-    recovery = np.minimum(interval + spec.checkpoint_s, sync_interval_s)
+    overhead = spec.checkpoint_s / interval if spec.checkpoint_s > 0 else np.zeros(interval.shape)
+    recovery = np.minimum(interval[..., None] + spec.checkpoint_s, sync_interval_s)
     lost = spec.restart_s + recovery / 2.0
     if shared:
-        waste = np.full(n, float((lam * lost).sum()))
+        waste = np.broadcast_to((lam * lost).sum(axis=-1, keepdims=True), lost.shape)
     else:
         grace = spec.grace_s if quorum else 0.0
-        waste = lam * lost + (lam.sum() - lam) * grace
+        waste = lam * lost + (lam.sum(axis=-1, keepdims=True) - lam) * grace
     return Churn(
-        goodput=1.0 / ((1.0 + overhead) * (1.0 + waste)),
-        failures_per_s=lam,
+        goodput=1.0 / ((1.0 + overhead[..., None]) * (1.0 + waste)),
+        failures_per_s=np.broadcast_to(lam, lost.shape),
         lost_per_failure_s=np.where(lam > 0, lost, 0.0),
         checkpoint_interval_s=interval,
         optimal_interval_s=optimal,

@@ -1,10 +1,12 @@
 """Compose per-island inner-step estimates into a whole-topology estimate.
 
-`compose` is a pure function of per-island `StepEstimate`s, the resolved WAN and the outer
-settings: per-island and total throughput, compute utilization, WAN bytes, wall-clock to the
-token budget, cost, the bottleneck and the regime, and the smallest H / WAN bandwidth at which
-the run is compute-bound (utilization ≥ threshold). `predict_topology` runs the single-island
-estimator on each island (explicit plan, or an "auto" FSDP/HSDP plan) and then composes.
+`compose_arrays` is the one multi-island formula: an outer round per island plus failures and
+checkpoints -> throughput, wall-clock to the token budget, WAN bytes and cost, broadcast over
+any leading axes (the planner evaluates whole grids of GPU counts × outer settings with it).
+`compose` evaluates it for one topology and adds what one estimate explains: per-island
+figures, the bottleneck and the regime, and the smallest H / WAN bandwidth at which the run is
+compute-bound (utilization ≥ threshold). `predict_topology` runs the single-island estimator
+on each island (explicit plan, or an "auto" FSDP/HSDP plan) and then composes.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 from pydantic import ValidationError
 
 from shardmeter.errors import UserInputError
@@ -30,6 +32,7 @@ from shardmeter.specs.model import TransformerSpec
 from shardmeter.specs.plan import Plan, validate_plan
 from shardmeter.specs.topology import (
     GBIT,
+    FailureSpec,
     IslandSpec,
     OuterSpec,
     RunSpec,
@@ -355,6 +358,74 @@ def _regime(
     return "outer-optimizer-bound", loss
 
 
+@dataclass(frozen=True)
+class Composition:
+    """A run's throughput, wall-clock and cost after failures, for one topology or a whole
+    grid of them: per-island arrays have the island axis last, totals the leading axes only.
+    Units: tokens/s, seconds, GPU-hours, bytes, USD."""
+
+    round: OuterRound
+    loss: Churn
+    ideal_tps: FloatArray  # (..., I) tokens/s per island without failures
+    island_tps: FloatArray  # (..., I) ... after failures (× goodput)
+    tokens_per_s: FloatArray  # (...) whole run, after failures
+    wall_s: FloatArray  # (...) to the token budget
+    gpu_hours: FloatArray  # (..., I)
+    gpu_cost_usd: FloatArray  # (..., I)
+    useful_rounds: FloatArray  # (..., I) rounds that count: lost rounds move no WAN bytes
+    wan_bytes_total: FloatArray  # (..., I)
+    egress_cost_usd: FloatArray  # (..., I)
+    utilization: FloatArray  # (..., I) inner-step time / wall time, failures included
+    total_utilization: FloatArray  # (...) GPU-weighted
+    cost_usd: FloatArray  # (...) GPU cost + egress
+
+
+def compose_arrays(
+    rnd: OuterRound,
+    tokens_per_step: ArrayLike,
+    gpus: ArrayLike,
+    price_per_gpu_hour: ArrayLike,
+    mtbf_s: ArrayLike,
+    failures: FailureSpec,
+    tokens: float,
+    *,
+    asynchronous: bool,
+) -> Composition:
+    """The one multi-island formula: an outer round per island plus failures -> throughput,
+    wall-clock and cost (design doc C.9, C.10; failures: Young 1974, Daly 2006). Every argument
+    broadcasts with the island axis last, so the same call prices one topology (`compose`) or
+    every GPU combination × outer setting of a search block."""
+    gpus = np.asarray(gpus, dtype=np.float64)
+    loss = churn(
+        failures, np.asarray(mtbf_s, dtype=np.float64), rnd.round_s, asynchronous=asynchronous
+    )
+    ideal_tps = rnd.tokens_per_s(tokens_per_step)
+    island_tps = ideal_tps * loss.goodput
+    total_tps = island_tps.sum(axis=-1)
+    wall = tokens / total_tps  # T_wall = D / throughput (design doc C.10)
+    gpu_hours = gpus * wall[..., None] / 3600.0
+    useful_rounds = wall[..., None] * loss.goodput / rnd.round_s
+    gpu_cost = gpu_hours * np.asarray(price_per_gpu_hour, dtype=np.float64)
+    egress_cost = rnd.egress_usd * useful_rounds  # Cost = Σ n_i·price_i·T_wall + egress (C.10)
+    util = rnd.utilization * loss.goodput
+    return Composition(
+        round=rnd,
+        loss=loss,
+        ideal_tps=ideal_tps,
+        island_tps=island_tps,
+        tokens_per_s=total_tps,
+        wall_s=wall,
+        gpu_hours=gpu_hours,
+        gpu_cost_usd=gpu_cost,
+        useful_rounds=useful_rounds,
+        wan_bytes_total=rnd.wan_bytes * useful_rounds,
+        egress_cost_usd=egress_cost,
+        utilization=util,
+        total_utilization=(util * gpus).sum(axis=-1) / gpus.sum(axis=-1),
+        cost_usd=gpu_cost.sum(axis=-1) + egress_cost.sum(axis=-1),
+    )
+
+
 def compose(
     inputs: Sequence[IslandInput],
     wan: WanPaths,
@@ -377,24 +448,28 @@ def compose(
         payload = dense_payload(outer.dense_bits)
     rnd = _round(inputs, wan, n_params, outer, payload)
     gpus = np.array([isl.step.n_gpus for isl in inputs], dtype=np.float64)
-    tokens_step = np.array([isl.step.tokens_per_step for isl in inputs])
     h = rnd.inner_steps
     overrides = np.array([math.inf if isl.mtbf_hours is None else isl.mtbf_hours for isl in inputs])
     mtbf = island_mtbf_s(outer.failures, gpus, overrides)
-    loss: Churn = churn(outer.failures, mtbf, rnd.round_s, asynchronous=outer.mode == "async")
-    ideal_tps = rnd.tokens_per_s(tokens_step)
-    island_tps = ideal_tps * loss.goodput
-    total_tps = float(island_tps.sum())
-    wall = tokens / total_tps  # T_wall = D / throughput (design doc C.10)
     price = np.array([isl.price_per_gpu_hour for isl in inputs])
-    gpu_hours = gpus * wall / 3600.0
-    useful_rounds = wall * loss.goodput / rnd.round_s
-    wan_total = rnd.wan_bytes * useful_rounds
-    gpu_cost = gpu_hours * price  # Cost = Σ n_i·price_i·T_wall + egress·WAN bytes (C.10)
-    egress_cost = rnd.egress_usd * useful_rounds
+    run = compose_arrays(
+        rnd,
+        [isl.step.tokens_per_step for isl in inputs],
+        gpus,
+        price,
+        mtbf,
+        outer.failures,
+        tokens,
+        asynchronous=outer.mode == "async",
+    )
+    loss = run.loss
+    ideal_tps, island_tps = run.ideal_tps, run.island_tps
+    total_tps, wall = float(run.tokens_per_s), float(run.wall_s)
+    gpu_hours, gpu_cost, egress_cost = run.gpu_hours, run.gpu_cost_usd, run.egress_cost_usd
+    wan_total = run.wan_bytes_total
     util_free = rnd.utilization
-    util = util_free * loss.goodput
-    u_total = float((util * gpus).sum() / gpus.sum())
+    util = run.utilization
+    u_total = float(run.total_utilization)
     shares = _shares(rnd, loss.goodput, gpus)
     theta = outer.compute_bound_threshold
     compute_bound = u_total >= theta
@@ -463,13 +538,13 @@ def compose(
         )
         for i, isl in enumerate(inputs)
     )
-    cost = float(gpu_cost.sum() + egress_cost.sum())
+    cost = float(run.cost_usd)
     qf = outer.quality_factor
     failures = FailureEstimate(
         failures_per_day=float(loss.failures_per_s.sum() * 86400.0),
         goodput=float((loss.goodput * gpus).sum() / gpus.sum()),
-        checkpoint_interval_s=loss.checkpoint_interval_s,
-        optimal_interval_s=loss.optimal_interval_s,
+        checkpoint_interval_s=float(loss.checkpoint_interval_s),
+        optimal_interval_s=float(loss.optimal_interval_s),
         shared_stall=loss.shared_stall,
         wall_s_failure_free=tokens / float(ideal_tps.sum()),
         cost_usd_failure_free=free_cost,

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from shardmeter.errors import UserInputError
 from shardmeter.estimate import comm
 from shardmeter.estimate._xp import Num, as_float, logical_not, maximum, minimum, where
 from shardmeter.estimate.compute import (
@@ -61,6 +60,7 @@ from shardmeter.estimate.result import (
 from shardmeter.specs.hardware import Cluster
 from shardmeter.specs.model import TransformerSpec
 from shardmeter.specs.plan import Plan, validate_plan
+from shardmeter.specs.rules import first_broken, rules_hold
 
 FloatArray = NDArray[np.float64]
 
@@ -520,29 +520,17 @@ def estimate_step(
     `check_layers=False` accepts pp·vpp that does not divide n_layers (uneven stages are
     modelled by their fullest stage, ceil(L/(p·v)) layers per chunk).
     """
-    try:
+    if check_layers:
         validate_plan(plan, model)
-    except UserInputError as exc:
-        uneven = exc.field == "plan.pp" and "divide n_layers" in exc.allowed
-        if check_layers or not uneven:
-            raise
+    else:
+        broken = first_broken(plan, model, relax=("layers_per_chunk",))
+        if broken is not None:
+            raise broken
     arrays = estimate_step_arrays(model, cluster, PlanArrays.scalar(plan))
     return view(arrays, 0, cluster, plan)
 
 
 def plan_validity(model: TransformerSpec, plans: PlanArrays) -> NDArray[np.bool_]:
-    """Vectorized `validate_plan` (without the GPU-count check): True where a plan is runnable."""
-    stated = (plans.pp_first >= 0) | (plans.pp_mid >= 0) | (plans.pp_last >= 0)
-    ok = (model.n_heads % plans.tp == 0) & (stated | (model.n_layers % (plans.pp * plans.vpp) == 0))
-    ok &= (plans.vpp == 1) | (plans.pp > 1)
-    ok &= model.seq_len % plans.cp == 0
-    experts = model.moe.experts if model.moe is not None else 1
-    ok &= (plans.ep == 1) | ((model.moe is not None) & (experts % plans.ep == 0))
-    ok &= plans.dp % plans.ep == 0
-    ok &= plans.global_batch % (plans.dp * plans.micro_batch) == 0
-    group = plans.chunk_group
-    ok &= (plans.vpp_group == 0) | ((plans.vpp > 1) & (group >= plans.pp))
-    ok &= (plans.vpp == 1) | (plans.micro_batches % group == 0)
-    ok &= (plans.sharding > 0) | (plans.shard_group == 1)
-    ok &= plans.dp % plans.shard_group == 0
-    return np.asarray(ok, dtype=np.bool_)
+    """Vectorized `validate_plan` (without the GPU-count check): True where every rule of
+    `specs.rules.RULES` holds."""
+    return rules_hold(plans, model)

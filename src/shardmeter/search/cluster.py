@@ -3,8 +3,9 @@
 Wall-clock for D tokens is D/(tokens per step / step time) and cost is n·price·wall (design
 doc C.10). `FrontPolicy` keeps the K fastest plans that meet the constraints and the
 time-cost front of all fitting plans, and prunes a row when its lower-bound wall-clock is
-slower than the K-th fastest *and* its lower-bound (time, cost) is dominated by the front, so
-pruning never changes the top K, the front, or the cheapest plan.
+slower than the K-th fastest *and* than the runner-up layout at its GPU count and batch *and*
+its lower-bound (time, cost) is dominated by the front, so pruning never changes the top K,
+the front, the cheapest plan, or the runner-up the explanation compares with.
 """
 
 from __future__ import annotations

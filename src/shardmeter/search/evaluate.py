@@ -275,7 +275,7 @@ def _evaluate_chunk(
 ) -> PlanTable:
     """Estimate a (K, R) grid and return its runnable plans that fit in memory."""
     plans = grid_plans(rows, sync, global_batch, overlap_tp, framework)
-    valid = grid_valid(rows, sync, global_batch)
+    valid = grid_valid(model, rows, sync, global_batch)
     t0, c0 = time.perf_counter(), time.process_time()
     est = estimate_step_arrays(model, cluster, plans)
     counts.eval_wall_s += time.perf_counter() - t0

@@ -7,10 +7,11 @@ estimator is called on a (K sync choices, R shapes) grid whose columns broadcast
 depends only on the shape runs once per row, not once per plan (design doc C.11: enumerate,
 prune by divisibility and memory, evaluate analytically).
 
-Divisibility rules are `validate_plan`'s (tp | heads, pp·vpp | layers unless uneven stages are
+The plan rules are `specs.rules.RULES` (tp | heads, pp·vpp | layers unless uneven stages are
 allowed, cp | seq, ep | experts and dp, dp·micro-batch | global batch, interleaving needs pp | m,
-shard group | dp), enforced at enumeration (`enumerate_shapes`, `sync_choices`) and on the grid
-(`grid_valid`).
+shard group | dp): enumeration (`_model_options`, `sync_choices`) only generates layouts that
+can pass, `enumerate_shapes` keeps the shapes some batch can run by the table, and `grid_valid`
+evaluates the table on the grid.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from shardmeter.search.options import SpaceOptions
 from shardmeter.specs.hardware import Cluster
 from shardmeter.specs.model import TransformerSpec
 from shardmeter.specs.plan import Plan
+from shardmeter.specs.rules import PlanColumns, rules_hold
 
 IntArray = NDArray[np.int64]
 BoolArray = NDArray[np.bool_]
@@ -40,6 +42,9 @@ BoolArray = NDArray[np.bool_]
 SHARDING_NAMES: tuple[str, ...] = tuple(SHARDING_CODES)
 RECOMPUTE_NAMES: tuple[str, ...] = tuple(RECOMPUTE_CODES)
 PRECISION_NAMES: tuple[str, ...] = tuple(PRECISION_CODES)
+# rules the search relaxes: pp·vpp need not divide the layers (`SpaceOptions.uneven_layers`
+# decides at enumeration; the estimate takes the fullest stage)
+SEARCH_RELAXES: tuple[str, ...] = ("layers_per_chunk",)
 
 
 def divisors(n: int) -> list[int]:
@@ -163,10 +168,19 @@ def enumerate_shapes(
     tp, cp, pp, vpp, ep = lay.T
     dp = n_gpus // (tp * cp * pp)
     mb = ex[:, 0]
-    g = np.asarray(batches, dtype=np.int64)[None, :]
-    step = (dp * mb)[:, None]
-    runnable = (g % step == 0) & ((vpp[:, None] == 1) | ((g // step) % pp[:, None] == 0))
-    keep = runnable.any(axis=1)
+    columns = PlanColumns(
+        dp=dp[:, None],
+        tp=tp[:, None],
+        pp=pp[:, None],
+        cp=cp[:, None],
+        ep=ep[:, None],
+        vpp=vpp[:, None],
+        micro_batch=mb[:, None],
+        global_batch=np.asarray(batches, dtype=np.int64)[None, :],
+        sharding=0,
+        shard_group=1,
+    )
+    keep = rules_hold(columns, model, relax=SEARCH_RELAXES).any(axis=1)
     return Shapes(
         n_gpus=n_gpus,
         tp=tp[keep],
@@ -262,13 +276,25 @@ def grid_plans(
     )
 
 
-def grid_valid(rows: Shapes, sync: SyncChoices, global_batch: int) -> BoolArray:
-    """(K, R) mask of runnable plans: dp·mb | G, interleaving needs pp | m, group | dp."""
-    step = rows.dp * rows.micro_batch
-    m = global_batch // step
-    ok_row = (global_batch % step == 0) & ((rows.vpp == 1) | (m % rows.pp == 0))
-    ok = (rows.dp[None, :] % sync.shard_group[:, None] == 0) & ok_row[None, :]
-    return np.asarray(ok, dtype=np.bool_)
+def grid_valid(
+    model: TransformerSpec, rows: Shapes, sync: SyncChoices, global_batch: int
+) -> BoolArray:
+    """(K, R) mask of runnable plans: every rule of `specs.rules.RULES` on the grid's columns,
+    except `layers_per_chunk` (the search models uneven stages by the fullest one)."""
+    columns = PlanColumns(
+        dp=rows.dp[None, :],
+        tp=rows.tp[None, :],
+        pp=rows.pp[None, :],
+        cp=rows.cp[None, :],
+        ep=rows.ep[None, :],
+        vpp=rows.vpp[None, :],
+        micro_batch=rows.micro_batch[None, :],
+        global_batch=int(global_batch),
+        sharding=sync.sharding[:, None],
+        shard_group=sync.shard_group[:, None],
+    )
+    ok = rules_hold(columns, model, relax=SEARCH_RELAXES)
+    return np.asarray(np.broadcast_to(ok, (len(sync), len(rows))), dtype=np.bool_)
 
 
 def make_plan(

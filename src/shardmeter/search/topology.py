@@ -6,7 +6,9 @@ rounds are max(H·T_i, exchange)), and the GPU cost of a fixed allocation grows 
 so for each (island, GPU count, batch) only the fastest fitting inner plan can be part of a
 best or Pareto-optimal plan. Each island type gets one inner search (`BestPolicy`); then every
 island subset × GPU counts (node multiples) × outer mode × H × bits × fragments × τ is composed
-on arrays with `estimate.outer.outer_round` and priced as in `estimate.islands.compose`.
+on arrays with `estimate.outer.outer_round` and priced, failures included, by
+`estimate.islands.compose_arrays`, the formula `predict_topology` evaluates for one topology,
+so the ranking counts failure losses.
 Caveat: with an overloaded async parameter server a faster small island can take server
 capacity from larger ones; that case is not covered by the factorisation.
 """
@@ -17,15 +19,17 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from numpy.typing import NDArray
 
+from shardmeter.estimate.churn import island_mtbf_s
 from shardmeter.estimate.islands import (
     IslandInput,
     TopologyEstimate,
     compose,
+    compose_arrays,
     run_payload,
     schedule_of,
 )
@@ -110,6 +114,7 @@ class IslandOptions:
     gpu_counts: tuple[int, ...]
     plans: dict[tuple[int, int], Plan]  # (GPUs, batch per GPU) -> fastest fitting plan
     steps: dict[tuple[int, int], StepEstimate]  # ... and its estimate
+    mtbf_hours: float | None = None  # the island's own MTBF (else the run's failure settings)
 
 
 def island_gpu_counts(cluster: Cluster, n_nodes: int, cap: int | None) -> tuple[int, ...]:
@@ -200,7 +205,7 @@ def inner_searches(
                 plan = pool.plan(j, options.overlap_tp, options.framework)
                 plans[(n, g // n)] = plan
                 steps[(n, g // n)] = estimate_step(model, cluster, plan, check_layers=False)
-        islands.append(IslandOptions(spec.name, cluster, gpus, plans, steps))
+        islands.append(IslandOptions(spec.name, cluster, gpus, plans, steps, spec.mtbf_hours))
     return islands
 
 
@@ -266,6 +271,7 @@ class Combos:
     mfu: FloatArray
     outer_opt_s: FloatArray  # full outer-optimizer step per island (C.2 roofline)
     price: FloatArray  # (k,) USD per GPU-hour
+    mtbf_hours: FloatArray  # (k,) each member's own MTBF (inf: the run's failure settings)
 
 
 def combos(
@@ -308,6 +314,9 @@ def combos(
         mfu=np.stack([column(j, [st.mfu for st in steps[j]]) for j in k], axis=-1),
         outer_opt_s=outer_opt_seconds(model.params_total, gpus.astype(np.float64), hbm),
         price=np.array([islands[i].cluster.price_per_gpu_hour for i in members]),
+        mtbf_hours=np.array(
+            [math.inf if islands[i].mtbf_hours is None else islands[i].mtbf_hours for i in members]
+        ),
     )
 
 
@@ -321,8 +330,9 @@ def compose_block(
     tokens: float,
     payload: Payload,
 ) -> Block:
-    """Every GPU-count combination under every setting in `grid`, composed and priced as
-    `estimate.islands.compose` does (C.9, C.10). A dense payload takes the grid's bits."""
+    """Every GPU-count combination under every setting in `grid`, composed, priced and charged
+    for failures by `estimate.islands.compose_arrays`, the formula `compose` evaluates for one
+    topology (C.9, C.10). A dense payload takes the grid's bits."""
     outer_mode = "sync" if mode == "single" else mode
     dense = payload.kind == "dense"
     bits = grid.bits[None, :] if dense else payload.bits_per_param
@@ -348,17 +358,31 @@ def compose_block(
         buckets=cb.buckets[:, None, :],
         balance=run.balance_steps,
     )
-    gpus = cb.gpus
-    island_tps = rnd.tokens_per_s((gpus * cb.per_gpu * model.seq_len)[:, None, :])
-    total = island_tps.sum(axis=-1)
-    wall = tokens / total
-    rounds = wall[..., None] / rnd.round_s
-    gpu_cost = (gpus * cb.price).sum(axis=-1)[:, None] * wall / 3600.0
-    cost = gpu_cost + (rnd.egress_usd * rounds).sum(axis=-1)
-    n_all = gpus.sum(axis=-1).astype(np.float64)[:, None]
-    util = (rnd.utilization * gpus[:, None, :]).sum(axis=-1) / n_all
-    mfu_total = (rnd.utilization * (cb.mfu * gpus)[:, None, :]).sum(axis=-1) / n_all
-    return Block(cb.members, gpus, cb.per_gpu, mode, grid, wall, cost, total, util, mfu_total)
+    gpus = cb.gpus[:, None, :]
+    run_s = compose_arrays(
+        rnd,
+        gpus * cb.per_gpu * model.seq_len,
+        gpus,
+        cb.price,
+        island_mtbf_s(run.failures, gpus.astype(np.float64), cb.mtbf_hours),
+        run.failures,
+        tokens,
+        asynchronous=outer_mode == "async",
+    )
+    n_all = gpus.sum(axis=-1).astype(np.float64)
+    mfu_total = (run_s.utilization * cb.mfu[:, None, :] * gpus).sum(axis=-1) / n_all
+    return Block(
+        cb.members,
+        cb.gpus,
+        cb.per_gpu,
+        mode,
+        grid,
+        run_s.wall_s,
+        run_s.cost_usd,
+        run_s.tokens_per_s,
+        run_s.total_utilization,
+        mfu_total,
+    )
 
 
 def _meets(wall: FloatArray, cost: FloatArray, con: Constraints) -> NDArray[np.bool_]:
@@ -383,7 +407,8 @@ def _island_inputs(
         key = (int(n), per_gpu)
         plan = isl.plans[key]
         layers = max(1, model.n_layers // plan.pp)
-        out.append(IslandInput.on(isl.name, isl.cluster, plan, isl.steps[key], buckets=layers))
+        base = IslandInput.on(isl.name, isl.cluster, plan, isl.steps[key], buckets=layers)
+        out.append(replace(base, mtbf_hours=isl.mtbf_hours))
     return out
 
 

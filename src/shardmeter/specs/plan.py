@@ -22,6 +22,7 @@ from shardmeter.specs.framework import (
     resolve_framework,
 )
 from shardmeter.specs.model import TransformerSpec
+from shardmeter.specs.rules import first_broken
 
 Sharding = Literal["none", "zero1", "zero2", "zero3"]
 Recompute = Literal["none", "selective", "full"]
@@ -138,84 +139,14 @@ class Plan(BaseModel):
 
 
 def validate_plan(plan: Plan, model: TransformerSpec, n_gpus: int | None = None) -> None:
-    """Raise UserInputError for combinations no framework can run."""
+    """Raise UserInputError for combinations no framework can run: the GPU count, then the
+    first rule of `shardmeter.specs.rules.RULES` the plan breaks (a `PlanRuleError`)."""
     if n_gpus is not None and plan.n_gpus != n_gpus:
         raise UserInputError(
             "plan",
             f"dp*tp*pp*cp = {plan.dp}*{plan.tp}*{plan.pp}*{plan.cp} = {plan.n_gpus}",
             f"must equal the GPU count {n_gpus}",
         )
-    if model.n_heads % plan.tp:
-        raise UserInputError("plan.tp", plan.tp, f"must divide n_heads = {model.n_heads}")
-    uneven = plan.pp_layers is not None or plan.pp_first is not None or plan.pp_last is not None
-    if uneven:
-        _validate_stages(plan, model.n_layers)
-    elif model.n_layers % (plan.pp * plan.vpp):
-        raise UserInputError(
-            "plan.pp",
-            plan.pp,
-            f"pp*vpp = {plan.pp * plan.vpp} must divide n_layers = {model.n_layers}",
-        )
-    if plan.vpp > 1 and plan.pp == 1:
-        raise UserInputError("plan.vpp", plan.vpp, "interleaving needs pp > 1")
-    if model.seq_len % plan.cp:
-        raise UserInputError("plan.cp", plan.cp, f"must divide seq_len = {model.seq_len}")
-    if plan.ep > 1 and model.moe is None:
-        raise UserInputError("plan.ep", plan.ep, "expert parallelism needs an MoE model (ep = 1)")
-    if model.moe is not None and model.moe.experts % plan.ep:
-        raise UserInputError("plan.ep", plan.ep, f"must divide experts = {model.moe.experts}")
-    if plan.dp % plan.ep:
-        raise UserInputError("plan.ep", plan.ep, f"must divide dp = {plan.dp}")
-    if plan.global_batch % (plan.dp * plan.micro_batch):
-        raise UserInputError(
-            "plan.global_batch",
-            plan.global_batch,
-            f"must be a multiple of dp*micro_batch = {plan.dp * plan.micro_batch}",
-        )
-    group = plan.vpp_group if plan.vpp_group is not None else plan.pp
-    if plan.vpp_group is not None and (plan.vpp == 1 or group < plan.pp):
-        raise UserInputError(
-            "plan.vpp_group",
-            group,
-            f"needs an interleaved schedule (vpp > 1) and >= pp = {plan.pp}",
-        )
-    if plan.vpp > 1 and plan.micro_batches % group:
-        raise UserInputError(
-            "plan.global_batch",
-            plan.global_batch,
-            f"interleaved schedules need micro-batches ({plan.micro_batches}) divisible by "
-            f"{'vpp_group' if plan.vpp_group is not None else 'pp'} = {group}",
-        )
-    if plan.shard_degree is not None:
-        if plan.sharding == "none":
-            raise UserInputError("plan.shard_degree", plan.shard_degree, "needs sharding zero1/2/3")
-        if plan.dp % plan.shard_degree:
-            raise UserInputError(
-                "plan.shard_degree", plan.shard_degree, f"must divide dp = {plan.dp}"
-            )
-
-
-def _validate_stages(plan: Plan, n_layers: int) -> None:
-    """Uneven stages: an explicit list of pp counts summing to n_layers, or first/last counts
-    leaving at least one layer for every middle stage (Megatron-Core
-    decoder_first/last_pipeline_num_layers)."""
-    if plan.pp == 1:
-        raise UserInputError("plan.pp_layers", plan.pp_layers, "uneven stages need pp > 1")
-    if plan.pp_layers is not None:
-        counts = plan.pp_layers
-        if len(counts) != plan.pp or sum(counts) != n_layers or min(counts) < 0:
-            allowed = f"{plan.pp} non-negative counts summing to n_layers = {n_layers}"
-            raise UserInputError("plan.pp_layers", list(counts), allowed)
-        return
-    stated = (plan.pp_first or 0) + (plan.pp_last or 0)
-    unstated = plan.pp - (plan.pp_first is not None) - (plan.pp_last is not None)
-    rest = n_layers - stated
-    if rest < unstated or (unstated == 0 and rest != 0):
-        field = "plan.pp_first" if plan.pp_first is not None else "plan.pp_last"
-        allowed = (
-            f"first + last ({stated}) must leave at least one of the {n_layers} layers for "
-            f"each of the other {unstated} stages"
-            if unstated
-            else f"first + last must equal n_layers = {n_layers} with pp = 2"
-        )
-        raise UserInputError(field, stated, allowed)
+    broken = first_broken(plan, model)
+    if broken is not None:
+        raise broken
