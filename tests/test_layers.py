@@ -48,6 +48,7 @@ HELOCO_LAYERS: tuple[tuple[str, ...], ...] = (
         "heloco.curve",
         "heloco.handoff",
         "heloco.executors",
+        "heloco.runfolder",
     ),
     # model, data
     ("heloco.model", "heloco.modelspec", "heloco.hf", "heloco.data"),
@@ -84,8 +85,6 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
         "the run file is parsed into the simulator's SimConfig; config.py becomes a leaf of "
         "per-component configs"
     ),
-    ("heloco.worker", "heloco.server"): "Dispatch lives in server.py; it moves to types.py",
-    ("heloco.rounds", "heloco.server"): "Dispatch lives in server.py; it moves to types.py",
     ("heloco.sim.loop", "heloco.metrics"): "the simulator writes events with MetricsWriter",
     ("heloco.sim.run", "heloco.metrics"): "the simulator writes events with MetricsWriter",
     ("heloco.sim.recorder", "heloco.metrics"): "the simulator records EvalPoint/RunSummary",
