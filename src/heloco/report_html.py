@@ -156,8 +156,8 @@ def timeline(run: RunData, events: RunEvents) -> list[RoundSpan]:
     # Staleness of each worker's applied arrivals, in the order the server applied them.
     applied: dict[int, list[tuple[float, int]]] = defaultdict(list)
     for u in sorted(events.updates, key=lambda u: u.revision):
-        for w, tau in zip(u.workers, u.staleness, strict=False):
-            applied[w].append((u.time, tau))
+        for w, stale in zip(u.workers, u.staleness, strict=False):
+            applied[w].append((u.time, stale))
     by_worker: dict[int, list[RoundEvent]] = defaultdict(list)
     for r in events.rounds:
         by_worker[r.worker].append(r)
