@@ -716,7 +716,7 @@ def sweep_figure(result: SweepResult) -> dict[str, Any]:
                 {
                     "type": "scatter",
                     "mode": "lines",
-                    "name": f"{knee.kind} at {knee.value:g}",
+                    "name": f"{knee.kind} at {knee.value:.3g}",
                     "x": [knee.value, knee.value],
                     "y": [min(finite), max(finite)] if finite else [0, 1],
                     "xaxis": f"x{ax}",
