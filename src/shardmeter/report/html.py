@@ -230,7 +230,9 @@ def pareto_figure(
                 "x": (wall[sel] / DAY).round(6).tolist(),
                 "y": cost[sel].round(4).tolist(),
                 "marker": {"size": 4, "opacity": 0.35, "color": COLORS[g % len(COLORS)]},
-                "hovertemplate": "%{x:.3g} d, $%{y:.4s}<extra>" + esc(label) + "</extra>",
+                # No hover: a click near the front must pick the front's plan, not a sample point
+                # without a plan behind it.
+                "hoverinfo": "skip",
                 "meta": {"kind": "cloud"},
             }
         )
