@@ -196,8 +196,10 @@ class Chromium:
             self.pump(0.1)
         raise TimeoutError(f"{expression} never became true")
 
-    def screenshot(self, session: str, path: Path, max_height: int = 4000) -> Path:
-        """A PNG of the whole page (up to ``max_height`` CSS pixels tall)."""
+    def screenshot(
+        self, session: str, path: Path, max_height: int = 4000, scale: float = 1.0
+    ) -> Path:
+        """A PNG of the whole page (up to ``max_height`` CSS pixels tall), ``scale`` × size."""
         metrics = self.send("Page.getLayoutMetrics", {}, session)
         size = metrics.get("cssContentSize") or metrics["contentSize"]
         height = min(int(size["height"]) + 1, max_height)
@@ -207,7 +209,7 @@ class Chromium:
             {
                 "format": "png",
                 "captureBeyondViewport": True,
-                "clip": {"x": 0, "y": 0, "width": width, "height": height, "scale": 1},
+                "clip": {"x": 0, "y": 0, "width": width, "height": height, "scale": scale},
             },
             session,
         )
@@ -282,6 +284,7 @@ def check_page(
     path: Path,
     screenshot: Path | None = None,
     interact: Callable[[Chromium, str], dict[str, Any]] | None = None,
+    shot: tuple[int, float] = (4000, 1.0),
 ) -> PageCheck:
     """Open ``path``, wait for the page to draw, read what it drew, optionally act on it
     (``interact(browser, session)``) and take a screenshot."""
@@ -293,7 +296,7 @@ def check_page(
     counts = json.loads(browser.evaluate(session, COUNT_JS))
     extra = interact(browser, session) if interact is not None else {}
     browser.pump(0.3)  # late console messages and requests
-    shot = browser.screenshot(session, screenshot) if screenshot is not None else None
+    png = None if screenshot is None else browser.screenshot(session, screenshot, *shot)
     errors, requests = problems(browser.events, url)
     return PageCheck(
         path=path,
@@ -306,7 +309,7 @@ def check_page(
         download=counts["download"],
         command=counts["command"],
         load_s=load_s,
-        screenshot=shot,
+        screenshot=png,
         extra=extra,
     )
 
@@ -409,6 +412,20 @@ def run_cli(prog: str, argv: list[str]) -> float:
     return elapsed
 
 
+DOC_SHOT = (3000, 0.6)  # docs screenshots: the top 3000 CSS px of a page, at 60 % size
+
+
+def shrink_png(path: Path) -> None:
+    """Re-save a screenshot with a 256-colour palette (about a third of the bytes)."""
+    try:
+        from PIL import Image
+    except ImportError:
+        return
+    with Image.open(path) as img:
+        small = img.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
+    small.save(path, optimize=True)
+
+
 def without_html(argv: list[str]) -> list[str]:
     k = argv.index("--html")
     return argv[:k] + argv[k + 2 :]
@@ -436,7 +453,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         with Chromium(binary) as browser:
             for kind, path, _, _ in rows:
                 shot = None if args.screenshots is None else args.screenshots / f"report-{kind}.png"
-                checks[kind] = check_page(browser, path, shot)
+                checks[kind] = check_page(browser, path, shot, shot=DOC_SHOT)
+                if shot is not None:
+                    shrink_png(shot)
     print(f"{'page':<9} {'size MB':>8} {'cmd s':>7} {'+html s':>8} {'added s':>8} "
           f"{'figs':>5} {'traces':>7} {'rows':>5} {'errors':>7} {'requests':>9} {'load s':>7}")  # fmt: skip
     for kind, path, plain, with_page in rows:

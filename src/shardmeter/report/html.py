@@ -282,7 +282,6 @@ def pareto_figure(
             "title": {
                 "text": f"{esc(res.model)} on {esc(res.target)}, {si(res.tokens)} tokens: "
                 f"{line_w.size} plans on the front of the sample",
-                "x": 0.5,
                 "y": 0.98,
             },
             "margin": {"l": 70, "r": 20, "t": 80, "b": 60},
@@ -392,9 +391,10 @@ def plan_page(
 
     page.heading("Time-cost Pareto front", anchor="front")
     page.para(
-        "Grey-scale clouds are a sample of the evaluated plans; red circles are the top plans, "
-        "the black line the Pareto front. Hover a point for its plan, click it to show its "
-        "breakdown below; the buttons switch the y axis to $ per million tokens.",
+        "The coloured clouds are a sample of the evaluated plans (one colour per outer mode or "
+        "GPU count); red circles are the top plans, the black line the Pareto front. Hover a "
+        "circle or a front point for its plan, click it to show its breakdown below; the "
+        "buttons switch the y axis to $ per million tokens.",
         "note",
     )
     page.figure("sm-front", pareto_figure(res, picks, len(res.ranked)), height=520)

@@ -126,7 +126,10 @@ def command_line(prog: str, argv: Sequence[str] | None) -> str:
 def script_json(obj: Any) -> str:
     """Strict JSON safe inside a ``<script>`` element: ``<``, ``>`` and ``&`` are escaped as
     ``\\u003c`` etc., which JSON strings allow and which cannot close the element."""
-    text = json.dumps(jsonable(obj), allow_nan=False, separators=(",", ":"))
+    try:  # plain data goes straight through; jsonable walks it only when it must
+        text = json.dumps(obj, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError):
+        text = json.dumps(jsonable(obj), allow_nan=False, separators=(",", ":"))
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
@@ -212,6 +215,8 @@ class Page:
             "legend": {"font": {"size": 11}},
             **spec.get("layout", {}),
         }
+        if isinstance(layout.get("title"), dict):  # left, clear of the tool bar on the right
+            layout["title"] = {"x": 0.01, "xanchor": "left", **layout["title"]}
         self.figures[ident] = {"data": spec["data"], "layout": layout}
         self.parts.append(f'<div class="fig" id="{esc(ident)}" style="height:{height}px"></div>')
 
