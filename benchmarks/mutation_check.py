@@ -31,6 +31,7 @@ class Mutation:
     path: str  # relative to src/shardmeter/estimate
     old: str
     new: str
+    tests: str = ""  # the tests that catch it, when not --tests
 
 
 MUTATIONS: tuple[Mutation, ...] = (
@@ -154,6 +155,33 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("up-projection GEMMs not re-run in backward", "compute.py",
              "+ where(plans.recompute_qkv, qkv_recompute_time(model, plans, acc), 0.0)",
              "+ 0.0 * where(plans.recompute_qkv, qkv_recompute_time(model, plans, acc), 0.0)"),
+    # --- the --html pages: what they draw is the result (tests/test_html_data.py) ---
+    Mutation("page: plan memory breakdown left out", "../report/html.py",
+             'island["memory_breakdown_bytes"] = dict(choice.step.memory_breakdown)',
+             'island["memory_breakdown_bytes"] = {}', "tests/test_html_data.py"),
+    Mutation("page: front points carry the wrong plan", "../report/html.py",
+             '"customdata": [k for k, _ in items],', '"customdata": [0 for k, _ in items],',
+             "tests/test_html_data.py"),
+    Mutation("page: $/Mtok scale inverted", "../report/html.py",
+             "per_mtok = 1e6 / res.tokens", "per_mtok = 1e6 * res.tokens", "tests/test_html_data.py"),
+    Mutation("page: knee line away from the knee", "../report/html.py",
+             '"x": [knee.value, knee.value],', '"x": [knee.value * 2, knee.value * 2],',
+             "tests/test_html_data.py"),
+    Mutation("page: island utilization bars show goodput", "../report/html.py",
+             '"y": [i.utilization for i in est.islands],', '"y": [i.goodput for i in est.islands],',
+             "tests/test_html_data.py"),
+    Mutation("page: embedded JSON can close its script element", "../report/htmlpage.py",
+             r'text.replace("<", "\\u003c")', r'text.replace("<", "<")', "tests/test_html_data.py"),
+    Mutation("timeline: comm_delays ignored", "../../heloco/report_html.py",
+             "comm_s = min(comm[w], dur)", "comm_s = 0.0 * min(comm[w], dur)",
+             "tests/test_html_data.py"),
+    Mutation("timeline: compute from paces ignored", "../../heloco/report_html.py",
+             "comm_s = max(0.0, dur - r.steps * paces[w])", "comm_s = 0.0",
+             "tests/test_html_data.py"),
+    Mutation("timeline: idle before the next dispatch dropped", "../../heloco/report_html.py",
+             "idle_s=max(0.0, nxt - r.time),", "idle_s=0.0,", "tests/test_html_data.py"),
+    Mutation("timeline: every arrival gets the worker's first staleness", "../../heloco/report_html.py",
+             "tau = queue[k][1]", "tau = queue[0][1]", "tests/test_html_data.py"),
 )  # fmt: skip
 
 
@@ -197,7 +225,7 @@ def main() -> int:
             shutil.rmtree(src, ignore_errors=True)
             shutil.copytree(ROOT / "src", src)
             apply(src, mutation)
-            failed, _ = failing_tests(src, args.tests)
+            failed, _ = failing_tests(src, mutation.tests or args.tests)
             holes += not failed
             caught = ", ".join(failed) if failed else "NOT CAUGHT"
             print(f"{mutation.name:<52} {caught}")

@@ -178,13 +178,13 @@ def test_timeline_from_paces_and_staleness_per_arrival() -> None:
     # Asynchronous: worker 1 (slow) arrives after three updates of worker 0.
     events = RunEvents(
         [_round(0, 0, 0, 2), _round(0, 1, 2, 4), _round(0, 2, 4, 6), _round(1, 0, 0, 6.5, 3)],
-        [_update(1, 2, [0], [0]), _update(2, 4, [0], [0]), _update(3, 6, [0], [0]),
+        [_update(1, 2, [0], [0]), _update(2, 4, [0], [2]), _update(3, 6, [0], [1]),
          _update(4, 6.5, [1], [3])],
     )  # fmt: skip
     spans = timeline(_run({}, {"paces": [1.0, 2.0]}), events)
     slow = next(s for s in spans if s.worker == 1)
     assert (slow.compute_s, slow.comm_s, slow.staleness) == (6.0, 0.5, 3)
-    assert [s.staleness for s in spans if s.worker == 0] == [0, 0, 0]
+    assert [s.staleness for s in spans if s.worker == 0] == [0, 2, 1]  # each its own update
     unknown = timeline(_run({}, {}), events)  # neither paces nor delays: all compute
     assert all(s.comm_s == 0 for s in unknown)
 
