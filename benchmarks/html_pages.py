@@ -4,12 +4,13 @@
     python benchmarks/html_pages.py --screenshots docs/img  # also the PNGs docs/reports.md shows
 
 For each page kind (`shardmeter predict`, `plan`, `predict --topology`, `sweep`, and
-`heloco report` over two tiny simulated runs) it times the command with and without
-`--html` (best of --reps runs, in this process), records the page size, then opens the page
-in headless Chromium through the DevTools protocol over a pipe (`--remote-debugging-pipe`,
-no port, no extra package) and reports console errors, network requests, and what was drawn:
-traces and points per figure, rows per table. tests/test_html_pages.py uses the same
-`Chromium` and `check_page`.
+`heloco report` over two tiny simulated runs) it times the command without and with
+`--html`, best of --reps runs, each a new process (`cmd s`, `+html s`). It also times the
+page's own cost: the same difference in this process, imports paid (`page s`). It records
+the page size, then opens the page in headless Chromium through the DevTools protocol over
+a pipe (`--remote-debugging-pipe`, no port, no extra package). It reports console errors,
+network requests, and what was drawn: traces and points per figure, rows per table.
+tests/test_html_pages.py uses the same `Chromium` and `check_page`.
 """
 
 from __future__ import annotations
@@ -394,7 +395,19 @@ def page_commands(out: Path, runs: Sequence[Path]) -> dict[str, tuple[str, list[
 
 
 def run_cli(prog: str, argv: list[str]) -> float:
-    """Seconds one in-process run of ``prog argv`` takes (its output discarded)."""
+    """Wall seconds of ``prog argv`` as a user runs it: a new process (imports included),
+    the console script beside this interpreter, its output discarded."""
+    exe = Path(sys.executable).parent / prog
+    t0 = time.perf_counter()
+    done = subprocess.run([str(exe), *argv], capture_output=True, text=True, check=False)
+    elapsed = time.perf_counter() - t0
+    if done.returncode not in (0, 1):
+        raise RuntimeError(f"{prog} {' '.join(argv)} exited {done.returncode}: {done.stderr}")
+    return elapsed
+
+
+def run_in_process(prog: str, argv: list[str]) -> float:
+    """Seconds of ``main(argv)`` in this process (imports already paid), output discarded."""
     import contextlib
     import io
 
@@ -402,9 +415,8 @@ def run_cli(prog: str, argv: list[str]) -> float:
     from shardmeter.cli import main as shardmeter
 
     main = shardmeter if prog == "shardmeter" else heloco
-    sink = io.StringIO()
     t0 = time.perf_counter()
-    with contextlib.redirect_stdout(sink):
+    with contextlib.redirect_stdout(io.StringIO()):
         rc = main(argv)
     elapsed = time.perf_counter() - t0
     if rc not in (0, 1):
@@ -445,20 +457,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     for kind, (prog, cli) in cmds.items():
         plain = min(run_cli(prog, without_html(cli)) for _ in range(args.reps))
         with_page = min(run_cli(prog, cli) for _ in range(args.reps))
+        inner = [
+            min(run_in_process(prog, a) for _ in range(args.reps)) for a in (without_html(cli), cli)
+        ]
         path = Path(cli[cli.index("--html") + 1])
-        rows.append((kind, path, plain, with_page))
+        rows.append((kind, path, plain, with_page, inner[1] - inner[0]))
     binary = None if args.no_browser else find_chromium()
     checks: dict[str, PageCheck] = {}
     if binary is not None:
         with Chromium(binary) as browser:
-            for kind, path, _, _ in rows:
+            for kind, path, *_ in rows:
                 shot = None if args.screenshots is None else args.screenshots / f"report-{kind}.png"
                 checks[kind] = check_page(browser, path, shot, shot=DOC_SHOT)
                 if shot is not None:
                     shrink_png(shot)
-    print(f"{'page':<9} {'size MB':>8} {'cmd s':>7} {'+html s':>8} {'added s':>8} "
+    print(f"{'page':<9} {'size MB':>8} {'cmd s':>7} {'+html s':>8} {'page s':>7} "
           f"{'figs':>5} {'traces':>7} {'rows':>5} {'errors':>7} {'requests':>9} {'load s':>7}")  # fmt: skip
-    for kind, path, plain, with_page in rows:
+    for kind, path, plain, with_page, page_s in rows:
         c = checks.get(kind)
         figs = traces = nrows = errs = reqs = "-"
         load = "-"
@@ -469,7 +484,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             errs, reqs, load = str(len(c.errors)), str(len(c.requests)), f"{c.load_s:.2f}"
         print(
             f"{kind:<9} {path.stat().st_size / 1e6:>8.2f} {plain:>7.2f} {with_page:>8.2f} "
-            f"{with_page - plain:>8.2f} {figs:>5} {traces:>7} {nrows:>5} {errs:>7} {reqs:>9} "
+            f"{page_s:>7.2f} {figs:>5} {traces:>7} {nrows:>5} {errs:>7} {reqs:>9} "
             f"{load:>7}"
         )
     if binary is None and not args.no_browser:

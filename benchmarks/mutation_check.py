@@ -7,7 +7,8 @@ Each mutation is one exact text replacement in `src/shardmeter/estimate/*.py`. I
 a temporary copy of `src/` (the working tree is never touched), the tests run against that
 copy, and the table lists the tests that fail. A mutation no test catches is a hole in the
 suite; the script exits 1 if any. The first eleven are issue 13's list; the rest are the
-equivalents for the terms issue 13 added.
+equivalents for the terms issue 13 added. A mutation that names its own tests (those of the
+`--html` pages, paths relative to the same folder) runs them instead of --tests.
 """
 
 from __future__ import annotations
