@@ -213,6 +213,7 @@ class Page:
             "font": {"family": "DejaVu Sans, Arial, sans-serif", "size": 12},
             "hovermode": "closest",
             "legend": {"font": {"size": 11}},
+            "modebar": {"orientation": "v"},  # on the right edge, clear of the title
             **spec.get("layout", {}),
         }
         if isinstance(layout.get("title"), dict):  # left, clear of the tool bar on the right
