@@ -19,7 +19,7 @@ from shardmeter.analysis import SweepResult
 from shardmeter.estimate.islands import TopologyEstimate
 from shardmeter.estimate.result import MEMORY_COMPONENTS, TIME_COMPONENTS, StepEstimate
 from shardmeter.estimate.wan import wan_paths
-from shardmeter.report.htmlpage import COLORS, Cell, Page, esc
+from shardmeter.report.htmlpage import COLORS, Cell, Page, esc, fill_layout
 from shardmeter.report.islands import topology_json, wan_text
 from shardmeter.report.jsonout import jsonable
 from shardmeter.report.plan import candidate_json, candidate_label, front_line, result_json
@@ -32,6 +32,7 @@ from shardmeter.specs.plan import Plan
 from shardmeter.specs.topology import Topology
 
 DAY = 86400.0
+FIGURE_HEIGHT = 400  # px, the selected plan's two bar charts
 GB = 1e9
 MEMORY_LABELS: dict[str, str] = {
     "weights": "weights",
@@ -192,11 +193,12 @@ def candidate_view(
         "<th>bottleneck</th><th>regime</th><th>inner plan</th></tr></thead>"
         f"<tbody>{rows}</tbody></table>"
     )
+    time_fig, memory_fig = step_time_figure(names, steps), memory_figure(names, steps)
     return {
         "title": title,
         "html": summary,
-        "time": step_time_figure(names, steps),
-        "memory": memory_figure(names, steps),
+        "time": {**time_fig, "layout": fill_layout(time_fig["layout"], FIGURE_HEIGHT)},
+        "memory": {**memory_fig, "layout": fill_layout(memory_fig["layout"], FIGURE_HEIGHT)},
     }
 
 
@@ -402,8 +404,8 @@ def plan_page(
     page.heading("Selected plan", anchor="selected")
     page.raw('<div class="panel" id="sm-selected"></div>')
     page.raw('<div class="row">')
-    page.figure("sm-time", {"data": [], "layout": {}}, height=400)
-    page.figure("sm-memory", {"data": [], "layout": {}}, height=400)
+    page.figure("sm-time", {"data": [], "layout": {}}, height=FIGURE_HEIGHT)
+    page.figure("sm-memory", {"data": [], "layout": {}}, height=FIGURE_HEIGHT)
     page.raw("</div>")
 
     page.heading("Top plans by wall-clock", anchor="ranked")

@@ -158,6 +158,23 @@ def _sort_attr(value: float | str | None) -> str:
     return f' data-v="{esc(value)}"'
 
 
+def fill_layout(layout: dict[str, Any], height: int) -> dict[str, Any]:
+    """A figure layout with the page's defaults for what it leaves out (size, margins, font,
+    tool bar on the right, title on the left)."""
+    out = {
+        "height": height,
+        "margin": {"l": 70, "r": 20, "t": 40, "b": 60},
+        "font": {"family": "DejaVu Sans, Arial, sans-serif", "size": 12},
+        "hovermode": "closest",
+        "legend": {"font": {"size": 11}},
+        "modebar": {"orientation": "v"},  # on the right edge, clear of the title
+        **layout,
+    }
+    if isinstance(out.get("title"), dict):
+        out["title"] = {"x": 0.01, "xanchor": "left", **out["title"]}
+    return out
+
+
 class Page:
     """An HTML page under construction; `render` returns the whole file as text."""
 
@@ -207,17 +224,7 @@ class Page:
         """A plotly figure ``{"data": [...], "layout": {...}}`` drawn into ``<div id=ident>``."""
         if ident in self.figures:
             raise ValueError(f"figure id {ident!r} used twice")
-        layout = {
-            "height": height,
-            "margin": {"l": 70, "r": 20, "t": 40, "b": 60},
-            "font": {"family": "DejaVu Sans, Arial, sans-serif", "size": 12},
-            "hovermode": "closest",
-            "legend": {"font": {"size": 11}},
-            "modebar": {"orientation": "v"},  # on the right edge, clear of the title
-            **spec.get("layout", {}),
-        }
-        if isinstance(layout.get("title"), dict):  # left, clear of the tool bar on the right
-            layout["title"] = {"x": 0.01, "xanchor": "left", **layout["title"]}
+        layout = fill_layout(spec.get("layout", {}), height)
         self.figures[ident] = {"data": spec["data"], "layout": layout}
         self.parts.append(f'<div class="fig" id="{esc(ident)}" style="height:{height}px"></div>')
 
