@@ -53,6 +53,11 @@ def _num(x: float) -> Cell:
 
 
 # -- one island's step: breakdown words and stacked bars ------------------------------------
+def per_island(names: Sequence[str]) -> str:
+    """' per island' in a title when there are several bars."""
+    return " per island" if len(names) > 1 else ""
+
+
 def step_words(step: StepEstimate) -> str:
     """The step in one sentence: its time, compute share, largest other cost, regime, memory."""
     total = step.step_time_s
@@ -91,7 +96,9 @@ def step_time_figure(names: Sequence[str], steps: Sequence[StepEstimate]) -> dic
         "data": traces,
         "layout": {
             "barmode": "stack",
-            "title": {"text": "Step time per island (exposed terms; hidden comms overlap)"},
+            "title": {
+                "text": f"Step time{per_island(names)} (exposed terms; hidden comms overlap)"
+            },
             "yaxis": {"title": {"text": "seconds per step"}},
             "xaxis": {"tickangle": -30, "automargin": True},
         },
@@ -127,7 +134,7 @@ def memory_figure(names: Sequence[str], steps: Sequence[StepEstimate]) -> dict[s
         "data": traces,
         "layout": {
             "barmode": "stack",
-            "title": {"text": "Memory per GPU (peak) and HBM capacity"},
+            "title": {"text": f"Memory per GPU (peak){per_island(names)} and HBM capacity"},
             "yaxis": {"title": {"text": "GB per GPU"}},
             "xaxis": {"tickangle": -30, "automargin": True},
         },
