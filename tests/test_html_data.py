@@ -199,4 +199,6 @@ def test_read_events_names_a_malformed_round(tmp_path: Path) -> None:
         read_events(path)
     path.write_text('{"type": "round", "worker": 0, "start": 0.0, "time": 1.0}\n{"torn')
     assert len(read_events(path).rounds) == 1
+    path.write_text('{"type": "round", "worker": 0, "time": 1.0}\n')  # no dispatch time
+    assert timeline(_run({}, {}), read_events(path)) == []
     assert math.isfinite(read_events(path).rounds[0].time)

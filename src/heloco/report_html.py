@@ -66,7 +66,7 @@ class RoundEvent(BaseModel):
     round_id: Count = 0
     steps: Count = 0
     tokens: Count = 0
-    start: Seconds
+    start: Seconds | None = None  # dispatch time; runs written before it existed lack it
     time: Seconds
 
 
@@ -160,21 +160,24 @@ def timeline(run: RunData, events: RunEvents) -> list[RoundSpan]:
             applied[w].append((u.time, stale))
     by_worker: dict[int, list[RoundEvent]] = defaultdict(list)
     for r in events.rounds:
-        by_worker[r.worker].append(r)
+        if r.start is not None:  # without its dispatch time a round has no place on it
+            by_worker[r.worker].append(r)
     spans: list[RoundSpan] = []
     for w, rounds in sorted(by_worker.items()):
         rounds.sort(key=lambda r: (r.time, r.round_id))
         queue = applied.get(w, [])
         k = 0
         for i, r in enumerate(rounds):
-            dur = max(0.0, r.time - r.start)
+            start = r.start if r.start is not None else r.time
+            dur = max(0.0, r.time - start)
             if comm is not None:
                 comm_s = min(comm[w], dur)
             elif paces is not None:
                 comm_s = max(0.0, dur - r.steps * paces[w])
             else:
                 comm_s = 0.0
-            nxt = rounds[i + 1].start if i + 1 < len(rounds) else r.time
+            later = rounds[i + 1].start if i + 1 < len(rounds) else None
+            nxt = later if later is not None else r.time
             tau: int | None = None
             while k < len(queue) and queue[k][0] < r.time - 1e-9:
                 k += 1  # an update before this arrival belongs to an earlier round
@@ -185,7 +188,7 @@ def timeline(run: RunData, events: RunEvents) -> list[RoundSpan]:
                 RoundSpan(
                     worker=w,
                     round_id=r.round_id,
-                    start=r.start,
+                    start=start,
                     compute_s=dur - comm_s,
                     comm_s=comm_s,
                     arrival=r.time,
