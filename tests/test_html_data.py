@@ -202,3 +202,14 @@ def test_read_events_names_a_malformed_round(tmp_path: Path) -> None:
     path.write_text('{"type": "round", "worker": 0, "time": 1.0}\n')  # no dispatch time
     assert timeline(_run({}, {}), read_events(path)) == []
     assert math.isfinite(read_events(path).rounds[0].time)
+
+
+def test_infeasible_plan_page_shows_the_closest_plan(tmp_path: Path) -> None:
+    path = tmp_path / "plan.html"
+    argv = ["plan", "--cluster", "dgx-h100", "--gpus", "8", "--model", "llama-3.1-8b",
+            "--deadline", "1s", "--no-progress", "--html", str(path)]  # fmt: skip
+    assert shardmeter(argv) == 1  # no plan meets the deadline
+    doc, extra = embedded(path, "sm-data"), embedded(path, "sm-extra")
+    assert doc["ranked"] == [] and doc["infeasible"]["closest"] is not None
+    assert extra["views"][0]["title"].startswith("Closest plan")
+    assert doc["candidates"][0]["wall_s"] == pytest.approx(doc["infeasible"]["closest"]["wall_s"])

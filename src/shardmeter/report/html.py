@@ -354,6 +354,9 @@ def plan_page(
     click a row), and the selected plan's step-time and memory bars per island."""
     doc = result_json(res)
     picks: list[tuple[str, Candidate]] = [(f"#{k + 1}", c) for k, c in enumerate(res.ranked)]
+    if not picks and res.infeasible is not None and res.infeasible.closest is not None:
+        picks = [("Closest plan (misses the constraints)", res.infeasible.closest)]
+    n_top = len(picks)
     picks += [(f"Pareto front {k + 1}", c) for k, c in enumerate(res.pareto)]
     doc["candidates"] = [candidate_doc(c) for _, c in picks]
     page = Page(
@@ -406,7 +409,7 @@ def plan_page(
         "buttons switch the y axis to $ per million tokens.",
         "note",
     )
-    page.figure("sm-front", pareto_figure(res, picks, len(res.ranked)), height=520)
+    page.figure("sm-front", pareto_figure(res, picks, n_top), height=520)
 
     page.heading("Selected plan", anchor="selected")
     page.raw('<div class="panel" id="sm-selected"></div>')
