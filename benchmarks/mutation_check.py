@@ -171,6 +171,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("page: island utilization bars show goodput", "../report/html.py",
              '"y": [i.utilization for i in est.islands],', '"y": [i.goodput for i in est.islands],',
              "tests/test_html_data.py"),
+    Mutation("page: link busy share in bits, not bytes", "../report/html.py",
+             "seconds = nbytes_ / bps if", "seconds = nbytes_ * 8 / bps if", "tests/test_html_data.py"),
     Mutation("page: embedded JSON can close its script element", "../report/htmlpage.py",
              r'text.replace("<", "\\u003c")', r'text.replace("<", "<")', "tests/test_html_data.py"),
     Mutation("timeline: comm_delays ignored", "../../heloco/report_html.py",

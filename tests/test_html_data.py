@@ -134,6 +134,10 @@ def test_topology_and_sweep_pages(tmp_path: Path) -> None:
     assert [a + b for a, b in zip(cost[0]["y"], cost[1]["y"], strict=True)] == pytest.approx(
         [i["gpu_cost_usd"] + i["egress_cost_usd"] for i in doc["islands"]]
     )
+    # Each island's round of WAN bytes crosses the one path: busy = bytes / bandwidth / round.
+    (busy,) = figs["sm-topo-linkload"]["data"][0]["y"]
+    sent = max(i["wan_bytes_per_round"] for i in doc["islands"])
+    assert busy == pytest.approx(sent / (doc["wan_gbit"] * 1e9 / 8) / doc["round_s"])
     argv = ["sweep", "--topology", "two-clouds", "--over", "inner_steps", "--no-plots"]
     assert shardmeter([*argv, "--out", str(tmp_path), "--html", str(sweep)]) == 0
     doc = embedded(sweep, "sm-data")

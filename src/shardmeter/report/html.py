@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -618,33 +619,122 @@ def _topology_sections(page: Page, est: TopologyEstimate, topo: Topology, prefix
         ("island", "GPUs", "step", "H", "tok/s/GPU", "util", "stale", "WAN/round", "cost", "plan"),
         rows,
     )
+    loads = link_loads(est, topo)
+    link_rows = [
+        [
+            Cell(load.name),
+            Cell(f"{load.gbit:.3g}", _finite(load.gbit)),
+            Cell(f"{load.rtt_ms:.3g}", load.rtt_ms),
+            Cell(f"{load.egress_usd_per_gb:.3g}", load.egress_usd_per_gb),
+            Cell(nbytes(load.bytes_per_round), load.bytes_per_round),
+            Cell(pct(load.busy_share) if load.used else "-", load.busy_share),
+            Cell(usd(load.egress_usd) if load.used else "-", load.egress_usd),
+            Cell(", ".join(load.roles)),
+        ]
+        for load in loads
+    ]
+    used = [load for load in loads if load.used]
+    if used:
+        page.figure(
+            f"{prefix}-linkload",
+            {
+                "data": [
+                    {
+                        "type": "bar",
+                        "name": "busy share of a round",
+                        "x": [load.name for load in used],
+                        "y": [load.busy_share for load in used],
+                        "marker": {"color": "#ff7f0e"},
+                        "hovertemplate": "%{x}: %{y:.1%} of a round<extra></extra>",
+                    }
+                ],
+                "layout": {
+                    "title": {"text": "WAN paths: share of a round each carries the exchange"},
+                    "yaxis": {"tickformat": ".0%", "rangemode": "tozero"},
+                    "xaxis": {"automargin": True},
+                },
+            },
+            height=340,
+        )
+    page.table(
+        f"{prefix}-links",
+        ("WAN path", "Gbit/s", "RTT ms", "egress $/GB", "bytes/round", "busy", "egress $",
+         "role"),
+        link_rows,
+        caption=f"The exchange takes {wan_text(est)} on the bottleneck link {b.link}; a round "
+        f"of the slowest island takes {duration(est.round_s)}. Busy: the bytes sent over the "
+        "path per round over its bandwidth, as a share of the round (latency left out).",
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LinkLoad:
+    """One WAN path between two islands and what the exchange puts on it per round."""
+
+    name: str
+    gbit: float  # effective bandwidth per direction, Gbit/s
+    rtt_ms: float
+    egress_usd_per_gb: float
+    bytes_per_round: float  # sent over the path per round, both directions
+    busy_share: float  # the busier direction's bytes / bandwidth, over the round
+    egress_usd: float  # egress charged on what its senders send, whole run
+    used: bool
+    roles: tuple[str, ...]  # "ring", "to the hub", "bottleneck"
+
+
+def link_loads(est: TopologyEstimate, topo: Topology) -> list[LinkLoad]:
+    """Each island pair's WAN path, and the exchange's bytes on it: in a ring each island
+    sends its round's WAN bytes to its successor, with a hub (or asynchronous parameter
+    server) to the centre (outer.py `collective`, design doc C.4); object storage uses no
+    island-to-island path. Busy time of a direction = bytes / its bandwidth (s)."""
     paths = wan_paths(topo)
+    by_name = {i.name: i for i in est.islands}
+    hub = est.mode == "async" or est.settings.reduce == "hub"
+    succ = paths.ring_successor
+    sent: dict[tuple[int, int], list[tuple[float, float]]] = {}  # (i, j) -> (bytes, egress)
+    if est.settings.reduce != "bucket" and paths.n > 1:
+        for i, name in enumerate(paths.names):
+            island = by_name.get(name)
+            if island is None or island.wan_bytes_per_round <= 0:
+                continue
+            j = paths.center if hub else int(succ[i])
+            if j == i:
+                continue
+            sent.setdefault((i, j), []).append((island.wan_bytes_per_round, island.egress_cost_usd))
     ring = set(paths.ring_edges) | {(b_, a_) for a_, b_ in paths.ring_edges}
-    link_rows = []
+    out = []
     for i in range(paths.n):
         for j in range(i + 1, paths.n):
             name = paths.path_name(i, j)
-            bw = float(paths.bandwidth_Bps[i, j]) * 8 / 1e9
-            link_rows.append(
-                [
-                    Cell(name),
-                    Cell(f"{bw:.3g}", _finite(bw)),
-                    Cell(f"{float(paths.rtt_s[i, j]) * 1e3:.3g}", float(paths.rtt_s[i, j]) * 1e3),
-                    Cell(
-                        f"{float(paths.egress_usd_per_byte[i, j]) * 1e9:.3g}",
-                        float(paths.egress_usd_per_byte[i, j]) * 1e9,
-                    ),
-                    Cell("yes" if (i, j) in ring else "no"),
-                    Cell("bottleneck" if name == b.link else ""),
-                ]
+            busy, moved, egress = 0.0, 0.0, 0.0
+            for a, c in ((i, j), (j, i)):
+                for nbytes_, usd_ in sent.get((a, c), []):
+                    bps = float(paths.bandwidth_Bps[a, c])
+                    seconds = nbytes_ / bps if math.isfinite(bps) and bps > 0 else 0.0
+                    busy = max(busy, seconds / est.round_s if est.round_s > 0 else 0.0)
+                    moved += nbytes_
+                    egress += usd_
+            roles = []
+            if (i, j) in ring and not hub and est.settings.reduce == "ring":
+                roles.append("ring")
+            if hub and paths.center in (i, j):
+                roles.append("to the hub")
+            if name == est.bottleneck.link:
+                roles.append("bottleneck")
+            out.append(
+                LinkLoad(
+                    name=name,
+                    gbit=float(paths.bandwidth_Bps[i, j]) * 8 / 1e9,
+                    rtt_ms=float(paths.rtt_s[i, j]) * 1e3,
+                    egress_usd_per_gb=float(paths.egress_usd_per_byte[i, j]) * 1e9,
+                    bytes_per_round=moved,
+                    busy_share=busy,
+                    egress_usd=egress,
+                    used=moved > 0,
+                    roles=tuple(roles),
+                )
             )
-    page.table(
-        f"{prefix}-links",
-        ("WAN path", "Gbit/s", "RTT ms", "egress $/GB", "in ring", "role"),
-        link_rows,
-        caption=f"The exchange takes {wan_text(est)} on the bottleneck link {b.link}; a round "
-        f"of the slowest island takes {duration(est.round_s)}.",
-    )
+    return out
 
 
 def topology_page(
