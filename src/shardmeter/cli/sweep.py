@@ -113,12 +113,8 @@ def run(args: argparse.Namespace) -> int:
         from shardmeter.report.html import sweep_page
 
         base = predict_topology(topo, **overrides)
-        sweep_page(results, topo, base, page_command("shardmeter", args), overrides).write(
-            args.html
-        )
-        plots_html = [args.html]
-    else:
-        plots_html = []
+        page = sweep_page(results, topo, base, page_command("shardmeter", args), overrides)
+        page.write(args.html)
     plots: list[Path] = []
     if not args.no_plots:
         for result in results:
@@ -135,6 +131,6 @@ def run(args: argparse.Namespace) -> int:
         for skip in result.skipped:
             console.print(f"  (skipped {skip})", style="dim")
         console.print()
-    for path in [*plots, *plots_html]:
+    for path in [*plots, *([args.html] if args.html is not None else [])]:
         console.print(f"wrote {path}")
     return 0

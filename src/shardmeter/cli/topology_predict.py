@@ -181,8 +181,7 @@ def run_topology(args: argparse.Namespace) -> int:
         from shardmeter.report.html import topology_page
         from shardmeter.report.htmlpage import page_command
 
-        page_command_text = page_command("shardmeter", args)
-        topology_page(est, topo, page_command_text, modes, overrides).write(html)
+        topology_page(est, topo, page_command("shardmeter", args), modes, overrides).write(html)
     if getattr(args, "json", False):
         doc = topology_json(est)
         if modes:

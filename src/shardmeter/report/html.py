@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -901,8 +900,3 @@ def sweep_page(
     page.heading("The base run per island and link", anchor="base")
     _topology_sections(page, base, topo, "sm-base")
     return page
-
-
-def write_page(page: Page, path: Path) -> Path:
-    """Write ``page`` to ``path`` atomically."""
-    return page.write(path)

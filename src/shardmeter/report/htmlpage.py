@@ -301,10 +301,11 @@ class Page:
             f"\n<script>{PAGE_JS}\n{self.script}\nsmStart();</script>\n</body></html>\n"
         )
 
-    def write(self, path: Path) -> Path:
-        """Render and write the page atomically; returns ``path``."""
-        atomic_write_text(path, self.render())
-        return path
+    def write(self, path: Path | str) -> Path:
+        """Render and write the page atomically; returns its path."""
+        target = Path(path)
+        atomic_write_text(target, self.render())
+        return target
 
 
 CSS = """
