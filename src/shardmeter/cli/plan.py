@@ -320,7 +320,10 @@ def run(args: argparse.Namespace) -> int:
         topo = topology if isinstance(topology, Topology) else None
         if topo is None and args.topology is not None:
             topo = load_topology(args.topology)
-        page = plan_page(res, page_command("shardmeter", args), args_json(args), topo)
+        inputs: dict[str, Any] = {"options": args_json(args)}
+        if topo is None:
+            inputs["cluster"] = resolve_cluster(args.cluster).model_dump(mode="json")
+        page = plan_page(res, page_command("shardmeter", args), inputs, topo)
         page.write(args.html)
     if args.json:
         doc = result_json(res)
