@@ -649,7 +649,7 @@ def _topology_sections(page: Page, est: TopologyEstimate, topo: Topology, prefix
                 ],
                 "layout": {
                     "title": {"text": "WAN paths: share of a round each carries the exchange"},
-                    "yaxis": {"tickformat": ".0%", "rangemode": "tozero"},
+                    "yaxis": {"tickformat": ".2~%", "rangemode": "tozero"},
                     "xaxis": {"automargin": True},
                 },
             },
