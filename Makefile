@@ -4,13 +4,13 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo plots test test-fast lint typecheck unit unit-fast clean
+.PHONY: setup demo plots test test-fast lint typecheck unit unit-fast browser clean
 
 # -qq: pip prints errors only, so a first `make demo` shows the demo rather than install notes.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -qq --upgrade pip
-	$(BIN)/pip install -qq -e ".[train,dev,tensorboard,ray]"
+	$(BIN)/pip install -qq -e ".[train,dev,tensorboard,ray,html]"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -41,8 +41,18 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+unit: $(STAMP) browser
 	$(BIN)/pytest -q
+
+# Headless Chromium for tests/test_html_pages.py: the distribution's package, installed when
+# missing where we are root and apt works (CI runs as root on Debian); elsewhere the browser
+# tests skip and say why.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends chromium fonts-dejavu-core >/dev/null; } || \
+	  echo "chromium not installed: the browser tests will skip"; }
 
 # The full suite (what CI runs).
 test: lint typecheck unit

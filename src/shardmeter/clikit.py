@@ -99,10 +99,12 @@ def parse_args(
     """``parser.parse_args(argv)``, or None after printing a usage mistake as one line (the
     caller returns 2), so ``main(argv)`` returns its exit code in process too."""
     try:
-        return parser.parse_args(argv)
+        args = parser.parse_args(argv)
     except UsageError as exc:
         print(exc, file=sys.stderr)
         return None
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command as typed (--html)
+    return args
 
 
 def build_parser(

@@ -25,6 +25,7 @@ from heloco.report import (
     row_cells,
     runs_to_json,
 )
+from shardmeter.report.htmlpage import add_html_flag, check_html_path, page_command
 from shardmeter.report.terminal import Col, add_wide_flag, console_for, fit_table, si
 
 # The comparison table on a terminal: row_cells order, short headers (table.md spells them
@@ -55,15 +56,21 @@ def add_parser(sub: Any) -> None:
     add_out(p, "folder for plots, table.md and report.json (default: report/ beside the first run)")
     p.add_argument("--no-plots", action="store_true", help="tables only")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    add_html_flag(p)
     add_wide_flag(p)
 
 
 def run(args: argparse.Namespace) -> int:
+    check_html_path("--html", args.html)
     runs = load_runs(args.runs)
     out: Path = args.out or runs[0].path.parent / "report"
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "table.md", markdown_table(runs))
     plots = [] if args.no_plots else plot_runs(runs, out)
+    if args.html is not None:
+        from heloco.report_html import report_page
+
+        plots.append(report_page(runs, page_command("heloco", args)).write(args.html))
     payload = runs_to_json(runs) | {"files": [str(p) for p in plots]}
     atomic_write_text(out / "report.json", json.dumps(payload, indent=2) + "\n")
     if args.json:

@@ -21,6 +21,7 @@ from shardmeter.errors import UserInputError
 from shardmeter.estimate.islands import with_run
 from shardmeter.estimate.outer import MODES
 from shardmeter.predict import resolve_cluster
+from shardmeter.report.htmlpage import add_html_flag, args_json, check_html_path, page_command
 from shardmeter.report.plan import plot_result, render_result, result_json
 from shardmeter.report.plotfiles import check_plot_path
 from shardmeter.report.terminal import console_for
@@ -115,6 +116,7 @@ def add_parser(subparsers: Any) -> None:
     out.add_argument(
         "--plot", type=Path, help="write the Pareto front and plan cloud (.png, .svg or .pdf)"
     )
+    add_html_flag(out)
     out.add_argument("--jobs", type=nonneg_int, default=1, help="processes (0: all cores)")
     out.add_argument("--no-prune", action="store_true", help="evaluate every plan")
     out.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -254,6 +256,7 @@ def run(args: argparse.Namespace) -> int:
     space, outer, constraints = options_from(args)
     if args.plot is not None:
         check_plot_path("--plot", args.plot)
+    check_html_path("--html", args.html)
     if args.topology is None and args.cluster is None:
         raise UserInputError("--cluster", None, "give --cluster NAME --gpus N, or --topology FILE")
     if args.topology is not None:
@@ -311,6 +314,17 @@ def run(args: argparse.Namespace) -> int:
     ranked = quality.rank_from_args(args, shown, **search)
     if args.plot is not None:
         plot_result(res, args.plot)
+    if args.html is not None:
+        from shardmeter.report.html import plan_page
+
+        topo = topology if isinstance(topology, Topology) else None
+        if topo is None and args.topology is not None:
+            topo = load_topology(args.topology)
+        inputs: dict[str, Any] = {"options": args_json(args)}
+        if topo is None:
+            inputs["cluster"] = resolve_cluster(args.cluster).model_dump(mode="json")
+        page = plan_page(res, page_command("shardmeter", args), inputs, topo)
+        page.write(args.html)
     if args.json:
         doc = result_json(res)
         if ranked:
@@ -322,6 +336,7 @@ def run(args: argparse.Namespace) -> int:
         render_result(res, console, top=shown, front=25 if args.wide else 8)
         if ranked:
             quality.render_ranked(ranked, args.quality, console=console)
-        if args.plot is not None:
-            console.print(f"wrote {args.plot}")
+        for path in (args.plot, args.html):
+            if path is not None:
+                console.print(f"wrote {path}")
     return 0 if res.infeasible is None else 1

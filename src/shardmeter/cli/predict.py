@@ -25,6 +25,7 @@ from shardmeter.predict import (
     resolve_cluster,
     resolve_model,
 )
+from shardmeter.report.htmlpage import add_html_flag, check_html_path, page_command
 from shardmeter.report.step import estimate_to_dict, render_step
 from shardmeter.report.terminal import add_wide_flag, console_for
 from shardmeter.specs.framework import FRAMEWORKS
@@ -88,6 +89,7 @@ def add_parser(subparsers: Any) -> None:
         help="overlap TP collectives with GEMMs",
     )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the JSON document (docs/model.md)")
+    add_html_flag(p)
     add_wide_flag(p)
     topology_predict.add_arguments(p)
 
@@ -125,10 +127,18 @@ def inputs_from_args(args: argparse.Namespace) -> PredictInputs:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_html_path("--html", args.html)
     if getattr(args, "topology", None):
         return int(topology_predict.run_topology(args))
     inputs = inputs_from_args(args)
     est = estimate_step(inputs.model, inputs.cluster, inputs.plan)
+    if args.html is not None:
+        from shardmeter.report.html import predict_page
+
+        page = predict_page(
+            est, inputs.model, inputs.cluster, inputs.plan, page_command("shardmeter", args)
+        )
+        page.write(args.html)
     if args.json:
         doc = estimate_to_dict(est, inputs.model, inputs.cluster, inputs.plan)
         json.dump(doc, sys.stdout, indent=2)
@@ -136,4 +146,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
     console = console_for(sys.stdout.isatty(), args.wide)
     render_step(console, est, inputs.model, inputs.cluster, inputs.plan)
+    if args.html is not None:
+        console.print(f"wrote {args.html}")
     return 0

@@ -14,6 +14,7 @@ from rich.table import Table
 from shardmeter.analysis import SWEEP_PARAMS, SweepResult, plot_sweep, sweep
 from shardmeter.cli.topology_predict import add_arguments, overrides_from, topology_from
 from shardmeter.errors import UserInputError
+from shardmeter.report.htmlpage import add_html_flag, check_html_path, page_command
 from shardmeter.report.jsonout import jsonable, print_json
 from shardmeter.report.plotfiles import PLOT_FORMATS, parse_formats
 from shardmeter.report.terminal import Col, console_for, duration, fit_table, pct, si, usd
@@ -43,6 +44,7 @@ def add_parser(subparsers: Any) -> None:
         default="png,svg",
         help=f"plot formats from {','.join(PLOT_FORMATS)} (default: png,svg)",
     )
+    add_html_flag(p)
     add_arguments(p)
 
 
@@ -102,9 +104,17 @@ def run(args: argparse.Namespace) -> int:
             raise UserInputError("--over", knob, f"choose from {', '.join(SWEEP_PARAMS)}")
     values = _values(args.values, knobs)
     formats = parse_formats("--formats", args.formats)
+    check_html_path("--html", args.html)
     topo = topology_from(args)
     overrides = overrides_from(args)
     results = [sweep(topo, knob, values, **overrides) for knob in knobs]
+    if args.html is not None:
+        from shardmeter.estimate.islands import predict_topology
+        from shardmeter.report.html import sweep_page
+
+        base = predict_topology(topo, **overrides)
+        page = sweep_page(results, topo, base, page_command("shardmeter", args), overrides)
+        page.write(args.html)
     plots: list[Path] = []
     if not args.no_plots:
         for result in results:
@@ -121,6 +131,6 @@ def run(args: argparse.Namespace) -> int:
         for skip in result.skipped:
             console.print(f"  (skipped {skip})", style="dim")
         console.print()
-    for path in plots:
+    for path in [*plots, *([args.html] if args.html is not None else [])]:
         console.print(f"wrote {path}")
     return 0

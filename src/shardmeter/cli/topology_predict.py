@@ -176,6 +176,12 @@ def run_topology(args: argparse.Namespace) -> int:
     overrides = overrides_from(args)
     est = predict_topology(topo, **overrides)
     modes = compare_modes(topo, **overrides) if getattr(args, "compare_modes", False) else []
+    html = getattr(args, "html", None)
+    if html is not None:
+        from shardmeter.report.html import topology_page
+        from shardmeter.report.htmlpage import page_command
+
+        topology_page(est, topo, page_command("shardmeter", args), modes, overrides).write(html)
     if getattr(args, "json", False):
         doc = topology_json(est)
         if modes:
@@ -186,4 +192,6 @@ def run_topology(args: argparse.Namespace) -> int:
         render_topology(est, console)
         if modes:
             console.print(modes_table(modes, console))
+        if html is not None:
+            console.print(f"wrote {html}")
     return 0
