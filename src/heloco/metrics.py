@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from heloco.runfolder import RUN_ID_FIELD, new_run_id
 from heloco.curve import value_at
+from heloco.runfolder import RUN_ID_FIELD, new_run_id
 from heloco.server import UpdateRecord
 from shardmeter.io import write_atomic
 
