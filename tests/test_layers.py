@@ -22,7 +22,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # import its own layer and the ones below.
 SHARDMETER_LAYERS: tuple[tuple[str, ...], ...] = (
     # errors/io: one-line errors, atomic writes, the shared-folder path
-    ("shardmeter.errors", "shardmeter.io", "shardmeter.paths"),
+    ("shardmeter.errors", "shardmeter.io", "shardmeter.paths", "shardmeter.version"),
     # specs: what the user describes
     ("shardmeter.specs",),
     # estimate: the analytical core
@@ -64,6 +64,7 @@ HELOCO_LAYERS: tuple[tuple[str, ...], ...] = (
     (
         "heloco.metrics",
         "heloco.report",
+        "heloco.report_html",
         "heloco.tensorboard",
         "heloco.experiments",
         "heloco.export",

@@ -44,8 +44,7 @@ from shardmeter.specs.loader import (
     load_plan,
 )
 from shardmeter.specs.topology import Topology, load_topology
-
-__version__ = "0.1.0"
+from shardmeter.version import __version__
 
 __all__ = [
     "Accelerator",

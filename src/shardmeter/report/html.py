@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from shardmeter import __version__
 from shardmeter.analysis import SweepResult
 from shardmeter.estimate.islands import TopologyEstimate
 from shardmeter.estimate.result import MEMORY_COMPONENTS, TIME_COMPONENTS, StepEstimate
@@ -30,6 +29,7 @@ from shardmeter.specs.hardware import Cluster
 from shardmeter.specs.model import TransformerSpec
 from shardmeter.specs.plan import Plan
 from shardmeter.specs.topology import Topology
+from shardmeter.version import __version__
 
 DAY = 86400.0
 FIGURE_HEIGHT = 400  # px, the selected plan's two bar charts
