@@ -22,6 +22,12 @@ SHARDING_CODES: dict[str, int] = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
 PRECISION_CODES: dict[str, int] = {"bf16": 0, "fp16": 1, "fp8": 2}
 ATTENTION_CODES: dict[str, int] = {"flash": 0, "unfused": 1}
+OPTIMIZER_CODES: dict[str, int] = {
+    "adamw": 0, "adamw8bit": 1, "adamw4bit": 2, "paged_adamw": 3, "paged_adamw8bit": 4,
+    "adafactor": 5, "sgd": 6, "muon": 7,
+}  # fmt: skip
+MASTER_CODES: dict[str, int] = {"fp32": 0, "remainder": 1, "none": 2}
+OFFLOAD_CODES: dict[str, int] = {"none": 0, "optimizer": 1, "params+optimizer": 2}
 
 _BOOL_FIELDS = (
     "sp", "overlap_dp", "overlap_param_gather", "overlap_tp", "fused_ce", "gather_matrix",
@@ -52,6 +58,9 @@ def plan_columns(plan: Plan) -> dict[str, Any]:
         "master_remainder": plan.master_weights == "remainder",
         "params_fp32": plan.param_dtype == "fp32",
         "vpp_group": plan.vpp_group or 0,
+        "optimizer": OPTIMIZER_CODES[plan.optimizer],
+        "master": MASTER_CODES[plan.master_weights],
+        "offload": OFFLOAD_CODES[plan.offload],
     }
     return {
         f.name: derived[f.name] if f.name in derived else getattr(plan, f.name)
@@ -99,6 +108,9 @@ class PlanArrays:
     recompute_act: Any = False  # activation-function output recomputed in backward
     recompute_norm: Any = False  # norm outputs (GEMM inputs) recomputed in backward
     recompute_qkv: Any = False  # Q, K, V re-projected in backward (MLA: from the latents)
+    optimizer: Any = 0  # OPTIMIZER_CODES
+    master: Any = 0  # MASTER_CODES: fp32 master copy, 16-bit remainder, none (pure bf16)
+    offload: Any = 0  # OFFLOAD_CODES: none, optimizer, params+optimizer on the host
 
     @property
     def chunk_group(self) -> Num:

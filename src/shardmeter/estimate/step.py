@@ -434,8 +434,14 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     fp8 = plans.precision == PRECISION_CODES["fp8"]
     fp16 = plans.precision == PRECISION_CODES["fp16"]
     peak = where(fp8, acc.peak("fp8"), where(fp16, acc.peak("fp16"), acc.peak("bf16")))
-    memory = memory_breakdown(model, cluster, plans, counts).as_dict()
+    mem = memory_breakdown(model, cluster, plans, counts)
+    memory = mem.as_dict()
+    detail = {
+        "allocated": mem.allocated, "reserved": mem.reserved, "fragmentation": mem.fragmentation,
+        "cuda_context": mem.cuda_context, "nccl_buffers": mem.nccl_buffers, "host": mem.host,
+    }  # fmt: skip
     return StepArrays(
+        memory_detail={k: _finish(v, zeros) for k, v in detail.items()},
         time=time,
         memory={k: _finish(memory[k], zeros) for k in MEMORY_COMPONENTS},
         step_time_s=step,
@@ -509,6 +515,7 @@ def view(arrays: StepArrays, index: int, cluster: Cluster, plan: Plan) -> StepEs
         regime=regime,
         comm_bytes={k: at(v) for k, v in arrays.comm_bytes.items()},
         backward_window_s=0.0 if arrays.backward_window_s is None else at(arrays.backward_window_s),
+        memory_detail={k: at(v) for k, v in arrays.memory_detail.items()},
     )
 
 

@@ -22,7 +22,7 @@ Sharding = Literal["none", "zero1", "zero2", "zero3"]
 Recompute = Literal["none", "selective", "full"]
 Attention = Literal["flash", "unfused"]
 GatherUnit = Literal["layer", "matrix"]
-MasterWeights = Literal["fp32", "remainder"]
+MasterWeights = Literal["fp32", "remainder", "none"]
 Dispatch = Literal["bf16", "fp8"]
 ParamDtype = Literal["bf16", "fp32"]
 

@@ -26,6 +26,12 @@ from shardmeter.specs.model import TransformerSpec
 Sharding = Literal["none", "zero1", "zero2", "zero3"]
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp8"]
+# --- memory setups (optimizer, offload); bytes per parameter in estimate/memory.py ---
+Optimizer = Literal[
+    "adamw", "adamw8bit", "adamw4bit", "paged_adamw", "paged_adamw8bit", "adafactor", "sgd",
+    "muon",
+]  # fmt: skip
+Offload = Literal["none", "optimizer", "params+optimizer"]
 
 
 class Plan(BaseModel):
@@ -97,6 +103,10 @@ class Plan(BaseModel):
     # GEMM input, which is kept anyway
     recompute_qkv: bool = False
     framework: str | None = None  # identifier whose defaults filled the unstated fields
+    # --- memory setups: what the optimizer keeps and where (estimate/memory.py cites each
+    # byte count). `master_weights = "none"` (pure bf16) keeps the states in the weights' dtype.
+    optimizer: Optimizer = "adamw"
+    offload: Offload = "none"  # optimizer states (and with params, weights and grads) on host
 
     @model_validator(mode="before")
     @classmethod

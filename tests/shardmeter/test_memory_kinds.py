@@ -1,0 +1,183 @@
+"""Closed-form checks of the memory setups (optimizer, master weights, offload) and of the three
+kinds of memory answer (allocated, reserved, device total), and the memory measurements."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+
+from shardmeter.cli.validate_memory import memory_results_to_dict
+from shardmeter.errors import UserInputError
+from shardmeter.estimate.memory import (
+    ADAM_4BIT_STATE,
+    ADAM_8BIT_STATE,
+    CUDA_CONTEXT_BYTES,
+    MIB,
+    NCCL_BUFFSIZE,
+    NCCL_CHANNELS,
+    ROUND_WASTE,
+    SAVED_TENSORS,
+    fragmentation_bytes,
+    memory_breakdown,
+    nccl_buffer_bytes,
+    optimizer_state_bytes,
+)
+from shardmeter.estimate.plan_arrays import PlanArrays
+from shardmeter.estimate.step import estimate_step
+from shardmeter.memcheck import (
+    DEFAULT_MEMORY_CSV,
+    evaluate_memory_rows,
+    memory_run_from_row,
+    read_memory_rows,
+    summarize_memory,
+)
+from shardmeter.specs.loader import load_cluster, load_model
+from shardmeter.specs.model import TransformerSpec
+from shardmeter.specs.plan import Plan
+
+TINY = TransformerSpec(n_layers=4, hidden=1024, n_heads=8, ffn=4096, vocab=1000, seq_len=512)
+
+
+def _plans(**kw: object) -> PlanArrays:
+    return PlanArrays.scalar(Plan(**kw))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "master", "expected"),
+    [
+        ("adamw", "fp32", 12.0),  # fp32 master 4 + m, v fp32 8 (ZeRO paper K = 12)
+        ("adamw", "remainder", 10.0),  # 16-bit remainder 2 + 8
+        ("adamw", "none", 4.0),  # pure bf16: m, v in bf16
+        ("adamw8bit", "none", 2.0 * ADAM_8BIT_STATE),
+        ("adamw4bit", "none", 2.0 * ADAM_4BIT_STATE),
+        ("adafactor", "none", 0.0),
+        ("sgd", "fp32", 8.0),  # master 4 + momentum fp32 4
+        ("muon", "none", 2.0),  # momentum in bf16
+    ],
+)
+def test_optimizer_state_bytes_closed_form(optimizer: str, master: str, expected: float) -> None:
+    on_gpu, paged = optimizer_state_bytes(_plans(optimizer=optimizer, master_weights=master))
+    assert float(on_gpu) == pytest.approx(expected)
+    assert float(paged) == 0.0
+
+
+def test_low_bit_state_constants() -> None:
+    assert pytest.approx(1.0 + 4.0 / 2048.0) == ADAM_8BIT_STATE
+    assert pytest.approx(0.5 + 4.0 / 128.0) == ADAM_4BIT_STATE
+
+
+def test_paged_states_leave_the_allocator() -> None:
+    on_gpu, paged = optimizer_state_bytes(
+        _plans(optimizer="paged_adamw8bit", master_weights="none")
+    )
+    assert float(on_gpu) == 0.0
+    assert float(paged) == pytest.approx(2.0 * ADAM_8BIT_STATE)
+
+
+def test_offload_moves_states_to_host() -> None:
+    cluster = load_cluster("dgx-h100")
+    base = memory_breakdown(TINY, cluster, _plans(master_weights="fp32"))
+    opt = memory_breakdown(TINY, cluster, _plans(offload="optimizer"))
+    full = memory_breakdown(TINY, cluster, _plans(offload="params+optimizer"))
+    assert float(opt.optimizer_states) == 0.0
+    assert float(opt.host) == pytest.approx(float(base.optimizer_states))
+    assert float(opt.weights) == pytest.approx(float(base.weights))
+    assert float(full.weights) == 0.0 and float(full.gradients) == 0.0
+    # weights + grads + states on the host: 16 B per parameter
+    assert float(full.host) == pytest.approx(
+        float(base.allocated - base.activations - base.buffers)
+    )
+    assert float(full.buffers) > float(base.buffers)  # two units fetched from the host
+
+
+def test_nccl_buffers_closed_form() -> None:
+    per_comm = NCCL_CHANNELS * 2.0 * NCCL_BUFFSIZE
+    assert NCCL_BUFFSIZE == 4 * MIB
+    assert float(nccl_buffer_bytes(_plans())) == 0.0
+    assert float(nccl_buffer_bytes(_plans(dp=8))) == pytest.approx(per_comm)
+    assert float(nccl_buffer_bytes(_plans(dp=2, tp=2, pp=2))) == pytest.approx(3 * per_comm)
+
+
+def test_fragmentation_closed_form() -> None:
+    plans = _plans(recompute="full")
+    got = float(fragmentation_bytes(plans, 0.0, 10.0, 4.0, 7.0))
+    assert got == pytest.approx(ROUND_WASTE * (SAVED_TENSORS[2] * 10.0 + 5.0 * 7.0 * 4.0))
+    none = _plans(master_weights="none")
+    got = float(fragmentation_bytes(none, 0.0, 2.0, 4.0, 7.0))
+    assert got == pytest.approx(ROUND_WASTE * (SAVED_TENSORS[0] * 2.0 + 4.0 * 7.0 * 4.0))
+
+
+def test_three_kinds_add_up() -> None:
+    est = estimate_step(
+        TINY, load_cluster("dgx-h100"), Plan(dp=8, sharding="zero3", global_batch=8)
+    )
+    d = est.memory_detail
+    assert est.memory_reserved_bytes == pytest.approx(
+        est.memory_allocated_bytes + d["fragmentation"]
+    )
+    assert est.memory_total_bytes == pytest.approx(
+        est.memory_reserved_bytes + d["cuda_context"] + d["nccl_buffers"]
+    )
+    assert d["cuda_context"] == pytest.approx(CUDA_CONTEXT_BYTES)
+    assert est.memory_bytes == pytest.approx(sum(est.memory_breakdown.values()))
+    assert est.fits == (est.memory_total_bytes <= est.hbm_bytes)
+
+
+def test_stated_overhead_replaces_the_terms() -> None:
+    cluster = load_cluster("tpu-v5p-pod")
+    mem = memory_breakdown(TINY, cluster, _plans(dp=8))
+    assert float(mem.overhead) == pytest.approx(0.5e9)
+    assert float(mem.fragmentation) == 0.0
+
+
+def test_memory_csv_rows_and_sources() -> None:
+    rows = read_memory_rows(DEFAULT_MEMORY_CSV)
+    assert len(rows) >= 40
+    assert len({r["source_id"] for r in rows}) >= 4
+    for r in rows:  # every row names its source and quotes it
+        assert r["source_url"].startswith("https://") and r["quote"]
+        assert r["memory_kind"] in ("allocated", "reserved", "total")
+
+
+def test_validate_memory_verdicts_and_breakdown() -> None:
+    results = evaluate_memory_rows(read_memory_rows(DEFAULT_MEMORY_CSV))
+    summary = summarize_memory(results)
+    assert summary.verdicts >= 30
+    assert summary.verdicts_right == summary.verdicts
+    doc = memory_results_to_dict(results)
+    row = next(r for r in doc["rows"] if r["run_id"] == "ao-optim-2")
+    assert row["kind"] == "allocated"
+    assert row["predicted_bytes"] == pytest.approx(row["allocated_bytes"])
+    # full bf16 with 8-bit AdamW: weights 2 + grads 2 + states 2 B per parameter
+    b = row["breakdown_bytes"]
+    assert b["optimizer_states"] == pytest.approx(b["weights"] * ADAM_8BIT_STATE)
+    assert abs(row["ape"]) < 0.05
+
+
+def test_memory_row_errors_name_the_cell(tmp_path: object) -> None:
+    row = dict(read_memory_rows(DEFAULT_MEMORY_CSV)[0])
+    with pytest.raises(UserInputError, match=r"plan\.optimizer"):
+        memory_run_from_row({**row, "optimizer": "lion"})
+    with pytest.raises(UserInputError, match="memory_unit"):
+        memory_run_from_row({**row, "memory_unit": "bytes"})
+
+
+def test_presets_model_default_unchanged() -> None:
+    """The default plan (adamw, fp32 master, no offload) keeps the ZeRO 16 B per parameter."""
+    model = load_model("llama-3.1-8b")
+    mem = memory_breakdown(model, load_cluster("dgx-h100"), _plans())
+    states = float(mem.weights + mem.gradients + mem.optimizer_states)
+    assert states / model.params_total == pytest.approx(16.0)
+    assert np.isfinite(states)
+
+
+def test_csv_reader_rejects_bad_files(tmp_path: object) -> None:
+    import pathlib
+
+    path = pathlib.Path(str(tmp_path)) / "x.csv"
+    with open(path, "w", newline="") as fh:
+        csv.writer(fh).writerow(["run_id"])
+    with pytest.raises(UserInputError, match="missing columns"):
+        read_memory_rows(path)
