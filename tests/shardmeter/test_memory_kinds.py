@@ -19,6 +19,7 @@ from shardmeter.estimate.memory import (
     NCCL_CHANNELS,
     ROUND_WASTE,
     SAVED_TENSORS,
+    UNSHARDED_GRAD_BYTES,
     fragmentation_bytes,
     memory_breakdown,
     nccl_buffer_bytes,
@@ -181,3 +182,26 @@ def test_csv_reader_rejects_bad_files(tmp_path: object) -> None:
         csv.writer(fh).writerow(["run_id"])
     with pytest.raises(UserInputError, match="missing columns"):
         read_memory_rows(path)
+
+
+def test_kept_gathered_weights_and_accumulated_grads() -> None:
+    """reshard_after_forward = False: + 2 B per parameter not held locally (the gathered bf16
+    weights) and, with PP, + 4 B per local parameter (unsharded fp32 gradients)."""
+    model = load_model("llama-3.1-8b")
+    cluster = load_cluster("dgx-h100")
+    base = dict(dp=8, pp=2, sharding="zero3", global_batch=16, micro_batch=1)
+    freed = memory_breakdown(model, cluster, _plans(**base))
+    kept = memory_breakdown(model, cluster, _plans(**base, reshard_after_forward=False))
+    params = float(freed.weights) / 2.0 * 8.0  # local parameters before sharding
+    extra = float(kept.buffers - freed.buffers)
+    assert extra == pytest.approx(params * (2.0 * (1 - 1 / 8) + UNSHARDED_GRAD_BYTES), rel=1e-6)
+    single = dict(dp=8, sharding="zero3", global_batch=16)
+    no_pp = memory_breakdown(model, cluster, _plans(**single, reshard_after_forward=False))
+    ref = memory_breakdown(model, cluster, _plans(**single))
+    local = float(ref.weights) / 2.0 * 8.0
+    assert float(no_pp.buffers - ref.buffers) == pytest.approx(local * 2.0 * (1 - 1 / 8), rel=1e-6)
+
+
+def test_torchtitan_keeps_gathered_weights_with_pp() -> None:
+    assert Plan(framework="torchtitan", pp=2, global_batch=8).reshard_after_forward is False
+    assert Plan(framework="torchtitan", global_batch=8).reshard_after_forward is True

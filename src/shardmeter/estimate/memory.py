@@ -42,6 +42,7 @@ MIB = 2.0**20
 WEIGHT_BYTES = 2.0  # bf16 weights
 GRAD_BYTES = 2.0  # bf16 gradients
 OPTIMIZER_BYTES = 12.0  # fp32 master copy + Adam m and v (ZeRO paper's K = 12)
+UNSHARDED_GRAD_BYTES = 4.0  # unsharded gradient kept in the fp32 reduce dtype (FSDP2 accumulation)
 REMAINDER_SAVING = 2.0  # a 16-bit remainder over the bf16 weights replaces the fp32 master
 LOGITS_BYTES = 8.0  # per logit: bf16 output + fp32 softmax copy + bf16 gradient
 FUSED_LOGITS_BYTES = 2.0  # fused cross-entropy writes the gradient over the bf16 logits
@@ -541,6 +542,14 @@ def _stage_memory(
     )
     missing = where(shared.host_params, 1.0, missing)
     buffers = where(shared.zero3, unit_bytes * missing, 0.0) + logits
+    # reshard_after_forward = False: the gathered bf16 weights of every local unit stay until
+    # backward (2 B per parameter not held locally); with PP the unsharded gradients of the
+    # micro-batches accumulate in the fp32 reduce dtype (4 B per parameter) until the last
+    # one (torchtitan apply_fsdp; FSDP2 set_requires_gradient_sync(False))
+    kept = logical_not(plans.reshard_after_forward) & (plans.sharding == SHARDING_CODES["zero3"])
+    gathered = shared.unit_weight_bytes * params.total * missing
+    accumulated = where(plans.pp > 1, UNSHARDED_GRAD_BYTES * params.total, 0.0)
+    buffers = buffers + where(kept, gathered + accumulated, 0.0)
     weights = dense * shared.dense.weights + expert * shared.expert.weights
     gradients = dense * shared.dense.gradients + expert * shared.expert.gradients
     optimizer = dense * shared.dense.optimizer + expert * shared.expert.optimizer

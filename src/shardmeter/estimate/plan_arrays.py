@@ -33,7 +33,7 @@ _BOOL_FIELDS = (
     "sp", "overlap_dp", "overlap_param_gather", "overlap_tp", "fused_ce", "gather_matrix",
     "overlap_ep", "ep_fp8", "ep_dedup", "graphs", "master_remainder", "compiled",
     "fused_elementwise", "params_fp32", "pp_end_chunks", "recompute_act", "recompute_norm",
-    "recompute_qkv",
+    "recompute_qkv", "reshard_after_forward",
 )  # fmt: skip
 
 
@@ -111,6 +111,7 @@ class PlanArrays:
     optimizer: Any = 0  # OPTIMIZER_CODES
     master: Any = 0  # MASTER_CODES: fp32 master copy, 16-bit remainder, none (pure bf16)
     offload: Any = 0  # OFFLOAD_CODES: none, optimizer, params+optimizer on the host
+    reshard_after_forward: Any = True  # False: gathered weights kept between micro-batches
 
     @property
     def chunk_group(self) -> Num:

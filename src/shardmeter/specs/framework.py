@@ -57,6 +57,9 @@ class Framework(BaseModel):
     recompute_act: bool = False  # activation-function output recomputed, not kept
     recompute_norm: bool = False  # norm outputs (GEMM inputs) recomputed, not kept
     recompute_qkv: bool = False  # Q, K, V re-projected (MLA: from the latents), not kept
+    # with PP, FSDP keeps each stage's gathered weights between micro-batches
+    # (reshard_after_forward = False) and accumulates unsharded gradients until the last one
+    pp_keeps_gathered: bool = False
     source: str
 
 
@@ -159,12 +162,14 @@ FRAMEWORKS: dict[str, Framework] = {
             fused_ce=False,
             fused_elementwise=False,
             compile_with_fp8=True,
+            pp_keeps_gathered=True,
             source="torchtitan job config defaults (Liang et al. 2024, arXiv:2410.06511): FSDP2, "
             "activation_checkpoint.mode = selective, async TP off, SDPA flash, pipeline "
             "schedule 1F1B, training.compile = false with norm_type = 'rmsnorm' (eager "
             "RMSNorm, RoPE and SwiGLU, op by op); its Float8 training runs with "
             "training.compile (docs/float8.md; the paper's Float8 rows are 'torch.compile + "
-            "Float8')",
+            "Float8'); with PP, apply_fsdp sets reshard_after_forward = False ('For PP, do "
+            "not reshard after forward to avoid per-microbatch all-gathers')",
         ),
         _fw(
             name="llm-foundry",
@@ -359,4 +364,5 @@ def framework_defaults(framework: Framework, given: dict[str, Any]) -> dict[str,
     if pp > 1:
         defaults["vpp"] = framework.vpp
         defaults["pp_end_chunks"] = framework.pp_end_chunks
+        defaults["reshard_after_forward"] = not framework.pp_keeps_gathered
     return {k: v for k, v in defaults.items() if given.get(k) is None}

@@ -107,6 +107,11 @@ class Plan(BaseModel):
     # byte count). `master_weights = "none"` (pure bf16) keeps the states in the weights' dtype.
     optimizer: Optimizer = "adamw"
     offload: Offload = "none"  # optimizer states (and with params, weights and grads) on host
+    # ZeRO-3/FSDP frees each unit's gathered weights after its forward (FSDP2 argument of the
+    # same name); False keeps them until backward, and with PP micro-batches also keeps
+    # unsharded gradients until the last one (torch.distributed.pipelining skips the gradient
+    # reduce-scatter before the last backward)
+    reshard_after_forward: bool = True
 
     @model_validator(mode="before")
     @classmethod
