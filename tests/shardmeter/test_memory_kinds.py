@@ -205,3 +205,16 @@ def test_kept_gathered_weights_and_accumulated_grads() -> None:
 def test_torchtitan_keeps_gathered_weights_with_pp() -> None:
     assert Plan(framework="torchtitan", pp=2, global_batch=8).reshard_after_forward is False
     assert Plan(framework="torchtitan", global_batch=8).reshard_after_forward is True
+
+
+def test_fp8_recipe_torchao_saves_bf16() -> None:
+    """Transformer Engine keeps the GEMM inputs as 1-byte casts; torchao's float8 keeps bf16:
+    its activations equal the bf16 run's."""
+    model = load_model("llama-3.1-8b")
+    cluster = load_cluster("dgx-h100")
+    bf16 = memory_breakdown(model, cluster, _plans(precision="bf16"))
+    te = memory_breakdown(model, cluster, _plans(precision="fp8", fp8_recipe="te"))
+    ao = memory_breakdown(model, cluster, _plans(precision="fp8", fp8_recipe="torchao"))
+    assert float(ao.activations) == pytest.approx(float(bf16.activations))
+    assert float(te.activations) < float(bf16.activations)
+    assert Plan(framework="torchtitan", precision="fp8").fp8_recipe == "torchao"

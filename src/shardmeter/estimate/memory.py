@@ -240,7 +240,9 @@ def _activation_sets(model: TransformerSpec, plans: PlanArrays) -> tuple[Num, Nu
     # FP8 GEMMs save their inputs as the 1-byte FP8 casts (Transformer Engine keeps them for
     # the weight gradient): the two norm outputs, the routed token copies entering the experts
     # and the activation-function output.
-    fp8_half = where(plans.precision == PRECISION_CODES["fp8"], 0.5 * ACT_BYTES, 0.0)
+    # torchao's float8 (fp8_recipe "torchao") saves them in bf16, as without FP8.
+    fp8_saved = (plans.precision == PRECISION_CODES["fp8"]) & plans.fp8_te
+    fp8_half = where(fp8_saved, 0.5 * ACT_BYTES, 0.0)
     gemm_inputs = fp8_half * (2.0 * model.hidden * norm_tokens + tokens * mlp_copies)
     full_set = ACT_BYTES * (replicated + split) - gemm_inputs - fp8_half * tokens * mlp_width
     selective_set = ACT_BYTES * (replicated + split - tokens * (q_l + mlp_width)) - gemm_inputs

@@ -33,7 +33,7 @@ _BOOL_FIELDS = (
     "sp", "overlap_dp", "overlap_param_gather", "overlap_tp", "fused_ce", "gather_matrix",
     "overlap_ep", "ep_fp8", "ep_dedup", "graphs", "master_remainder", "compiled",
     "fused_elementwise", "params_fp32", "pp_end_chunks", "recompute_act", "recompute_norm",
-    "recompute_qkv", "reshard_after_forward",
+    "recompute_qkv", "reshard_after_forward", "fp8_te",
 )  # fmt: skip
 
 
@@ -61,6 +61,7 @@ def plan_columns(plan: Plan) -> dict[str, Any]:
         "optimizer": OPTIMIZER_CODES[plan.optimizer],
         "master": MASTER_CODES[plan.master_weights],
         "offload": OFFLOAD_CODES[plan.offload],
+        "fp8_te": plan.fp8_recipe == "te",
     }
     return {
         f.name: derived[f.name] if f.name in derived else getattr(plan, f.name)
@@ -112,6 +113,7 @@ class PlanArrays:
     master: Any = 0  # MASTER_CODES: fp32 master copy, 16-bit remainder, none (pure bf16)
     offload: Any = 0  # OFFLOAD_CODES: none, optimizer, params+optimizer on the host
     reshard_after_forward: Any = True  # False: gathered weights kept between micro-batches
+    fp8_te: Any = True  # FP8 saves its GEMM inputs as 1-byte casts (Transformer Engine)
 
     @property
     def chunk_group(self) -> Num:

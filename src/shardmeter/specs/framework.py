@@ -60,6 +60,9 @@ class Framework(BaseModel):
     # with PP, FSDP keeps each stage's gathered weights between micro-batches
     # (reshard_after_forward = False) and accumulates unsharded gradients until the last one
     pp_keeps_gathered: bool = False
+    # FP8 training library: Transformer Engine keeps the GEMM inputs it saves as 1-byte FP8
+    # casts; torchao's float8 keeps them in bf16 and casts again in backward
+    fp8_recipe: Literal["te", "torchao"] = "te"
     source: str
 
 
@@ -163,6 +166,7 @@ FRAMEWORKS: dict[str, Framework] = {
             fused_elementwise=False,
             compile_with_fp8=True,
             pp_keeps_gathered=True,
+            fp8_recipe="torchao",
             source="torchtitan job config defaults (Liang et al. 2024, arXiv:2410.06511): FSDP2, "
             "activation_checkpoint.mode = selective, async TP off, SDPA flash, pipeline "
             "schedule 1F1B, training.compile = false with norm_type = 'rmsnorm' (eager "
@@ -360,6 +364,7 @@ def framework_defaults(framework: Framework, given: dict[str, Any]) -> dict[str,
         "recompute_act": framework.recompute_act,
         "recompute_norm": framework.recompute_norm,
         "recompute_qkv": framework.recompute_qkv,
+        "fp8_recipe": framework.fp8_recipe,
     }
     if pp > 1:
         defaults["vpp"] = framework.vpp

@@ -32,6 +32,7 @@ Optimizer = Literal[
     "muon",
 ]  # fmt: skip
 Offload = Literal["none", "optimizer", "params+optimizer"]
+Fp8Recipe = Literal["te", "torchao"]
 
 
 class Plan(BaseModel):
@@ -112,6 +113,9 @@ class Plan(BaseModel):
     # unsharded gradients until the last one (torch.distributed.pipelining skips the gradient
     # reduce-scatter before the last backward)
     reshard_after_forward: bool = True
+    # which tensors FP8 runs save: "te" (Transformer Engine) the GEMM inputs as 1-byte FP8
+    # casts; "torchao" (torchao.float8, torchtitan) bf16 as without FP8
+    fp8_recipe: Fp8Recipe = "te"
 
     @model_validator(mode="before")
     @classmethod
