@@ -17,12 +17,16 @@ from shardmeter.estimate.memory import (
     MIB,
     NCCL_BUFFSIZE,
     NCCL_CHANNELS,
+    OFFLOAD_FETCH_BYTES,
+    OFFLOAD_STEP_BYTES,
+    PCIE_BYTES_PER_S,
     ROUND_WASTE,
     SAVED_TENSORS,
     UNSHARDED_GRAD_BYTES,
     fragmentation_bytes,
     memory_breakdown,
     nccl_buffer_bytes,
+    offload_transfer_time,
     optimizer_state_bytes,
 )
 from shardmeter.estimate.plan_arrays import PlanArrays
@@ -218,3 +222,46 @@ def test_fp8_recipe_torchao_saves_bf16() -> None:
     assert float(ao.activations) == pytest.approx(float(bf16.activations))
     assert float(te.activations) < float(bf16.activations)
     assert Plan(framework="torchtitan", precision="fp8").fp8_recipe == "torchao"
+
+
+def test_offload_pcie_time_closed_form() -> None:
+    """Optimizer offload: 4 B per owned parameter and step over PCIe at 25 GB/s; with the
+    parameters, 4 B more per micro-batch."""
+    owned = 1e9
+    opt = offload_transfer_time(owned, _plans(offload="optimizer"))
+    assert float(opt) == pytest.approx(owned * OFFLOAD_STEP_BYTES / PCIE_BYTES_PER_S)
+    both = offload_transfer_time(owned, _plans(offload="params+optimizer", global_batch=4))
+    expected = owned * (OFFLOAD_STEP_BYTES + 4 * OFFLOAD_FETCH_BYTES) / PCIE_BYTES_PER_S
+    assert float(both) == pytest.approx(expected)
+    assert float(offload_transfer_time(owned, _plans())) == 0.0
+
+
+def test_offload_charged_in_step_time() -> None:
+    model = load_model("llama-3.1-8b")
+    cluster = load_cluster("dgx-h100")
+    plan = Plan(dp=1, global_batch=1, recompute="full", offload="optimizer")
+    est = estimate_step(model, cluster, plan)
+    assert est.time_breakdown["optimizer"] == pytest.approx(
+        model.params_total * OFFLOAD_STEP_BYTES / PCIE_BYTES_PER_S, rel=1e-6
+    )
+    assert est.memory_breakdown["optimizer_states"] == 0.0
+    assert est.memory_detail["host"] == pytest.approx(12.0 * model.params_total, rel=1e-6)
+
+
+def test_predict_cli_memory_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from shardmeter.cli import main
+
+    code = main(
+        [
+            "predict", "--model", "llama-3.1-8b", "--gpu", "a100-80gb", "--gpus", "1",
+            "--optimizer", "adamw8bit", "--master-weights", "none", "--recompute", "full",
+            "--json",
+        ]
+    )  # fmt: skip
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert doc["plan"]["optimizer"] == "adamw8bit"
+    assert doc["memory_total_bytes"] == doc["memory_bytes"]
+    assert doc["memory_allocated_bytes"] < doc["memory_reserved_bytes"] < doc["memory_bytes"]

@@ -640,3 +640,26 @@ def memory_breakdown(
             )
         }
     )
+
+
+# Host link of an offloading GPU: PCIe Gen4 x16, 32 GB/s per direction nominal (PCI-SIG
+# PCIe 4.0 base specification: 16 GT/s × 16 lanes, 128b/130b); 25 GB/s of payload through
+# the host bridge, as the l40s-pcie cluster preset takes it. Bytes/s.
+PCIE_BYTES_PER_S = 25e9
+OFFLOAD_STEP_BYTES = 4.0  # per owned parameter and step: bf16 gradient down, bf16 weight up
+OFFLOAD_FETCH_BYTES = 4.0  # per owned parameter and micro-batch: the shard up for fwd and bwd
+
+
+def offload_transfer_time(owned: Num, plans: PlanArrays) -> Num:
+    """PCIe seconds per step of an offloading plan, charged exposed (0 without offload).
+
+    Optimizer offload (ZeRO-Offload, Ren et al. 2021 §4; torchao CPUOffloadOptimizer): the
+    gradients go down and the updated weights come up once per step, OFFLOAD_STEP_BYTES per
+    parameter this GPU owns; the CPU step itself overlaps the next step's GPU work (ZeRO-Offload
+    §5, one-step delayed update) and is not charged. With the parameters offloaded too (FSDP
+    CPUOffload, ZeRO-Infinity) each micro-batch also fetches the shard for its forward and its
+    backward, OFFLOAD_FETCH_BYTES per owned parameter."""
+    step_bytes = where(plans.offload >= OFFLOAD_CODES["optimizer"], OFFLOAD_STEP_BYTES, 0.0)
+    fetch = where(plans.offload == OFFLOAD_CODES["params+optimizer"], OFFLOAD_FETCH_BYTES, 0.0)
+    per_param = step_bytes + fetch * as_float(plans.micro_batches)
+    return owned * per_param / PCIE_BYTES_PER_S

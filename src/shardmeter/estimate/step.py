@@ -43,10 +43,12 @@ from shardmeter.estimate.memory import (
     gathered_weight_bytes,
     local_params,
     memory_breakdown,
+    offload_transfer_time,
     per_layer_params,
     shard_divisors,
 )
 from shardmeter.estimate.plan_arrays import (
+    OFFLOAD_CODES,
     PRECISION_CODES,
     RECOMPUTE_CODES,
     SHARDING_CODES,
@@ -391,6 +393,9 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     d_opt_expert = where(stage >= SHARDING_CODES["zero1"], d_expert, 1.0)
     owned = heaviest.dense / d_opt_dense + heaviest.expert / d_opt_expert
     opt = optimizer_time(owned, acc, plans.master_remainder)
+    # offloaded states: the CPU steps them, the GPU pays the PCIe transfers (memory.py)
+    offloaded = plans.offload >= OFFLOAD_CODES["optimizer"]
+    opt = where(offloaded, offload_transfer_time(owned, plans), opt)
 
     time = {
         "compute": m * on_critical("compute"),
