@@ -1,6 +1,6 @@
 """Deliberate small bugs in the estimator, and which tests catch them.
 
-    python benchmarks/mutation_check.py                  # closed-form tests only (~1 min)
+    python benchmarks/mutation_check.py                  # closed-form and memory tests (~2 min)
     python benchmarks/mutation_check.py --tests tests/shardmeter   # the whole ShardMeter suite
 
 Each mutation is one exact text replacement in `src/shardmeter/estimate/*.py`. It is applied to
@@ -154,6 +154,60 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("up-projection GEMMs not re-run in backward", "compute.py",
              "+ where(plans.recompute_qkv, qkv_recompute_time(model, plans, acc), 0.0)",
              "+ 0.0 * where(plans.recompute_qkv, qkv_recompute_time(model, plans, acc), 0.0)"),
+    # --- memory setups and the three kinds of memory (tests/shardmeter/test_memory_kinds.py) ---
+    Mutation("8-bit AdamW keeps one state", "memory.py",
+             "where(eight, 2.0 * ADAM_8BIT_STATE,", "where(eight, 1.0 * ADAM_8BIT_STATE,"),
+    Mutation("4-bit AdamW keeps one state", "memory.py",
+             "where(code == codes[\"adamw4bit\"], 2.0 * ADAM_4BIT_STATE,",
+             "where(code == codes[\"adamw4bit\"], 1.0 * ADAM_4BIT_STATE,"),
+    Mutation("pure bf16 states kept in fp32", "memory.py",
+             'state_dtype = where(plans.master == MASTER_CODES["none"], WEIGHT_BYTES, 4.0)',
+             'state_dtype = where(plans.master == MASTER_CODES["none"], 4.0, 4.0)'),
+    Mutation("16-bit remainder counted as a full fp32 master", "memory.py",
+             '"remainder": 2.0, "none": 0.0}', '"remainder": 4.0, "none": 0.0}'),
+    Mutation("paged optimizer states left on the allocator", "memory.py",
+             "return master + where(paged, 0.0, states), where(paged, states, 0.0)",
+             "return master + states, where(paged, states, 0.0)"),
+    Mutation("SGD/Muon keep two states", "memory.py",
+             "where(one_state, state_dtype, 0.0)", "where(one_state, 2.0 * state_dtype, 0.0)"),
+    Mutation("offloaded optimizer states still on the GPU", "memory.py",
+             "optimizer=where(host_states, 0.0, state_bytes) * params / d",
+             "optimizer=state_bytes * params / d"),
+    Mutation("offloaded parameters still on the GPU", "memory.py",
+             "on_gpu = 1.0 - as_float(host_params)", "on_gpu = 1.0 + 0.0 * as_float(host_params)"),
+    Mutation("offloaded weights and grads not counted on the host", "memory.py",
+             "+ where(host_params, WEIGHT_BYTES + GRAD_BYTES, 0.0)",
+             "+ where(host_params, WEIGHT_BYTES, 0.0)"),
+    Mutation("NCCL ring peers 2 -> 1", "memory.py",
+             "return groups * NCCL_CHANNELS * NCCL_RING_PEERS * NCCL_BUFFSIZE",
+             "return groups * NCCL_CHANNELS * NCCL_BUFFSIZE"),
+    Mutation("pipeline send/recv communicator not counted", "memory.py",
+             "plans.cp, plans.ep, plans.pp):", "plans.cp, plans.ep):"),
+    Mutation("allocator rounding waste a whole 2 MiB per block", "memory.py",
+             "return ROUND_WASTE * blocks + ALLOCATOR_SLACK * transient",
+             "return ROUND_LARGE * blocks + ALLOCATOR_SLACK * transient"),
+    Mutation("no master tensor counted among the state blocks", "memory.py",
+             'state_tensors = where(plans.master == MASTER_CODES["none"], 4.0, 5.0)',
+             'state_tensors = where(plans.master == MASTER_CODES["none"], 5.0, 5.0)'),
+    Mutation("CUDA context dropped", "memory.py",
+             "context = full_like(activations, CUDA_CONTEXT_BYTES)", "context = 0.0 * activations"),
+    Mutation("reserved memory without fragmentation", "memory.py",
+             "return self.allocated + self.fragmentation", "return self.allocated"),
+    Mutation("kept gathered weights include the local shard", "memory.py",
+             "gathered = shared.unit_weight_bytes * params.total * missing",
+             "gathered = shared.unit_weight_bytes * params.total"),
+    Mutation("unsharded gradients accumulated without PP too", "memory.py",
+             "accumulated = where(plans.pp > 1, UNSHARDED_GRAD_BYTES * params.total, 0.0)",
+             "accumulated = UNSHARDED_GRAD_BYTES * params.total"),
+    Mutation("torchao float8 saves FP8 casts like Transformer Engine", "memory.py",
+             'fp8_saved = (plans.precision == PRECISION_CODES["fp8"]) & plans.fp8_te',
+             'fp8_saved = plans.precision == PRECISION_CODES["fp8"]'),
+    Mutation("offloaded parameters fetched once per step", "memory.py",
+             "per_param = step_bytes + fetch * as_float(plans.micro_batches)",
+             "per_param = step_bytes + fetch"),
+    Mutation("offload PCIe time not charged", "step.py",
+             "opt = where(offloaded, offload_transfer_time(owned, plans), opt)",
+             "opt = where(offloaded, 0.0 * opt, opt)"),
 )  # fmt: skip
 
 
@@ -161,7 +215,7 @@ def failing_tests(src: Path, tests: str) -> tuple[list[str], str]:
     """Run pytest against the package in `src`; return the failed test ids and the tail."""
     env = {**os.environ, "PYTHONPATH": str(src)}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", tests, "-W", "ignore"],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests.split(), "-W", "ignore"],
         cwd=ROOT, env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     failed = re.findall(r"^FAILED (\S+)", proc.stdout, flags=re.M)
@@ -179,7 +233,11 @@ def apply(src: Path, mutation: Mutation) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tests", default="tests/shardmeter/test_closed_form.py")
+    ap.add_argument(
+        "--tests",
+        default="tests/shardmeter/test_closed_form.py tests/shardmeter/test_memory_kinds.py",
+        help="test paths, space-separated",
+    )
     ap.add_argument("--only", default="", help="run only mutations whose name contains this")
     args = ap.parse_args()
     holes = 0
