@@ -208,6 +208,17 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("offload PCIe time not charged", "step.py",
              "opt = where(offloaded, offload_transfer_time(owned, plans), opt)",
              "opt = where(offloaded, 0.0 * opt, opt)"),
+    Mutation("recompute_every: the unchecked layers keep nothing", "memory.py",
+             "checkpointed = share * layer_input + (1.0 - share) * full_set",
+             "checkpointed = share * layer_input + 0.0 * full_set"),
+    Mutation("recompute_every: every layer re-run", "compute.py",
+             "full * recompute_share(plans), selective", "full, selective"),
+    Mutation("recompute_every: FLOPs of every layer counted", "step.py",
+             '* where(plans.recompute == RECOMPUTE_CODES["full"], recompute_share(plans), 1.0)',
+             "* 1.0"),
+    Mutation("recompute_every: saved blocks counted as full recompute", "memory.py",
+             "full = share * SAVED_TENSORS[2] + (1.0 - share) * SAVED_TENSORS[0]",
+             "full = SAVED_TENSORS[2] + 0.0 * share"),
 )  # fmt: skip
 
 

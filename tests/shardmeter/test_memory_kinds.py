@@ -10,6 +10,7 @@ import pytest
 
 from shardmeter.cli.validate_memory import memory_results_to_dict
 from shardmeter.errors import UserInputError
+from shardmeter.estimate.compute import recompute_share
 from shardmeter.estimate.memory import (
     ADAM_4BIT_STATE,
     ADAM_8BIT_STATE,
@@ -30,7 +31,7 @@ from shardmeter.estimate.memory import (
     optimizer_state_bytes,
 )
 from shardmeter.estimate.plan_arrays import PlanArrays
-from shardmeter.estimate.step import estimate_step
+from shardmeter.estimate.step import estimate_step, estimate_step_arrays
 from shardmeter.memcheck import (
     DEFAULT_MEMORY_CSV,
     evaluate_memory_rows,
@@ -265,3 +266,45 @@ def test_predict_cli_memory_flags(capsys: pytest.CaptureFixture[str]) -> None:
     assert doc["plan"]["optimizer"] == "adamw8bit"
     assert doc["memory_total_bytes"] == doc["memory_bytes"]
     assert doc["memory_allocated_bytes"] < doc["memory_reserved_bytes"] < doc["memory_bytes"]
+
+
+def test_recompute_every_closed_form() -> None:
+    """recompute_every = N: 1/N of the layers keep their input, the rest everything; the
+    recompute time and FLOPs are 1/N of full recompute's."""
+    model = load_model("llama-3.1-8b")
+    cluster = load_cluster("dgx-h100")
+    base = dict(dp=8, sharding="zero3", global_batch=8)
+    none = memory_breakdown(model, cluster, _plans(**base))
+    full = memory_breakdown(model, cluster, _plans(**base, recompute="full"))
+    half = memory_breakdown(model, cluster, _plans(**base, recompute="full", recompute_every=2))
+    layers = model.n_layers
+    kept_none = float(none.activations) / layers
+    working = float(full.activations) - layers * 2.0 * model.hidden * model.seq_len
+    kept_half = (float(half.activations) - working) / layers
+    assert kept_half == pytest.approx(0.5 * 2.0 * model.hidden * model.seq_len + 0.5 * kept_none)
+    t_full = estimate_step(model, cluster, Plan(**base, recompute="full"))
+    t_half = estimate_step(model, cluster, Plan(**base, recompute="full", recompute_every=2))
+    assert t_half.time_breakdown["recompute"] == pytest.approx(
+        0.5 * t_full.time_breakdown["recompute"], rel=1e-9
+    )
+    assert float(recompute_share(_plans(recompute="full", recompute_every=4))) == 0.25
+
+
+def test_recompute_every_needs_full() -> None:
+    with pytest.raises(ValueError, match="recompute_every"):
+        Plan(recompute="selective", recompute_every=2)
+
+
+def test_recompute_every_flops_and_blocks() -> None:
+    model = load_model("llama-3.1-8b")
+    cluster = load_cluster("dgx-h100")
+    full = estimate_step_arrays(model, cluster, _plans(recompute="full"))
+    half = estimate_step_arrays(model, cluster, _plans(recompute="full", recompute_every=2))
+    model_flops = float(full.model_flops_per_step)
+    extra_full = float(full.hardware_flops_per_step) - model_flops
+    extra_half = float(half.hardware_flops_per_step) - model_flops
+    assert extra_half == pytest.approx(0.5 * extra_full)
+    plans = _plans(recompute="full", recompute_every=2)
+    got = float(fragmentation_bytes(plans, 0.0, 2.0, 0.0, 7.0))
+    saved = 0.5 * SAVED_TENSORS[2] + 0.5 * SAVED_TENSORS[0]
+    assert got == pytest.approx(ROUND_WASTE * saved * 2.0)

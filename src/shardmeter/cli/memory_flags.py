@@ -6,11 +6,13 @@ from __future__ import annotations
 import argparse
 from typing import Any, get_args
 
+from shardmeter.clikit import positive_int
 from shardmeter.specs.framework import MasterWeights
 from shardmeter.specs.plan import Fp8Recipe, Offload, Optimizer
 
 MEMORY_FLAGS = (
     "optimizer", "master_weights", "offload", "fp8_recipe", "reshard_after_forward", "fused_ce",
+    "recompute_every",
 )  # fmt: skip
 
 
@@ -36,6 +38,10 @@ def add_memory_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--reshard-after-forward", action=argparse.BooleanOptionalAction, default=None,
         help="FSDP frees gathered weights after forward (default yes)",
+    )  # fmt: skip
+    group.add_argument(
+        "--recompute-every", type=positive_int, metavar="N",
+        help="with --recompute full: checkpoint only every N-th layer (torchtitan's 'N')",
     )  # fmt: skip
     group.add_argument(
         "--fused-ce", action=argparse.BooleanOptionalAction, default=None,

@@ -375,6 +375,13 @@ def qkv_flops_per_token(model: TransformerSpec) -> float:
     return 2.0 * model.n_layers * per_layer
 
 
+def recompute_share(plans: PlanArrays) -> Num:
+    """Share of the layers full recompute re-runs: 1/N with `recompute_every = N` (torchtitan
+    checkpoints every N-th TransformerBlock), else 1."""
+    every = as_float(plans.recompute_every)
+    return where(every > 0, 1.0 / maximum(every, 1.0), 1.0)
+
+
 def recompute_flops_per_token(
     model: TransformerSpec, recompute: Num, recompute_qkv: Num = False
 ) -> Num:
@@ -465,7 +472,9 @@ def unit_costs(model: TransformerSpec, plans: PlanArrays, acc: Accelerator) -> U
     return UnitCosts(
         layer_forward_s=layer_fwd,
         layer_backward_s=mix("backward_s"),
-        layer_recompute_s=where(code == RECOMPUTE_CODES["full"], full, selective),
+        layer_recompute_s=where(
+            code == RECOMPUTE_CODES["full"], full * recompute_share(plans), selective
+        ),
         layer_gemm_s=mix("gemm_s"),
         layer_attention_s=mix("attention_s"),
         head_forward_s=head.forward_s,

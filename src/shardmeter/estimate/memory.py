@@ -24,7 +24,7 @@ from shardmeter.estimate._xp import (
     minimum,
     where,
 )
-from shardmeter.estimate.compute import ACT_BYTES, StageLayers, stage_layers
+from shardmeter.estimate.compute import ACT_BYTES, StageLayers, recompute_share, stage_layers
 from shardmeter.estimate.plan_arrays import (
     ATTENTION_CODES,
     MASTER_CODES,
@@ -282,10 +282,14 @@ def activation_bytes_per_layer(model: TransformerSpec, plans: PlanArrays) -> Num
 
 
 def _saved_per_layer(plans: PlanArrays, full_set: Num, selective_set: Num, layer_input: Num) -> Num:
-    """The activation set each plan's recompute mode keeps (none, selective, full)."""
+    """The activation set each plan's recompute mode keeps (none, selective, full), per
+    average layer: with `recompute_every = N` a share 1/N of the layers keeps its input, the
+    rest everything (`recompute_share`)."""
     code = plans.recompute
     partial = where(code == RECOMPUTE_CODES["selective"], selective_set, full_set)
-    return where(code == RECOMPUTE_CODES["full"], layer_input, partial)
+    share = recompute_share(plans)
+    checkpointed = share * layer_input + (1.0 - share) * full_set
+    return where(code == RECOMPUTE_CODES["full"], checkpointed, partial)
 
 
 def _max_chunks(plans: PlanArrays) -> int:
@@ -451,8 +455,10 @@ def fragmentation_bytes(
     layer-micro-batch held, and per local weight matrix its weight, gradient and optimizer
     tensors) plus ALLOCATOR_SLACK × the transient bytes. Bytes."""
     code = plans.recompute
+    share = recompute_share(plans)  # recompute_every: the other layers keep everything
+    full = share * SAVED_TENSORS[2] + (1.0 - share) * SAVED_TENSORS[0]
     saved = where(
-        code == RECOMPUTE_CODES["full"], SAVED_TENSORS[2],
+        code == RECOMPUTE_CODES["full"], full,
         where(code == RECOMPUTE_CODES["selective"], SAVED_TENSORS[1], SAVED_TENSORS[0]),
     )  # fmt: skip
     state_tensors = where(plans.master == MASTER_CODES["none"], 4.0, 5.0)  # w, g, m, v (+master)

@@ -62,6 +62,7 @@ def plan_columns(plan: Plan) -> dict[str, Any]:
         "master": MASTER_CODES[plan.master_weights],
         "offload": OFFLOAD_CODES[plan.offload],
         "fp8_te": plan.fp8_recipe == "te",
+        "recompute_every": plan.recompute_every or 0,
     }
     return {
         f.name: derived[f.name] if f.name in derived else getattr(plan, f.name)
@@ -114,6 +115,7 @@ class PlanArrays:
     offload: Any = 0  # OFFLOAD_CODES: none, optimizer, params+optimizer on the host
     reshard_after_forward: Any = True  # False: gathered weights kept between micro-batches
     fp8_te: Any = True  # FP8 saves its GEMM inputs as 1-byte casts (Transformer Engine)
+    recompute_every: Any = 0  # full recompute of every N-th layer only (0: every layer)
 
     @property
     def chunk_group(self) -> Num:

@@ -33,6 +33,7 @@ from shardmeter.estimate.compute import (
     optimizer_time,
     pipeline_times,
     recompute_flops_per_token,
+    recompute_share,
     stage_layers,
     unit_costs,
 )
@@ -434,7 +435,9 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     model_flops = model_flops_per_token(model, causal=True) * tokens_step
     hw_flops = (
         model_flops
-        + recompute_flops_per_token(model, plans.recompute, plans.recompute_qkv) * tokens_step
+        + recompute_flops_per_token(model, plans.recompute, plans.recompute_qkv)
+        * where(plans.recompute == RECOMPUTE_CODES["full"], recompute_share(plans), 1.0)
+        * tokens_step
     )
     fp8 = plans.precision == PRECISION_CODES["fp8"]
     fp16 = plans.precision == PRECISION_CODES["fp16"]

@@ -116,6 +116,9 @@ class Plan(BaseModel):
     # which tensors FP8 runs save: "te" (Transformer Engine) the GEMM inputs as 1-byte FP8
     # casts; "torchao" (torchao.float8, torchtitan) bf16 as without FP8
     fp8_recipe: Fp8Recipe = "te"
+    # with recompute = "full": checkpoint only every N-th layer (torchtitan
+    # activation_checkpoint.selective_ac_option = "N"); the others keep all they save
+    recompute_every: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="before")
     @classmethod
@@ -127,6 +130,13 @@ class Plan(BaseModel):
         filled = {**data, "framework": framework_id(str(data["framework"]))}
         filled.update(framework_defaults(framework, data))
         return filled
+
+    @model_validator(mode="after")
+    def _memory_setup_rules(self) -> Plan:
+        """recompute_every only qualifies full recompute (which layers are checkpointed)."""
+        if self.recompute_every is not None and self.recompute != "full":
+            raise ValueError(f"recompute_every needs recompute = 'full', not '{self.recompute}'")
+        return self
 
     @property
     def n_gpus(self) -> int:
