@@ -219,6 +219,12 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("recompute_every: saved blocks counted as full recompute", "memory.py",
              "full = share * SAVED_TENSORS[2] + (1.0 - share) * SAVED_TENSORS[0]",
              "full = SAVED_TENSORS[2] + 0.0 * share"),
+    Mutation("optimizer step without a master reads no weight", "memory.py",
+             "read = master + states + GRAD_BYTES + no_master",
+             "read = master + states + GRAD_BYTES + 0.0 * no_master"),
+    Mutation("optimizer step bytes ignored", "step.py",
+             "opt = optimizer_time(owned, acc, plans.master_remainder, optimizer_step_bytes(plans))",
+             "opt = optimizer_time(owned, acc, plans.master_remainder)"),
 )  # fmt: skip
 
 

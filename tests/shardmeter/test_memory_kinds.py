@@ -29,6 +29,7 @@ from shardmeter.estimate.memory import (
     nccl_buffer_bytes,
     offload_transfer_time,
     optimizer_state_bytes,
+    optimizer_step_bytes,
 )
 from shardmeter.estimate.plan_arrays import PlanArrays
 from shardmeter.estimate.step import estimate_step, estimate_step_arrays
@@ -308,3 +309,26 @@ def test_recompute_every_flops_and_blocks() -> None:
     got = float(fragmentation_bytes(plans, 0.0, 2.0, 0.0, 7.0))
     saved = 0.5 * SAVED_TENSORS[2] + 0.5 * SAVED_TENSORS[0]
     assert got == pytest.approx(ROUND_WASTE * saved * 2.0)
+
+
+@pytest.mark.parametrize(
+    ("setup", "expected"),
+    [
+        ({}, 28.0),  # fp32 master + m, v: read 14, write 14 (C.2)
+        ({"master_weights": "remainder"}, 24.0),
+        ({"master_weights": "none"}, 14.0),  # read w, g, m, v (8); write w, m, v (6)
+        ({"master_weights": "none", "optimizer": "adamw8bit"}, 6.0 + 4.0 + 4 * 4.0 / 2048.0),
+        ({"optimizer": "sgd"}, 20.0),  # read master, momentum, grad; write master, momentum, w
+    ],
+)
+def test_optimizer_step_bytes_closed_form(setup: dict[str, str], expected: float) -> None:
+    assert float(optimizer_step_bytes(_plans(**setup))) == pytest.approx(expected)
+
+
+def test_optimizer_step_time_follows_the_bytes() -> None:
+    model, cluster = load_model("llama-3.1-8b"), load_cluster("dgx-h100")
+    base = dict(dp=8, sharding="zero3", global_batch=8)
+    adam = estimate_step(model, cluster, Plan(**base)).time_breakdown["optimizer"]
+    low = estimate_step(model, cluster, Plan(**base, optimizer="adamw8bit", master_weights="none"))
+    ratio = float(optimizer_step_bytes(_plans(optimizer="adamw8bit", master_weights="none"))) / 28
+    assert low.time_breakdown["optimizer"] == pytest.approx(adam * ratio, rel=1e-9)

@@ -410,10 +410,14 @@ def qkv_recompute_time(model: TransformerSpec, plans: PlanArrays, acc: Accelerat
     return kv + gemm_time(sh.tokens, mla.q_input(model.hidden), q_width, acc, sh.fp8)
 
 
-def optimizer_time(params_owned: Num, acc: Accelerator, remainder: Num = False) -> Num:
+def optimizer_time(
+    params_owned: Num, acc: Accelerator, remainder: Num = False, per_param: Num | None = None
+) -> Num:
     """Adam step over the parameters this GPU owns: memory-bound, 28 B/param (C.2); 24 when
-    the master weights are 16-bit remainders (read and write 2 B less each)."""
-    per_param = ADAM_BYTES_PER_PARAM - where(remainder, 4.0, 0.0)
+    the master weights are 16-bit remainders (read and write 2 B less each); `per_param`
+    (memory.optimizer_step_bytes) for other optimizers and master settings."""
+    if per_param is None:
+        per_param = ADAM_BYTES_PER_PARAM - where(remainder, 4.0, 0.0)
     return memory_time(params_owned * per_param, acc)
 
 

@@ -70,6 +70,25 @@ class ModelStates:
         return self.weights + self.gradients + self.optimizer
 
 
+def optimizer_step_bytes(plans: PlanArrays) -> Num:
+    """HBM bytes the optimizer step moves per owned parameter: it reads the master copy (or,
+    without one, the bf16 weight), the optimizer states on the allocator and the bf16
+    gradient, and writes back the master, the states and the bf16 weight. AdamW with an fp32
+    master: 14 + 14 = 28 (ADAM_BYTES_PER_PARAM, C.2); 16-bit remainder 24; pure bf16 AdamW
+    14; pure bf16 8-bit AdamW 10. Paged states are read and written in unified memory and
+    counted the same. Bytes."""
+    on_gpu, paged = optimizer_state_bytes(plans)
+    master = where(
+        plans.master == MASTER_CODES["fp32"], MASTER_BYTES["fp32"],
+        where(plans.master == MASTER_CODES["remainder"], MASTER_BYTES["remainder"], 0.0),
+    )  # fmt: skip
+    states = on_gpu - master + paged
+    no_master = where(plans.master == MASTER_CODES["none"], WEIGHT_BYTES, 0.0)
+    read = master + states + GRAD_BYTES + no_master
+    write = master + states + WEIGHT_BYTES
+    return read + write
+
+
 def model_state_bytes(
     params: Num, shard: Num, stage: Num, remainder: Num = False, state_bytes: Num | None = None,
     host_states: Num = False, host_params: Num = False,

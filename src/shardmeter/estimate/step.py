@@ -45,6 +45,7 @@ from shardmeter.estimate.memory import (
     local_params,
     memory_breakdown,
     offload_transfer_time,
+    optimizer_step_bytes,
     per_layer_params,
     shard_divisors,
 )
@@ -393,7 +394,7 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     d_opt_dense = where(stage >= SHARDING_CODES["zero1"], d_dense, 1.0)
     d_opt_expert = where(stage >= SHARDING_CODES["zero1"], d_expert, 1.0)
     owned = heaviest.dense / d_opt_dense + heaviest.expert / d_opt_expert
-    opt = optimizer_time(owned, acc, plans.master_remainder)
+    opt = optimizer_time(owned, acc, plans.master_remainder, optimizer_step_bytes(plans))
     # offloaded states: the CPU steps them, the GPU pays the PCIe transfers (memory.py)
     offloaded = plans.offload >= OFFLOAD_CODES["optimizer"]
     opt = where(offloaded, offload_transfer_time(owned, plans), opt)
