@@ -225,6 +225,11 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("optimizer step bytes ignored", "step.py",
              "opt = optimizer_time(owned, acc, plans.master_remainder, optimizer_step_bytes(plans))",
              "opt = optimizer_time(owned, acc, plans.master_remainder)"),
+    Mutation("eager RMSNorm saves nothing extra", "memory.py",
+             "eager_extra = EAGER_NORM_EXTRA * 2.0 * model.hidden * norm_tokens + (",
+             "eager_extra = 0.0 * model.hidden * norm_tokens + ("),
+    Mutation("eager SwiGLU's silu output not kept", "memory.py",
+             "EAGER_SWIGLU_EXTRA * tokens * gated_width", "0.0 * tokens * gated_width"),
 )  # fmt: skip
 
 

@@ -15,6 +15,8 @@ from shardmeter.estimate.memory import (
     ADAM_4BIT_STATE,
     ADAM_8BIT_STATE,
     CUDA_CONTEXT_BYTES,
+    EAGER_NORM_EXTRA,
+    EAGER_SWIGLU_EXTRA,
     MIB,
     NCCL_BUFFSIZE,
     NCCL_CHANNELS,
@@ -332,3 +334,22 @@ def test_optimizer_step_time_follows_the_bytes() -> None:
     low = estimate_step(model, cluster, Plan(**base, optimizer="adamw8bit", master_weights="none"))
     ratio = float(optimizer_step_bytes(_plans(optimizer="adamw8bit", master_weights="none"))) / 28
     assert low.time_breakdown["optimizer"] == pytest.approx(adam * ratio, rel=1e-9)
+
+
+def test_eager_elementwise_saves_more() -> None:
+    """Eager RMSNorm keeps an fp32 copy and a normalized bf16 tensor (+4 B per element and
+    norm), eager SwiGLU the silu output (+2 B per F element), per layer and token."""
+    model, cluster = load_model("llama-3.1-8b"), load_cluster("dgx-h100")
+    fused = memory_breakdown(model, cluster, _plans())
+    eager = memory_breakdown(model, cluster, _plans(fused_elementwise=False))
+    tokens = model.seq_len
+    per_layer = (
+        EAGER_NORM_EXTRA * 2 * model.hidden * tokens + EAGER_SWIGLU_EXTRA * model.ffn * tokens
+    )
+    got = float(eager.activations - fused.activations)
+    assert got == pytest.approx(model.n_layers * per_layer)
+    assert EAGER_NORM_EXTRA == 4.0 and EAGER_SWIGLU_EXTRA == 2.0
+    # full recompute keeps the layer input only; the re-run layer holds the eager extras
+    f_fused = memory_breakdown(model, cluster, _plans(recompute="full"))
+    f_eager = memory_breakdown(model, cluster, _plans(recompute="full", fused_elementwise=False))
+    assert float(f_eager.activations - f_fused.activations) == pytest.approx(per_layer)

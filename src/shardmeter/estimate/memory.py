@@ -46,6 +46,8 @@ UNSHARDED_GRAD_BYTES = 4.0  # unsharded gradient kept in the fp32 reduce dtype (
 REMAINDER_SAVING = 2.0  # a 16-bit remainder over the bf16 weights replaces the fp32 master
 LOGITS_BYTES = 8.0  # per logit: bf16 output + fp32 softmax copy + bf16 gradient
 FUSED_LOGITS_BYTES = 2.0  # fused cross-entropy writes the gradient over the bf16 logits
+EAGER_NORM_EXTRA = 4.0  # per element and norm: fp32 input copy 4 + bf16 normalized 2 − bf16 input 2
+EAGER_SWIGLU_EXTRA = 2.0  # per F element: the silu output kept by the eager multiply
 UNFUSED_SCORE_STORED = (
     5.0  # per score element: softmax out 2 + dropout mask 1 + out 2 (Korthikanti §4.1)
 )
@@ -281,6 +283,19 @@ def _activation_sets(model: TransformerSpec, plans: PlanArrays) -> tuple[Num, Nu
     dropped_qkv = where(plans.recompute_qkv, ACT_BYTES * tokens * (q_l + 2.0 * kv_l) - latents, 0.0)
     full_set = full_set - dropped_qkv
     selective_set = selective_set - dropped_qkv
+    # Eager element-wise ops (fused_elementwise = False: torchtitan without compile, HF
+    # Transformers, litgpt) save more than fused kernels, from PyTorch autograd's saved
+    # tensors: RMSNorm upcasts its input and saves the fp32 copy (pow and mul) and the bf16
+    # normalized tensor (the weight multiply) where a fused norm saves its bf16 input: + 4 B
+    # per element per norm (torchtitan models/norms.py, HF LlamaRMSNorm); SwiGLU's silu(x1) * x2
+    # saves the silu output besides x1 and x2: + 2 B per F element. Kept when nothing is
+    # recomputed, and in the layer full recompute re-runs.
+    eager = logical_not(plans.fused_elementwise)
+    gated_width = mlp_width if model.mlp == "swiglu" else 0.0
+    eager_extra = EAGER_NORM_EXTRA * 2.0 * model.hidden * norm_tokens + (
+        EAGER_SWIGLU_EXTRA * tokens * gated_width
+    )
+    full_set = full_set + where(eager, eager_extra, 0.0)
     # Unfused attention also keeps its score tensors (5·a·s²·b / tp, Korthikanti §4.1); selective
     # recompute exists to drop exactly these.
     scores = tokens * model.seq_len * model.n_heads / tp * UNFUSED_SCORE_STORED
