@@ -5,7 +5,11 @@ Adam keeps 2 (bf16 weights) + 2 (bf16 grads) + 12 (fp32 master, m, v) bytes per 
 stage 1 shards the 12, stage 2 also the grads, stage 3 also the weights. Activations follow
 Korthikanti et al. 2022 (Table 2), recounted for flash attention without dropout. Every
 pipeline stage kind (first, fullest middle, last) is counted with its own layers, tables and
-in-flight micro-batches; the fullest decides. Bytes.
+in-flight micro-batches; the fullest decides. Other optimizers, master-weight settings and
+offload change the 12 (`optimizer_state_bytes`, each byte count cited there). Three answers:
+allocated (the tensors), reserved (+ the caching allocator's rounding, `fragmentation_bytes`)
+and the device total that decides an OOM (+ CUDA context and NCCL buffers,
+`nccl_buffer_bytes`). Bytes.
 """
 
 from __future__ import annotations
