@@ -14,9 +14,13 @@ from shardmeter.estimate.compute import recompute_share
 from shardmeter.estimate.memory import (
     ADAM_4BIT_STATE,
     ADAM_8BIT_STATE,
+    COMPILED_LOGITS_BYTES,
     CUDA_CONTEXT_BYTES,
+    EAGER_FP32_CACHED_BYTES,
+    EAGER_FP32_LOGITS_BYTES,
     EAGER_NORM_EXTRA,
     EAGER_SWIGLU_EXTRA,
+    LOGITS_BYTES,
     MIB,
     NCCL_BUFFSIZE,
     NCCL_CHANNELS,
@@ -26,6 +30,7 @@ from shardmeter.estimate.memory import (
     ROUND_WASTE,
     SAVED_TENSORS,
     UNSHARDED_GRAD_BYTES,
+    activation_bytes_per_layer,
     fragmentation_bytes,
     memory_breakdown,
     nccl_buffer_bytes,
@@ -353,3 +358,65 @@ def test_eager_elementwise_saves_more() -> None:
     f_fused = memory_breakdown(model, cluster, _plans(recompute="full"))
     f_eager = memory_breakdown(model, cluster, _plans(recompute="full", fused_elementwise=False))
     assert float(f_eager.activations - f_fused.activations) == pytest.approx(per_layer)
+
+
+def test_torchtitan_op_sac_saved_set_closed_form() -> None:
+    """torchtitan's per-op selective checkpointing keeps, per layer and token, the layer input
+    and the outputs of wq, wv (odd matmuls), SDPA, w1 and w2: h + q + kv + q + F + h, bf16."""
+    model = load_model("llama-3.1-8b")
+    plans = _plans(recompute="selective", selective_policy="torchtitan_op")
+    per_token = 2 * model.hidden + 2 * model.q_dim + model.kv_dim + model.ffn
+    expected = 2.0 * model.seq_len * per_token
+    assert float(activation_bytes_per_layer(model, plans)) == pytest.approx(expected)
+    # Megatron's selective set keeps the norm and GEMM inputs, K and the MLP gate and up
+    megatron = float(activation_bytes_per_layer(model, _plans(recompute="selective")))
+    assert megatron > expected
+    # GELU: the 6th matmul (w2) is even, so not kept
+    gelu = TINY.model_copy(update={"mlp": "gelu"})
+    got = float(activation_bytes_per_layer(gelu, plans))
+    per = TINY.hidden + 2 * TINY.q_dim + TINY.kv_dim + TINY.ffn
+    assert got == pytest.approx(2.0 * TINY.seq_len * per)
+    # the framework's `selective` means its own policy
+    assert Plan(framework="torchtitan").selective_policy == "torchtitan_op"
+    assert Plan(framework="megatron-core").selective_policy == "megatron"
+
+
+def test_cross_entropy_upcast_logits_closed_form() -> None:
+    """Logits per token and vocabulary entry: eager fp32 upcast 12 B allocated (+2 B reserved
+    for the cached bf16 block), compiled 4 B, the default 8 B."""
+    model, cluster = load_model("llama-3.1-8b"), load_cluster("dgx-h100")
+    logits = model.seq_len * model.vocab
+    base = memory_breakdown(model, cluster, _plans())
+    eager = memory_breakdown(model, cluster, _plans(ce_upcast="eager"))
+    compiled = memory_breakdown(model, cluster, _plans(ce_upcast="compiled"))
+    fused = memory_breakdown(model, cluster, _plans(ce_upcast="eager", fused_ce=True))
+    assert EAGER_FP32_LOGITS_BYTES == 12.0 and COMPILED_LOGITS_BYTES == 4.0
+    assert float(eager.buffers - base.buffers) == pytest.approx(
+        (EAGER_FP32_LOGITS_BYTES - LOGITS_BYTES) * logits
+    )
+    assert float(compiled.buffers - base.buffers) == pytest.approx(
+        (COMPILED_LOGITS_BYTES - LOGITS_BYTES) * logits
+    )
+    assert float(eager.fragmentation - base.fragmentation) == pytest.approx(
+        EAGER_FP32_CACHED_BYTES * logits
+    )
+    assert float(compiled.fragmentation) == pytest.approx(float(base.fragmentation))
+    # a fused loss never holds the fp32 logits, whatever the upcast says
+    assert float(fused.fragmentation) == pytest.approx(float(base.fragmentation))
+    assert Plan(framework="torchtitan").ce_upcast == "eager"
+
+
+def test_predict_cli_selective_policy_and_ce_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from shardmeter.cli import main
+
+    args = ["predict", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8",
+            "--dp", "8", "--recompute", "selective", "--json"]  # fmt: skip
+    assert main(args) == 0
+    plain = capsys.readouterr().out
+    assert main([*args, "--selective-policy", "torchtitan_op", "--ce-upcast", "eager"]) == 0
+    flagged = json.loads(capsys.readouterr().out)
+    assert flagged["plan"]["selective_policy"] == "torchtitan_op"
+    assert flagged["plan"]["ce_upcast"] == "eager"
+    assert flagged["memory_bytes"] != json.loads(plain)["memory_bytes"]

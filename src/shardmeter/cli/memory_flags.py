@@ -1,5 +1,6 @@
 """Plan flags of the memory setups (optimizer, master weights, offload, FP8 recipe, FSDP
-resharding, fused cross-entropy), shared by `predict` and `fit`."""
+resharding, fused or fp32-upcast cross-entropy, what selective recompute keeps), shared by
+`predict` and `fit`."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ from typing import Any, get_args
 
 from shardmeter.clikit import positive_int
 from shardmeter.specs.framework import MasterWeights
-from shardmeter.specs.plan import Fp8Recipe, Offload, Optimizer
+from shardmeter.specs.plan import CeUpcast, Fp8Recipe, Offload, Optimizer, SelectivePolicy
 
 MEMORY_FLAGS = (
     "optimizer", "master_weights", "offload", "fp8_recipe", "reshard_after_forward", "fused_ce",
-    "recompute_every",
+    "recompute_every", "selective_policy", "ce_upcast",
 )  # fmt: skip
 
 
@@ -46,6 +47,14 @@ def add_memory_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--fused-ce", action=argparse.BooleanOptionalAction, default=None,
         help="fused or chunked cross-entropy: no fp32 copy of the logits",
+    )  # fmt: skip
+    group.add_argument(
+        "--selective-policy", choices=get_args(SelectivePolicy),
+        help="what --recompute selective keeps: megatron's set or torchtitan's per-op policy",
+    )  # fmt: skip
+    group.add_argument(
+        "--ce-upcast", choices=get_args(CeUpcast),
+        help="the loss upcasts the logits to fp32: eager (12 B per logit) or compiled (4 B)",
     )  # fmt: skip
 
 

@@ -50,6 +50,21 @@ UNSHARDED_GRAD_BYTES = 4.0  # unsharded gradient kept in the fp32 reduce dtype (
 REMAINDER_SAVING = 2.0  # a 16-bit remainder over the bf16 weights replaces the fp32 master
 LOGITS_BYTES = 8.0  # per logit: bf16 output + fp32 softmax copy + bf16 gradient
 FUSED_LOGITS_BYTES = 2.0  # fused cross-entropy writes the gradient over the bf16 logits
+# F.cross_entropy(pred.float()) run eagerly (torchtitan 2024): aten log_softmax saves its fp32
+# output (derivatives.yaml `_log_softmax: result`), nll_loss_backward allocates a zero fp32
+# gradient of the input's shape and _log_softmax_backward_data a third fp32 tensor: 4 + 4 + 4
+# live at the loss backward (the bf16 logits are deleted before backward, torchtitan train.py
+# `del pred`)
+EAGER_FP32_LOGITS_BYTES = 12.0
+# Its reserved extra: the freed 2-B bf16 logits block is smaller than the 4-B fp32 requests
+# that follow, so the caching allocator opens a new segment rather than reuse it
+# (CUDACachingAllocator.cpp: a request takes a cached block only if one is at least its size;
+# blocks of different segments never merge)
+EAGER_FP32_CACHED_BYTES = 2.0
+# The same loss compiled (torchtitan 2025, training.compile): inductor fuses the upcast,
+# log-softmax and NLL, keeps the bf16 logits and a per-row LSE, and writes a bf16 gradient:
+# 2 + 2 B per logit
+COMPILED_LOGITS_BYTES = 4.0
 EAGER_NORM_EXTRA = 4.0  # per element and norm: fp32 input copy 4 + bf16 normalized 2 − bf16 input 2
 EAGER_SWIGLU_EXTRA = 2.0  # per F element: the silu output kept by the eager multiply
 UNFUSED_SCORE_STORED = (
@@ -304,7 +319,29 @@ def _activation_sets(model: TransformerSpec, plans: PlanArrays) -> tuple[Num, Nu
     # recompute exists to drop exactly these.
     scores = tokens * model.seq_len * model.n_heads / tp * UNFUSED_SCORE_STORED
     full_set = full_set + where(plans.attention == ATTENTION_CODES["unfused"], scores, 0.0)
-    return full_set, selective_set, ACT_BYTES * model.hidden * norm_tokens
+    layer_input = ACT_BYTES * model.hidden * norm_tokens
+    selective_set = where(
+        plans.op_sac, op_sac_set(model, plans, tokens, layer_input), selective_set
+    )
+    return full_set, selective_set, layer_input
+
+
+def op_sac_set(model: TransformerSpec, plans: PlanArrays, tokens: Num, layer_input: Num) -> Num:
+    """Bytes one layer keeps under torchtitan's per-op selective checkpointing
+    (`selective_ac_option = "op"`, torchtitan parallelize_llama.py `_save_list` and
+    `_custom_policy`): the outputs of aten.mm except every second one counted in the layer, of
+    SDPA (flash/efficient) and of aten.max; everything else is recomputed from the layer
+    input, which the checkpoint keeps. In call order the matmuls are wq (1st, kept), wk, wv
+    (3rd, kept), wo, w1 (5th, kept), then SwiGLU's w3 and w2 (7th, kept: the row-parallel
+    local partial sum, tokens × h before any reduce-scatter), GELU's w2 (6th, not kept).
+    bf16, 2 B per element; the softmax LSE (fp32 per head and token) is left out. Bytes."""
+    tp = as_float(plans.tp)
+    q_l = model.q_dim / tp
+    kv_l = maximum(model.kv_heads / tp, 1.0) * model.dim_head
+    width = model.expert_ffn if model.moe is not None else model.dense_ffn
+    w2_out = model.hidden if model.mlp == "swiglu" else 0.0
+    kept = tokens * (q_l + kv_l + q_l + width / tp + w2_out)
+    return layer_input + ACT_BYTES * kept
 
 
 def activation_bytes_per_layer(model: TransformerSpec, plans: PlanArrays) -> Num:
@@ -573,7 +610,7 @@ def _shared(model: TransformerSpec, plans: PlanArrays, layer: Num) -> _Shared:
 
 def _stage_memory(
     cluster: Cluster, shared: _Shared, params: LocalParams, in_flight: Num, logits: Num,
-    plans: PlanArrays, layers: Num, matrices: float,
+    plans: PlanArrays, layers: Num, matrices: float, cached: Num = 0.0,
 ) -> MemoryArrays:  # fmt: skip
     """Memory of one stage kind: its states, `in_flight` layer-micro-batches of activations,
     the full-recompute working layer, the ZeRO-3 prefetch buffer and `logits`; then the
@@ -604,9 +641,9 @@ def _stage_memory(
         context = full_like(activations, cluster.memory_overhead_gb * 1e9)
         nccl = 0.0 * activations
     else:
-        fragmentation = fragmentation_bytes(
-            plans, activations + buffers, in_flight, layers, matrices
-        )
+        fragmentation = (
+            fragmentation_bytes(plans, activations + buffers, in_flight, layers, matrices) + cached
+        )  # `cached`: the eager fp32 loss's unusable bf16 block (memory_breakdown)
         context = full_like(activations, CUDA_CONTEXT_BYTES)
         nccl = nccl_buffer_bytes(plans) + 0.0 * activations
     host = dense * shared.host_dense + expert * shared.host_expert
@@ -637,8 +674,17 @@ def memory_breakdown(
     counts = counts if counts is not None else stage_layers(model, plans)
     tables = end_stage_tables(model, plans)
     tokens = plans.micro_batch * model.seq_len / as_float(plans.cp)
-    per_logit = where(plans.fused_ce, FUSED_LOGITS_BYTES, LOGITS_BYTES)
-    logits = tokens * model.vocab / as_float(plans.tp) * per_logit
+    per_logit = where(
+        plans.fused_ce, FUSED_LOGITS_BYTES,
+        where(plans.ce_compiled, COMPILED_LOGITS_BYTES,
+              where(plans.ce_eager, EAGER_FP32_LOGITS_BYTES, LOGITS_BYTES)),
+    )  # fmt: skip
+    local_logits = tokens * model.vocab / as_float(plans.tp)
+    logits = local_logits * per_logit
+    cached = where(
+        plans.ce_eager & logical_not(plans.fused_ce | plans.ce_compiled),
+        EAGER_FP32_CACHED_BYTES * local_logits, 0.0,
+    )  # fmt: skip
     single = plans.pp == 1
     per_layer = per_layer_params(model, plans)
     shared = _shared(model, plans, per_layer[0] + per_layer[1])
@@ -659,13 +705,13 @@ def memory_breakdown(
     first = _stage_memory(
         cluster, shared, params_of(counts.first, tables),
         in_flight_layers(plans, 0.0, counts.first, chunk(counts.first), last=False),
-        where(single, logits, 0.0), plans, counts.first, matrices,
+        where(single, logits, 0.0), plans, counts.first, matrices, where(single, cached, 0.0),
     )  # fmt: skip
     last = _stage_memory(
         cluster, shared, params_of(counts.last, tables),
         in_flight_layers(plans, as_float(plans.pp) - 1.0, counts.last, chunk(counts.last),
                          last=True),
-        logits, plans, counts.last, matrices,
+        logits, plans, counts.last, matrices, cached,
     )  # fmt: skip
     mid = _stage_memory(
         cluster, shared, params_of(counts.mid, 0.0),

@@ -33,7 +33,7 @@ _BOOL_FIELDS = (
     "sp", "overlap_dp", "overlap_param_gather", "overlap_tp", "fused_ce", "gather_matrix",
     "overlap_ep", "ep_fp8", "ep_dedup", "graphs", "master_remainder", "compiled",
     "fused_elementwise", "params_fp32", "pp_end_chunks", "recompute_act", "recompute_norm",
-    "recompute_qkv", "reshard_after_forward", "fp8_te",
+    "recompute_qkv", "reshard_after_forward", "fp8_te", "op_sac", "ce_eager", "ce_compiled",
 )  # fmt: skip
 
 
@@ -62,6 +62,9 @@ def plan_columns(plan: Plan) -> dict[str, Any]:
         "master": MASTER_CODES[plan.master_weights],
         "offload": OFFLOAD_CODES[plan.offload],
         "fp8_te": plan.fp8_recipe == "te",
+        "op_sac": plan.selective_policy == "torchtitan_op",
+        "ce_eager": plan.ce_upcast == "eager",
+        "ce_compiled": plan.ce_upcast == "compiled",
         "recompute_every": plan.recompute_every or 0,
     }
     return {
@@ -116,6 +119,9 @@ class PlanArrays:
     reshard_after_forward: Any = True  # False: gathered weights kept between micro-batches
     fp8_te: Any = True  # FP8 saves its GEMM inputs as 1-byte casts (Transformer Engine)
     recompute_every: Any = 0  # full recompute of every N-th layer only (0: every layer)
+    op_sac: Any = False  # selective = torchtitan's per-op policy (else Megatron's set)
+    ce_eager: Any = False  # loss upcasts the logits to fp32, eager log-softmax and NLL
+    ce_compiled: Any = False  # loss upcasts the logits to fp32 in one compiled kernel
 
     @property
     def chunk_group(self) -> Num:

@@ -33,6 +33,8 @@ Optimizer = Literal[
 ]  # fmt: skip
 Offload = Literal["none", "optimizer", "params+optimizer"]
 Fp8Recipe = Literal["te", "torchao"]
+SelectivePolicy = Literal["megatron", "torchtitan_op"]
+CeUpcast = Literal["none", "eager", "compiled"]
 
 
 class Plan(BaseModel):
@@ -119,6 +121,15 @@ class Plan(BaseModel):
     # with recompute = "full": checkpoint only every N-th layer (torchtitan
     # activation_checkpoint.selective_ac_option = "N"); the others keep all they save
     recompute_every: int | None = Field(default=None, ge=1)
+    # what recompute = "selective" keeps (estimate/memory.py lists each set): "megatron"
+    # (Korthikanti et al. 2022: everything but the attention core and the activation output)
+    # or "torchtitan_op" (torchtitan's per-op policy: the outputs of every other matmul and of
+    # SDPA, the rest recomputed from the layer input)
+    selective_policy: SelectivePolicy = "megatron"
+    # the loss upcasts the logits to fp32 before F.cross_entropy (`pred.float()`): "eager"
+    # (log-softmax and NLL op by op, fp32 tensors the size of the logits) or "compiled" (one
+    # inductor kernel from the bf16 logits); "none": the framework's own mixed-precision loss
+    ce_upcast: CeUpcast = "none"
 
     @model_validator(mode="before")
     @classmethod
