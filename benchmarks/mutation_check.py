@@ -253,6 +253,11 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("cached block counted under a fused loss", "memory.py",
              "plans.ce_eager & logical_not(plans.fused_ce | plans.ce_compiled),",
              "plans.ce_eager,"),
+    Mutation("fp32 gradient buffer counted as bf16", "memory.py",
+             "grad_bytes = where(plans.grad_fp32, FP32_GRAD_BYTES, GRAD_BYTES)",
+             "grad_bytes = where(plans.grad_fp32, GRAD_BYTES, GRAD_BYTES)"),
+    Mutation("gradient bytes ignore the buffer dtype", "memory.py",
+             "gradients=on_gpu * grad_bytes * params", "gradients=on_gpu * GRAD_BYTES * params"),
 )  # fmt: skip
 
 

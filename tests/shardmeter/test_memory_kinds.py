@@ -20,6 +20,8 @@ from shardmeter.estimate.memory import (
     EAGER_FP32_LOGITS_BYTES,
     EAGER_NORM_EXTRA,
     EAGER_SWIGLU_EXTRA,
+    FP32_GRAD_BYTES,
+    GRAD_BYTES,
     LOGITS_BYTES,
     MIB,
     NCCL_BUFFSIZE,
@@ -420,3 +422,19 @@ def test_predict_cli_selective_policy_and_ce_flags(capsys: pytest.CaptureFixture
     assert flagged["plan"]["selective_policy"] == "torchtitan_op"
     assert flagged["plan"]["ce_upcast"] == "eager"
     assert flagged["memory_bytes"] != json.loads(plain)["memory_bytes"]
+
+
+def test_fp32_gradient_buffer_closed_form() -> None:
+    """An fp32 gradient buffer holds 4 B per parameter: unsharded under ZeRO-1 (Megatron's
+    distributed optimizer shards only the states), divided by the group under ZeRO-2."""
+    model, cluster = load_model("llama-3.1-8b"), load_cluster("dgx-h100")
+    assert FP32_GRAD_BYTES == 4.0 and GRAD_BYTES == 2.0
+    for sharding, divisor in (("zero1", 1.0), ("zero2", 8.0)):
+        bf16 = memory_breakdown(model, cluster, _plans(dp=8, sharding=sharding))
+        fp32 = memory_breakdown(
+            model, cluster, _plans(dp=8, sharding=sharding, grad_accum_dtype="fp32")
+        )
+        assert float(fp32.gradients) == pytest.approx(2.0 * float(bf16.gradients))
+        params = float(bf16.gradients) * divisor / GRAD_BYTES
+        assert float(fp32.gradients) == pytest.approx(FP32_GRAD_BYTES * params / divisor)
+        assert float(fp32.weights) == pytest.approx(float(bf16.weights))

@@ -9,11 +9,18 @@ from typing import Any, get_args
 
 from shardmeter.clikit import positive_int
 from shardmeter.specs.framework import MasterWeights
-from shardmeter.specs.plan import CeUpcast, Fp8Recipe, Offload, Optimizer, SelectivePolicy
+from shardmeter.specs.plan import (
+    CeUpcast,
+    Fp8Recipe,
+    GradAccumDtype,
+    Offload,
+    Optimizer,
+    SelectivePolicy,
+)
 
 MEMORY_FLAGS = (
     "optimizer", "master_weights", "offload", "fp8_recipe", "reshard_after_forward", "fused_ce",
-    "recompute_every", "selective_policy", "ce_upcast",
+    "recompute_every", "selective_policy", "ce_upcast", "grad_accum_dtype",
 )  # fmt: skip
 
 
@@ -55,6 +62,10 @@ def add_memory_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--ce-upcast", choices=get_args(CeUpcast),
         help="the loss upcasts the logits to fp32: eager (12 B per logit) or compiled (4 B)",
+    )  # fmt: skip
+    group.add_argument(
+        "--grad-accum-dtype", choices=get_args(GradAccumDtype),
+        help="gradient buffer dtype: fp32 is Megatron's main_grad (4 B per parameter)",
     )  # fmt: skip
 
 

@@ -45,6 +45,10 @@ from shardmeter.specs.model import TransformerSpec
 MIB = 2.0**20
 WEIGHT_BYTES = 2.0  # bf16 weights
 GRAD_BYTES = 2.0  # bf16 gradients
+# fp32 gradient buffer: Megatron-LM arguments.py "bfloat16 requires gradient accumulation and
+# all-reduce to be done in fp32" (accumulate_allreduce_grads_in_fp32, the main_grad buffer
+# of megatron/core/distributed/param_and_grad_buffer.py in torch.float); bytes per parameter
+FP32_GRAD_BYTES = 4.0
 OPTIMIZER_BYTES = 12.0  # fp32 master copy + Adam m and v (ZeRO paper's K = 12)
 UNSHARDED_GRAD_BYTES = 4.0  # unsharded gradient kept in the fp32 reduce dtype (FSDP2 accumulation)
 REMAINDER_SAVING = 2.0  # a 16-bit remainder over the bf16 weights replaces the fp32 master
@@ -112,7 +116,7 @@ def optimizer_step_bytes(plans: PlanArrays) -> Num:
 
 def model_state_bytes(
     params: Num, shard: Num, stage: Num, remainder: Num = False, state_bytes: Num | None = None,
-    host_states: Num = False, host_params: Num = False,
+    host_states: Num = False, host_params: Num = False, grad_bytes: Num = GRAD_BYTES,
 ) -> ModelStates:  # fmt: skip
     """ZeRO table (C.3): stage 0 16N; 1: 4N + 12N/d; 2: 2N + 14N/d; 3: 16N/d.
 
@@ -120,7 +124,8 @@ def model_state_bytes(
     the sharding group d (the HSDP shard group), `stage` 0..3; `remainder`: the optimizer keeps
     a 16-bit remainder of the master weights, 10 bytes instead of 12; `state_bytes` (default
     12, or 10 with `remainder`): optimizer bytes per parameter (`optimizer_state_bytes`);
-    `host_states` / `host_params`: offloaded to host memory, so 0 on the GPU.
+    `host_states` / `host_params`: offloaded to host memory, so 0 on the GPU; `grad_bytes`:
+    bytes per gradient (GRAD_BYTES, or FP32_GRAD_BYTES with an fp32 accumulation buffer).
     """
     d = where(stage >= 1, as_float(shard), 1.0)
     if state_bytes is None:
@@ -128,7 +133,7 @@ def model_state_bytes(
     on_gpu = 1.0 - as_float(host_params)
     return ModelStates(
         weights=on_gpu * WEIGHT_BYTES * params / where(stage >= 3, d, 1.0),
-        gradients=on_gpu * GRAD_BYTES * params / where(stage >= 2, d, 1.0),
+        gradients=on_gpu * grad_bytes * params / where(stage >= 2, d, 1.0),
         optimizer=where(host_states, 0.0, state_bytes) * params / d,
     )
 
@@ -583,15 +588,16 @@ def _shared(model: TransformerSpec, plans: PlanArrays, layer: Num) -> _Shared:
         where(host_states, state, 0.0) + where(host_params, WEIGHT_BYTES + GRAD_BYTES, 0.0) + paged
     )
     sharded = plans.sharding >= SHARDING_CODES["zero1"]
+    grad_bytes = where(plans.grad_fp32, FP32_GRAD_BYTES, GRAD_BYTES)
     return _Shared(
         per_layer=_saved_per_layer(plans, full_set, selective_set, layer_input),
         # Under full recompute one layer's activations are rebuilt at a time during backward.
         working=where(plans.recompute == RECOMPUTE_CODES["full"], full_set, 0.0),
         dense=model_state_bytes(
-            1.0, d_dense, plans.sharding, remainder, state, host_states, host_params
+            1.0, d_dense, plans.sharding, remainder, state, host_states, host_params, grad_bytes
         ),
         expert=model_state_bytes(
-            1.0, d_expert, plans.sharding, remainder, state, host_states, host_params
+            1.0, d_expert, plans.sharding, remainder, state, host_states, host_params, grad_bytes
         ),
         unit=_gather_unit_params(model, plans, layer),
         unit_weight_bytes=gathered_weight_bytes(plans),

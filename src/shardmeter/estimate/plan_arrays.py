@@ -34,6 +34,7 @@ _BOOL_FIELDS = (
     "overlap_ep", "ep_fp8", "ep_dedup", "graphs", "master_remainder", "compiled",
     "fused_elementwise", "params_fp32", "pp_end_chunks", "recompute_act", "recompute_norm",
     "recompute_qkv", "reshard_after_forward", "fp8_te", "op_sac", "ce_eager", "ce_compiled",
+    "grad_fp32",
 )  # fmt: skip
 
 
@@ -65,6 +66,7 @@ def plan_columns(plan: Plan) -> dict[str, Any]:
         "op_sac": plan.selective_policy == "torchtitan_op",
         "ce_eager": plan.ce_upcast == "eager",
         "ce_compiled": plan.ce_upcast == "compiled",
+        "grad_fp32": plan.grad_accum_dtype == "fp32",
         "recompute_every": plan.recompute_every or 0,
     }
     return {
@@ -122,6 +124,7 @@ class PlanArrays:
     op_sac: Any = False  # selective = torchtitan's per-op policy (else Megatron's set)
     ce_eager: Any = False  # loss upcasts the logits to fp32, eager log-softmax and NLL
     ce_compiled: Any = False  # loss upcasts the logits to fp32 in one compiled kernel
+    grad_fp32: Any = False  # gradients accumulate in an fp32 buffer (Megatron main_grad)
 
     @property
     def chunk_group(self) -> Num:

@@ -35,6 +35,7 @@ Offload = Literal["none", "optimizer", "params+optimizer"]
 Fp8Recipe = Literal["te", "torchao"]
 SelectivePolicy = Literal["megatron", "torchtitan_op"]
 CeUpcast = Literal["none", "eager", "compiled"]
+GradAccumDtype = Literal["bf16", "fp32"]
 
 
 class Plan(BaseModel):
@@ -130,6 +131,10 @@ class Plan(BaseModel):
     # (log-softmax and NLL op by op, fp32 tensors the size of the logits) or "compiled" (one
     # inductor kernel from the bf16 logits); "none": the framework's own mixed-precision loss
     ce_upcast: CeUpcast = "none"
+    # dtype of the gradient buffer backward accumulates into: "fp32" is Megatron's main_grad
+    # buffer (--accumulate-allreduce-grads-in-fp32, forced on with --bf16), 4 B per parameter,
+    # which ZeRO-1's distributed optimizer does not shard; "bf16" the parameters' dtype
+    grad_accum_dtype: GradAccumDtype = "bf16"
 
     @model_validator(mode="before")
     @classmethod
