@@ -168,6 +168,7 @@ def test_breakdown_has_overhead_and_fsdp_buffer() -> None:
     mem = memory_breakdown(
         GPT3, CLUSTER, PlanArrays.from_columns(dp=8, sharding=np.array([2, 3]), shard_group=8)
     )
-    assert np.all(mem.overhead == CLUSTER.memory_overhead_gb * 1e9)
+    assert np.all(mem.overhead == mem.fragmentation + mem.cuda_context + mem.nccl_buffers)
+    assert np.all(mem.overhead > 0)
     assert mem.buffers[1] > mem.buffers[0]
     assert mem.weights[1] == pytest.approx(mem.weights[0] / 8)

@@ -10,7 +10,7 @@ from shardmeter.clikit import dispatch, parse_args
 
 # Subcommands in help order; each is `shardmeter.cli.<name>` exposing
 # `add_parser(subparsers) -> None` and `run(args) -> int`.
-COMMANDS: tuple[str, ...] = ("predict", "plan", "sweep", "validate", "presets")
+COMMANDS: tuple[str, ...] = ("predict", "plan", "fit", "sweep", "validate", "presets")
 
 
 def build_parser() -> argparse.ArgumentParser:

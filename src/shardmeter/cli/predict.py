@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from shardmeter.cli import topology_predict
+from shardmeter.cli.memory_flags import add_memory_flags, memory_fields
 from shardmeter.clikit import positive_int
 from shardmeter.errors import UserInputError
 from shardmeter.estimate.step import estimate_step
@@ -88,6 +89,7 @@ def add_parser(subparsers: Any) -> None:
         "--overlap-tp", action=argparse.BooleanOptionalAction, default=None,
         help="overlap TP collectives with GEMMs",
     )  # fmt: skip
+    add_memory_flags(p)
     p.add_argument("--json", action="store_true", help="print the JSON document (docs/model.md)")
     add_html_flag(p)
     add_wide_flag(p)
@@ -101,6 +103,7 @@ def _plan_fields(args: argparse.Namespace) -> dict[str, Any]:
     fields["overlap_tp"] = args.overlap_tp
     if args.recompute not in (None, "auto"):
         fields["recompute"] = args.recompute
+    fields.update(memory_fields(args))
     return {k: v for k, v in fields.items() if v is not None}
 
 

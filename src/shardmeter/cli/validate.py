@@ -1,4 +1,5 @@
-"""`shardmeter validate [RUNS.csv] [--json]`: predicted vs measured tokens/s per GPU.
+"""`shardmeter validate [RUNS.csv] [--json]`: predicted vs measured tokens/s per GPU;
+`--memory [CSV]`: predicted vs measured memory per GPU (`cli/validate_memory.py`).
 
 Reads a CSV in the calibration schema (default: the shared calibration runs), prints each
 row's prediction and absolute percentage error, then median, mean and p90 overall and per
@@ -41,6 +42,14 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("runs", nargs="?", help="CSV in the calibration schema")
     p.add_argument("--json", action="store_true", help="print JSON (APE as fractions)")
     p.add_argument("--source", action="append", help="only rows of this source_id (repeatable)")
+    p.add_argument(
+        "--memory",
+        nargs="?",
+        const="",
+        metavar="CSV",
+        help="compare predicted with measured memory per GPU instead (default CSV: the "
+        "memory measurements that ship with shardmeter)",
+    )
     add_wide_flag(p)
 
 
@@ -122,6 +131,10 @@ def render(console: Console, results: list[RowResult]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.memory is not None:
+        from shardmeter.cli.validate_memory import run_memory
+
+        return run_memory(args)
     path: Path | None = Path(args.runs) if args.runs else shared_path(*DEFAULT_RUNS)
     if path is None:
         raise UserInputError("runs", None, missing_shared_reason(*DEFAULT_RUNS))

@@ -375,6 +375,13 @@ def qkv_flops_per_token(model: TransformerSpec) -> float:
     return 2.0 * model.n_layers * per_layer
 
 
+def recompute_share(plans: PlanArrays) -> Num:
+    """Share of the layers full recompute re-runs: 1/N with `recompute_every = N` (torchtitan
+    checkpoints every N-th TransformerBlock), else 1."""
+    every = as_float(plans.recompute_every)
+    return where(every > 0, 1.0 / maximum(every, 1.0), 1.0)
+
+
 def recompute_flops_per_token(
     model: TransformerSpec, recompute: Num, recompute_qkv: Num = False
 ) -> Num:
@@ -403,10 +410,14 @@ def qkv_recompute_time(model: TransformerSpec, plans: PlanArrays, acc: Accelerat
     return kv + gemm_time(sh.tokens, mla.q_input(model.hidden), q_width, acc, sh.fp8)
 
 
-def optimizer_time(params_owned: Num, acc: Accelerator, remainder: Num = False) -> Num:
+def optimizer_time(
+    params_owned: Num, acc: Accelerator, remainder: Num = False, per_param: Num | None = None
+) -> Num:
     """Adam step over the parameters this GPU owns: memory-bound, 28 B/param (C.2); 24 when
-    the master weights are 16-bit remainders (read and write 2 B less each)."""
-    per_param = ADAM_BYTES_PER_PARAM - where(remainder, 4.0, 0.0)
+    the master weights are 16-bit remainders (read and write 2 B less each); `per_param`
+    (memory.optimizer_step_bytes) for other optimizers and master settings."""
+    if per_param is None:
+        per_param = ADAM_BYTES_PER_PARAM - where(remainder, 4.0, 0.0)
     return memory_time(params_owned * per_param, acc)
 
 
@@ -465,7 +476,9 @@ def unit_costs(model: TransformerSpec, plans: PlanArrays, acc: Accelerator) -> U
     return UnitCosts(
         layer_forward_s=layer_fwd,
         layer_backward_s=mix("backward_s"),
-        layer_recompute_s=where(code == RECOMPUTE_CODES["full"], full, selective),
+        layer_recompute_s=where(
+            code == RECOMPUTE_CODES["full"], full * recompute_share(plans), selective
+        ),
         layer_gemm_s=mix("gemm_s"),
         layer_attention_s=mix("attention_s"),
         head_forward_s=head.forward_s,

@@ -5,7 +5,11 @@ Adam keeps 2 (bf16 weights) + 2 (bf16 grads) + 12 (fp32 master, m, v) bytes per 
 stage 1 shards the 12, stage 2 also the grads, stage 3 also the weights. Activations follow
 Korthikanti et al. 2022 (Table 2), recounted for flash attention without dropout. Every
 pipeline stage kind (first, fullest middle, last) is counted with its own layers, tables and
-in-flight micro-batches; the fullest decides. Bytes.
+in-flight micro-batches; the fullest decides. Other optimizers, master-weight settings and
+offload change the 12 (`optimizer_state_bytes`, each byte count cited there). Three answers:
+allocated (the tensors), reserved (+ the caching allocator's rounding, `fragmentation_bytes`)
+and the device total that decides an OOM (+ CUDA context and NCCL buffers,
+`nccl_buffer_bytes`). Bytes.
 """
 
 from __future__ import annotations
@@ -24,9 +28,12 @@ from shardmeter.estimate._xp import (
     minimum,
     where,
 )
-from shardmeter.estimate.compute import ACT_BYTES, StageLayers, stage_layers
+from shardmeter.estimate.compute import ACT_BYTES, StageLayers, recompute_share, stage_layers
 from shardmeter.estimate.plan_arrays import (
     ATTENTION_CODES,
+    MASTER_CODES,
+    OFFLOAD_CODES,
+    OPTIMIZER_CODES,
     PRECISION_CODES,
     RECOMPUTE_CODES,
     SHARDING_CODES,
@@ -35,12 +42,35 @@ from shardmeter.estimate.plan_arrays import (
 from shardmeter.specs.hardware import Cluster
 from shardmeter.specs.model import TransformerSpec
 
+MIB = 2.0**20
 WEIGHT_BYTES = 2.0  # bf16 weights
 GRAD_BYTES = 2.0  # bf16 gradients
+# fp32 gradient buffer: Megatron-LM arguments.py "bfloat16 requires gradient accumulation and
+# all-reduce to be done in fp32" (accumulate_allreduce_grads_in_fp32, the main_grad buffer
+# of megatron/core/distributed/param_and_grad_buffer.py in torch.float); bytes per parameter
+FP32_GRAD_BYTES = 4.0
 OPTIMIZER_BYTES = 12.0  # fp32 master copy + Adam m and v (ZeRO paper's K = 12)
+UNSHARDED_GRAD_BYTES = 4.0  # unsharded gradient kept in the fp32 reduce dtype (FSDP2 accumulation)
 REMAINDER_SAVING = 2.0  # a 16-bit remainder over the bf16 weights replaces the fp32 master
 LOGITS_BYTES = 8.0  # per logit: bf16 output + fp32 softmax copy + bf16 gradient
 FUSED_LOGITS_BYTES = 2.0  # fused cross-entropy writes the gradient over the bf16 logits
+# F.cross_entropy(pred.float()) run eagerly (torchtitan 2024): aten log_softmax saves its fp32
+# output (derivatives.yaml `_log_softmax: result`), nll_loss_backward allocates a zero fp32
+# gradient of the input's shape and _log_softmax_backward_data a third fp32 tensor: 4 + 4 + 4
+# live at the loss backward (the bf16 logits are deleted before backward, torchtitan train.py
+# `del pred`)
+EAGER_FP32_LOGITS_BYTES = 12.0
+# Its reserved extra: the freed 2-B bf16 logits block is smaller than the 4-B fp32 requests
+# that follow, so the caching allocator opens a new segment rather than reuse it
+# (CUDACachingAllocator.cpp: a request takes a cached block only if one is at least its size;
+# blocks of different segments never merge)
+EAGER_FP32_CACHED_BYTES = 2.0
+# The same loss compiled (torchtitan 2025, training.compile): inductor fuses the upcast,
+# log-softmax and NLL, keeps the bf16 logits and a per-row LSE, and writes a bf16 gradient:
+# 2 + 2 B per logit
+COMPILED_LOGITS_BYTES = 4.0
+EAGER_NORM_EXTRA = 4.0  # per element and norm: fp32 input copy 4 + bf16 normalized 2 − bf16 input 2
+EAGER_SWIGLU_EXTRA = 2.0  # per F element: the silu output kept by the eager multiply
 UNFUSED_SCORE_STORED = (
     5.0  # per score element: softmax out 2 + dropout mask 1 + out 2 (Korthikanti §4.1)
 )
@@ -65,20 +95,86 @@ class ModelStates:
         return self.weights + self.gradients + self.optimizer
 
 
-def model_state_bytes(params: Num, shard: Num, stage: Num, remainder: Num = False) -> ModelStates:
+def optimizer_step_bytes(plans: PlanArrays) -> Num:
+    """HBM bytes the optimizer step moves per owned parameter: it reads the master copy (or,
+    without one, the bf16 weight), the optimizer states on the allocator and the bf16
+    gradient, and writes back the master, the states and the bf16 weight. AdamW with an fp32
+    master: 14 + 14 = 28 (ADAM_BYTES_PER_PARAM, C.2); 16-bit remainder 24; pure bf16 AdamW
+    14; pure bf16 8-bit AdamW 10. Paged states are read and written in unified memory and
+    counted the same. Bytes."""
+    on_gpu, paged = optimizer_state_bytes(plans)
+    master = where(
+        plans.master == MASTER_CODES["fp32"], MASTER_BYTES["fp32"],
+        where(plans.master == MASTER_CODES["remainder"], MASTER_BYTES["remainder"], 0.0),
+    )  # fmt: skip
+    states = on_gpu - master + paged
+    no_master = where(plans.master == MASTER_CODES["none"], WEIGHT_BYTES, 0.0)
+    read = master + states + GRAD_BYTES + no_master
+    write = master + states + WEIGHT_BYTES
+    return read + write
+
+
+def model_state_bytes(
+    params: Num, shard: Num, stage: Num, remainder: Num = False, state_bytes: Num | None = None,
+    host_states: Num = False, host_params: Num = False, grad_bytes: Num = GRAD_BYTES,
+) -> ModelStates:  # fmt: skip
     """ZeRO table (C.3): stage 0 16N; 1: 4N + 12N/d; 2: 2N + 14N/d; 3: 16N/d.
 
     `params` are the parameters this GPU holds before sharding (already /(tp·pp)), `shard`
     the sharding group d (the HSDP shard group), `stage` 0..3; `remainder`: the optimizer keeps
-    a 16-bit remainder of the master weights, 10 bytes instead of 12.
+    a 16-bit remainder of the master weights, 10 bytes instead of 12; `state_bytes` (default
+    12, or 10 with `remainder`): optimizer bytes per parameter (`optimizer_state_bytes`);
+    `host_states` / `host_params`: offloaded to host memory, so 0 on the GPU; `grad_bytes`:
+    bytes per gradient (GRAD_BYTES, or FP32_GRAD_BYTES with an fp32 accumulation buffer).
     """
     d = where(stage >= 1, as_float(shard), 1.0)
-    optimizer = OPTIMIZER_BYTES - where(remainder, REMAINDER_SAVING, 0.0)
+    if state_bytes is None:
+        state_bytes = OPTIMIZER_BYTES - where(remainder, REMAINDER_SAVING, 0.0)
+    on_gpu = 1.0 - as_float(host_params)
     return ModelStates(
-        weights=WEIGHT_BYTES * params / where(stage >= 3, d, 1.0),
-        gradients=GRAD_BYTES * params / where(stage >= 2, d, 1.0),
-        optimizer=optimizer * params / d,
+        weights=on_gpu * WEIGHT_BYTES * params / where(stage >= 3, d, 1.0),
+        gradients=on_gpu * grad_bytes * params / where(stage >= 2, d, 1.0),
+        optimizer=where(host_states, 0.0, state_bytes) * params / d,
     )
+
+
+# Optimizer state bytes per parameter, besides the master copy. m and v (Adam) or the momentum
+# (SGD, Muon) take the master's dtype: fp32 with a master copy, else the weights' bf16
+# (torch.optim.AdamW creates its states with torch.zeros_like(param)).
+ADAM_8BIT_STATE = 1.0 + 4.0 / 2048.0  # bitsandbytes blockwise 8-bit: 1 B + fp32 absmax per 2048
+ADAM_4BIT_STATE = 0.5 + 4.0 / 128.0  # torchao 4-bit AdamW: 4 bits + one scale per block of 128
+MASTER_BYTES = {"fp32": 4.0, "remainder": 2.0, "none": 0.0}  # remainder: 16-bit (apex/TE)
+
+
+def optimizer_state_bytes(plans: PlanArrays) -> tuple[Num, Num]:
+    """(on-allocator, paged) optimizer bytes per parameter: the master copy (MASTER_BYTES) plus
+    the states; paged optimizers (bitsandbytes `PagedAdamW*`) keep their states in CUDA
+    unified memory, outside PyTorch's allocator, paged to the host under pressure.
+
+    AdamW 2 states (Loshchilov & Hutter 2019); 8-bit 2 × ADAM_8BIT_STATE (Dettmers et al.
+    2022, blockwise quantization, block 2048); 4-bit 2 × ADAM_4BIT_STATE (torchao
+    `AdamW4bit`, block 128; Li et al. 2023); Adafactor 0 (factored second moment, O(rows +
+    cols) per matrix, no first moment: Shazeer & Stern 2018 §3-4); SGD with momentum and Muon
+    one state (Muon keeps only the momentum buffer: Jordan et al. 2024). Bytes.
+    """
+    master = where(
+        plans.master == MASTER_CODES["fp32"], MASTER_BYTES["fp32"],
+        where(plans.master == MASTER_CODES["remainder"], MASTER_BYTES["remainder"], 0.0),
+    )  # fmt: skip
+    state_dtype = where(plans.master == MASTER_CODES["none"], WEIGHT_BYTES, 4.0)
+    code = plans.optimizer
+    codes = OPTIMIZER_CODES
+    adam = (code == codes["adamw"]) | (code == codes["paged_adamw"])
+    eight = (code == codes["adamw8bit"]) | (code == codes["paged_adamw8bit"])
+    one_state = (code == codes["sgd"]) | (code == codes["muon"])
+    states = where(
+        adam, 2.0 * state_dtype,
+        where(eight, 2.0 * ADAM_8BIT_STATE,
+              where(code == codes["adamw4bit"], 2.0 * ADAM_4BIT_STATE,
+                    where(one_state, state_dtype, 0.0))),
+    )  # fmt: skip
+    paged = (code == codes["paged_adamw"]) | (code == codes["paged_adamw8bit"])
+    return master + where(paged, 0.0, states), where(paged, states, 0.0)
 
 
 def korthikanti_activation_bytes(
@@ -189,7 +285,9 @@ def _activation_sets(model: TransformerSpec, plans: PlanArrays) -> tuple[Num, Nu
     # FP8 GEMMs save their inputs as the 1-byte FP8 casts (Transformer Engine keeps them for
     # the weight gradient): the two norm outputs, the routed token copies entering the experts
     # and the activation-function output.
-    fp8_half = where(plans.precision == PRECISION_CODES["fp8"], 0.5 * ACT_BYTES, 0.0)
+    # torchao's float8 (fp8_recipe "torchao") saves them in bf16, as without FP8.
+    fp8_saved = (plans.precision == PRECISION_CODES["fp8"]) & plans.fp8_te
+    fp8_half = where(fp8_saved, 0.5 * ACT_BYTES, 0.0)
     gemm_inputs = fp8_half * (2.0 * model.hidden * norm_tokens + tokens * mlp_copies)
     full_set = ACT_BYTES * (replicated + split) - gemm_inputs - fp8_half * tokens * mlp_width
     selective_set = ACT_BYTES * (replicated + split - tokens * (q_l + mlp_width)) - gemm_inputs
@@ -209,11 +307,46 @@ def _activation_sets(model: TransformerSpec, plans: PlanArrays) -> tuple[Num, Nu
     dropped_qkv = where(plans.recompute_qkv, ACT_BYTES * tokens * (q_l + 2.0 * kv_l) - latents, 0.0)
     full_set = full_set - dropped_qkv
     selective_set = selective_set - dropped_qkv
+    # Eager element-wise ops (fused_elementwise = False: torchtitan without compile, HF
+    # Transformers, litgpt) save more than fused kernels, from PyTorch autograd's saved
+    # tensors: RMSNorm upcasts its input and saves the fp32 copy (pow and mul) and the bf16
+    # normalized tensor (the weight multiply) where a fused norm saves its bf16 input: + 4 B
+    # per element per norm (torchtitan models/norms.py, HF LlamaRMSNorm); SwiGLU's silu(x1) * x2
+    # saves the silu output besides x1 and x2: + 2 B per F element. Kept when nothing is
+    # recomputed, and in the layer full recompute re-runs.
+    eager = logical_not(plans.fused_elementwise)
+    gated_width = mlp_width if model.mlp == "swiglu" else 0.0
+    eager_extra = EAGER_NORM_EXTRA * 2.0 * model.hidden * norm_tokens + (
+        EAGER_SWIGLU_EXTRA * tokens * gated_width
+    )
+    full_set = full_set + where(eager, eager_extra, 0.0)
     # Unfused attention also keeps its score tensors (5·a·s²·b / tp, Korthikanti §4.1); selective
     # recompute exists to drop exactly these.
     scores = tokens * model.seq_len * model.n_heads / tp * UNFUSED_SCORE_STORED
     full_set = full_set + where(plans.attention == ATTENTION_CODES["unfused"], scores, 0.0)
-    return full_set, selective_set, ACT_BYTES * model.hidden * norm_tokens
+    layer_input = ACT_BYTES * model.hidden * norm_tokens
+    selective_set = where(
+        plans.op_sac, op_sac_set(model, plans, tokens, layer_input), selective_set
+    )
+    return full_set, selective_set, layer_input
+
+
+def op_sac_set(model: TransformerSpec, plans: PlanArrays, tokens: Num, layer_input: Num) -> Num:
+    """Bytes one layer keeps under torchtitan's per-op selective checkpointing
+    (`selective_ac_option = "op"`, torchtitan parallelize_llama.py `_save_list` and
+    `_custom_policy`): the outputs of aten.mm except every second one counted in the layer, of
+    SDPA (flash/efficient) and of aten.max; everything else is recomputed from the layer
+    input, which the checkpoint keeps. In call order the matmuls are wq (1st, kept), wk, wv
+    (3rd, kept), wo, w1 (5th, kept), then SwiGLU's w3 and w2 (7th, kept: the row-parallel
+    local partial sum, tokens × h before any reduce-scatter), GELU's w2 (6th, not kept).
+    bf16, 2 B per element; the softmax LSE (fp32 per head and token) is left out. Bytes."""
+    tp = as_float(plans.tp)
+    q_l = model.q_dim / tp
+    kv_l = maximum(model.kv_heads / tp, 1.0) * model.dim_head
+    width = model.expert_ffn if model.moe is not None else model.dense_ffn
+    w2_out = model.hidden if model.mlp == "swiglu" else 0.0
+    kept = tokens * (q_l + kv_l + q_l + width / tp + w2_out)
+    return layer_input + ACT_BYTES * kept
 
 
 def activation_bytes_per_layer(model: TransformerSpec, plans: PlanArrays) -> Num:
@@ -229,10 +362,14 @@ def activation_bytes_per_layer(model: TransformerSpec, plans: PlanArrays) -> Num
 
 
 def _saved_per_layer(plans: PlanArrays, full_set: Num, selective_set: Num, layer_input: Num) -> Num:
-    """The activation set each plan's recompute mode keeps (none, selective, full)."""
+    """The activation set each plan's recompute mode keeps (none, selective, full), per
+    average layer: with `recompute_every = N` a share 1/N of the layers keeps its input, the
+    rest everything (`recompute_share`)."""
     code = plans.recompute
     partial = where(code == RECOMPUTE_CODES["selective"], selective_set, full_set)
-    return where(code == RECOMPUTE_CODES["full"], layer_input, partial)
+    share = recompute_share(plans)
+    checkpointed = share * layer_input + (1.0 - share) * full_set
+    return where(code == RECOMPUTE_CODES["full"], checkpointed, partial)
 
 
 def _max_chunks(plans: PlanArrays) -> int:
@@ -298,22 +435,49 @@ def _last_stage_peak(plans: PlanArrays, layers: Num, q: Num, n: Num, m: Num) -> 
     return peak
 
 
+MEMORY_NAMES = ("weights", "gradients", "optimizer_states", "activations", "buffers", "overhead")
+
+
 @dataclass(frozen=True)
 class MemoryArrays:
-    """Per-GPU bytes by MEMORY_COMPONENTS name, for the stage that needs the most."""
+    """Per-GPU bytes by MEMORY_COMPONENTS name, for the stage that needs the most, and the
+    terms `overhead` sums (allocator fragmentation, CUDA context, NCCL buffers), plus host
+    bytes (offloaded or paged states) that are not on the GPU."""
 
     weights: Num
     gradients: Num
     optimizer_states: Num
     activations: Num
     buffers: Num
-    overhead: Num
+    overhead: Num  # fragmentation + cuda_context + nccl_buffers
+    fragmentation: Num = 0.0  # reserved − allocated: block rounding and segment slack
+    cuda_context: Num = 0.0
+    nccl_buffers: Num = 0.0
+    host: Num = 0.0  # on the host (offload) or in paged unified memory, not counted on the GPU
 
     def as_dict(self) -> dict[str, Num]:
-        return dict(self.__dict__)
+        """The six MEMORY_COMPONENTS (they sum to the device total)."""
+        return {name: getattr(self, name) for name in MEMORY_NAMES}
+
+    @property
+    def allocated(self) -> Num:
+        """`torch.cuda.max_memory_allocated`: the live tensors at the peak."""
+        return (
+            self.weights
+            + self.gradients
+            + self.optimizer_states
+            + self.activations
+            + (self.buffers)
+        )
+
+    @property
+    def reserved(self) -> Num:
+        """`torch.cuda.max_memory_reserved`: the caching allocator's segments."""
+        return self.allocated + self.fragmentation
 
     @property
     def total(self) -> Num:
+        """Device total that decides an OOM: reserved + CUDA context + NCCL buffers."""
         return (
             self.weights
             + self.gradients
@@ -322,6 +486,64 @@ class MemoryArrays:
             + self.buffers
             + self.overhead
         )
+
+
+# PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp): every block is rounded
+# to kMinBlockSize = 512 B; blocks over kSmallSize = 1 MiB are "large", rounded up to
+# kRoundLarge = 2 MiB and carved from segments of kLargeBuffer = 20 MiB (requests under
+# kMinLargeAlloc = 10 MiB) or of their own rounded size. A live large tensor wastes half a
+# rounding unit on average: 1 MiB.
+ROUND_LARGE = 2.0 * MIB
+ROUND_WASTE = ROUND_LARGE / 2.0
+# Freed blocks stay cached in their segments; a later request that is larger than every free
+# block, or that must not split a block of another stream, opens a new segment while the
+# cached ones sit partly empty. That slack scales with the bytes freed and re-requested each
+# step (activations, gathered weights, logits), not with the persistent states. Fitted once on
+# the reserved rows of the memory data (benchmarks/memory_fit.py); one physical parameter of
+# the allocator, the same for every framework.
+ALLOCATOR_SLACK = 0.0
+# Saved tensors per layer and micro-batch by recompute mode (none, selective, full): the
+# lists in `_activation_sets` (two norm inputs, Q, K, V, attention output, softmax LSE, MLP
+# inputs and intermediates), the layer input alone under full recompute.
+SAVED_TENSORS = (10.0, 8.0, 1.0)
+# CUDA context and the kernels of the loaded modules: 1,343 MB measured on a V100 by
+# nvidia-smi after one tiny tensor (Hugging Face Transformers docs, "Model training
+# anatomy": "the kernels alone take up 1.3GB of GPU memory").
+CUDA_CONTEXT_BYTES = 1343.0 * MIB
+# NCCL: each communicator holds, per channel and per peer it sends to or receives from, one
+# buffer of NCCL_BUFFSIZE = 4 MiB for the Simple protocol (NCCL docs, Environment Variables:
+# NCCL_BUFFSIZE default 4194304); a ring has two peers (previous and next).
+NCCL_BUFFSIZE = 4.0 * MIB
+NCCL_CHANNELS = 8.0  # channels per communicator (NCCL picks 2..32 by topology; assumed)
+NCCL_RING_PEERS = 2.0
+
+
+def nccl_buffer_bytes(plans: PlanArrays) -> Num:
+    """NCCL buffers per GPU: one communicator per parallel group larger than one (the
+    data-parallel/sharding group, tp, cp, ep; pp's send/recv pair) × channels × ring peers ×
+    NCCL_BUFFSIZE. Bytes."""
+    groups = 0.0 * as_float(plans.dp)
+    for degree in (plans.dp * plans.cp, plans.tp, plans.cp, plans.ep, plans.pp):
+        groups = groups + where(degree > 1, 1.0, 0.0)
+    return groups * NCCL_CHANNELS * NCCL_RING_PEERS * NCCL_BUFFSIZE
+
+
+def fragmentation_bytes(
+    plans: PlanArrays, transient: Num, held_layers: Num, local_layers: Num, matrices: float
+) -> Num:
+    """reserved − allocated: ROUND_WASTE per live large block (SAVED_TENSORS per
+    layer-micro-batch held, and per local weight matrix its weight, gradient and optimizer
+    tensors) plus ALLOCATOR_SLACK × the transient bytes. Bytes."""
+    code = plans.recompute
+    share = recompute_share(plans)  # recompute_every: the other layers keep everything
+    full = share * SAVED_TENSORS[2] + (1.0 - share) * SAVED_TENSORS[0]
+    saved = where(
+        code == RECOMPUTE_CODES["full"], full,
+        where(code == RECOMPUTE_CODES["selective"], SAVED_TENSORS[1], SAVED_TENSORS[0]),
+    )  # fmt: skip
+    state_tensors = where(plans.master == MASTER_CODES["none"], 4.0, 5.0)  # w, g, m, v (+master)
+    blocks = saved * held_layers + state_tensors * matrices * local_layers
+    return ROUND_WASTE * blocks + ALLOCATOR_SLACK * transient
 
 
 def _gather_unit_params(model: TransformerSpec, plans: PlanArrays, layer: Num) -> Num:
@@ -348,46 +570,100 @@ class _Shared:
     missing_dense: Num  # share of a gathered dense unit this GPU does not hold, 1 − 1/d
     missing_expert: Num
     zero3: Num
+    host_params: Num = False
+    host_dense: Num = 0.0  # host bytes per dense parameter (offloaded or paged states)
+    host_expert: Num = 0.0
 
 
 def _shared(model: TransformerSpec, plans: PlanArrays, layer: Num) -> _Shared:
     full_set, selective_set, layer_input = _activation_sets(model, plans)
     d_dense, d_expert = shard_divisors(plans)
     remainder = plans.master_remainder
+    state, paged = optimizer_state_bytes(plans)
+    host_states = plans.offload >= OFFLOAD_CODES["optimizer"]
+    host_params = plans.offload == OFFLOAD_CODES["params+optimizer"]
+    # host bytes per parameter before sharding: offloaded states (fp32 master + states) and,
+    # with the parameters, the weights and gradients; paged states wherever they are
+    host_each = (
+        where(host_states, state, 0.0) + where(host_params, WEIGHT_BYTES + GRAD_BYTES, 0.0) + paged
+    )
+    sharded = plans.sharding >= SHARDING_CODES["zero1"]
+    grad_bytes = where(plans.grad_fp32, FP32_GRAD_BYTES, GRAD_BYTES)
     return _Shared(
         per_layer=_saved_per_layer(plans, full_set, selective_set, layer_input),
         # Under full recompute one layer's activations are rebuilt at a time during backward.
         working=where(plans.recompute == RECOMPUTE_CODES["full"], full_set, 0.0),
-        dense=model_state_bytes(1.0, d_dense, plans.sharding, remainder),
-        expert=model_state_bytes(1.0, d_expert, plans.sharding, remainder),
+        dense=model_state_bytes(
+            1.0, d_dense, plans.sharding, remainder, state, host_states, host_params, grad_bytes
+        ),
+        expert=model_state_bytes(
+            1.0, d_expert, plans.sharding, remainder, state, host_states, host_params, grad_bytes
+        ),
         unit=_gather_unit_params(model, plans, layer),
         unit_weight_bytes=gathered_weight_bytes(plans),
         # The gathered unit lacks (1 - 1/d) of each part: dense weights shard over d_dense,
         # routed experts over d_expert (ZeRO paper, Rajbhandari et al. 2020, Sec. 5.3).
         missing_dense=1.0 - 1.0 / d_dense,
         missing_expert=1.0 - 1.0 / d_expert,
-        zero3=plans.sharding == SHARDING_CODES["zero3"],
+        # with the parameters offloaded every unit is fetched from the host before use (FSDP
+        # CPUOffload, ZeRO-Infinity), so the two-unit buffer applies without ZeRO-3 too
+        zero3=(plans.sharding == SHARDING_CODES["zero3"]) | host_params,
+        host_params=host_params,
+        host_dense=host_each / where(sharded, d_dense, 1.0),
+        host_expert=host_each / where(sharded, d_expert, 1.0),
     )
 
 
 def _stage_memory(
     cluster: Cluster, shared: _Shared, params: LocalParams, in_flight: Num, logits: Num,
+    plans: PlanArrays, layers: Num, matrices: float, cached: Num = 0.0,
 ) -> MemoryArrays:  # fmt: skip
     """Memory of one stage kind: its states, `in_flight` layer-micro-batches of activations,
-    the full-recompute working layer, the ZeRO-3 prefetch buffer and `logits`."""
+    the full-recompute working layer, the ZeRO-3 prefetch buffer and `logits`; then the
+    allocator's fragmentation, the CUDA context and NCCL buffers (`memory_overhead_gb`, when
+    the cluster states it, replaces all three, e.g. 0.5 GB on TPU pods, where XLA plans its
+    buffers at compile time)."""
     dense, expert = params.dense, params.expert
     activations = shared.per_layer * in_flight + shared.working
     unit_bytes = shared.unit_weight_bytes * minimum(2.0 * shared.unit, params.total)
     missing = (dense * shared.missing_dense + expert * shared.missing_expert) / maximum(
         params.total, 1e-30
     )
+    missing = where(shared.host_params, 1.0, missing)
+    buffers = where(shared.zero3, unit_bytes * missing, 0.0) + logits
+    # reshard_after_forward = False: the gathered bf16 weights of every local unit stay until
+    # backward (2 B per parameter not held locally); with PP the unsharded gradients of the
+    # micro-batches accumulate in the fp32 reduce dtype (4 B per parameter) until the last
+    # one (torchtitan apply_fsdp; FSDP2 set_requires_gradient_sync(False))
+    kept = logical_not(plans.reshard_after_forward) & (plans.sharding == SHARDING_CODES["zero3"])
+    gathered = shared.unit_weight_bytes * params.total * missing
+    accumulated = where(plans.pp > 1, UNSHARDED_GRAD_BYTES * params.total, 0.0)
+    buffers = buffers + where(kept, gathered + accumulated, 0.0)
+    weights = dense * shared.dense.weights + expert * shared.expert.weights
+    gradients = dense * shared.dense.gradients + expert * shared.expert.gradients
+    optimizer = dense * shared.dense.optimizer + expert * shared.expert.optimizer
+    if cluster.memory_overhead_gb is not None:  # one stated figure replaces all three
+        fragmentation = 0.0 * activations
+        context = full_like(activations, cluster.memory_overhead_gb * 1e9)
+        nccl = 0.0 * activations
+    else:
+        fragmentation = (
+            fragmentation_bytes(plans, activations + buffers, in_flight, layers, matrices) + cached
+        )  # `cached`: the eager fp32 loss's unusable bf16 block (memory_breakdown)
+        context = full_like(activations, CUDA_CONTEXT_BYTES)
+        nccl = nccl_buffer_bytes(plans) + 0.0 * activations
+    host = dense * shared.host_dense + expert * shared.host_expert
     return MemoryArrays(
-        weights=dense * shared.dense.weights + expert * shared.expert.weights,
-        gradients=dense * shared.dense.gradients + expert * shared.expert.gradients,
-        optimizer_states=dense * shared.dense.optimizer + expert * shared.expert.optimizer,
+        weights=weights,
+        gradients=gradients,
+        optimizer_states=optimizer,
         activations=activations,
-        buffers=where(shared.zero3, unit_bytes * missing, 0.0) + logits,
-        overhead=full_like(activations, cluster.memory_overhead_gb * 1e9),
+        buffers=buffers,
+        overhead=fragmentation + context + nccl,
+        fragmentation=fragmentation,
+        cuda_context=context,
+        nccl_buffers=nccl,
+        host=host,
     )
 
 
@@ -398,13 +674,23 @@ def memory_breakdown(
     counts: StageLayers | None = None,
 ) -> MemoryArrays:
     """Weights, grads, optimizer (ZeRO), activations (in-flight micro-batches), buffers
-    (ZeRO-3 all-gather of two units with prefetch, logits), and the cluster's fixed overhead,
-    for the fullest of the first, fullest middle and last pipeline stages."""
+    (ZeRO-3 all-gather of two units with prefetch, logits), and the overhead (allocator
+    fragmentation, CUDA context, NCCL buffers), for the fullest of the first, fullest middle
+    and last pipeline stages (chosen by device total)."""
     counts = counts if counts is not None else stage_layers(model, plans)
     tables = end_stage_tables(model, plans)
     tokens = plans.micro_batch * model.seq_len / as_float(plans.cp)
-    per_logit = where(plans.fused_ce, FUSED_LOGITS_BYTES, LOGITS_BYTES)
-    logits = tokens * model.vocab / as_float(plans.tp) * per_logit
+    per_logit = where(
+        plans.fused_ce, FUSED_LOGITS_BYTES,
+        where(plans.ce_compiled, COMPILED_LOGITS_BYTES,
+              where(plans.ce_eager, EAGER_FP32_LOGITS_BYTES, LOGITS_BYTES)),
+    )  # fmt: skip
+    local_logits = tokens * model.vocab / as_float(plans.tp)
+    logits = local_logits * per_logit
+    cached = where(
+        plans.ce_eager & logical_not(plans.fused_ce | plans.ce_compiled),
+        EAGER_FP32_CACHED_BYTES * local_logits, 0.0,
+    )  # fmt: skip
     single = plans.pp == 1
     per_layer = per_layer_params(model, plans)
     shared = _shared(model, plans, per_layer[0] + per_layer[1])
@@ -420,20 +706,23 @@ def memory_breakdown(
         chunks' layers (`pp_end_chunks`), else the stage's layers spread over v chunks."""
         return where(plans.pp_end_chunks & (layers < fullest), fullest / v, layers / v)
 
+    matrices = model.mlp_matrices + 4.0  # Q, K, V, O and the MLP's matrices
+
     first = _stage_memory(
         cluster, shared, params_of(counts.first, tables),
         in_flight_layers(plans, 0.0, counts.first, chunk(counts.first), last=False),
-        where(single, logits, 0.0),
+        where(single, logits, 0.0), plans, counts.first, matrices, where(single, cached, 0.0),
     )  # fmt: skip
     last = _stage_memory(
         cluster, shared, params_of(counts.last, tables),
         in_flight_layers(plans, as_float(plans.pp) - 1.0, counts.last, chunk(counts.last),
                          last=True),
-        logits,
+        logits, plans, counts.last, matrices, cached,
     )  # fmt: skip
     mid = _stage_memory(
         cluster, shared, params_of(counts.mid, 0.0),
         in_flight_layers(plans, 1.0, counts.mid, counts.mid / v, last=False), 0.0,
+        plans, counts.mid, matrices,
     )  # fmt: skip
     totals = [first.total, where(plans.pp > 2, mid.total, 0.0), where(single, 0.0, last.total)]
     pick_mid = (totals[1] > totals[0]) & (totals[1] >= totals[2])
@@ -447,3 +736,26 @@ def memory_breakdown(
             )
         }
     )
+
+
+# Host link of an offloading GPU: PCIe Gen4 x16, 32 GB/s per direction nominal (PCI-SIG
+# PCIe 4.0 base specification: 16 GT/s × 16 lanes, 128b/130b); 25 GB/s of payload through
+# the host bridge, as the l40s-pcie cluster preset takes it. Bytes/s.
+PCIE_BYTES_PER_S = 25e9
+OFFLOAD_STEP_BYTES = 4.0  # per owned parameter and step: bf16 gradient down, bf16 weight up
+OFFLOAD_FETCH_BYTES = 4.0  # per owned parameter and micro-batch: the shard up for fwd and bwd
+
+
+def offload_transfer_time(owned: Num, plans: PlanArrays) -> Num:
+    """PCIe seconds per step of an offloading plan, charged exposed (0 without offload).
+
+    Optimizer offload (ZeRO-Offload, Ren et al. 2021 §4; torchao CPUOffloadOptimizer): the
+    gradients go down and the updated weights come up once per step, OFFLOAD_STEP_BYTES per
+    parameter this GPU owns; the CPU step itself overlaps the next step's GPU work (ZeRO-Offload
+    §5, one-step delayed update) and is not charged. With the parameters offloaded too (FSDP
+    CPUOffload, ZeRO-Infinity) each micro-batch also fetches the shard for its forward and its
+    backward, OFFLOAD_FETCH_BYTES per owned parameter."""
+    step_bytes = where(plans.offload >= OFFLOAD_CODES["optimizer"], OFFLOAD_STEP_BYTES, 0.0)
+    fetch = where(plans.offload == OFFLOAD_CODES["params+optimizer"], OFFLOAD_FETCH_BYTES, 0.0)
+    per_param = step_bytes + fetch * as_float(plans.micro_batches)
+    return owned * per_param / PCIE_BYTES_PER_S

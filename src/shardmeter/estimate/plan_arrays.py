@@ -22,12 +22,19 @@ SHARDING_CODES: dict[str, int] = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
 PRECISION_CODES: dict[str, int] = {"bf16": 0, "fp16": 1, "fp8": 2}
 ATTENTION_CODES: dict[str, int] = {"flash": 0, "unfused": 1}
+OPTIMIZER_CODES: dict[str, int] = {
+    "adamw": 0, "adamw8bit": 1, "adamw4bit": 2, "paged_adamw": 3, "paged_adamw8bit": 4,
+    "adafactor": 5, "sgd": 6, "muon": 7,
+}  # fmt: skip
+MASTER_CODES: dict[str, int] = {"fp32": 0, "remainder": 1, "none": 2}
+OFFLOAD_CODES: dict[str, int] = {"none": 0, "optimizer": 1, "params+optimizer": 2}
 
 _BOOL_FIELDS = (
     "sp", "overlap_dp", "overlap_param_gather", "overlap_tp", "fused_ce", "gather_matrix",
     "overlap_ep", "ep_fp8", "ep_dedup", "graphs", "master_remainder", "compiled",
     "fused_elementwise", "params_fp32", "pp_end_chunks", "recompute_act", "recompute_norm",
-    "recompute_qkv",
+    "recompute_qkv", "reshard_after_forward", "fp8_te", "op_sac", "ce_eager", "ce_compiled",
+    "grad_fp32",
 )  # fmt: skip
 
 
@@ -52,6 +59,15 @@ def plan_columns(plan: Plan) -> dict[str, Any]:
         "master_remainder": plan.master_weights == "remainder",
         "params_fp32": plan.param_dtype == "fp32",
         "vpp_group": plan.vpp_group or 0,
+        "optimizer": OPTIMIZER_CODES[plan.optimizer],
+        "master": MASTER_CODES[plan.master_weights],
+        "offload": OFFLOAD_CODES[plan.offload],
+        "fp8_te": plan.fp8_recipe == "te",
+        "op_sac": plan.selective_policy == "torchtitan_op",
+        "ce_eager": plan.ce_upcast == "eager",
+        "ce_compiled": plan.ce_upcast == "compiled",
+        "grad_fp32": plan.grad_accum_dtype == "fp32",
+        "recompute_every": plan.recompute_every or 0,
     }
     return {
         f.name: derived[f.name] if f.name in derived else getattr(plan, f.name)
@@ -99,6 +115,16 @@ class PlanArrays:
     recompute_act: Any = False  # activation-function output recomputed in backward
     recompute_norm: Any = False  # norm outputs (GEMM inputs) recomputed in backward
     recompute_qkv: Any = False  # Q, K, V re-projected in backward (MLA: from the latents)
+    optimizer: Any = 0  # OPTIMIZER_CODES
+    master: Any = 0  # MASTER_CODES: fp32 master copy, 16-bit remainder, none (pure bf16)
+    offload: Any = 0  # OFFLOAD_CODES: none, optimizer, params+optimizer on the host
+    reshard_after_forward: Any = True  # False: gathered weights kept between micro-batches
+    fp8_te: Any = True  # FP8 saves its GEMM inputs as 1-byte casts (Transformer Engine)
+    recompute_every: Any = 0  # full recompute of every N-th layer only (0: every layer)
+    op_sac: Any = False  # selective = torchtitan's per-op policy (else Megatron's set)
+    ce_eager: Any = False  # loss upcasts the logits to fp32, eager log-softmax and NLL
+    ce_compiled: Any = False  # loss upcasts the logits to fp32 in one compiled kernel
+    grad_fp32: Any = False  # gradients accumulate in an fp32 buffer (Megatron main_grad)
 
     @property
     def chunk_group(self) -> Num:

@@ -27,6 +27,14 @@ TIME_COMPONENTS: tuple[str, ...] = (
     "ep_comm",  # exposed expert-parallel all-to-all
 )
 
+# The three answers to "how much memory" and the terms between them (bytes per GPU):
+# allocated (torch.cuda.max_memory_allocated: the five tensor components), reserved (+ the
+# caching allocator's fragmentation), device total (= memory_bytes: + CUDA context + NCCL
+# buffers; what decides an OOM); host: offloaded or paged states, not on the GPU.
+MEMORY_KINDS: tuple[str, ...] = (
+    "allocated", "reserved", "fragmentation", "cuda_context", "nccl_buffers", "host",
+)  # fmt: skip
+
 MEMORY_COMPONENTS: tuple[str, ...] = (
     "weights",
     "gradients",
@@ -56,6 +64,8 @@ class StepArrays:
     # Backward (incl. recompute) of the step's last micro-batch, seconds: the window a gradient
     # exchange issued bucket by bucket during that backward can hide behind (C.7).
     backward_window_s: FloatArray | None = None
+    # MEMORY_KINDS -> bytes per GPU: allocated, reserved and the overhead's terms
+    memory_detail: dict[str, FloatArray] = field(default_factory=dict)
 
     @property
     def tokens_per_s(self) -> FloatArray:
@@ -114,6 +124,22 @@ class StepEstimate:
     regime: str  # "compute-bound" or "communication-bound (<link>)"
     comm_bytes: dict[str, float] = field(default_factory=dict)
     backward_window_s: float = 0.0  # last micro-batch's backward + recompute, seconds
+    memory_detail: dict[str, float] = field(default_factory=dict)  # MEMORY_KINDS -> bytes
+
+    @property
+    def memory_allocated_bytes(self) -> float:
+        """Peak allocated bytes per GPU (`torch.cuda.max_memory_allocated`)."""
+        return self.memory_detail.get("allocated", self.memory_bytes)
+
+    @property
+    def memory_reserved_bytes(self) -> float:
+        """Peak reserved bytes per GPU (`torch.cuda.max_memory_reserved`)."""
+        return self.memory_detail.get("reserved", self.memory_bytes)
+
+    @property
+    def memory_total_bytes(self) -> float:
+        """Device total per GPU (reserved + CUDA context + NCCL buffers): the OOM verdict."""
+        return self.memory_bytes
 
     @property
     def memory_headroom_bytes(self) -> float:

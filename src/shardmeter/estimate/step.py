@@ -32,6 +32,7 @@ from shardmeter.estimate.compute import (
     optimizer_time,
     pipeline_times,
     recompute_flops_per_token,
+    recompute_share,
     stage_layers,
     unit_costs,
 )
@@ -42,10 +43,13 @@ from shardmeter.estimate.memory import (
     gathered_weight_bytes,
     local_params,
     memory_breakdown,
+    offload_transfer_time,
+    optimizer_step_bytes,
     per_layer_params,
     shard_divisors,
 )
 from shardmeter.estimate.plan_arrays import (
+    OFFLOAD_CODES,
     PRECISION_CODES,
     RECOMPUTE_CODES,
     SHARDING_CODES,
@@ -390,7 +394,10 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     d_opt_dense = where(stage >= SHARDING_CODES["zero1"], d_dense, 1.0)
     d_opt_expert = where(stage >= SHARDING_CODES["zero1"], d_expert, 1.0)
     owned = heaviest.dense / d_opt_dense + heaviest.expert / d_opt_expert
-    opt = optimizer_time(owned, acc, plans.master_remainder)
+    opt = optimizer_time(owned, acc, plans.master_remainder, optimizer_step_bytes(plans))
+    # offloaded states: the CPU steps them, the GPU pays the PCIe transfers (memory.py)
+    offloaded = plans.offload >= OFFLOAD_CODES["optimizer"]
+    opt = where(offloaded, offload_transfer_time(owned, plans), opt)
 
     time = {
         "compute": m * on_critical("compute"),
@@ -429,13 +436,21 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     model_flops = model_flops_per_token(model, causal=True) * tokens_step
     hw_flops = (
         model_flops
-        + recompute_flops_per_token(model, plans.recompute, plans.recompute_qkv) * tokens_step
+        + recompute_flops_per_token(model, plans.recompute, plans.recompute_qkv)
+        * where(plans.recompute == RECOMPUTE_CODES["full"], recompute_share(plans), 1.0)
+        * tokens_step
     )
     fp8 = plans.precision == PRECISION_CODES["fp8"]
     fp16 = plans.precision == PRECISION_CODES["fp16"]
     peak = where(fp8, acc.peak("fp8"), where(fp16, acc.peak("fp16"), acc.peak("bf16")))
-    memory = memory_breakdown(model, cluster, plans, counts).as_dict()
+    mem = memory_breakdown(model, cluster, plans, counts)
+    memory = mem.as_dict()
+    detail = {
+        "allocated": mem.allocated, "reserved": mem.reserved, "fragmentation": mem.fragmentation,
+        "cuda_context": mem.cuda_context, "nccl_buffers": mem.nccl_buffers, "host": mem.host,
+    }  # fmt: skip
     return StepArrays(
+        memory_detail={k: _finish(v, zeros) for k, v in detail.items()},
         time=time,
         memory={k: _finish(memory[k], zeros) for k in MEMORY_COMPONENTS},
         step_time_s=step,
@@ -509,6 +524,7 @@ def view(arrays: StepArrays, index: int, cluster: Cluster, plan: Plan) -> StepEs
         regime=regime,
         comm_bytes={k: at(v) for k, v in arrays.comm_bytes.items()},
         backward_window_s=0.0 if arrays.backward_window_s is None else at(arrays.backward_window_s),
+        memory_detail={k: at(v) for k, v in arrays.memory_detail.items()},
     )
 
 

@@ -74,6 +74,10 @@ def estimate_to_dict(
         "time_breakdown_s": {k: est.time_breakdown[k] for k in TIME_COMPONENTS},
         "memory_breakdown_bytes": {k: est.memory_breakdown[k] for k in MEMORY_COMPONENTS},
         "memory_bytes": est.memory_bytes,
+        "memory_allocated_bytes": est.memory_allocated_bytes,
+        "memory_reserved_bytes": est.memory_reserved_bytes,
+        "memory_total_bytes": est.memory_total_bytes,
+        "memory_detail_bytes": dict(est.memory_detail),
         "hbm_bytes": est.hbm_bytes,
         "memory_headroom_bytes": est.memory_headroom_bytes,
         "fits": est.fits,
@@ -179,5 +183,15 @@ def render_step(
     memory.add_column("GB", justify="right")
     for key in MEMORY_COMPONENTS:
         memory.add_row(key.replace("_", " "), f"{est.memory_breakdown[key] / 1e9:.2f}")
-    memory.add_row("[bold]total[/]", f"[bold]{est.memory_bytes / 1e9:.2f}[/]")
+    detail = est.memory_detail
+    if detail:
+        for key in ("fragmentation", "cuda_context", "nccl_buffers"):
+            memory.add_row(f"  of which {key.replace('_', ' ')}", f"{detail[key] / 1e9:.2f}")
+        memory.add_row(
+            "allocated (max_memory_allocated)", f"{est.memory_allocated_bytes / 1e9:.2f}"
+        )
+        memory.add_row("reserved (max_memory_reserved)", f"{est.memory_reserved_bytes / 1e9:.2f}")
+        if detail.get("host", 0.0) > 0:
+            memory.add_row("host (offloaded, paged)", f"{detail['host'] / 1e9:.2f}")
+    memory.add_row("[bold]device total[/]", f"[bold]{est.memory_bytes / 1e9:.2f}[/]")
     console.print(memory)

@@ -22,7 +22,7 @@ Sharding = Literal["none", "zero1", "zero2", "zero3"]
 Recompute = Literal["none", "selective", "full"]
 Attention = Literal["flash", "unfused"]
 GatherUnit = Literal["layer", "matrix"]
-MasterWeights = Literal["fp32", "remainder"]
+MasterWeights = Literal["fp32", "remainder", "none"]
 Dispatch = Literal["bf16", "fp8"]
 ParamDtype = Literal["bf16", "fp32"]
 
@@ -57,6 +57,16 @@ class Framework(BaseModel):
     recompute_act: bool = False  # activation-function output recomputed, not kept
     recompute_norm: bool = False  # norm outputs (GEMM inputs) recomputed, not kept
     recompute_qkv: bool = False  # Q, K, V re-projected (MLA: from the latents), not kept
+    # with PP, FSDP keeps each stage's gathered weights between micro-batches
+    # (reshard_after_forward = False) and accumulates unsharded gradients until the last one
+    pp_keeps_gathered: bool = False
+    # FP8 training library: Transformer Engine keeps the GEMM inputs it saves as 1-byte FP8
+    # casts; torchao's float8 keeps them in bf16 and casts again in backward
+    fp8_recipe: Literal["te", "torchao"] = "te"
+    # what its `selective` recompute keeps, and how its loss treats the logits (Plan fields
+    # selective_policy and ce_upcast)
+    selective_policy: Literal["megatron", "torchtitan_op"] = "megatron"
+    ce_upcast: Literal["none", "eager", "compiled"] = "none"
     source: str
 
 
@@ -159,12 +169,22 @@ FRAMEWORKS: dict[str, Framework] = {
             fused_ce=False,
             fused_elementwise=False,
             compile_with_fp8=True,
+            pp_keeps_gathered=True,
+            fp8_recipe="torchao",
+            selective_policy="torchtitan_op",
+            ce_upcast="eager",
             source="torchtitan job config defaults (Liang et al. 2024, arXiv:2410.06511): FSDP2, "
             "activation_checkpoint.mode = selective, async TP off, SDPA flash, pipeline "
             "schedule 1F1B, training.compile = false with norm_type = 'rmsnorm' (eager "
             "RMSNorm, RoPE and SwiGLU, op by op); its Float8 training runs with "
             "training.compile (docs/float8.md; the paper's Float8 rows are 'torch.compile + "
-            "Float8')",
+            "Float8'); with PP, apply_fsdp sets reshard_after_forward = False ('For PP, do "
+            "not reshard after forward to avoid per-microbatch all-gathers'); "
+            "selective_ac_option = 'op' (parallelize_llama.py _save_list: aten.mm except every "
+            "second one, SDPA flash/efficient, aten.max); the loss "
+            "cross_entropy(pred.flatten(0, 1).float(), ...) uncompiled in 2024 train.py ('TODO: "
+            "compiling loss function causes CUDA errors'); 2025 releases compile it with "
+            "training.compile (state ce_upcast = compiled)",
         ),
         _fw(
             name="llm-foundry",
@@ -355,8 +375,12 @@ def framework_defaults(framework: Framework, given: dict[str, Any]) -> dict[str,
         "recompute_act": framework.recompute_act,
         "recompute_norm": framework.recompute_norm,
         "recompute_qkv": framework.recompute_qkv,
+        "fp8_recipe": framework.fp8_recipe,
+        "selective_policy": framework.selective_policy,
+        "ce_upcast": framework.ce_upcast,
     }
     if pp > 1:
         defaults["vpp"] = framework.vpp
         defaults["pp_end_chunks"] = framework.pp_end_chunks
+        defaults["reshard_after_forward"] = not framework.pp_keeps_gathered
     return {k: v for k, v in defaults.items() if given.get(k) is None}

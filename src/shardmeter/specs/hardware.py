@@ -111,7 +111,9 @@ class Cluster(BaseModel):
     n_nodes: int | None = Field(default=None, gt=0)  # None = as many as the plan needs
     price_per_gpu_hour: float = Field(default=0.0, ge=0)  # USD
     overlap_slowdown: float = Field(default=0.1, ge=0, lt=1)  # compute lost while comms overlap
-    memory_overhead_gb: float = Field(default=5.0, ge=0)  # CUDA context, NCCL buffers, allocator
+    # fixed per-GPU overhead replacing the CUDA context and NCCL buffer terms (None: those
+    # sourced terms, estimate/memory.py); TPU pods set 0.5 (XLA plans its buffers)
+    memory_overhead_gb: float | None = Field(default=None, ge=0)
     # TPU: dimensions of the ICI torus (3 for v4/v5p, 2 for v5e); the slice is nvlink_domain
     # chips as cubic as powers of two allow, and the intra bandwidth is split evenly over axes
     ici_axes: int | None = Field(default=None, ge=1, le=3)

@@ -27,6 +27,16 @@ from shardmeter.specs.rules import first_broken
 Sharding = Literal["none", "zero1", "zero2", "zero3"]
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp8"]
+# --- memory setups (optimizer, offload); bytes per parameter in estimate/memory.py ---
+Optimizer = Literal[
+    "adamw", "adamw8bit", "adamw4bit", "paged_adamw", "paged_adamw8bit", "adafactor", "sgd",
+    "muon",
+]  # fmt: skip
+Offload = Literal["none", "optimizer", "params+optimizer"]
+Fp8Recipe = Literal["te", "torchao"]
+SelectivePolicy = Literal["megatron", "torchtitan_op"]
+CeUpcast = Literal["none", "eager", "compiled"]
+GradAccumDtype = Literal["bf16", "fp32"]
 
 
 class Plan(BaseModel):
@@ -98,6 +108,34 @@ class Plan(BaseModel):
     # GEMM input, which is kept anyway
     recompute_qkv: bool = False
     framework: str | None = None  # identifier whose defaults filled the unstated fields
+    # --- memory setups: what the optimizer keeps and where (estimate/memory.py cites each
+    # byte count). `master_weights = "none"` (pure bf16) keeps the states in the weights' dtype.
+    optimizer: Optimizer = "adamw"
+    offload: Offload = "none"  # optimizer states (and with params, weights and grads) on host
+    # ZeRO-3/FSDP frees each unit's gathered weights after its forward (FSDP2 argument of the
+    # same name); False keeps them until backward, and with PP micro-batches also keeps
+    # unsharded gradients until the last one (torch.distributed.pipelining skips the gradient
+    # reduce-scatter before the last backward)
+    reshard_after_forward: bool = True
+    # which tensors FP8 runs save: "te" (Transformer Engine) the GEMM inputs as 1-byte FP8
+    # casts; "torchao" (torchao.float8, torchtitan) bf16 as without FP8
+    fp8_recipe: Fp8Recipe = "te"
+    # with recompute = "full": checkpoint only every N-th layer (torchtitan
+    # activation_checkpoint.selective_ac_option = "N"); the others keep all they save
+    recompute_every: int | None = Field(default=None, ge=1)
+    # what recompute = "selective" keeps (estimate/memory.py lists each set): "megatron"
+    # (Korthikanti et al. 2022: everything but the attention core and the activation output)
+    # or "torchtitan_op" (torchtitan's per-op policy: the outputs of every other matmul and of
+    # SDPA, the rest recomputed from the layer input)
+    selective_policy: SelectivePolicy = "megatron"
+    # the loss upcasts the logits to fp32 before F.cross_entropy (`pred.float()`): "eager"
+    # (log-softmax and NLL op by op, fp32 tensors the size of the logits) or "compiled" (one
+    # inductor kernel from the bf16 logits); "none": the framework's own mixed-precision loss
+    ce_upcast: CeUpcast = "none"
+    # dtype of the gradient buffer backward accumulates into: "fp32" is Megatron's main_grad
+    # buffer (--accumulate-allreduce-grads-in-fp32, forced on with --bf16), 4 B per parameter,
+    # which ZeRO-1's distributed optimizer does not shard; "bf16" the parameters' dtype
+    grad_accum_dtype: GradAccumDtype = "bf16"
 
     @model_validator(mode="before")
     @classmethod
@@ -109,6 +147,13 @@ class Plan(BaseModel):
         filled = {**data, "framework": framework_id(str(data["framework"]))}
         filled.update(framework_defaults(framework, data))
         return filled
+
+    @model_validator(mode="after")
+    def _memory_setup_rules(self) -> Plan:
+        """recompute_every only qualifies full recompute (which layers are checkpointed)."""
+        if self.recompute_every is not None and self.recompute != "full":
+            raise ValueError(f"recompute_every needs recompute = 'full', not '{self.recompute}'")
+        return self
 
     @property
     def n_gpus(self) -> int:

@@ -1,0 +1,148 @@
+"""`shardmeter validate --memory [CSV] [--json]`: predicted vs measured memory per GPU.
+
+Each row is compared with the kind it reports (allocated, reserved or device total), with the
+predicted breakdown (weights, gradients, optimizer states, activations, buffers, allocator
+fragmentation); then median, mean and p90 of the absolute percentage error overall, per
+source and per kind, and the OOM verdict on every row that reports a fit or an OOM. `--json`
+prints {"rows": [...], "summary": {...}, "per_source": {...}, "per_kind": {...},
+"verdicts": {...}, "skipped": [...]}; sizes in bytes, APE as fractions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from shardmeter.calibrate import ErrorSummary
+from shardmeter.memcheck import (
+    DEFAULT_MEMORY_CSV,
+    MemoryResult,
+    evaluate_memory_rows,
+    read_memory_rows,
+    summarize_memory,
+)
+from shardmeter.report.jsonout import print_json
+from shardmeter.report.terminal import Col, console_for, fit_table
+
+BREAKDOWN = ("weights", "gradients", "optimizer_states", "activations", "buffers")
+
+
+def _summary(s: ErrorSummary) -> dict[str, Any]:
+    return {"median_ape": s.median_ape, "mean_ape": s.mean_ape, "p90_ape": s.p90_ape, "n": s.n}
+
+
+def memory_results_to_dict(results: list[MemoryResult]) -> dict[str, Any]:
+    """The `--json` document."""
+    summary = summarize_memory(results)
+    rows = []
+    for r in results:
+        if r.estimate is None:
+            continue
+        est = r.estimate
+        rows.append(
+            {
+                "run_id": r.run_id,
+                "source_id": r.source_id,
+                "kind": r.kind,
+                "outcome": r.outcome,
+                "measured_bytes": r.measured,
+                "predicted_bytes": r.predicted,
+                "ape": r.ape,
+                "verdict_ok": r.verdict_ok,
+                "breakdown_bytes": {
+                    **{k: est.memory_breakdown[k] for k in BREAKDOWN},
+                    **{
+                        k: est.memory_detail.get(k, 0.0)
+                        for k in ("fragmentation", "cuda_context", "nccl_buffers")
+                    },
+                },
+                "allocated_bytes": est.memory_allocated_bytes,
+                "reserved_bytes": est.memory_reserved_bytes,
+                "total_bytes": est.memory_total_bytes,
+                "hbm_bytes": est.hbm_bytes,
+            }
+        )
+    return {
+        "rows": rows,
+        "summary": _summary(summary.overall),
+        "per_source": {k: _summary(v) for k, v in summary.per_source.items()},
+        "per_kind": {k: _summary(v) for k, v in summary.per_kind.items()},
+        "verdicts": {"judged": summary.verdicts, "right": summary.verdicts_right},
+        "skipped": [
+            {"run_id": r.run_id, "source_id": r.source_id, "reason": r.skipped}
+            for r in results
+            if r.skipped is not None
+        ],
+    }
+
+
+def _gib(x: float) -> str:
+    return f"{x / 2**30:.1f}"
+
+
+def render_memory(console: Console, results: list[MemoryResult]) -> None:
+    """Rows (GiB), then the error summaries and the OOM verdict count."""
+    cols = [
+        Col("run"), Col("src", "left", drop=3), Col("kind", "left"), Col("measured"),
+        Col("predicted"), Col("error"), Col("verdict", "left"), Col("W", drop=2),
+        Col("G", drop=2), Col("O", drop=2), Col("A", drop=1), Col("B", drop=1),
+        Col("frag", drop=2), Col("total/HBM", drop=1),
+    ]  # fmt: skip
+    rows = []
+    for r in results:
+        if r.estimate is None or r.predicted is None:
+            continue
+        b, d = r.estimate.memory_breakdown, r.estimate.memory_detail
+        verdict = ("fits" if r.estimate.fits else "OOM") + (" ok" if r.verdict_ok else " WRONG")
+        rows.append(
+            [
+                r.run_id,
+                r.source_id,
+                r.kind,
+                "OOM" if r.measured is None else _gib(r.measured),
+                _gib(r.predicted),
+                "" if r.measured is None else f"{100 * (r.predicted / r.measured - 1):+.1f}%",
+                verdict,
+                *(_gib(b[k]) for k in BREAKDOWN),
+                _gib(d.get("fragmentation", 0.0)),
+                f"{_gib(r.estimate.memory_total_bytes)}/{_gib(r.estimate.hbm_bytes)}",
+            ]
+        )
+    title = "predicted vs measured memory per GPU (GiB; W G O A B: weights, grads, optimizer, "
+    console.print(fit_table(console, title + "activations, buffers)", cols, rows))
+    summary = summarize_memory(results)
+    table = Table(title="absolute percentage error", title_justify="left")
+    for name in ("rows", "n", "median", "mean", "p90"):
+        table.add_column(name, justify="left" if name == "rows" else "right")
+    groups = [("all", summary.overall)]
+    groups += [(f"source {k}", v) for k, v in summary.per_source.items()]
+    groups += [(f"kind {k}", v) for k, v in summary.per_kind.items()]
+    for label, s in groups:
+        table.add_row(label, str(s.n), *(f"{100 * x:.1f}%" for x in (
+            s.median_ape, s.mean_ape, s.p90_ape)))  # fmt: skip
+    console.print(table)
+    console.print(
+        f"OOM verdict right on {summary.verdicts_right} of {summary.verdicts} rows "
+        "reporting a fit or an OOM",
+        markup=False,
+    )
+    for r in results:
+        if r.skipped is not None:
+            console.print(f"skipped {r.run_id} ({r.source_id}): {r.skipped}", markup=False)
+
+
+def run_memory(args: argparse.Namespace) -> int:
+    path = args.memory or DEFAULT_MEMORY_CSV
+    rows = read_memory_rows(path)
+    if args.source:
+        rows = [r for r in rows if (r.get("source_id") or "").strip() in set(args.source)]
+    results = evaluate_memory_rows(rows)
+    if args.json:
+        print_json(memory_results_to_dict(results))
+    else:
+        render_memory(console_for(sys.stdout.isatty(), args.wide), results)
+    return 0
