@@ -27,8 +27,16 @@ SHARDMETER_LAYERS: tuple[tuple[str, ...], ...] = (
     ("shardmeter.specs",),
     # estimate: the analytical core
     ("shardmeter.estimate",),
-    # predict, analysis, quality (and calibrate, which predicts the published runs)
-    ("shardmeter.predict", "shardmeter.analysis", "shardmeter.quality", "shardmeter.calibrate"),
+    # predict, analysis, quality; calibrate and memcheck (predictions of published runs);
+    # fit (the layouts that fit, by the memory model)
+    (
+        "shardmeter.predict",
+        "shardmeter.analysis",
+        "shardmeter.quality",
+        "shardmeter.calibrate",
+        "shardmeter.memcheck",
+        "shardmeter.fit",
+    ),
     # search: the planner
     ("shardmeter.search",),
     # report: tables, JSON, plots
