@@ -60,6 +60,15 @@ PREFIX = "hlw"
 TABLE = "100"  # policy-routing table that sends forwarded packets to the relay
 PORT = 29500  # the server's port inside its namespace (all ports are free there)
 
+# Linux's own defaults (Documentation/networking/ip-sysctl.rst: tcp_rmem max 6 MiB, tcp_wmem
+# max 4 MiB; slow start restarts after an idle RTO, RFC 5681 section 4.1). The congestion
+# control stays the host's: a namespace may only pick one the host allows (this one: BBR).
+LINUX_TCP = {
+    "net.ipv4.tcp_rmem": "4096 131072 6291456",
+    "net.ipv4.tcp_wmem": "4096 16384 4194304",
+    "net.ipv4.tcp_slow_start_after_idle": "1",
+}
+
 _UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 
@@ -270,11 +279,14 @@ class EmulatedWan:
     Use as a context manager; :meth:`address` is endpoint ``i``'s IPv4 address, :meth:`netns`
     its namespace (for :func:`join_netns` or ``ip netns exec``), :meth:`popen` runs a command
     inside it. ``queue_s`` is the router's queue per downlink, in seconds at its rate.
+    ``tcp_defaults``: the endpoints run stock Linux TCP buffers (:data:`LINUX_TCP`), whatever
+    this machine's own are (a new namespace copies them), so windows are a stock host's.
     """
 
     names: list[str]
     links: list[LinkSpec]
     queue_s: float = 0.25
+    tcp_defaults: bool = True
     mtu: int = 0
     tag: str = ""
     _relay: subprocess.Popen[bytes] | None = field(default=None, repr=False)
@@ -349,6 +361,9 @@ class EmulatedWan:
             _ip("-n", r, "link", "add", f"v{i}", "type", "veth", "peer", "name", "wan0",
                 "netns", ns)  # fmt: skip
             _ip("-n", ns, "link", "set", "lo", "up")
+            if self.tcp_defaults:
+                for key, value in LINUX_TCP.items():
+                    _run(["ip", "netns", "exec", ns, "sysctl", "-qw", f"{key}={value}"])
             for where, dev in ((ns, "wan0"), (r, f"v{i}")):
                 _ip("-n", where, "link", "set", dev, "mtu", str(self.mtu), "up")
             _ip("-n", r, "addr", "add", f"10.77.{i}.1/24", "dev", f"v{i}")
