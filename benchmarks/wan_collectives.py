@@ -19,8 +19,9 @@ Measured, per setting (n processes, bw, rtt) and size M (bytes per process):
   namespaces share CLOCK_MONOTONIC); best of ``--reps`` back-to-back calls, so the
   connections are warm (a call right after another: no slow-start restart).
 * HeLoCo's server (endpoint + coordinator + async Nesterov, fp32) in rank 0's namespace and
-  n−1 workers (``NetLink``, the client of ``heloco work``), each in its own: all pull at once,
-  wait, then all push at once. Each waits 1 s (> TCP's RTO) before each, as a worker that
+  n−1 workers (``NetLink``, the client of ``heloco work``), each in its own: once all have
+  joined, all pull at one instant, wait, then all push at once (timed from that instant to
+  the last reply). Each waits 1 s (> TCP's RTO) before each, as a worker that
   trained in between does, so every exchange restarts from TCP's initial window.
 
 The prediction beside each row is ShardMeter's (``shardmeter.estimate.wan``), given the same
@@ -164,8 +165,9 @@ def heloco_server(secret_file: str, n_params: int, workers: int, bind: str) -> N
     ep.serve()
 
 
-def heloco_worker(secret_file: str, address: str, worker: int, start: float, idle_s: float) -> None:
-    """Join, then at ``start``: pull; ``idle_s`` later: push. Prints both timings as JSON."""
+def heloco_worker(secret_file: str, address: str, worker: int, idle_s: float) -> None:
+    """Join, say so, read the common start time from stdin; then at it: pull; ``idle_s``
+    later: push. Prints both timings as JSON."""
     import torch
 
     from heloco.net.client import ClientConfig
@@ -177,6 +179,8 @@ def heloco_worker(secret_file: str, address: str, worker: int, start: float, idl
     cfg = ClientConfig(address, timeout_s=600, deadline_s=600, max_bytes=2 << 30)
     link = NetLink(cfg, secret, worker)
     link.join()
+    print("joined", flush=True)
+    start = float(sys.stdin.readline())
     time.sleep(max(0.0, start - time.monotonic()))
     traffic = link.client.traffic
     t0 = time.monotonic()
@@ -198,7 +202,7 @@ def heloco_worker(secret_file: str, address: str, worker: int, start: float, idl
                 "pull": [t0, t1, pulled],
                 "push": [t2, t3, traffic.sent_bytes - sent0],
                 "accepted": out.accepted,
-            }  # fmt: skip
+            }
         ),
         flush=True,
     )
@@ -233,7 +237,7 @@ def run_setting(s: Setting, reps: int) -> list[Row]:
                     ],
                     stdout=subprocess.PIPE,
                     env=env,
-                )  # fmt: skip
+                )
                 for r in range(s.n)
             ]
             out, _ = procs[0].communicate(timeout=1800)
@@ -260,7 +264,8 @@ def gloo_rows(s: Setting, mtu: int, ranks: list[list[list[Any]]]) -> list[Row]:
 
 
 def heloco_rows(s: Setting, w: Any, me: list[str], size: int, env: dict[str, str]) -> list[Row]:
-    """All workers pull at once, then push at once; the time of the last to finish."""
+    """All workers pull at once, then push at once (after 1 s idle, > RTO): from the common
+    start to the last to finish."""
     from heloco.net import auth
     from heloco.net.wan import PORT
 
@@ -274,23 +279,30 @@ def heloco_rows(s: Setting, w: Any, me: list[str], size: int, env: dict[str, str
         try:
             assert server.stdout is not None
             address = server.stdout.readline().decode().strip()
-            start = time.monotonic() + 8.0 + 2.0 * workers  # every worker imported and joined
             procs = [
                 w.popen(
                     1 + k,
-                    [*me, "work", str(secret), address, str(k), repr(start), "1.0"],
+                    [*me, "work", str(secret), address, str(k), "1.0"],
+                    stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     env=env,
-                )  # fmt: skip
+                )
                 for k in range(workers)
             ]
+            for p in procs:  # every worker has joined: their pulls start together
+                assert p.stdout is not None and p.stdout.readline().strip() == b"joined"
+            start = repr(time.monotonic() + 0.5).encode() + b"\n"
+            for p in procs:
+                assert p.stdin is not None
+                p.stdin.write(start)
+                p.stdin.flush()
             got = [json.loads(p.communicate(timeout=1800)[0]) for p in procs]
         finally:
             server.kill()
             server.wait()
     rows = []
     for op in ("pull", "push"):
-        t = max(g[op][1] for g in got) - max(g[op][0] for g in got)
+        t = max(g[op][1] for g in got) - min(g[op][0] for g in got)
         if not all(g["accepted"] for g in got):
             raise RuntimeError(f"a push was not accepted: {got}")
         rows.append(Row(s.n, s.bw, s.rtt, w.mtu, f"heloco-{op}", int(got[0][op][2]), t))
@@ -342,7 +354,7 @@ def main() -> None:
         elif cmd == "serve":
             heloco_server(a[0], int(a[1]), int(a[2]), a[3])
         else:
-            heloco_worker(a[0], a[1], int(a[2]), float(a[3]), float(a[4]))
+            heloco_worker(a[0], a[1], int(a[2]), float(a[3]))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 settings instead of all")

@@ -448,6 +448,23 @@ Pattern = Literal[
 PATTERNS: tuple[str, ...] = Pattern.__args__  # type: ignore[attr-defined]
 
 
+def _binomial_chains(n: int) -> list[tuple[int, int]]:
+    """(levels, Σ concurrent sends of its ancestors) for every rank of a binomial-tree
+    broadcast from rank 0 over n ranks, each parent sending to all its children at once:
+    rank v (v > 0) hangs under v − 2^b, b the highest bit of v, and sends to v + 2^j for
+    every j above b with v + 2^j < n (gloo/broadcast.cc)."""
+    dim = max(1, (n - 1).bit_length())
+    children = [
+        sum(1 for j in range(v.bit_length(), dim) if v + (1 << j) < n) for v in range(n)
+    ]
+    chains = [(0, 0)] * n
+    for v in range(1, n):
+        parent = v - (1 << (v.bit_length() - 1))
+        levels, load = chains[parent]
+        chains[v] = (levels + 1, load + children[parent])
+    return chains[1:]
+
+
 def pattern_s(
     pattern: str,
     nbytes: ArrayLike,
@@ -467,8 +484,10 @@ def pattern_s(
     - reduce to one rank: a ring reduce-scatter, (n−1)·(L + M/(nW)), then every rank sends
       its reduced chunk to the root, whose downlink takes (n−1)·M/n: L + (n−1)·M/(nW)
       (gloo/reduce.cc).
-    - broadcast from one rank: binomial tree, ⌈log2 n⌉ levels of L + M/W (Thakur et al.
-      2005, sec. 4.1; gloo/broadcast.cc).
+    - broadcast from one rank: binomial tree (Thakur et al. 2005, sec. 4.1) whose every
+      rank posts its sends to all its children at once (gloo/broadcast.cc), so k children
+      share its uplink: a child receives L + k·M/W after its parent did; the deepest chain
+      takes ⌈log2 n⌉ latencies and (d + (d−1) + … + 1)·M/W for d = ⌈log2 n⌉ when n = 2^d.
     - reduce+bcast: the two above one after the other: two collectives, each with its own
       latency and pipeline fill, not one.
     - allgather (ring): (n−1)·(L + M/W) (gloo/allgather.cc).
@@ -498,7 +517,10 @@ def pattern_s(
     if pattern == "reduce":
         return (k - 1.0) * (lat + send(m / k)) + lat + send((k - 1.0) * m / k)
     if pattern == "broadcast":
-        return np.ceil(np.log2(k)) * (lat + send(m))
+        return max(
+            (hops * lat + send(load * m) for hops, load in _binomial_chains(n)),
+            key=lambda t: float(np.max(t)),
+        )
     if pattern == "reduce+bcast":
         return pattern_s("reduce", m, n, path, transport, cold) + pattern_s(
             "broadcast", m, n, path, transport, cold
