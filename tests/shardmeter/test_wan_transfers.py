@@ -43,7 +43,7 @@ def uniform(n: int, Bps: float, rtt: float) -> WanPaths:
 
 def test_default_window_is_linux_buffers_times_the_measured_fill() -> None:
     assert LINUX_TCP_RMEM_MAX == 6 * 2**20 and LINUX_TCP_WMEM_MAX == 4 * 2**20
-    assert DEFAULT_WINDOW_BYTES == pytest.approx(WINDOW_FILL * 4 * 2**20)
+    assert pytest.approx(WINDOW_FILL * 4 * 2**20) == DEFAULT_WINDOW_BYTES
 
 
 def test_one_stream_over_100ms_at_10gbit_is_window_limited_by_default() -> None:
@@ -166,7 +166,7 @@ def test_async_round_prices_heloco_exchange_when_asked() -> None:
 
 
 def test_unknown_pattern_is_a_one_line_error() -> None:
-    with pytest.raises(ValueError, match="^pattern: got 'scatter'"):
+    with pytest.raises(ValueError, match=r"^pattern: got 'scatter'"):
         pattern_s("scatter", 1.0, 2, TcpPath(1e6, 0.0))
 
 

@@ -454,9 +454,7 @@ def _binomial_chains(n: int) -> list[tuple[int, int]]:
     rank v (v > 0) hangs under v − 2^b, b the highest bit of v, and sends to v + 2^j for
     every j above b with v + 2^j < n (gloo/broadcast.cc)."""
     dim = max(1, (n - 1).bit_length())
-    children = [
-        sum(1 for j in range(v.bit_length(), dim) if v + (1 << j) < n) for v in range(n)
-    ]
+    children = [sum(1 for j in range(v.bit_length(), dim) if v + (1 << j) < n) for v in range(n)]
     chains = [(0, 0)] * n
     for v in range(1, n):
         parent = v - (1 << (v.bit_length() - 1))
