@@ -79,7 +79,7 @@ def test_without_root_the_launch_refuses_in_one_line(
     err = cli_error(
         main, ["launch", "--workers", "2", "--wan", "bw=10Mbit", "--out", str(tmp_path)]
     )
-    assert "--wan" in err and "needs root" in err and "unshare" in err
+    assert "--wan" in err and "needs root" in err and "sudo" in err
     assert not (tmp_path / "logs").exists()  # refused before anything started
 
 

@@ -185,8 +185,8 @@ def unavailable(need_tun: bool = True) -> str | None:
         return "the emulated WAN needs Linux network namespaces; run it on Linux"
     if os.geteuid() != 0:
         return (
-            "the emulated WAN needs root (network namespaces, veth, tc); run it as root or "
-            "inside `unshare -r -n` / a container with CAP_NET_ADMIN"
+            "the emulated WAN needs root (network namespaces, veth, tc); run it with sudo, "
+            "or in a container with CAP_NET_ADMIN, or leave out --wan/--topology"
         )
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
