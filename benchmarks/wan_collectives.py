@@ -64,7 +64,6 @@ SETTINGS = (
     Setting(2, 10e6, 0.0, (1, 4)),
     Setting(2, 10e6, 0.1, (1, 4)),
     Setting(4, 10e6, 0.04, (1, 2)),
-    Setting(2, 100e6, 0.0, (4, 32)),
     Setting(2, 100e6, 0.04, (4, 32)),
     Setting(4, 100e6, 0.02, (4, 16)),
     Setting(8, 100e6, 0.0, (4, 8), heloco=False),
@@ -72,7 +71,7 @@ SETTINGS = (
     Setting(4, 1e9, 0.0, (16, 64)),
     Setting(2, 1e9, 0.1, (8, 32)),
 )
-QUICK = (SETTINGS[1], SETTINGS[4], SETTINGS[8])
+QUICK = (SETTINGS[1], SETTINGS[3], SETTINGS[7])
 
 
 @dataclass(frozen=True)

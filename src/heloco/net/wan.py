@@ -61,12 +61,15 @@ TABLE = "100"  # policy-routing table that sends forwarded packets to the relay
 PORT = 29500  # the server's port inside its namespace (all ports are free there)
 
 # Linux's own defaults (Documentation/networking/ip-sysctl.rst: tcp_rmem max 6 MiB, tcp_wmem
-# max 4 MiB; slow start restarts after an idle RTO, RFC 5681 section 4.1). The congestion
-# control stays the host's: a namespace may only pick one the host allows (this one: BBR).
+# max 4 MiB; slow start restarts after an idle RTO, RFC 5681 section 4.1). Congestion control
+# reno: stock Linux's CUBIC has Reno's slow start and restart (it differs after a loss), and a
+# namespace may only choose one the host allows (net.ipv4.tcp_allowed_congestion_control: reno
+# always is); the host's own may be BBR, whose start-up paces from its last bandwidth sample.
 LINUX_TCP = {
     "net.ipv4.tcp_rmem": "4096 131072 6291456",
     "net.ipv4.tcp_wmem": "4096 16384 4194304",
     "net.ipv4.tcp_slow_start_after_idle": "1",
+    "net.ipv4.tcp_congestion_control": "reno",
 }
 
 _UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}

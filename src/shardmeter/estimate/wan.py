@@ -318,8 +318,9 @@ def wan_paths(topo: Topology) -> WanPaths:
 LINUX_TCP_RMEM_MAX = 6 * 2**20  # net.ipv4.tcp_rmem max, bytes (Linux ip-sysctl.rst default)
 LINUX_TCP_WMEM_MAX = 4 * 2**20  # net.ipv4.tcp_wmem max, bytes (Linux ip-sysctl.rst default)
 # In-flight bytes per byte of socket buffer: the rest of the buffer holds skb overhead and
-# unsent data. Measured by benchmarks/wan_collectives.py (one stream, 1 Gbit/s, 100 ms).
-WINDOW_FILL = 0.67
+# unsent data: one Reno stream over 1 Gbit/s, 100 ms carried 2.97 MB per RTT with tcp_wmem
+# 4 MiB (heloco.net.wan.probe on the emulated WAN, docs/wan.md).
+WINDOW_FILL = 0.71
 DEFAULT_WINDOW_BYTES = WINDOW_FILL * min(LINUX_TCP_RMEM_MAX, LINUX_TCP_WMEM_MAX)
 INITIAL_WINDOW_SEGMENTS = 10  # RFC 6928: IW = 10 MSS
 TCP_IP_HEADER_BYTES = 52  # IPv4 20 (RFC 791) + TCP 20 (RFC 9293) + timestamps 12 (RFC 7323)
