@@ -186,3 +186,25 @@ def test_namespaces_of_a_dead_owner_are_reaped() -> None:
     subprocess.run(["ip", "netns", "add", name], check=True)
     assert name in wan.reap_stale()
     assert name not in ours()
+
+
+def test_topology_links_scale_each_island_path_to_the_server() -> None:
+    from shardmeter.estimate.wan import wan_paths
+    from shardmeter.specs.topology import load_topology
+
+    paths = wan_paths(load_topology("two-clouds"))
+    links = wan.topology_links(None, "two-clouds", 0.01)
+    assert len(links) == paths.n == 2
+    assert links[paths.center] == LinkSpec()  # the server's island
+    other = 1 - paths.center
+    bw = float(paths.bandwidth_Bps[other, paths.center]) * 8 * 0.01
+    assert links[other] == LinkSpec(bw, bw, float(paths.rtt_s[other, paths.center]))
+    with pytest.raises(ValueError, match=r"^--wan-scale: got 1e-12"):
+        wan.topology_links(None, "two-clouds", 1e-12)
+
+
+def test_topology_and_wan_specs_do_not_mix(
+    tmp_path: Path, cli_error: Callable[[Callable[[list[str]], int], list[str]], str]
+) -> None:
+    argv = ["launch", "--topology", "two-clouds", "--wan", "bw=1Mbit", "--out", str(tmp_path)]
+    assert "--wan: got 'bw=1Mbit'; not with --topology" in cli_error(main, argv)
