@@ -215,7 +215,7 @@ def run_setting(s: Setting, reps: int) -> list[Row]:
     """Every op of one setting in one emulated WAN."""
     from heloco.net.wan import EmulatedWan, LinkSpec
 
-    links = [LinkSpec(s.bw, s.bw, s.rtt)] * s.n
+    links = [LinkSpec(s.bw, s.bw, s.rtt / 2.0)] * s.n  # each adds half: rtt between any two
     rows: list[Row] = []
     me = [sys.executable, str(Path(__file__).resolve())]
     with EmulatedWan([f"p{i}" for i in range(s.n)], links, tcp_defaults=True) as w:
