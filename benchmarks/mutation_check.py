@@ -338,6 +338,35 @@ MUTATIONS: tuple[Mutation, ...] = (
              "grad_bytes = where(plans.grad_fp32, GRAD_BYTES, GRAD_BYTES)"),
     Mutation("gradient bytes ignore the buffer dtype", "memory.py",
              "gradients=on_gpu * grad_bytes * params", "gradients=on_gpu * GRAD_BYTES * params"),
+    # WAN transfers as TCP sends them (tests/shardmeter/test_wan_transfers.py)
+    Mutation("WAN: ring step pays a round trip, not one way", "outer.py",
+             "hops * rtt / 2.0 * rounds", "hops * rtt * rounds"),
+    Mutation("WAN: hub phases pay a round trip each", "outer.py",
+             "2.0 * (rtt / 2.0) * rounds", "2.0 * rtt * rounds"),
+    Mutation("WAN: no default TCP window cap", "wan.py",
+             "window = DEFAULT_WINDOW_BYTES if link.window_mb is None",
+             "window = float('inf') if link.window_mb is None"),
+    Mutation("WAN: stated parallel streams ignored", "wan.py",
+             "streams = 1 if link.streams is None else link.streams", "streams = 1"),
+    Mutation("WAN: slow start grows linearly, not by doubling", "wan.py",
+             "sent_ss = iw * (2.0**k_star - 1.0)", "sent_ss = iw * k_star"),
+    Mutation("WAN: TCP/IP headers not paid", "wan.py",
+             "* (mtu - TCP_IP_HEADER_BYTES)", "* (mtu - 0.0)"),
+    Mutation("WAN: broadcast parent sends one child at a time", "wan.py",
+             "chains[v] = (levels + 1, load + children[parent])",
+             "chains[v] = (levels + 1, load + 1)"),
+    Mutation("WAN: reduce's gather to the root dropped", "wan.py",
+             "return (k - 1.0) * (lat + send(m / k)) + lat + send((k - 1.0) * m / k)",
+             "return (k - 1.0) * (lat + send(m / k)) + lat"),
+    Mutation("WAN: HeLoCo exchange counted as one transfer", "wan.py",
+             "return 2.0 * (rtt + slow_start_s(m, rate_Bps, rtt))",
+             "return rtt + slow_start_s(m, rate_Bps, rtt)"),
+    Mutation("WAN: HeLoCo workers do not share the server link", "wan.py",
+             "link_Bps=path.link_Bps / max(k - 1.0, 1.0)", "link_Bps=path.link_Bps"),
+    Mutation("WAN: transport fraction ignored", "wan.py",
+             "rate = path.rate_Bps * efficiency", "rate = path.rate_Bps"),
+    Mutation("WAN: async ignores exchange='heloco'", "outer.py",
+             'if exchange_pattern == "heloco":', "if False:"),
 )  # fmt: skip
 
 
@@ -367,7 +396,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--tests",
-        default="tests/shardmeter/test_closed_form.py tests/shardmeter/test_memory_kinds.py",
+        default="tests/shardmeter/test_closed_form.py tests/shardmeter/test_memory_kinds.py "
+        "tests/shardmeter/test_wan_transfers.py",
         help="test paths, space-separated",
     )
     ap.add_argument("--only", default="", help="run only mutations whose name contains this")

@@ -10,8 +10,9 @@ server at the hub and pull the model back. The simulator runs a small model, so 
     delay_i = T_comm,i / scale          simulated seconds added to each round
 
 so that simulated time × scale is the predicted wall-clock of the same schedule on the real
-topology. Every method in the simulator exchanges through one server, so T_comm,i is the
-parameter-server exchange of ShardMeter's async mode, RTT_i + N·q/8 / W_i (+ host copies),
+topology. Every method in the simulator exchanges through one server, so T_comm,i is
+HeLoCo's own exchange in ShardMeter's async mode: a push and a pull, each RTT_i + N·q/8 bytes
+from TCP's initial window at the path's rate (+ host copies; ``heloco_exchange_s``),
 zero for the hub island (design doc C.9); server overload is not modelled here.
 """
 
@@ -117,7 +118,13 @@ def pace_map(
     wan = wan_paths(topo)
     inner = np.array([isl.step.step_time_s for isl in inputs])
     exchange = outer_round(
-        "async", inner, wan, model.params_total, inner_steps=1, bits=topo.run.bits
+        "async",
+        inner,
+        wan,
+        model.params_total,
+        inner_steps=1,
+        bits=topo.run.bits,
+        exchange="heloco",
     )
     scale, paces, delays = paces_from_times(list(inner), list(exchange.wan_comm_s))
     egress = wan.egress_usd_per_byte[:, wan.center]

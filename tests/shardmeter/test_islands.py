@@ -63,10 +63,11 @@ def test_diloco_scaling_law_time_model_is_reproduced() -> None:
         ring_allreduce_s(2 * n_params, per_replica, 2 * w0, eps0 / (2 * (per_replica - 1)))
     )
     assert intra == pytest.approx((2 * n_params / w0) * (1 - replicas / chips) + eps0)
-    # Outer all-reduce over the M replicas: ours 2(M−1)/M·2N/W + 2(M−1)·RTT; theirs a flat ring
-    # (2N/W1)(1 − 1/R) + ε1. Same time when W = 2·W1·((M−1)/M)/(1 − 1/R), RTT = ε1/(2(M−1)).
+    # Outer all-reduce over the M replicas: ours 2(M−1)/M·2N/W + 2(M−1)·RTT/2 (one-way latency
+    # per step); theirs a flat ring (2N/W1)(1 − 1/R) + ε1. Same time when
+    # W = 2·W1·((M−1)/M)/(1 − 1/R), RTT = ε1/(M−1).
     wan_bw = 2 * w1 * ((replicas - 1) / replicas) / (1 - 1 / chips)
-    wan = uniform_wan(replicas, wan_bw, eps1 / (2 * (replicas - 1)))
+    wan = uniform_wan(replicas, wan_bw, eps1 / (replicas - 1))
     inputs = [
         IslandInput(f"dc{k}", step(compute + intra, batch, per_replica, intra))
         for k in range(replicas)
@@ -108,7 +109,7 @@ def test_min_h_matches_the_closed_form(islands: int, rtt: float) -> None:
     inputs = [IslandInput(f"i{k}", step(t, 1e6, 8)) for k in range(islands)]
     outer = OuterSpec(mode="diloco", inner_steps=1, bits=4, compute_bound_threshold=theta)
     est = compose(inputs, wan, int(n_params), outer, 1e12)
-    ar = float(ring_allreduce_s(n_params * 4 / 8, islands, gbit * 1e9 / 8, rtt))
+    ar = float(ring_allreduce_s(n_params * 4 / 8, islands, gbit * 1e9 / 8, rtt / 2))  # α = RTT/2
     assert est.min_inner_steps == math.ceil(theta / (1 - theta) * ar / t - 1e-9)
 
 

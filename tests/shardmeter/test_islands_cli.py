@@ -47,12 +47,12 @@ def test_flags_shared_with_the_predict_parser_are_reused() -> None:
 
 
 def test_sweep_cli_states_the_knee(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["sweep", "--topology", "two-clouds", "--over", "inner_steps", "--values", "1,10,100"]
+    argv = ["sweep", "--topology", "two-clouds", "--over", "inner_steps", "--values", "10,100,1000"]
     assert main([*argv, "--no-plots"]) == 0
     out = " ".join(capsys.readouterr().out.split())  # the knee text wraps at the width
     assert "flips from communication-bound" in out
     assert re.search(
-        r"between inner steps H (1 and 10|10 and 100)\. The exact threshold is H = \d+", out
+        r"between inner steps H (10 and 100|100 and 1000)\. The exact threshold is H = \d+", out
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from shardmeter.estimate.islands import (
     compose,
     predict_topology,
     with_step_times,
+    with_wan,
 )
 from shardmeter.estimate.outer import outer_round
 from shardmeter.estimate.payload import lowrank_bits, resolve_payload
@@ -31,6 +33,7 @@ from shardmeter.estimate.wan import WanPaths, wan_paths
 from shardmeter.specs.loader import load_model
 from shardmeter.specs.plan import Plan
 from shardmeter.specs.topology import (
+    TOPOLOGY_DIR,
     FailureSpec,
     OuterSpec,
     PayloadSpec,
@@ -500,7 +503,13 @@ def test_sweep_text_agrees_with_the_table() -> None:
     the knee sentence must say so, not 'never compute-bound'."""
     from shardmeter.analysis import sweep
 
-    res = sweep(load_topology("two-clouds"), "island_size", [4, 8, 16, 32], mode="sync")
+    # the link as 64 parallel streams of a 16 MB window: the full 25 Gbit/s (the default one
+    # stream's window would cap it and no island size would be compute-bound)
+    topo = load_topology("two-clouds")
+    links = [
+        {**x.model_dump(by_alias=True), "streams": 64, "window_mb": 16} for x in topo.wan.links
+    ]
+    res = sweep(with_wan(topo, links=links), "island_size", [4, 8, 16, 32], mode="sync")
     bound = [p.value for p in res.points if p.utilization >= res.threshold]
     assert [p.value for p in res.points if p.compute_bound] == bound == [4.0]
     text = res.knees[-1].text
@@ -532,8 +541,15 @@ def test_plan_plot_pareto_line_joins_plotted_points_only() -> None:
 
 
 @pytest.mark.slow
-def test_plan_searches_with_the_payload(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["plan", "--topology", "two-clouds", "--modes", "sync", "--top", "1", "--json"]
+def test_plan_searches_with_the_payload(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # two-clouds with its link as 64 streams of a 16 MB window (the full 25 Gbit/s): over one
+    # default stream the WAN is too slow for sync DP to cross at all, payload or not
+    text = (TOPOLOGY_DIR / "two-clouds.toml").read_text()
+    wide = tmp_path / "two-clouds-wide.toml"
+    wide.write_text(
+        text.replace("latency_ms = 80.0", "latency_ms = 80.0\nstreams = 64\nwindow_mb = 16")
+    )
+    argv = ["plan", "--topology", str(wide), "--modes", "sync", "--top", "1", "--json"]
     assert main(argv) == 0
     dense = json.loads(capsys.readouterr().out)["best"]["time"]
     assert main([*argv, "--payload", "topk:fraction=0.01"]) == 0

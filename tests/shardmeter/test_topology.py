@@ -11,7 +11,7 @@ import pytest
 
 from shardmeter.errors import UserInputError
 from shardmeter.estimate.islands import predict_topology
-from shardmeter.estimate.wan import wan_paths
+from shardmeter.estimate.wan import stream_Bps, wan_paths
 from shardmeter.specs.topology import (
     TOPOLOGY_DIR,
     load_topology,
@@ -75,8 +75,11 @@ def test_star_routes_through_hub() -> None:
         names.index("eu-west-h100"),
     )
     assert wan.center == hub
-    assert wan.bandwidth_Bps[ap, hub] == pytest.approx(5e9 / 8)
-    assert wan.bandwidth_Bps[ap, eu] == pytest.approx(5e9 / 8)  # the slower spoke
+    # one TCP stream per spoke by default: Linux's window per 240 ms round trip, not 5 Gbit/s
+    spoke = float(stream_Bps(5e9 / 8, 0.240))
+    assert spoke < 5e9 / 8
+    assert wan.bandwidth_Bps[ap, hub] == pytest.approx(spoke)
+    assert wan.bandwidth_Bps[ap, eu] == pytest.approx(spoke)  # the slower spoke
     assert wan.rtt_s[ap, eu] == pytest.approx(0.240 + 0.110)
     assert np.allclose(wan.bandwidth_Bps, wan.bandwidth_Bps.T)
 
@@ -85,8 +88,9 @@ def test_mesh_default_fills_missing_pairs() -> None:
     data = with_change("wan/default", {"bandwidth_gbit": 1.0, "latency_ms": 10})
     data["islands"].append({"name": "ap", "cluster": "dgx-h100"})
     wan = wan_paths(topology_from_dict(data))
-    assert wan.bandwidth_Bps[0, 2] == pytest.approx(1e9 / 8)
-    assert wan.bandwidth_Bps[0, 1] == pytest.approx(10e9 / 8)
+    assert wan.bandwidth_Bps[0, 2] == pytest.approx(1e9 / 8)  # 10 ms: the window holds 1 Gbit/s
+    # 80 ms: one stream's default window caps the 10 Gbit/s link
+    assert wan.bandwidth_Bps[0, 1] == pytest.approx(float(stream_Bps(10e9 / 8, 0.080)))
 
 
 BAD: list[tuple[str, Any, str]] = [

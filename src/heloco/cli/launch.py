@@ -3,11 +3,16 @@
 The run is the same as `heloco simulate` runs, in real time: ``--paces`` are seconds per
 inner step, and each worker makes every step last at least its pace, so a worker's share of
 the updates follows its pace as on the simulated clock. Keys are generated per run folder.
+
+``--wan SPEC`` (or ``--topology``) runs every process in its own network namespace behind
+shaped, delayed links (:mod:`heloco.net.wan`, docs/wan.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import sys
 from dataclasses import dataclass, field
@@ -31,6 +36,7 @@ from heloco.cli.common import (
 from heloco.cli.netargs import check_folder
 from heloco.config import save_config
 from heloco.metrics import EVENTS_FILE, SUMMARY_FILE
+from heloco.net import wan as wan_mod
 from heloco.net.endpoint import MAX_SHARDS
 from heloco.net.launcher import TORCH_PRELOAD, LaunchConfig, LaunchResult, LocalCluster, launch
 from heloco.sim import SimConfig, resolve_paces
@@ -80,11 +86,44 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--timeout-s", type=float, default=3600.0)
     p.add_argument("--serve-arg", action="append", default=[], help="extra flag for serve")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    g = p.add_argument_group("emulated WAN (root; docs/wan.md)")
+    g.add_argument(
+        "--wan",
+        metavar="SPEC",
+        help="each worker's link to the server, e.g. bw=100Mbit,rtt=40ms (up=/down= for "
+        "asymmetric rates); ';'-separated for one spec per worker",
+    )
+    g.add_argument(
+        "--wan-server",
+        metavar="SPEC",
+        help="the server's own link, shared by every worker (default: unshaped)",
+    )
+    g.add_argument(
+        "--topology",
+        metavar="NAME|FILE",
+        help="ShardMeter topology: one worker per island, paces from its predicted step "
+        "times and links from its WAN (bandwidth × --wan-scale, round trip as given)",
+    )
+    g.add_argument(
+        "--wan-scale",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="multiply the topology's bandwidths by F (e.g. 0.01 so a CPU run ends in "
+        "minutes; default 1)",
+    )
 
 
 def run_config(args: argparse.Namespace) -> SimConfig:
     """The run config: file or preset, then ``--set``, then ``--workers``/``--paces``."""
     overrides = set_overrides(args)
+    if getattr(args, "topology", None) is not None:
+        from heloco import topology as topology_flags
+
+        if args.paces is not None:
+            raise UserInputError("--paces", args.paces, "not with --topology (it sets them)")
+        overrides = topology_flags.apply(args, overrides)
+        overrides.pop("comm_delays")  # the emulated links take the time, not a fixed delay
     if args.paces is not None:
         overrides["paces"] = parse_paces(args.paces)
     if args.workers is not None:
@@ -102,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.timeout_s > 0:
         raise UserInputError("--timeout-s", args.timeout_s, "a number of seconds > 0")
     run_cfg = run_config(args)
+    wan = wan_links(args, run_cfg.workers)
     out.mkdir(parents=True, exist_ok=True)
     resolved = out / "launch-config.toml"
     save_config(run_cfg, resolved)
@@ -116,12 +156,55 @@ def run(args: argparse.Namespace) -> int:
         shards=args.shards,
     )
     watch = EventWatch(out / EVENTS_FILE, run_cfg)
-    if args.quiet:
-        result = launch(cfg, main, args.timeout_s, preload=PRELOAD)
-    else:
-        with watch.progress():
-            result = launch(cfg, main, args.timeout_s, watch.poll, preload=PRELOAD)
+    with contextlib.ExitStack() as stack:
+        if wan is not None:
+            cfg = start_wan(stack, wan, cfg, args)
+        if args.quiet:
+            result = launch(cfg, main, args.timeout_s, preload=PRELOAD)
+        else:
+            with watch.progress():
+                result = launch(cfg, main, args.timeout_s, watch.poll, preload=PRELOAD)
     return report(result, out)
+
+
+def wan_links(args: argparse.Namespace, workers: int) -> wan_mod.EmulatedWan | None:
+    """The emulated WAN ``--wan``/``--wan-server``/``--topology`` ask for (not started), or
+    None: endpoint 0 is the server, endpoint ``1 + i`` worker ``i``."""
+    spec, server, topo = args.wan, args.wan_server, getattr(args, "topology", None)
+    if not (args.wan_scale > 0 and args.wan_scale < float("inf")):
+        raise UserInputError("--wan-scale", args.wan_scale, "a factor > 0")
+    if spec is None and server is None and topo is None:
+        if args.wan_scale != 1.0:
+            raise UserInputError("--wan-scale", args.wan_scale, "needs --topology")
+        return None
+    if spec is not None and topo is not None:
+        raise UserInputError("--wan", spec, "not with --topology (it sets the links)")
+    if topo is not None:
+        links = wan_mod.topology_links(args.pace_map, topo, args.wan_scale)
+    else:
+        links = wan_mod.parse_links(spec or "none", workers)
+    server_link = wan_mod.parse_link(server or "none")
+    names = ["server", *(f"worker{w}" for w in range(workers))]
+    return wan_mod.EmulatedWan(names, [server_link, *links])
+
+
+def start_wan(
+    stack: contextlib.ExitStack,
+    wan: wan_mod.EmulatedWan,
+    cfg: LaunchConfig,
+    args: argparse.Namespace,
+) -> LaunchConfig:
+    """Start ``wan`` (closed by ``stack``, also on Ctrl-C) and return ``cfg`` inside it; a
+    machine that cannot shape refuses in one line."""
+    try:
+        stack.enter_context(wan)
+    except wan_mod.WanUnavailable as exc:
+        flag = "--topology" if args.wan is None and args.wan_server is None else "--wan"
+        raise UserInputError(flag, args.wan or args.wan_server or args.topology, str(exc)) from None
+    for name, link in zip(wan.names, wan.links, strict=True):
+        print(f"heloco launch: {name} link {link.describe()}", file=sys.stderr)
+    netns = {name: wan.netns(i) for i, name in enumerate(wan.names)}
+    return dataclasses.replace(cfg, netns=netns, host=wan.address(0))
 
 
 def report(result: LaunchResult, out: Path) -> int:

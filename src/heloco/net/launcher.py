@@ -13,6 +13,11 @@ Processes are forked from a ``multiprocessing`` fork server that has imported ``
 runs ``entry(argv)``, the command line's ``main`` that the caller passes in (this module
 never imports the command line). ``fresh_interpreters=True`` runs ``python -m heloco``
 subprocesses instead.
+
+``LaunchConfig.netns`` puts named processes (``server``, ``worker<i>``) into network
+namespaces (an emulated WAN, :mod:`heloco.net.wan`): a forked child joins its namespace before
+it runs, a fresh interpreter starts under ``ip netns exec``; the server then binds
+``LaunchConfig.host`` instead of loopback.
 """
 
 from __future__ import annotations
@@ -80,6 +85,8 @@ class LaunchConfig:
     startup_timeout_s: float = 60.0
     fresh_interpreters: bool = False
     shards: int = 1
+    netns: dict[str, str] = field(default_factory=dict)  # process name -> network namespace
+    host: str = "127.0.0.1"  # the server's address (its namespace's, under an emulated WAN)
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -109,8 +116,15 @@ class Proc(Protocol):
     def kill(self) -> None: ...
 
 
-def _child_main(entry: Entry, argv: list[str], log: str, env: dict[str, str]) -> None:
-    """Entry point of a forked child: log to a file, set the environment, run ``entry``."""
+def _child_main(
+    entry: Entry, argv: list[str], log: str, env: dict[str, str], netns: str | None = None
+) -> None:
+    """Entry point of a forked child: join ``netns``, log to a file, set the environment,
+    run ``entry``."""
+    if netns is not None:
+        from heloco.net.wan import join_netns
+
+        join_netns(netns)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -132,8 +146,11 @@ class ForkedProc:
         argv: list[str],
         log: Path,
         env: dict[str, str],
+        netns: str | None = None,
     ) -> None:
-        self.proc = ctx.Process(target=_child_main, args=(entry, argv, str(log), env), daemon=False)
+        self.proc = ctx.Process(
+            target=_child_main, args=(entry, argv, str(log), env, netns), daemon=False
+        )
         self.proc.start()
         assert self.proc.pid is not None
         self.pid = self.proc.pid
@@ -214,11 +231,13 @@ class LocalCluster:
 
     def _spawn(self, name: str, args: list[str]) -> Proc:
         log_path = self._log(name)
+        netns = self.cfg.netns.get(name)
         if self._ctx is not None:
-            return ForkedProc(self._ctx, self.entry, args, log_path, self.env())
+            return ForkedProc(self._ctx, self.entry, args, log_path, self.env(), netns)
+        prefix = [] if netns is None else ["ip", "netns", "exec", netns]
         with log_path.open("wb") as log:
             return subprocess.Popen(
-                [sys.executable, "-m", "heloco", *args],
+                [*prefix, sys.executable, "-m", "heloco", *args],
                 env=os.environ | self.env(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -296,7 +315,12 @@ class LocalCluster:
 
     def start(self) -> None:
         """Server and workers at once (workers retry until the server is up); waits for bind."""
-        self.spawn_server(free_loopback_address(self.cfg.shards))
+        if "server" in self.cfg.netns:  # a namespace of its own: every port is free there
+            from heloco.net.wan import PORT
+
+            self.spawn_server(f"tcp://{self.cfg.host}:{PORT}")
+        else:
+            self.spawn_server(free_loopback_address(self.cfg.shards))
         for w in range(self.cfg.workers):
             self.start_worker(w)
         self.wait_for_server()

@@ -16,12 +16,13 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from shardmeter.estimate.schedule import Schedule, even_schedule, round_stall_s
-from shardmeter.estimate.wan import WanPaths, hub_allreduce_s
+from shardmeter.estimate.wan import WanPaths, heloco_exchange_s, hub_allreduce_s
 
 FloatArray = NDArray[np.float64]
 
 Mode = Literal["sync", "diloco", "streaming", "async"]
 Reduce = Literal["ring", "hub", "bucket"]
+Exchange = Literal["duplex", "heloco"]  # the async mode's exchange (see outer_round)
 MODES: tuple[str, ...] = ("sync", "diloco", "streaming", "async")
 
 # Bytes an outer Nesterov step touches per parameter: read+write fp32 params and momentum,
@@ -87,9 +88,12 @@ def collective(
     """All-reduce (summable payloads) or all-gather (sparse, sign) of `nbytes` per island.
 
     ring all-reduce: 2(I−1)·α + 2(I−1)/I · M/W; ring all-gather: (I−1)·α + (I−1)·M/W
-    (Patarasuk & Mueller 2009; design doc C.4), paced by the slowest edge and largest RTT.
-    hub: reduce (or gather) at the hub, then broadcast, each phase paced by the slowest spoke
-    or the hub's aggregate link. bucket: every island uploads M once and downloads the others'
+    (Patarasuk & Mueller 2009; design doc C.4), paced by the slowest edge and largest RTT;
+    α = RTT/2, the one-way latency one step waits for its chunk (Hockney's α; Thakur,
+    Rabenseifner & Gropp 2005), not a round trip.
+    hub: reduce (or gather) at the hub, then broadcast: two collectives, each paying one
+    one-way latency and its own transfer, paced by the slowest spoke or the hub's aggregate
+    link. bucket: every island uploads M once and downloads the others'
     (I−1)·M from object storage, 2 requests of RTT (C.4), capped by the bucket's aggregate
     throughput. `rounds` sequential collectives pay the latency again (PowerSGD's P then Q).
     Device↔host copies around a CPU (Gloo) collective add 2·M/W_host.
@@ -125,7 +129,7 @@ def collective(
         price = wan.egress_usd_per_byte[idx, wan.ring_successor]
         moved = np.broadcast_to(sent[..., None], (*shape, n))
         return Collective(
-            fixed_s=np.full(shape, hops * rtt * rounds),
+            fixed_s=np.full(shape, hops * rtt / 2.0 * rounds),  # one-way latency per step
             transfer_s=sent / (bw * s) + host,
             bytes=moved,
             egress_usd=moved * price,
@@ -139,7 +143,7 @@ def collective(
     moved = np.where(remote, (m + down)[..., None], 0.0)
     rtt = float(np.max(np.where(remote, wan.rtt_s[:, c], 0.0)))
     return Collective(
-        fixed_s=np.full(shape, 2.0 * rtt * rounds),
+        fixed_s=np.full(shape, 2.0 * (rtt / 2.0) * rounds),  # reduce, then broadcast: L each
         transfer_s=t_up + t_down + host,
         bytes=moved,
         egress_usd=moved * wan.egress_usd_per_byte[:, c],
@@ -183,6 +187,7 @@ def outer_round(
     buckets: ArrayLike = 1,
     bandwidth_scale: ArrayLike = 1.0,
     balance: bool = False,
+    exchange: Exchange = "duplex",
 ) -> OuterRound:
     """Compose per-island inner step times into one outer round of `mode`.
 
@@ -202,8 +207,10 @@ def outer_round(
     - streaming: P fragments synced at offsets round(k·H/P) (or `schedule`), each may take τ
       inner steps, τ = H with `overlap` (Douillard et al. 2025, arXiv 2501.18512).
     - async: parameter server at `wan.center`; islands never wait: island i's round is
-      max(H·T_i, RTT_i + M/W_i) (one delta up and one model down per round, overlapped with the
-      next round), then remote rounds stretch by the server's overload Σ_i (M/round_i)/W_server
+      max(H·T_i, X_i), X_i = RTT_i + M/W_i (one delta up and one model down at once, full
+      duplex), or with `exchange = "heloco"` HeLoCo's own exchange (one push, then one pull,
+      each a request and its reply from TCP's initial window: `heloco_exchange_s`),
+      overlapped with the next round, then remote rounds stretch by the server's overload Σ_i (M/round_i)/W_server
       when above 1 (design doc C.9).
     `balance` (diloco, streaming) lets faster islands run more inner steps per round.
     """
@@ -230,7 +237,7 @@ def outer_round(
     t_max = inner.max(axis=-1)
 
     if mode == "async":
-        return _async_round(inner, wan, nbytes, h, scale)
+        return _async_round(inner, wan, nbytes, h, scale, exchange)
 
     coll = collective(nbytes, wan, reduce, gathered=gathered, rounds=collective_rounds, scale=scale)
     window = _pacing(np.asarray(backward_s, dtype=np.float64), inner)
@@ -284,7 +291,12 @@ def outer_round(
 
 
 def _async_round(
-    inner: FloatArray, wan: WanPaths, nbytes: FloatArray, h: FloatArray, scale: FloatArray
+    inner: FloatArray,
+    wan: WanPaths,
+    nbytes: FloatArray,
+    h: FloatArray,
+    scale: FloatArray,
+    exchange_pattern: Exchange = "duplex",
 ) -> OuterRound:
     """Parameter server at `wan.center` (design doc C.9, asynchronous)."""
     n = inner.shape[-1]
@@ -293,7 +305,11 @@ def _async_round(
     path_bw = wan.bandwidth_Bps[:, c] * scale[..., None]
     m = nbytes[..., None]
     host = 2.0 * m / wan.host_copy_Bps
-    exchange = np.where(remote, wan.rtt_s[:, c] + m / path_bw + host, 0.0)
+    rtt = wan.rtt_s[:, c]
+    if exchange_pattern == "heloco":
+        exchange = np.where(remote, heloco_exchange_s(m, path_bw, rtt) + host, 0.0)
+    else:
+        exchange = np.where(remote, rtt + m / path_bw + host, 0.0)
     busy = h[..., None] * inner
     round_s = np.maximum(busy, exchange)
     demand = np.where(remote, m / round_s, 0.0).sum(axis=-1, keepdims=True)

@@ -1,14 +1,20 @@
 """The WAN between islands: path matrices resolved from a topology, and the collectives
 that run over them (ring and hub all-reduce, ring all-gather, a gather through object storage).
 
-Units: seconds, bytes, bytes/s; `rtt_s` is the round-trip time one synchronous message round
-costs (design doc C.4: α_WAN ≈ RTT per round). Functions broadcast over numpy arrays.
+Units: seconds, bytes, bytes/s; `rtt_s` is a path's round-trip time; one message costs half
+of it (one-way latency), a request and its reply all of it. A path's bandwidth is TCP's: one
+stream carries at most its window per round trip, Linux's default window unless the link
+states `window_mb` and `streams`. The last section models transfers as TCP sends them
+(headers, window, slow start) and the collectives and HeLoCo exchange built from them, as
+benchmarks/wan_collectives.py measures them. Functions broadcast over numpy arrays.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -212,10 +218,13 @@ def hub_allreduce_s(
 
 
 def link_Bps(link: WanLinkParams) -> float:
-    """Effective bytes/s of a link: efficiency × nominal, capped by streams·window/RTT (C.4)."""
+    """Effective bytes/s of a link: efficiency × nominal, capped by streams·window/RTT, where
+    an unstated window is Linux's default cap (DEFAULT_WINDOW_BYTES) and unstated streams 1:
+    one TCP stream carries at most one window per round trip (RFC 7323 sec. 1.1)."""
     nominal = link.bandwidth_gbit * GBIT * link.efficiency
-    window = None if link.window_mb is None else link.window_mb * 1e6
-    return float(effective_wan_Bps(nominal, link.latency_ms * 1e-3, link.streams, window))
+    window = DEFAULT_WINDOW_BYTES if link.window_mb is None else link.window_mb * 1e6
+    streams = 1 if link.streams is None else link.streams
+    return float(stream_Bps(nominal, link.latency_ms * 1e-3, window, streams))
 
 
 def _link_between(topo: Topology, a: str, b: str) -> WanLinkParams | None:
@@ -229,8 +238,8 @@ def _matrix_paths(m: WanMatrix, n: int) -> tuple[FloatArray, FloatArray, FloatAr
     """(bytes/s, RTT s, USD/byte) matrices from a [wan.matrix] table."""
     off = ~np.eye(n, dtype=bool)
     gbit = np.asarray(m.bandwidth_gbit, dtype=np.float64)
-    bw = np.where(off, gbit * GBIT * m.efficiency, np.inf)
     rtt = np.where(off, np.asarray(m.latency_ms, dtype=np.float64) * 1e-3, 0.0)
+    bw = np.where(off, stream_Bps(gbit * GBIT * m.efficiency, rtt), np.inf)  # default window
     usd = np.zeros((n, n)) if m.egress_usd_per_gb is None else np.asarray(m.egress_usd_per_gb)
     price = np.where(off, usd / 1e9, 0.0)
     return bw, rtt, price
@@ -300,3 +309,231 @@ def wan_paths(topo: Topology) -> WanPaths:
         hub=star_hub,
         bucket=None if wan.bucket is None else bucket_path(wan.bucket),
     )
+
+
+# --- TCP as the bytes see it: headers, windows, slow start; transports and patterns -------------
+# Units: bytes, seconds, bytes/s. `rtt_s` is a path's round trip; a message's one-way latency
+# is half of it (Hockney's α; Thakur, Rabenseifner & Gropp 2005, sec. 2).
+
+LINUX_TCP_RMEM_MAX = 6 * 2**20  # net.ipv4.tcp_rmem max, bytes (Linux ip-sysctl.rst default)
+LINUX_TCP_WMEM_MAX = 4 * 2**20  # net.ipv4.tcp_wmem max, bytes (Linux ip-sysctl.rst default)
+# In-flight bytes per byte of socket buffer: the rest of the buffer holds skb overhead and
+# unsent data: one Reno stream over 1 Gbit/s, 100 ms carried 2.97 MB per RTT with tcp_wmem
+# 4 MiB (heloco.net.wan.probe on the emulated WAN, docs/wan.md).
+WINDOW_FILL = 0.71
+DEFAULT_WINDOW_BYTES = WINDOW_FILL * min(LINUX_TCP_RMEM_MAX, LINUX_TCP_WMEM_MAX)
+INITIAL_WINDOW_SEGMENTS = 10  # RFC 6928: IW = 10 MSS
+TCP_IP_HEADER_BYTES = 52  # IPv4 20 (RFC 791) + TCP 20 (RFC 9293) + timestamps 12 (RFC 7323)
+LINK_HEADER_BYTES = 14  # Ethernet header: what a shaper (tc) and a provider's meter count
+DEFAULT_MTU = 1500
+
+Transport = Literal["nccl", "gloo", "zmq"]
+# Achieved fraction of a TCP path's goodput once the transfer runs at the stream's rate.
+# gloo and zmq (HeLoCo's server: ZeroMQ + HMAC + decode) measured here by
+# benchmarks/wan_collectives.py; NCCL's socket transport reaches <= 60% of a 32 Gbit/s link
+# in nccl-tests (NVIDIA/nccl issue #209, 2019).
+TRANSPORT_EFFICIENCY: dict[str, float] = {"nccl": 0.60, "gloo": 1.0, "zmq": 1.0}
+
+
+@dataclass(frozen=True)
+class TcpPath:
+    """One direction of a path as TCP sees it: link rate (bytes/s of Ethernet frames), round
+    trip, MTU, window per stream (None: Linux's default cap, DEFAULT_WINDOW_BYTES) and
+    parallel streams."""
+
+    link_Bps: float
+    rtt_s: float
+    mtu_bytes: int = DEFAULT_MTU
+    window_bytes: float | None = None
+    streams: int = 1
+
+    @property
+    def goodput_Bps(self) -> float:
+        """Payload bytes/s of a full link: link × (MTU − 52) / (MTU + 14) (RFC 791/9293/7323
+        headers on every segment; Ethernet framing)."""
+        return float(goodput_Bps(self.link_Bps, self.mtu_bytes))
+
+    @property
+    def window(self) -> float:
+        return DEFAULT_WINDOW_BYTES if self.window_bytes is None else self.window_bytes
+
+    @property
+    def rate_Bps(self) -> float:
+        """Steady payload rate: min(goodput, streams · window / RTT)."""
+        return float(stream_Bps(self.goodput_Bps, self.rtt_s, self.window, self.streams))
+
+    @property
+    def mss(self) -> float:
+        return float(self.mtu_bytes - TCP_IP_HEADER_BYTES)
+
+
+def goodput_Bps(link_Bps: ArrayLike, mtu_bytes: ArrayLike = DEFAULT_MTU) -> FloatArray:
+    """Payload bytes/s of a link: every MTU-sized frame carries MTU − 52 bytes of payload
+    and costs MTU + 14 on the wire (IPv4 RFC 791, TCP RFC 9293, timestamps RFC 7323)."""
+    mtu = np.asarray(mtu_bytes, dtype=np.float64)
+    return (
+        np.asarray(link_Bps, dtype=np.float64)
+        * (mtu - TCP_IP_HEADER_BYTES)
+        / (mtu + LINK_HEADER_BYTES)
+    )
+
+
+def stream_Bps(
+    link_Bps: ArrayLike,
+    rtt_s: ArrayLike,
+    window_bytes: ArrayLike = DEFAULT_WINDOW_BYTES,
+    streams: ArrayLike = 1,
+) -> FloatArray:
+    """min(link, streams · window / RTT): a TCP stream has at most one window in flight per
+    round trip (RFC 7323 sec. 1.1), so a long path caps it below the link."""
+    rtt = np.asarray(rtt_s, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        cap = np.where(
+            rtt > 0, np.asarray(streams) * np.asarray(window_bytes, dtype=np.float64) / rtt, np.inf
+        )
+    return np.minimum(np.asarray(link_Bps, dtype=np.float64), cap)
+
+
+def slow_start_s(
+    nbytes: ArrayLike, rate_Bps: ArrayLike, rtt_s: ArrayLike, mss: ArrayLike = DEFAULT_MTU - 52
+) -> FloatArray:
+    """Seconds from the first byte sent to the last byte sent of a transfer that starts from
+    TCP's initial window (a new connection, or one idle longer than its RTO: RFC 5681
+    sec. 4.1). The window starts at IW = 10 MSS (RFC 6928) and doubles every round trip
+    (RFC 5681 sec. 3.1) until it carries rate × RTT; round k sends IW·2^k bytes. Transfers
+    that end inside slow start take (k − 1) round trips plus their last round at the rate;
+    longer ones k* round trips, then the rest at the rate (Cardwell, Savage & Anderson 2000,
+    sec. 2.1). Add one one-way latency for the last byte to arrive."""
+    m = np.asarray(nbytes, dtype=np.float64)
+    rate = np.asarray(rate_Bps, dtype=np.float64)
+    rtt = np.asarray(rtt_s, dtype=np.float64)
+    iw = INITIAL_WINDOW_SEGMENTS * np.asarray(mss, dtype=np.float64)
+    bdp = rate * rtt
+    # rounds until the window carries the BDP, and the bytes sent in them
+    k_star = np.ceil(np.log2(np.maximum(bdp / iw, 1.0)))
+    sent_ss = iw * (2.0**k_star - 1.0)
+    # rounds a short transfer needs: smallest k with IW·(2^k − 1) >= M
+    k = np.maximum(np.ceil(np.log2(m / iw + 1.0)), 1.0)
+    last = m - iw * (2.0 ** (k - 1.0) - 1.0)
+    short = (k - 1.0) * rtt + last / rate
+    long = k_star * rtt + (m - sent_ss) / rate
+    return np.where(m <= sent_ss, short, long)
+
+
+def transfer_s(
+    nbytes: ArrayLike, path: TcpPath, cold: bool = False, efficiency: float = 1.0
+) -> FloatArray:
+    """One message of `nbytes` over `path`, first byte sent to last byte received: one-way
+    latency plus M / rate (warm connection), or the slow-start schedule from the initial
+    window (`cold`). `efficiency` is the transport's achieved fraction of the rate."""
+    rate = path.rate_Bps * efficiency
+    m = np.asarray(nbytes, dtype=np.float64)
+    send = slow_start_s(m, rate, path.rtt_s, path.mss) if cold else m / rate
+    return path.rtt_s / 2.0 + send
+
+
+def heloco_exchange_s(nbytes: ArrayLike, rate_Bps: ArrayLike, rtt_s: ArrayLike) -> FloatArray:
+    """HeLoCo's round exchange over one worker's path: a push of Δ and a pull of the model,
+    each a request and its reply (RTT) plus M bytes from TCP's initial window, as a worker
+    that computed in between finds its connection (idle > RTO: RFC 5681 sec. 4.1):
+    2 · (RTT + slow_start_s(M)) (heloco/net/link.py push and pull)."""
+    m = np.asarray(nbytes, dtype=np.float64)
+    rtt = np.asarray(rtt_s, dtype=np.float64)
+    return 2.0 * (rtt + slow_start_s(m, rate_Bps, rtt))
+
+
+Pattern = Literal[
+    "allreduce", "reduce", "broadcast", "reduce+bcast", "allgather", "p2p",
+    "heloco-pull", "heloco-push", "heloco-exchange",
+]  # fmt: skip
+PATTERNS: tuple[str, ...] = Pattern.__args__  # type: ignore[attr-defined]
+
+
+def _binomial_chains(n: int) -> list[tuple[int, int]]:
+    """(levels, Σ concurrent sends of its ancestors) for every rank of a binomial-tree
+    broadcast from rank 0 over n ranks, each parent sending to all its children at once:
+    rank v (v > 0) hangs under v − 2^b, b the highest bit of v, and sends to v + 2^j for
+    every j above b with v + 2^j < n (gloo/broadcast.cc)."""
+    dim = max(1, (n - 1).bit_length())
+    children = [sum(1 for j in range(v.bit_length(), dim) if v + (1 << j) < n) for v in range(n)]
+    chains = [(0, 0)] * n
+    for v in range(1, n):
+        parent = v - (1 << (v.bit_length() - 1))
+        levels, load = chains[parent]
+        chains[v] = (levels + 1, load + children[parent])
+    return chains[1:]
+
+
+def pattern_s(
+    pattern: str,
+    nbytes: ArrayLike,
+    n: int,
+    path: TcpPath,
+    transport: Transport = "gloo",
+    cold: bool | None = None,
+) -> FloatArray:
+    """Seconds of one collective or exchange among `n` processes, each behind an access link
+    `path` (the same rate both ways; `path.rtt_s` between any two). `nbytes` is each
+    process's payload M. L = RTT/2 is one message's one-way latency; W the stream's rate
+    times the transport's efficiency.
+
+    - allreduce (ring): 2(n−1) steps of one chunk M/n each: 2(n−1)·(L + M/(nW))
+      (Patarasuk & Mueller 2009; one α per step = one-way latency, Thakur et al. 2005;
+      gloo/allreduce.cc ring).
+    - reduce to one rank: a ring reduce-scatter, (n−1)·(L + M/(nW)), then every rank sends
+      its reduced chunk to the root, whose downlink takes (n−1)·M/n: L + (n−1)·M/(nW)
+      (gloo/reduce.cc).
+    - broadcast from one rank: binomial tree (Thakur et al. 2005, sec. 4.1) whose every
+      rank posts its sends to all its children at once (gloo/broadcast.cc), so k children
+      share its uplink: a child receives L + k·M/W after its parent did; the deepest chain
+      takes ⌈log2 n⌉ latencies and (d + (d−1) + … + 1)·M/W for d = ⌈log2 n⌉ when n = 2^d.
+    - reduce+bcast: the two above one after the other: two collectives, each with its own
+      latency and pipeline fill, not one.
+    - allgather (ring): (n−1)·(L + M/W) (gloo/allgather.cc).
+    - p2p: L + M/W.
+    - heloco-pull / heloco-push: n − 1 workers each fetch / send M from / to one server at
+      once: a request (L), then M through the server's link shared by all, (n−1)·M/W, from
+      TCP's initial window (a worker computed in between: idle > RTO, RFC 5681 sec. 4.1),
+      and the reply (L); heloco-exchange is a push then a pull, HeLoCo's round
+      (heloco/net/worker_loop.py: pull, H inner steps, push).
+
+    `cold` (default: True for the HeLoCo exchange, False for collectives, whose connections
+    carried the previous call) starts each transfer from the initial window.
+    """
+    eff = TRANSPORT_EFFICIENCY[transport]
+    m = np.asarray(nbytes, dtype=np.float64)
+    lat = path.rtt_s / 2.0
+    k = float(n)
+    heloco = pattern.startswith("heloco")
+    is_cold = heloco if cold is None else cold
+
+    def send(size: FloatArray | float) -> FloatArray:
+        """Seconds to put `size` bytes through one stream, without the one-way latency."""
+        return transfer_s(size, path, is_cold, eff) - lat
+
+    if pattern == "allreduce":
+        return 2.0 * (k - 1.0) * (lat + send(m / k))
+    if pattern == "reduce":
+        return (k - 1.0) * (lat + send(m / k)) + lat + send((k - 1.0) * m / k)
+    if pattern == "broadcast":
+        return max(
+            (hops * lat + send(load * m) for hops, load in _binomial_chains(n)),
+            key=lambda t: float(np.max(t)),
+        )
+    if pattern == "reduce+bcast":
+        return pattern_s("reduce", m, n, path, transport, cold) + pattern_s(
+            "broadcast", m, n, path, transport, cold
+        )
+    if pattern == "allgather":
+        return (k - 1.0) * (lat + send(m))
+    if pattern == "p2p":
+        return lat + send(m)
+    if pattern in ("heloco-pull", "heloco-push"):
+        # n − 1 streams share the server's link: each at 1/(n−1) of it, its own window
+        shared = dataclasses.replace(path, link_Bps=path.link_Bps / max(k - 1.0, 1.0))
+        return lat + transfer_s(m, shared, is_cold, eff)
+    if pattern == "heloco-exchange":
+        return pattern_s("heloco-push", m, n, path, transport, cold) + pattern_s(
+            "heloco-pull", m, n, path, transport, cold
+        )
+    raise UserInputError("pattern", pattern, f"one of {', '.join(PATTERNS)}")
