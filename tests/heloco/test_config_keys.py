@@ -147,6 +147,7 @@ ROWS: list[Row] = [
     Row("pace_jitter", 0.5),
     Row("comm_delays", [0.0, 0.0, 3.0]),
     Row("inner_steps", 3),
+    Row("payload", "topk:fraction=0.05"),
     Row("outer.lr", 0.3),
     Row("outer.momentum", 0.5),
     Row("outer.rho", "delay"),

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from heloco.codecs import parse_payload
 from heloco.data import DataConfig
 from heloco.modelspec import ModelChoice
 from heloco.outer import OuterConfig, resolve_method
@@ -91,6 +92,11 @@ class SimConfig(BaseModel):
     )
     dylu_quantile: float = Field(0.9, gt=0, le=1, description="quantile for dylu_reference")
     grace_window: float = Field(0.0, ge=0, description="seconds; 0 = fully asynchronous")
+    payload: str = Field(
+        "dense",
+        description="what a worker sends, as shardmeter plan --payload spells it: dense, "
+        "topk:fraction=0.01, sign (heloco.codecs; error feedback per worker)",
+    )
     data: DataConfig = DataConfig()
     model: ModelChoice = Field(
         "tiny", description="TinyGPT preset or table, {hf = DIR}, or {factory = 'pkg.mod:fn'}"
@@ -132,6 +138,7 @@ class SimConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> SimConfig:
         resolve_method(self.method)
+        parse_payload(self.payload)
         if self.token_budget is None and self.time_budget is None:
             raise UserInputError("token_budget", None, "set token_budget and/or time_budget")
         for name in ("paces", "comm_delays"):
