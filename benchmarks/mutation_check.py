@@ -23,14 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+CODEC_TESTS = "tests/heloco/test_codecs.py"
 
 
 @dataclass(frozen=True)
 class Mutation:
     name: str
-    path: str  # relative to src/shardmeter/estimate
+    path: str  # relative to src/shardmeter/estimate, or to src/ when it starts with heloco/
     old: str
     new: str
+    tests: str = ""  # the tests that must catch it (default: --tests)
 
 
 MUTATIONS: tuple[Mutation, ...] = (
@@ -154,6 +156,24 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("up-projection GEMMs not re-run in backward", "compute.py",
              "+ where(plans.recompute_qkv, qkv_recompute_time(model, plans, acc), 0.0)",
              "+ 0.0 * where(plans.recompute_qkv, qkv_recompute_time(model, plans, acc), 0.0)"),
+    # --- compressed payloads with error feedback (heloco.codecs, the wire, the planner) ---
+    Mutation("error-feedback residual dropped", "heloco/codecs.py",
+             "residual[name] = p - decode(c)", "residual[name] = 0.0 * p", CODEC_TESTS),
+    Mutation("top-k k = floor(f·n) instead of ceil", "heloco/codecs.py",
+             "math.ceil(fraction * numel - 1e-9)", "math.floor(fraction * numel - 1e-9)", CODEC_TESTS),
+    Mutation("sign scale of a short last group divided by the full group", "heloco/codecs.py",
+             "scales = (sums / counts)", "scales = (sums / group)", CODEC_TESTS),
+    Mutation("top-k index n accepted", "heloco/codecs.py",
+             "int(idx[-1]) >= n", "int(idx[-1]) > n", CODEC_TESTS),
+    Mutation("top-k repeated index accepted", "heloco/codecs.py",
+             "(idx[1:] > idx[:-1])", "(idx[1:] >= idx[:-1])", CODEC_TESTS),
+    Mutation("residual left out of the worker's state", "heloco/rounds.py",
+             'tensors.update({f"feedback.{k}": v for k, v in fb["tensors"].items()})',
+             "pass", CODEC_TESTS),
+    Mutation("header k larger than the tensor accepted", "heloco/net/wire.py",
+             "if t.k > math.prod(t.shape):", "if t.k > 2 * math.prod(t.shape):", CODEC_TESTS),
+    Mutation("planner's top-k index 32 -> 16 bits", "payload.py",
+             'DEFAULT_INDEX_BITS = {"topk": 32,', 'DEFAULT_INDEX_BITS = {"topk": 16,', CODEC_TESTS),
 )  # fmt: skip
 
 
@@ -169,7 +189,11 @@ def failing_tests(src: Path, tests: str) -> tuple[list[str], str]:
 
 
 def apply(src: Path, mutation: Mutation) -> None:
-    path = src / "shardmeter" / "estimate" / mutation.path
+    path = (
+        src / mutation.path
+        if mutation.path.startswith("heloco/")
+        else (src / "shardmeter" / "estimate" / mutation.path)
+    )
     text = path.read_text()
     if text.count(mutation.old) != 1:
         raise SystemExit(f"mutation {mutation.name!r}: the text to replace is not unique in "
@@ -197,7 +221,7 @@ def main() -> int:
             shutil.rmtree(src, ignore_errors=True)
             shutil.copytree(ROOT / "src", src)
             apply(src, mutation)
-            failed, _ = failing_tests(src, args.tests)
+            failed, _ = failing_tests(src, mutation.tests or args.tests)
             holes += not failed
             caught = ", ".join(failed) if failed else "NOT CAUGHT"
             print(f"{mutation.name:<52} {caught}")
