@@ -413,3 +413,19 @@ def test_launch_with_a_topk_payload_sends_the_planned_frames(
             assert frames + auth.TAG_BYTES < sent < frames + auth.TAG_BYTES + header_cap
         accepted += len(report["acked"])
     assert summary["updates"] == accepted
+
+
+def test_payload_cost_benchmark_measures_a_push(monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks/payload_cost.py on a small model: bytes within 2% of the plan, costs > 0."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import importlib
+
+    bench = importlib.import_module("payload_cost")
+    from heloco.model import ModelConfig
+
+    cfg = ModelConfig(vocab_size=512, seq_len=16, n_layer=2, n_head=4, d_model=256)
+    g = torch.Generator().manual_seed(0)
+    delta = {f"t{i}": torch.randn(256, 1024, generator=g) for i in range(4)}
+    row = bench.measure("topk:fraction=0.05", delta, cfg, 1)
+    assert row.encode_s > 0 and row.decode_s > 0
+    assert abs(row.push_bytes / row.planned_bytes - 1) < 0.02
