@@ -74,6 +74,7 @@ class RunSummary:
     correction: CorrectionSummary
     paces: list[float] = field(default_factory=list)
     weight_shares: list[float] = field(default_factory=list)
+    goodput: float | None = None  # accepted rounds' compute / (workers × simulated seconds)
     schema_version: int = SCHEMA_VERSION
 
 

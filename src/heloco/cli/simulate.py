@@ -197,6 +197,7 @@ def summary_dict(result: RunResult) -> dict[str, Any]:
         "train_tokens_per_second": s.train_tokens_per_second,
         "worker_shares": s.worker_shares,
         "staleness_mean": s.staleness_mean,
+        "goodput": s.goodput,
         "out_dir": None if result.config.out_dir is None else str(result.config.out_dir),
     }
 

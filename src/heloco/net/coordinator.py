@@ -257,6 +257,9 @@ class Coordinator:
     def flush_due(self) -> list[UpdateEvent]:
         """Apply buffered async arrivals whose grace window has closed."""
         window = self.server.cfg.grace_window
+        if self.server.cfg.quorum and self.server.pending_workers and self.budget_reached():
+            self.grace_started = None  # the budget: merge what is buffered, quorum or not
+            return [self._applied(r) for r in self.server.flush(final=True)]
         if window <= 0 or self.server.cfg.synchronous or self.grace_started is None:
             return []
         if self.clock() - self.grace_started < window and not self.budget_reached():
@@ -340,7 +343,7 @@ class Coordinator:
             return wire.make("done", {"revision": self.server.revision}, re=msg.id)
         if not self._start_barrier(w):
             return wire.make("wait", {"retry_s": 0.1, "revision": self.server.revision}, re=msg.id)
-        if w in self.server.pending_workers:
+        if w in self.server.pending_workers and self.server.holds_workers:
             # Sync barrier or grace window still open: the next model does not exist yet.
             return wire.make("wait", {"retry_s": 0.05, "revision": self.server.revision}, re=msg.id)
         d = self.server.dispatch(w, copy=not self.zero_copy_dispatch)
@@ -464,7 +467,12 @@ class Coordinator:
                 start,
                 self.elapsed(),
             )
-        if record is None and self.grace_started is None and not self.server.cfg.synchronous:
+        if (
+            record is None
+            and self.grace_started is None
+            and not self.server.cfg.synchronous
+            and self.server.window_ready()
+        ):
             self.grace_started = self.clock()
         if record is not None:
             self._applied(record)

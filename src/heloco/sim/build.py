@@ -126,6 +126,7 @@ def build_server(
         dylu_reference=cfg.dylu_reference,
         dylu_quantile=cfg.dylu_quantile,
         grace_window=cfg.grace_window,
+        quorum=cfg.server_quorum(),
     )
     return Server(init, optimizer, server_cfg)
 
