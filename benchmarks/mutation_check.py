@@ -24,6 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CODEC_TESTS = "tests/heloco/test_codecs.py"
+DECOUPLED_TESTS = "tests/heloco/test_decoupled.py"
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,19 @@ MUTATIONS: tuple[Mutation, ...] = (
              "if t.k > math.prod(t.shape):", "if t.k > 2 * math.prod(t.shape):", CODEC_TESTS),
     Mutation("planner's top-k index 32 -> 16 bits", "payload.py",
              'DEFAULT_INDEX_BITS = {"topk": 32,', 'DEFAULT_INDEX_BITS = {"topk": 16,', CODEC_TESTS),
+    # --- Decoupled DiLoCo (quorum, token-weighted merge) and failures on the simulated clock ---
+    Mutation("merge weights ignore tokens", "heloco/server.py",
+             "weights = [n * r.tokens / total if total > 0 else 1.0 for r, _ in items]",
+             "weights = [1.0 for r, _ in items]", DECOUPLED_TESTS),
+    Mutation("quorum counts rounds, not distinct workers", "heloco/server.py",
+             "return len({r.worker for r, _ in self._pending}) >= self.cfg.quorum",
+             "return len(self._pending) >= self.cfg.quorum", DECOUPLED_TESTS),
+    Mutation("a buffered learner waits for the merge", "heloco/server.py",
+             "return self.cfg.synchronous or self.cfg.quorum == 0", "return True", DECOUPLED_TESTS),
+    Mutation("a killed worker's round still arrives", "heloco/sim/loop.py",
+             "heap = [(a, v) for a, v in heap if v != w]", "heap = list(heap)", DECOUPLED_TESTS),
+    Mutation("goodput never counts compute", "heloco/sim/loop.py",
+             "            self.traj.useful_seconds += compute\n", "", DECOUPLED_TESTS),
 )  # fmt: skip
 
 

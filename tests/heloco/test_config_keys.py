@@ -148,6 +148,8 @@ ROWS: list[Row] = [
     Row("comm_delays", [0.0, 0.0, 3.0]),
     Row("inner_steps", 3),
     Row("payload", "topk:fraction=0.05"),
+    Row("quorum", 3, {"method": "decoupled"}),
+    Row("failures", [{"worker": 2, "at": 1.0, "down": 2.0}]),
     Row("outer.lr", 0.3),
     Row("outer.momentum", 0.5),
     Row("outer.rho", "delay"),
