@@ -114,5 +114,5 @@ def test_bad_quorum_and_failures_are_one_line_errors() -> None:
         parse_sim_config(TINY | {"method": "heloco", "quorum": 2})
     with pytest.raises(UserInputError, match="quorum"):
         parse_sim_config(TINY | {"method": "decoupled", "quorum": 4})
-    with pytest.raises(UserInputError, match="failures.worker"):
+    with pytest.raises(UserInputError, match=r"failures\.worker"):
         parse_sim_config(TINY | {"failures": [{"worker": 3, "at": 1.0, "down": 1.0}]})
