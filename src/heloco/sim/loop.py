@@ -220,6 +220,8 @@ class _Sim:
                 for v in sorted(ready):
                     start(v, t)
                 ready = []
+        for _, t0, compute in inflight.values():  # rounds cut by the stop: work in progress
+            self.traj.useful_seconds += max(0.0, min(compute, self.traj.time - t0))
         return self.finish()
 
     # -- sync -------------------------------------------------------------------------------

@@ -309,4 +309,5 @@ def summarize(
         paces=paces,
         weight_shares=stats.weight_shares(),
         goodput=traj.goodput(cfg.workers),
+        payload=cfg.payload,
     )
