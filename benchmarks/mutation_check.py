@@ -30,7 +30,7 @@ DECOUPLED_TESTS = "tests/heloco/test_decoupled.py"
 @dataclass(frozen=True)
 class Mutation:
     name: str
-    path: str  # relative to src/shardmeter/estimate, or to src/ when it starts with heloco/
+    path: str  # relative to src/shardmeter/estimate, or to src/ when it starts with heloco/ or shardmeter/
     old: str
     new: str
     tests: str = ""  # the tests that must catch it (default: --tests)
@@ -188,6 +188,9 @@ MUTATIONS: tuple[Mutation, ...] = (
              "heap = [(a, v) for a, v in heap if v != w]", "heap = list(heap)", DECOUPLED_TESTS),
     Mutation("goodput never counts compute", "heloco/sim/loop.py",
              "            self.traj.useful_seconds += compute\n", "", DECOUPLED_TESTS),
+    Mutation("quality: any compressed run stands for any payload", "shardmeter/quality.py",
+             "if base == name and payload_spec(text) == payload:", "if base == name:",
+             "tests/shardmeter/test_quality.py"),
 )  # fmt: skip
 
 
@@ -205,7 +208,7 @@ def failing_tests(src: Path, tests: str) -> tuple[list[str], str]:
 def apply(src: Path, mutation: Mutation) -> None:
     path = (
         src / mutation.path
-        if mutation.path.startswith("heloco/")
+        if mutation.path.startswith(("heloco/", "shardmeter/"))
         else (src / "shardmeter" / "estimate" / mutation.path)
     )
     text = path.read_text()
