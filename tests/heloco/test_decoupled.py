@@ -104,7 +104,7 @@ def test_a_killed_worker_loses_its_round_and_rejoins(method: str, one_thread: No
     goodput drops; it contributes again after it rejoins; the budget is still reached."""
     clean = _run(method=method, token_budget=3072)
     hit = _run(method=method, token_budget=3072, failures=[{"worker": 2, "at": 4.0, "down": 1.0}])
-    assert hit.summary.goodput < clean.summary.goodput  # type: ignore[operator]
+    assert hit.summary.goodput < clean.summary.goodput
     assert hit.summary.worker_shares[2] > 0  # back after the downtime
     assert hit.summary.tokens >= 3072
 
