@@ -385,11 +385,13 @@ def test_simulated_runs_with_a_payload_are_deterministic(payload: str, one_threa
 # -- `heloco launch --payload`: real processes ------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-def test_launch_with_a_topk_payload_sends_the_planned_frames(
-    tmp_path: Path, tiny_net_values: Any
+@pytest.mark.parametrize(("payload", "shards"), [("topk:fraction=0.01", 1), ("sign", 2)])
+def test_launch_with_a_payload_sends_the_planned_frames(
+    tmp_path: Path, tiny_net_values: Any, payload: str, shards: int
 ) -> None:
-    """Two worker processes push top-1% Δ: every push is the codec's frames plus one header
-    and tag; every accepted push is one update (none lost, none doubled)."""
+    """Two worker processes push compressed Δ (to one server, or staged on two shards): every
+    push is the codec's frames plus headers and tags; every accepted push is one update
+    (none lost, none doubled)."""
     from heloco.cli import main
     from heloco.config import save_config
     from heloco.sim import build_run, parse_sim_config
@@ -398,9 +400,10 @@ def test_launch_with_a_topk_payload_sends_the_planned_frames(
     save_config(parse_sim_config(values), tmp_path / "run.toml")
     out = tmp_path / "run"
     argv = ["launch", "--config", str(tmp_path / "run.toml"), "--out", str(out)]
-    assert main([*argv, "--paces", "0.01,0.02", "--payload", "topk:fraction=0.01"]) == 0
+    flags = ["--paces", "0.01,0.02", "--payload", payload, "--shards", str(shards)]
+    assert main([*argv, *flags]) == 0
     cfg = parse_sim_config(json.loads((out / "config.json").read_text()))
-    assert cfg.payload == "topk:fraction=0.01"
+    assert cfg.payload == payload
     shapes = [p.numel() for p in build_run(cfg).model.parameters()]
     frames = sum(codecs.expected_nbytes(parse_payload(cfg.payload), n) for n in shapes)
     header_cap = 200 * len(shapes) + 1000  # names, shapes, k and the push body, as JSON
