@@ -4,7 +4,7 @@ the Decoupled DiLoCo baseline beside HeLoCo, MLA and +ab, with and without failu
     python benchmarks/codecs_baselines.py                 # both, 3 seeds (~20 min, 2 cores)
     python benchmarks/codecs_baselines.py --seeds 0 --divisor 16   # a smoke run
     shardmeter plan --topology two-clouds --payload topk:fraction=0.01 \\
-        --quality-from benchmarks/results/codecs_baselines/runs/payloads --no-progress
+        --quality-from benchmarks/results/codecs_baselines/payload-runs --no-progress
 
 Both use the ``converged`` regime of ``heloco_paper.py`` (byte vocabulary, tiny model, inner
 AdamW 1e-3, H = 10) at 1/``--divisor`` of its token budget, paces 1,1,1,2,2 (seconds per inner
@@ -143,7 +143,7 @@ def run_payloads(data_dir: Path, divisor: int, seed: int, out: Path) -> list[Row
                 "method": method,
                 "payload": payload,
                 "comm_delays": [comm] * len(PACES),
-                "out_dir": str(out / "runs" / "payloads" / key),
+                "out_dir": str(out / "payload-runs" / key),
             }
             cfgs.append(load_config(preset=PRESET, overrides=over))
             labels.append((method, payload))
@@ -160,7 +160,7 @@ def run_baselines(data_dir: Path, divisor: int, seed: int, out: Path) -> list[Ro
             over = values | {
                 "method": method,
                 "failures": failures,
-                "out_dir": str(out / "runs" / "baselines" / key),
+                "out_dir": str(out / "baseline-runs" / key),
             }
             cfgs.append(load_config(preset=PRESET, overrides=over))
             labels.append((method, scenario))
@@ -232,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for study in studies:
         print(f"\n{study}\n" + "\n".join(table(rows, study)))
     if "payloads" in studies:
-        q = quality_factors(args.out / "runs" / "payloads")
+        q = quality_factors(args.out / "payload-runs")
         print(f"\nquality factors (target loss {q.target_loss:.4f}, reference {q.reference!r}):")
         for m in q.methods:
             print(
