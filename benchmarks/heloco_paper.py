@@ -2,7 +2,8 @@
 
 Grid (heloco-spec.md §3-4): 5 workers, one language each; paces [1,1,1,1,1], [1,1,1,2,2],
 [1,6,6,6,6], [1,15,15,15,15]; methods sync, async-nesterov, dn, dn-dylu, mla, heloco,
-heloco-uncorrected, heloco+ab, mla+ab; seeds 0-2; two regimes (presets ``paper-regime`` and
+heloco-uncorrected, heloco+ab, mla+ab and Decoupled DiLoCo (``decoupled``, arXiv 2604.21428:
+quorum of half the workers, no grace window, token-weighted merge); seeds 0-2; two regimes (presets ``paper-regime`` and
 ``converged``). Cells run seed-major (every cell of seed 0 first), two processes with one torch
 thread each, and are resumable (see :mod:`heloco.experiments`). Each task simulates the methods
 of one setting and seed side by side, their rounds batched (the same losses as one at a time;
@@ -71,6 +72,7 @@ METHODS = (
     "heloco-uncorrected",
     "heloco+ab",
     "mla+ab",
+    "decoupled",
 )
 SEEDS = (0, 1, 2)
 ASYNC_BASELINES = ("async-nesterov", "dn", "dn-dylu")
@@ -81,7 +83,7 @@ CHECK_SETTINGS: tuple[tuple[tuple[float, ...], Split], ...] = (
     ((1, 6, 6, 6, 6), Split("dirichlet", 0.1)),
     ((1, 6, 6, 6, 6), Split("dirichlet", 1.0)),
 )
-CHECK_METHODS = ("sync", "async-nesterov", "dn-dylu", "mla", "heloco", "heloco+ab")
+CHECK_METHODS = ("sync", "async-nesterov", "dn-dylu", "mla", "heloco", "heloco+ab", "decoupled")
 CHECK_SEEDS = (3, 4)
 # The comparisons the plots draw and the check re-tests: (method, baseline, budget).
 COMPARISONS: tuple[tuple[str, str, str], ...] = (
@@ -92,6 +94,7 @@ COMPARISONS: tuple[tuple[str, str, str], ...] = (
     ("heloco+ab", "heloco", "tokens"),
     ("heloco+ab", "mla", "time"),
     ("heloco+ab", "sync", "time"),
+    ("heloco", "decoupled", "time"),
 )
 QUICK_DIVISOR = 4
 READINGS = (("point", "loss_at"), ("cycle", "cycle_loss_at"))
@@ -618,7 +621,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--regime", default=",".join(REGIMES), help="comma list of presets")
     p.add_argument("--paces", help="';'-separated pace groups (default: the paper's four)")
-    p.add_argument("--methods", help="comma list (default: all nine)")
+    p.add_argument("--methods", help="comma list (default: all ten)")
     p.add_argument("--seeds", help="comma list (default 0,1,2; --quick 0)")
     p.add_argument("--quick", action="store_true", help=f"1 seed, 1/{QUICK_DIVISOR} of the steps")
     p.add_argument("--check", action="store_true", help="generalisation settings instead")

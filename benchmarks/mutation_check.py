@@ -24,6 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("shardmeter/", "heloco/")  # a path starting so is relative to src/
+CODEC_TESTS = "tests/heloco/test_codecs.py"
+DECOUPLED_TESTS = "tests/heloco/test_decoupled.py"
 
 
 @dataclass(frozen=True)
@@ -367,6 +369,40 @@ MUTATIONS: tuple[Mutation, ...] = (
              "rate = path.rate_Bps * efficiency", "rate = path.rate_Bps"),
     Mutation("WAN: async ignores exchange='heloco'", "outer.py",
              'if exchange_pattern == "heloco":', "if False:"),
+    # --- compressed payloads with error feedback (heloco.codecs, the wire, the planner) ---
+    Mutation("error-feedback residual dropped", "heloco/codecs.py",
+             "residual[name] = p - decode(c)", "residual[name] = 0.0 * p", CODEC_TESTS),
+    Mutation("top-k k = floor(f·n) instead of ceil", "heloco/codecs.py",
+             "math.ceil(fraction * numel - 1e-9)", "math.floor(fraction * numel - 1e-9)", CODEC_TESTS),
+    Mutation("sign scale of a short last group divided by the full group", "heloco/codecs.py",
+             "scales = (sums / counts)", "scales = (sums / group)", CODEC_TESTS),
+    Mutation("top-k index n accepted", "heloco/codecs.py",
+             "int(idx[-1]) >= n", "int(idx[-1]) > n", CODEC_TESTS),
+    Mutation("top-k repeated index accepted", "heloco/codecs.py",
+             "(idx[1:] > idx[:-1])", "(idx[1:] >= idx[:-1])", CODEC_TESTS),
+    Mutation("residual left out of the worker's state", "heloco/rounds.py",
+             'tensors.update({f"feedback.{k}": v for k, v in fb["tensors"].items()})',
+             "pass", CODEC_TESTS),
+    Mutation("header k larger than the tensor accepted", "heloco/net/wire.py",
+             "if t.k > math.prod(t.shape):", "if t.k > 2 * math.prod(t.shape):", CODEC_TESTS),
+    Mutation("planner's top-k index 32 -> 16 bits", "payload.py",
+             'DEFAULT_INDEX_BITS = {"topk": 32,', 'DEFAULT_INDEX_BITS = {"topk": 16,', CODEC_TESTS),
+    # --- Decoupled DiLoCo (quorum, token-weighted merge) and failures on the simulated clock ---
+    Mutation("merge weights ignore tokens", "heloco/server.py",
+             "weights = [n * r.tokens / total if total > 0 else 1.0 for r, _ in items]",
+             "weights = [1.0 for r, _ in items]", DECOUPLED_TESTS),
+    Mutation("quorum counts rounds, not distinct workers", "heloco/server.py",
+             "return len({r.worker for r, _ in self._pending}) >= self.cfg.quorum",
+             "return len(self._pending) >= self.cfg.quorum", DECOUPLED_TESTS),
+    Mutation("a buffered learner waits for the merge", "heloco/server.py",
+             "return self.cfg.synchronous or self.cfg.quorum == 0", "return True", DECOUPLED_TESTS),
+    Mutation("a killed worker's round still arrives", "heloco/sim/loop.py",
+             "heap = [(a, v) for a, v in heap if v != w]", "heap = list(heap)", DECOUPLED_TESTS),
+    Mutation("goodput never counts compute", "heloco/sim/loop.py",
+             "            self.traj.useful_seconds += compute\n", "", DECOUPLED_TESTS),
+    Mutation("quality: any compressed run stands for any payload", "shardmeter/quality.py",
+             "if base == name and payload_spec(text) == payload:", "if base == name:",
+             "tests/shardmeter/test_quality.py"),
 )  # fmt: skip
 
 

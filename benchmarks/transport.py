@@ -3,6 +3,7 @@
     python benchmarks/transport.py                   # 10M and 100M; CURVE off and on; 1, 2 shards
     python benchmarks/transport.py --sizes 100 --curve on --reps 5
     python benchmarks/transport.py --rounds          # also: comm share of real training rounds
+    python benchmarks/transport.py --payload topk:fraction=0.01 --payload sign   # codec cost
 
 The limit, measured in the same run over the same bytes (the model's 8 fp32 tensors as frames):
 raw ZeroMQ on loopback (a DEALER sends the frames from memory to a ROUTER in another process,
@@ -777,7 +778,20 @@ def main() -> None:
     parser.add_argument("--rounds", action="store_true", help="also time real training rounds")
     parser.add_argument("--round-presets", default="tiny,small")
     parser.add_argument("--inner-steps", type=positive_int, default=20)
+    parser.add_argument(
+        "--payload",
+        action="append",
+        help="instead of the loopback: a compressed payload's (or fp32/bf16/int8's) encode and "
+        "decode against a round's compute at --payload-size M parameters, H = 100 "
+        "(benchmarks/payload_cost.py; repeat the flag)",
+    )
+    parser.add_argument("--payload-size", type=positive_int, default=100)
     args = parser.parse_args()
+    if args.payload:
+        from payload_cost import run as payload_cost
+
+        payload_cost(args.payload_size, args.payload, 100, args.reps, args.threads)
+        return
     torch.set_num_threads(args.threads)
     codecs = args.codecs.split(",")
     curves = [c == "on" for c in args.curve.split(",")]

@@ -74,6 +74,8 @@ class RunSummary:
     correction: CorrectionSummary
     paces: list[float] = field(default_factory=list)
     weight_shares: list[float] = field(default_factory=list)
+    goodput: float | None = None  # accepted rounds' compute / (workers × simulated seconds)
+    payload: str = "dense"  # what the workers sent (heloco.codecs; shardmeter.quality reads it)
     schema_version: int = SCHEMA_VERSION
 
 

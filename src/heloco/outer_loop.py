@@ -36,6 +36,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from heloco.codecs import feedback_for
 from heloco.island import Island, IslandMode
 from heloco.rounds import DataPosition, Rounds, StateDict
 from heloco.server import Server, SubmissionRejected
@@ -139,6 +140,9 @@ class OuterLoop:
     ranks that do not push). ``state_file``: where the worker keeps its state between
     process restarts (:mod:`heloco.worker_state`; one file per rank), so a restarted worker
     continues its data exactly after the server's last accepted round of its slot.
+    ``payload``: send Δ compressed as ``shardmeter plan --payload`` names it (``topk:fraction=
+    0.01``, ``sign``; :mod:`heloco.codecs`), its error-feedback residual in the state; ignored
+    when ``rounds`` is given (that object's own payload applies).
     """
 
     def __init__(
@@ -157,6 +161,7 @@ class OuterLoop:
         welcome: dict[str, Any] | None = None,
         on_round: RoundHook | None = None,
         state_file: Path | None = None,
+        payload: str | None = None,
     ) -> None:
         self.island = island if island is not None else Island.current(island_mode)
         if self.island.leader and link is None:
@@ -165,7 +170,8 @@ class OuterLoop:
             raise UserInputError("tokens_per_step", tokens_per_step, "an integer >= 0")
         self.link = link if self.island.leader else None
         worker = link.worker if link is not None else 0
-        self.rounds = rounds or Rounds(worker, model, optimizer, reset_optimizer, data)
+        feedback = feedback_for(payload)
+        self.rounds = rounds or Rounds(worker, model, optimizer, reset_optimizer, data, feedback)
         self.optimizer = optimizer if rounds is None else rounds.optimizer
         self.tokens_per_step = tokens_per_step
         self.use_hook = hook
@@ -256,7 +262,7 @@ class OuterLoop:
         return not self.done
 
     def _finish_round(self) -> None:
-        result = self.island.reduce(self.rounds.end())
+        result = self.rounds.compress(self.island.reduce(self.rounds.end(compress=False)))
         compute_s = time.perf_counter() - self._round_t0
         if self.state_file is not None and self._start_state is not None:
             after = self.accepted_steps + result.steps

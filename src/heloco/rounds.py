@@ -8,7 +8,8 @@ A round (heloco-spec.md §1.2; DiLoCo, Douillard et al. 2023, arXiv 2311.08105, 
 - the caller takes inner steps however it likes and reports each one with
   :meth:`Rounds.record_step` (which advances the schedule position);
 - :meth:`Rounds.end` returns the pseudo-gradient Δ = θ_0 − θ_H (fp32, CPU) as a
-  :class:`~heloco.types.RoundResult`.
+  :class:`~heloco.types.RoundResult`; with a compressed payload
+  (:class:`heloco.codecs.ErrorFeedback`) Δ is compressed there, its residual kept in the state.
 
 No loop, no clock, no transport: the simulator's reference loop (:class:`heloco.worker.Worker`),
 the networked worker and a user's own training loop (:class:`heloco.outer_loop.OuterLoop`) all
@@ -29,6 +30,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from heloco.codecs import ErrorFeedback
 from heloco.handoff import keep
 from heloco.types import Dispatch, Params, RoundResult
 from shardmeter.errors import UserInputError
@@ -152,6 +154,8 @@ class Rounds:
     default) or keep it across rounds. ``data``: an optional source whose read position joins
     :meth:`state_dict`. ``step`` is the schedule position: inner steps taken over the whole
     run (a rejoining worker sets it from the server's count of its accepted steps).
+    ``feedback``: the compressed payload (top-k, sign) and its error-feedback residual, which
+    joins :meth:`state_dict`; None sends Δ as it is.
     """
 
     def __init__(
@@ -161,12 +165,14 @@ class Rounds:
         optimizer: torch.optim.Optimizer | None = None,
         reset_optimizer: bool = True,
         data: DataPosition | None = None,
+        feedback: ErrorFeedback | None = None,
     ) -> None:
         self.worker = worker
         self.model = model
         self.optimizer = optimizer
         self.reset_optimizer = reset_optimizer
         self.data = data
+        self.feedback = feedback
         self.named = list(model.named_parameters())
         if not self.named:
             raise UserInputError("model", type(model).__name__, "a module with parameters")
@@ -215,9 +221,11 @@ class Rounds:
         """The current round has taken the steps its dispatch asked for."""
         return self.dispatch is not None and self.steps_done >= self.dispatch.steps
 
-    def end(self) -> RoundResult:
+    def end(self, compress: bool = True) -> RoundResult:
         """Δ of the round (fp32, CPU) and its counts; a round of 0 steps has a zero Δ and a
-        NaN mean loss. The one host sync of the round reads the summed loss."""
+        NaN mean loss. The one host sync of the round reads the summed loss. With a
+        ``feedback`` payload Δ is compressed (``compress=False``: not yet, see
+        :meth:`compress`, for an island that averages its ranks' Δ first)."""
         d = self.dispatch
         if d is None:
             raise RuntimeError("Rounds.end() without a round begun")
@@ -225,7 +233,7 @@ class Rounds:
         mean_loss = float(self._loss_sum.item()) / self._losses if self._losses else math.nan
         self.dispatch = None
         self.rounds += 1
-        return RoundResult(
+        result = RoundResult(
             worker=self.worker,
             delta=delta,
             steps=self.steps_done,
@@ -234,6 +242,12 @@ class Rounds:
             base_revision=d.revision,
             round_id=d.round_id,
         )
+        return self.compress(result) if compress else result
+
+    def compress(self, result: RoundResult) -> RoundResult:
+        """``result`` with Δ compressed by the payload (its residual updated); as it is when
+        the worker sends Δ uncompressed."""
+        return result if self.feedback is None else self.feedback.compress_result(result)
 
     # -- state ------------------------------------------------------------------------------
     def state_dict(self) -> StateDict:
@@ -258,6 +272,10 @@ class Rounds:
             data = self.data.state_dict()
             meta["data"] = data["meta"]
             tensors.update({f"data.{k}": v for k, v in data["tensors"].items()})
+        if self.feedback is not None:
+            fb = self.feedback.state_dict()
+            meta["feedback"] = fb["meta"]
+            tensors.update({f"feedback.{k}": v for k, v in fb["tensors"].items()})
         return {"meta": meta, "tensors": tensors}
 
     def load_state_dict(self, state: StateDict) -> None:
@@ -276,6 +294,13 @@ class Rounds:
                 k.removeprefix("data."): v for k, v in tensors.items() if k.startswith("data.")
             }
             self.data.load_state_dict({"meta": meta["data"], "tensors": data_tensors})
+        if self.feedback is not None:
+            residual = {
+                k.removeprefix("feedback."): v
+                for k, v in tensors.items()
+                if k.startswith("feedback.")
+            }
+            self.feedback.load_state_dict({"meta": meta.get("feedback", {}), "tensors": residual})
 
     def _load_optimizer(self, tensors: dict[str, torch.Tensor]) -> None:
         """Saved per-name moments back into the optimizer, through its own ``load_state_dict``

@@ -2,9 +2,22 @@
 
 It owns θ and the outer optimizer, hands out dispatches (with DyLU step counts), accepts each
 round exactly once, measures staleness, applies updates immediately (async), per barrier of
-the K workers (sync; an evicted worker leaves the barrier until its next dispatch) or per
-grace batch (the clock driver calls :meth:`Server.flush` when the window closes), and records
-the diagnostics of every update. It knows no clock and no transport.
+the K workers (sync; an evicted worker leaves the barrier until its next dispatch), per
+grace batch (the clock driver calls :meth:`Server.flush` when the window closes) or, with a
+``quorum``, per merge of every buffered round once that many distinct workers have one
+(Decoupled DiLoCo, below), and records the diagnostics of every update. It knows no clock and
+no transport.
+
+**Quorum merging** (Decoupled DiLoCo, Douillard et al. 2026, arXiv 2604.21428, §1 and the
+abstract: asynchronous learners, "a minimum quorum, an adaptive grace window, and dynamic
+token-weighted merging"). A submitted round is buffered and its worker is free at once: it is
+dispatched again without waiting ("learners advance on their own clocks"), from θ as it is.
+Once the buffered rounds come from ``quorum`` distinct workers the clock driver opens the grace
+window (``grace_window`` seconds; fixed here, where the paper adapts it), and at its close
+:meth:`flush` merges every buffered round into ONE outer step, each weighted by its share of
+the merged tokens, w_m = n·tokens_m / Σ tokens (so the outer rule's mean of n arrivals is
+Σ_m tokens_m Δ_m / Σ tokens; the paper's token-weighted merge, its exact score not public in
+our sources). With ``grace_window`` 0 the merge happens at the quorum.
 
 Invariant: ``revision`` equals the number of applied outer updates (len of ``log``).
 """
@@ -50,6 +63,12 @@ class ServerConfig(BaseModel):
         None, ge=1, description="recent speed observations the quantile sees (None: 4 per worker)"
     )
     grace_window: float = Field(0.0, ge=0, description="apply arrivals in a window as a batch")
+    quorum: int = Field(
+        0,
+        ge=0,
+        description="Decoupled DiLoCo: merge every buffered round, token-weighted, once this "
+        "many distinct workers have one (0: off)",
+    )
 
 
 @dataclass(frozen=True)
@@ -247,9 +266,36 @@ class Server:
         self._pending.append((result, out.round_id))
         if self.cfg.synchronous:
             return self._apply(self._take_pending()) if self._barrier_full() else None
+        if self.cfg.quorum > 0:
+            if self.cfg.grace_window > 0 or not self.quorum_met():
+                return None
+            return self._merge()
         if self.cfg.grace_window > 0:
             return None
         return self._apply(self._take_pending())
+
+    def quorum_met(self) -> bool:
+        """Buffered rounds come from at least ``quorum`` distinct workers (quorum mode)."""
+        return len({r.worker for r, _ in self._pending}) >= self.cfg.quorum
+
+    @property
+    def holds_workers(self) -> bool:
+        """Whether a worker with a buffered round waits for the window or barrier before its
+        next dispatch (sync, grace); in quorum mode it is dispatched again at once."""
+        return self.cfg.synchronous or self.cfg.quorum == 0
+
+    def window_ready(self) -> bool:
+        """Whether the clock driver should open the grace window now: at the first buffered
+        round, or in quorum mode once the quorum is met."""
+        return bool(self._pending) and (self.cfg.quorum == 0 or self.quorum_met())
+
+    def _merge(self) -> UpdateRecord:
+        """Every buffered round as one token-weighted outer step (module docstring)."""
+        items = self._take_pending()
+        total = sum(r.tokens for r, _ in items)
+        n = len(items)
+        weights = [n * r.tokens / total if total > 0 else 1.0 for r, _ in items]
+        return self._apply(items, weights)
 
     def evict(self, worker: int) -> UpdateRecord | None:
         """Cancel ``worker``'s outstanding round and drop it from the sync barrier.
@@ -275,14 +321,19 @@ class Server:
         waiting = {r.worker for r, _ in self._pending}
         return all(w in waiting or w in self._evicted for w in range(self.cfg.n_workers))
 
-    def flush(self) -> list[UpdateRecord]:
+    def flush(self, final: bool = False) -> list[UpdateRecord]:
         """Close a grace window: apply buffered async arrivals one by one in arrival order.
 
         Each is corrected against the momentum already updated by the previous one (HeLoCo
-        Algorithm 2 ordering, spec 1.6). A partial sync barrier is left waiting.
+        Algorithm 2 ordering, spec 1.6). A partial sync barrier is left waiting. In quorum mode:
+        one token-weighted merge of them all, or nothing while the quorum is not met (unless
+        ``final``: the run's budget is reached and what is buffered is merged as it is).
         """
         if self.cfg.synchronous:
             return []
+        if self.cfg.quorum > 0:
+            due = self._pending and (final or self.quorum_met())
+            return [self._merge()] if due else []
         return [self._apply([item]) for item in self._take_pending()]
 
     @property
@@ -295,8 +346,14 @@ class Server:
         return items
 
     @torch.no_grad()
-    def _apply(self, items: list[tuple[RoundResult, int]]) -> UpdateRecord:
-        arrivals = [Arrival(r.delta, r.worker, self.revision - r.base_revision) for r, _ in items]
+    def _apply(
+        self, items: list[tuple[RoundResult, int]], weights: list[float] | None = None
+    ) -> UpdateRecord:
+        ws = weights if weights is not None else [1.0] * len(items)
+        arrivals = [
+            Arrival(r.delta, r.worker, self.revision - r.base_revision, w)
+            for (r, _), w in zip(items, ws, strict=True)
+        ]
         if self.before_write is not None:
             self.before_write()
         stats = self.optimizer.step(self.params, arrivals)

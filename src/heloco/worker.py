@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
+from heloco.codecs import ErrorFeedback
 from heloco.data.packed import PackedStream
 from heloco.data.seeding import derive_seed
 from heloco.data.stream import TokenStream
@@ -111,6 +112,7 @@ class Worker:
     Works with any ``nn.Module``; the default loss is next-token cross-entropy on ``(B, T, V)``
     logits, ``loss_fn(model, inputs, targets)`` replaces it. ``on_step(i)``, if given, is
     called after the ``i``-th inner step of a round (0-based), e.g. to pace a slower machine.
+    ``feedback``, if given, compresses each round's Δ (top-k, sign; :mod:`heloco.codecs`).
     Batches are seeded by ``(seed, worker_id)``. Several workers may share one model object:
     each round loads its start point first, and each worker keeps its own optimiser state.
 
@@ -129,6 +131,7 @@ class Worker:
         seed: int,
         loss_fn: LossFn = token_cross_entropy,
         on_step: Callable[[int], None] | None = None,
+        feedback: ErrorFeedback | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.model = model
@@ -145,6 +148,7 @@ class Worker:
             self.new_optimizer(),
             reset_optimizer=cfg.reset_each_round,
             data=self.sampler,
+            feedback=feedback,
         )
         self._on_cpu = self.boundary.device.type == "cpu"
 

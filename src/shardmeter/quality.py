@@ -15,6 +15,11 @@ the target are then q × its wall-clock and cost for the token budget (design do
 
 Maths and data only (no argparse, no terminal): the `--quality-from` flags live in
 `shardmeter.cli.quality`, the table in `shardmeter.report.quality`.
+
+A run whose summary names a compressed `payload` (top-k, sign: `heloco.codecs`) counts as its
+own method, `METHOD@PAYLOAD`, against the dense sync reference; a plan that sends that payload
+(`--payload`, or the topology's) takes the q of those runs, so it ranks by time to the target
+loss, not by bytes. A folder with no compressed runs gives every payload the dense q.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from shardmeter.errors import UserInputError
+from shardmeter.specs.topology import PayloadSpec, parse_settings
 
 SUMMARY_FILE = "summary.json"
 EVENTS_FILE = "events.jsonl"
@@ -44,10 +50,29 @@ class RunCurve:
     run_dir: Path
     tokens: tuple[float, ...]
     losses: tuple[float, ...]
+    payload: str = "dense"
 
     @property
     def best_loss(self) -> float:
         return min(self.losses)
+
+    @property
+    def name(self) -> str:
+        """The method, or `METHOD@PAYLOAD` for a compressed payload (module docstring)."""
+        return (
+            self.method
+            if payload_spec(self.payload).kind == "dense"
+            else f"{self.method}@{self.payload}"
+        )
+
+
+def payload_spec(text: str) -> PayloadSpec:
+    """A payload spelled as `--payload` spells it ('topk:fraction=0.01'), as its spec."""
+    kind, _, rest = text.partition(":")
+    try:
+        return PayloadSpec.model_validate({"kind": kind.strip(), **parse_settings(rest, "payload")})
+    except ValueError as exc:
+        raise UserInputError("payload", text, f"a payload as --payload spells it ({exc})") from None
 
 
 @dataclass(frozen=True)
@@ -80,17 +105,33 @@ class QualityFactors:
                 return m.factor
         raise UserInputError("quality method", method, f"runs here: {', '.join(self.names())}")
 
-    def method_for(self, mode: str, method: str | None = None) -> str:
+    def method_for(
+        self, mode: str, method: str | None = None, payload: PayloadSpec | None = None
+    ) -> str:
         """The HeLoCo method standing for a ShardMeter outer mode: for async, `method` (default
         HeLoCo); for sync, diloco, streaming and single-cluster plans, the synchronous
-        reference."""
-        if mode == "async":
-            return method or DEFAULT_ASYNC_METHOD
-        return self.reference
+        reference. With a compressed `payload` and runs of it here: `METHOD@PAYLOAD`."""
+        name = (method or DEFAULT_ASYNC_METHOD) if mode == "async" else self.reference
+        if payload is None or payload.kind == "dense" or "@" in name:
+            return name
+        compressed = [m for m in self.names() if "@" in m]
+        if not compressed:
+            return name  # no compressed runs here: the dense q stands for every payload
+        for m in compressed:
+            base, _, text = m.partition("@")
+            if base == name and payload_spec(text) == payload:
+                return m
+        raise UserInputError(
+            "quality payload",
+            f"{name} with {payload.label}",
+            f"runs of it under --quality-from; compressed runs there: {', '.join(compressed)}",
+        )
 
-    def for_mode(self, mode: str, method: str | None = None) -> float:
+    def for_mode(
+        self, mode: str, method: str | None = None, payload: PayloadSpec | None = None
+    ) -> float:
         """q for a ShardMeter outer mode (see `method_for`); the reference's q is 1."""
-        name = self.method_for(mode, method)
+        name = self.method_for(mode, method, payload)
         return 1.0 if name == self.reference else self.factor(name)
 
 
@@ -109,6 +150,10 @@ def read_run(run_dir: Path, loss_key: LossKey = "loss") -> RunCurve:
     method = summary.get("method") if isinstance(summary, dict) else None
     if not isinstance(method, str):
         raise UserInputError(str(run_dir / SUMMARY_FILE), method, "a HeLoCo summary with 'method'")
+    payload = summary.get("payload", "dense")
+    if not isinstance(payload, str):
+        raise UserInputError(str(run_dir / SUMMARY_FILE), payload, "a payload name (text)")
+    payload_spec(payload)
     tokens: list[float] = []
     losses: list[float] = []
     try:
@@ -128,7 +173,7 @@ def read_run(run_dir: Path, loss_key: LossKey = "loss") -> RunCurve:
         losses.append(float(event[loss_key]))
     if not losses:
         raise UserInputError(str(run_dir), "no eval events", "a run with evaluations")
-    return RunCurve(method, run_dir, tuple(tokens), tuple(losses))
+    return RunCurve(method, run_dir, tuple(tokens), tuple(losses), payload)
 
 
 def find_runs(run_dir: str | Path, loss_key: LossKey = "loss") -> list[RunCurve]:
@@ -171,7 +216,7 @@ def quality_factors(
 ) -> QualityFactors:
     """q_m = D_m(L*) / D_ref(L*) for every method found under `run_dir` (module docstring)."""
     runs = find_runs(run_dir, loss_key)
-    methods = sorted({r.method for r in runs})
+    methods = sorted({r.name for r in runs})
     if reference not in methods:
         raise UserInputError(
             "quality reference", reference, f"needs a {reference!r} run; found {', '.join(methods)}"
@@ -181,7 +226,7 @@ def quality_factors(
     target = default_target(runs) if target_loss is None else float(target_loss)
     need: dict[str, list[float]] = {m: [] for m in methods}
     for r in runs:
-        need[r.method].append(tokens_to_loss(r.tokens, r.losses, target))
+        need[r.name].append(tokens_to_loss(r.tokens, r.losses, target))
     mean = {m: sum(v) / len(v) for m, v in need.items()}
     ref = mean[reference]
     if not math.isfinite(ref):
@@ -234,14 +279,19 @@ def candidate_mode(candidate: PlanLike) -> str:
 
 
 def rank_by_time_to_target(
-    candidates: Sequence[PlanLike], quality: QualityFactors, method: str | None = None
+    candidates: Sequence[PlanLike],
+    quality: QualityFactors,
+    method: str | None = None,
+    payload: PayloadSpec | None = None,
 ) -> list[RankedPlan]:
-    """Candidates re-ranked by q × wall-clock (ties: cost), q from their outer mode."""
+    """Candidates re-ranked by q × wall-clock (ties: cost), q from their outer mode (and the
+    plan's compressed payload, see the module docstring)."""
     ranked = []
     for c in candidates:
         mode = candidate_mode(c)
-        name = quality.method_for(mode, method)
-        q = quality.for_mode(mode, method)
+        sends = payload if mode != "single" else None
+        name = quality.method_for(mode, method, sends)
+        q = quality.for_mode(mode, method, sends)
         ranked.append(RankedPlan(c, mode, name, q, q * c.wall_s, q * c.cost_usd))
     return sorted(ranked, key=lambda r: (r.time_to_target_s, r.cost_to_target_usd))
 
@@ -265,13 +315,22 @@ def plan_to_target(
     if plan_kwargs.get("topology") is None:
         found = plan(top_k=top_k, **plan_kwargs).ranked
         return rank_by_time_to_target(found, quality, method)[:top_k]
+    payload = topology_payload(plan_kwargs["topology"])
     outer: OuterOptions = plan_kwargs.pop("outer", None) or OuterOptions()
     ranked: list[RankedPlan] = []
     for mode in outer.modes:
         found = plan(outer=replace(outer, modes=(mode,)), top_k=top_k, **plan_kwargs).ranked
-        ranked += rank_by_time_to_target(found, quality, method)
+        ranked += rank_by_time_to_target(found, quality, method, payload)
     ranked.sort(key=lambda r: (r.time_to_target_s, r.cost_to_target_usd))
     return ranked[:top_k]
+
+
+def topology_payload(topology: Any) -> PayloadSpec:
+    """The payload a topology's run sends (a name or path is loaded first)."""
+    from shardmeter.specs.topology import load_topology
+
+    topo = load_topology(topology) if isinstance(topology, str | Path) else topology
+    return topo.run.payload
 
 
 def ranked_json(ranked: Sequence[RankedPlan], quality: QualityFactors) -> dict[str, Any]:

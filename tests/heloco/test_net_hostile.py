@@ -1,6 +1,6 @@
 """A hostile network against a live `heloco serve` on 127.0.0.1.
 
-One real server process (CURVE keys, HMAC secret, ``--max-mb 4``) takes 60 hostile cases:
+One real server process (CURVE keys, HMAC secret, ``--max-mb 4``) takes 63 hostile cases:
 strangers without keys, key holders without the secret, and secret holders sending
 malformed frames, wrong counts, huge or deep JSON, bad types and values, replays and
 truncated payloads. After every case the server must still answer, and the reply must be the
@@ -29,6 +29,7 @@ import zmq
 from heloco.cli import main
 from heloco.cli.launch import local_cluster
 from heloco.cli.serve import status
+from heloco.codecs import Coded, ErrorFeedback
 from heloco.config import save_config
 from heloco.net import auth, keys, wire
 from heloco.net.auth import SECRET_ENV
@@ -179,8 +180,28 @@ def push_frames(rnd: Round, body: dict[str, Any] | None = None, **tweak: Any) ->
         "mean_loss": 5.0,
         "compute_s": 0.1,
     } | (body or {})
-    msg = wire.make("push", b, delta, codec=tweak.get("codec", "fp32"))
+    params: Any = delta
+    if "payload" in tweak:  # a compressed Δ (top-k, sign), then bent by ``coded``
+        params = ErrorFeedback(tweak["payload"]).compress(delta)
+        if "coded" in tweak:
+            name = next(iter(params.coded))
+            params.coded[name] = tweak["coded"](params.coded[name])
+    msg = wire.make("push", b, params, codec=tweak.get("codec", "fp32"))
     return [bytes(f) for f in wire.encode(msg, SECRET)]
+
+
+def bend_topk(values: Callable[[torch.Tensor], None] | None = None, index: int | None = None):  # type: ignore[no-untyped-def]
+    """A top-k tensor with a value or its last index replaced (frames stay signed)."""
+
+    def bend(c: Coded) -> Coded:
+        data, aux = c.data.clone(), c.aux.clone()
+        if values is not None:
+            values(data)
+        if index is not None:
+            aux[-1] = index
+        return Coded(c.kind, c.shape, data, aux, c.group)
+
+    return bend
 
 
 def nan_at_first(delta: dict[str, torch.Tensor], value: float) -> dict[str, torch.Tensor]:
@@ -464,6 +485,26 @@ CASES: list[Case] = [
         "bad_update",
     ),
     (
+        "push NaN in top-k",
+        "insider",
+        lambda s, r: push_frames(
+            r, payload="topk:fraction=0.5", coded=bend_topk(lambda v: v.fill_(float("nan")))
+        ),
+        "bad_update",
+    ),
+    (
+        "push top-k index past the end",
+        "insider",
+        lambda s, r: push_frames(r, payload="topk:fraction=0.5", coded=bend_topk(index=10**9)),
+        None,
+    ),
+    (
+        "push top-k index repeated",
+        "insider",
+        lambda s, r: push_frames(r, payload="topk:fraction=1", coded=bend_topk(index=0)),
+        None,
+    ),
+    (
         "push NaN in int8",
         "insider",
         lambda s, r: push_frames(r, codec="int8", delta=lambda d: nan_at_first(d, float("nan"))),
@@ -506,7 +547,7 @@ def expected_reply(reply: wire.Message | None, want: str | None) -> bool:
 
 
 def test_hostile_network_suite(server: Live) -> None:
-    """60 hostile cases, then a good worker: 0 crashes, 0 tracebacks, 0 hangs, 0 accepted."""
+    """63 hostile cases, then a good worker: 0 crashes, 0 tracebacks, 0 hangs, 0 accepted."""
     assert len(CASES) >= 50
     strangers = {
         "stranger": None,
@@ -538,7 +579,7 @@ def test_hostile_network_suite(server: Live) -> None:
 
     counters = server.status()["counters"]
     assert counters["bad_mac"] == 2 and counters["malformed"] >= 20
-    assert counters["bad_update"] == 5 and counters["forbidden"] == 2
+    assert counters["bad_update"] == 6 and counters["forbidden"] == 2
     assert counters["replay"] == 1 and counters["stale"] == 2 and counters["too_large"] >= 1
 
     # A good worker is still served: hello, pull, push, ack; the log holds its round only.
@@ -558,9 +599,15 @@ def test_hostile_network_suite(server: Live) -> None:
             "tokens": 128,
         }
         delta = {k: torch.full(e.shape, 1e-3) for k, e in d.tensors.items()}
-        peer.send([bytes(f) for f in wire.encode(wire.make("push", body, delta), SECRET)])
+        coded = ErrorFeedback("topk:fraction=0.01").compress(delta)  # a top-k push counts once
+        push = [bytes(f) for f in wire.encode(wire.make("push", body, coded), SECRET)]
+        peer.send(push)
         ack = peer.reply(10)
         assert ack is not None and ack.type == "ack" and ack.body["staleness"] == 0
+        retry = wire.make("push", body, coded)  # the same round again, as a client retries
+        peer.send([bytes(f) for f in wire.encode(retry, SECRET)])
+        again = peer.reply(10)
+        assert again is not None and again.type == "ack" and again.body["duplicate"]
     finally:
         peer.close()
     s = server.status()

@@ -201,9 +201,12 @@ _json = st.recursive(
                     {},
                     optional={
                         "name": st.text(max_size=3) | st.integers(),
-                        "codec": st.sampled_from(["fp32", "bf16", "int8", "fp8"]),
+                        "codec": st.sampled_from(
+                            ["fp32", "bf16", "int8", "fp8", "topk_bf16", "sign_fp32"]
+                        ),
                         "shape": st.lists(st.integers(-2, 4), max_size=3) | _json,
                         "block": st.integers(-1, 8) | st.text(max_size=2),
+                        "k": st.integers(-1, 8) | st.text(max_size=2),
                     },
                 ),
                 max_size=3,

@@ -304,3 +304,49 @@ def test_cli_predict_and_plan_take_quality_from(
     doc = json.loads(capsys.readouterr().out)
     times = [r["time_to_target_s"] for r in doc["quality"]["ranked"]]
     assert times == sorted(times) and len(times) >= 1
+
+
+def _with_payload(folder: Path, payload: str) -> Path:
+    summary = json.loads((folder / "summary.json").read_text())
+    (folder / "summary.json").write_text(json.dumps(summary | {"payload": payload}))
+    return folder
+
+
+def test_a_compressed_payload_is_its_own_method_and_ranks_its_plans(tmp_path: Path) -> None:
+    """Sync runs with top-1% need 1.5× the dense sync run's tokens: a plan sending top-1% takes
+    q = 1.5 in every synchronous mode; a dense plan keeps q = 1; a payload without runs is an
+    error naming the ones there are."""
+    write_run(tmp_path / "a", "sync", [(0, 5.0), (100, 4.0), (200, 3.0)])
+    _with_payload(write_run(tmp_path / "b", "sync", [(0, 5.0), (300, 3.0)]), "topk:fraction=0.01")
+    _with_payload(write_run(tmp_path / "c", "sync", [(0, 5.0), (400, 3.0)]), "sign")
+    q = quality_factors(tmp_path, target_loss=3.0)
+    assert q.names() == ["sync", "sync@sign", "sync@topk:fraction=0.01"]
+    topk = load_topology("two-clouds").run.payload.model_validate(
+        {"kind": "topk", "fraction": 0.01}
+    )
+    assert q.for_mode("diloco", None, topk) == pytest.approx(1.5)
+    assert q.method_for("sync", None, topk) == "sync@topk:fraction=0.01"
+    assert q.for_mode("diloco") == 1.0
+    lowrank = topk.model_validate({"kind": "lowrank", "rank": 4})
+    with pytest.raises(UserInputError, match="sync@sign"):
+        q.for_mode("diloco", None, lowrank)
+    # a folder without compressed runs: every payload gets the dense q, as before
+    dense_only = quality_factors(tmp_path / "a", target_loss=3.0)
+    assert dense_only.for_mode("diloco", None, topk) == 1.0
+
+
+def test_plan_with_a_payload_ranks_by_its_quality(tmp_path: Path) -> None:
+    write_run(tmp_path / "a", "sync", [(0, 5.0), (100, 4.0), (200, 3.0)])
+    _with_payload(write_run(tmp_path / "b", "sync", [(0, 5.0), (300, 3.0)]), "topk:fraction=0.01")
+    q = quality_factors(tmp_path, target_loss=3.0)
+    topo = load_topology("two-clouds")
+    from shardmeter.estimate.islands import with_run
+
+    ranked = plan_to_target(
+        q,
+        top_k=2,
+        topology=with_run(topo, payload="topk:fraction=0.01"),
+        outer=OuterOptions(modes=("diloco",)),
+    )
+    assert ranked and all(r.quality_factor == pytest.approx(1.5) for r in ranked)
+    assert all(r.method == "sync@topk:fraction=0.01" for r in ranked)

@@ -72,6 +72,12 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--codec", default="fp32", choices=("fp32", "bf16", "int8"))
     p.add_argument(
+        "--payload",
+        metavar="KIND[:KEY=VALUE,...]",
+        help="what each worker sends, as `shardmeter plan --payload`: dense, "
+        "topk:fraction=0.01, sign; replaces --codec for Δ (the run config's `payload`)",
+    )
+    p.add_argument(
         "--shards",
         type=bounded(int, 1, MAX_SHARDS),
         default=1,
@@ -126,6 +132,8 @@ def run_config(args: argparse.Namespace) -> SimConfig:
         overrides.pop("comm_delays")  # the emulated links take the time, not a fixed delay
     if args.paces is not None:
         overrides["paces"] = parse_paces(args.paces)
+    if args.payload is not None:
+        overrides["payload"] = args.payload
     if args.workers is not None:
         overrides["workers"] = args.workers
         # a preset's paces are for its own K: one second per step unless --paces says more

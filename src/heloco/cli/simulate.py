@@ -56,6 +56,7 @@ FLAG_KEYS: dict[str, str] = {
     "outer_lr": "outer.lr",
     "threads": "threads",
     "batch": "batch",
+    "payload": "payload",
 }
 
 
@@ -101,6 +102,12 @@ def add_parser(sub: Any) -> None:
         const="off",
         help="compute one round at a time (the key `batch`; default auto: rounds in flight "
         "together run in one batched kernel, with the same losses)",
+    )
+    p.add_argument(
+        "--payload",
+        metavar="KIND[:KEY=VALUE,...]",
+        help="what each worker sends, as `shardmeter plan --payload`: dense, "
+        "topk:fraction=0.01, sign (error feedback per worker; docs/network.md)",
     )
     p.add_argument("--print-config", action="store_true", help="print the TOML and exit")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -200,6 +207,7 @@ def summary_dict(result: RunResult) -> dict[str, Any]:
         "train_tokens_per_second": s.train_tokens_per_second,
         "worker_shares": s.worker_shares,
         "staleness_mean": s.staleness_mean,
+        "goodput": s.goodput,
         "out_dir": None if result.config.out_dir is None else str(result.config.out_dir),
     }
 

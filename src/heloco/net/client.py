@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import zmq
 
+from heloco.codecs import CodedDelta
 from heloco.net import compress, wire
 from heloco.net.compress import Codec
 from heloco.net.keys import ClientKeys, connect_securely
@@ -223,7 +224,9 @@ class ShardedClient:
                     wire.make,
                     "stage",
                     body,
-                    {k: delta[k] for k in names},
+                    delta.subset(names)
+                    if isinstance(delta, CodedDelta)
+                    else {k: delta[k] for k in names},
                     codec,
                     block,
                     threads=WORKER_THREADS,

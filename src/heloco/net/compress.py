@@ -1,4 +1,5 @@
-"""Pseudo-gradient codecs for the wire: fp32, bf16 and blockwise int8 (pure torch, any shape).
+"""Pseudo-gradient codecs for the wire: fp32, bf16, blockwise int8, and the compressed payloads
+of :mod:`heloco.codecs` (top-k, sign) as frames (pure torch, any shape).
 
 A tensor is flattened, encoded on its own device, and exposed as raw little-endian bytes of a
 CPU tensor (a ``memoryview``, no copy): an fp32 CPU tensor is sent as it is, so keep it
@@ -11,6 +12,12 @@ quantisation, Dettmers et al. 2022 "8-bit Optimizers via Block-wise Quantization
 Rounding to the nearest integer bounds the error per element by ``s_b / 2 = max|x_b| / 254``
 (see :func:`int8_error_bound`). Quantising and dequantising run over whole blocks at a time in
 chunks of :data:`CHUNK_ELEMENTS` (vectorised, cache-sized, no padded copy of the input).
+
+A top-k tensor (``topk_bf16``/``topk_fp32``) travels as two frames: its ``k`` values, then
+their int32 flat indices (strictly increasing, each in [0, n)); a sign tensor
+(``sign_bf16``/``sign_fp32``, ``block`` = elements per scale) as its packed sign bits, then its
+scales. :func:`check_structure` refuses an index out of range or repeated before anything is
+decoded; sizes are checked against the header before any allocation.
 """
 
 from __future__ import annotations
@@ -24,11 +31,17 @@ from typing import Literal, get_args
 import numpy as np
 import torch
 
+from heloco import codecs
+from heloco.codecs import Coded
 from heloco.net.pool import parallel_map
 from shardmeter.errors import UserInputError
 
 Codec = Literal["fp32", "bf16", "int8"]
 CODECS: tuple[str, ...] = get_args(Codec)
+WireCodec = Literal["fp32", "bf16", "int8", "topk_bf16", "topk_fp32", "sign_bf16", "sign_fp32"]
+WIRE_CODECS: tuple[str, ...] = get_args(WireCodec)
+TWO_FRAMES = frozenset({"int8", "topk_bf16", "topk_fp32", "sign_bf16", "sign_fp32"})
+_SPARSE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 DEFAULT_BLOCK = 4096  # elements per int8 block: 4 bytes of scale per 4 KiB of payload (0.1 %)
 INT8_MAX = 127
 CHUNK_ELEMENTS = 1 << 20  # elements quantised per pass: 4 MiB of fp32 stays in cache
@@ -43,14 +56,17 @@ class Encoded:
     """One tensor on the wire: its codec, shape and the raw byte frames it needs.
 
     ``data`` holds the element bytes (fp32, bf16 or int8); ``scales`` the fp32 per-block scales
-    (int8 only, empty otherwise). Both may be views of a tensor or of a received frame.
+    (int8 only, empty otherwise). Both may be views of a tensor or of a received frame. For
+    top-k, ``data`` holds the ``k`` values and ``scales`` their int32 indices; for sign,
+    ``data`` the packed sign bits and ``scales`` one scale per ``block`` elements.
     """
 
-    codec: Codec
+    codec: WireCodec
     shape: tuple[int, ...]
     block: int
     data: Buffer
     scales: Buffer = b""
+    k: int = 0  # top-k: values kept
 
     @property
     def nbytes(self) -> int:
@@ -213,15 +229,70 @@ def element_bytes(codec: Codec) -> int:
     return {"fp32": 4, "bf16": 2, "int8": 1}[codec]
 
 
-def expected_nbytes(codec: Codec, shape: tuple[int, ...], block: int) -> tuple[int, int]:
-    """(data bytes, scale bytes) a well-formed encoding of ``shape`` must have."""
+def _float_bytes(codec: str) -> int:
+    """Bytes of one value (top-k) or scale (sign) of a compressed codec: bf16 2, fp32 4."""
+    return 2 if codec.endswith("bf16") else 4
+
+
+def expected_nbytes(
+    codec: WireCodec, shape: tuple[int, ...], block: int, k: int = 0
+) -> tuple[int, int]:
+    """(data bytes, second-frame bytes) a well-formed encoding of ``shape`` must have: for
+    int8 the scales, for top-k (``k`` values) the indices, for sign the scales."""
     numel = math.prod(shape)
+    if codec.startswith("topk"):
+        return k * _float_bytes(codec), 4 * k
+    if codec.startswith("sign"):
+        return -(-numel // 8), codecs.sign_groups(numel, block) * _float_bytes(codec)
     scales = 4 * n_blocks(numel, block) if codec == "int8" else 0
-    return numel * element_bytes(codec), scales
+    return numel * element_bytes(codec), scales  # type: ignore[arg-type]
+
+
+def from_coded(c: Coded) -> Encoded:
+    """The wire form of a :class:`heloco.codecs.Coded` tensor (views of its tensors)."""
+    width = "bf16" if c.kind == "topk" and c.data.dtype == torch.bfloat16 else "fp32"
+    if c.kind == "sign":
+        width = "bf16" if c.aux.dtype == torch.bfloat16 else "fp32"
+    codec: WireCodec = f"{c.kind}_{width}"  # type: ignore[assignment]
+    k = c.k if c.kind == "topk" else 0
+    return Encoded(codec, c.shape, c.group, as_bytes(c.data), as_bytes(c.aux), k)
+
+
+def to_coded(enc: Encoded) -> Coded:
+    """A received top-k or sign tensor as :class:`heloco.codecs.Coded` over its frames."""
+    kind, _, width = enc.codec.partition("_")
+    if kind == "topk":
+        return Coded(
+            "topk",
+            enc.shape,
+            _view(enc.data, _SPARSE_DTYPES[width]),
+            _view(enc.scales, torch.int32),
+        )
+    return Coded(
+        "sign",
+        enc.shape,
+        _view(enc.data, torch.uint8),
+        _view(enc.scales, _SPARSE_DTYPES[width]),
+        enc.block,
+    )
+
+
+def is_coded(codec: str) -> bool:
+    """Whether ``codec`` is one of :mod:`heloco.codecs`' payloads (top-k, sign)."""
+    return codec.startswith(("topk", "sign"))
+
+
+def check_structure(enc: Encoded) -> None:
+    """Raise ``ValueError`` unless a top-k or sign tensor is well formed: sizes, and top-k
+    indices strictly increasing inside [0, n) (no element written twice, none outside).
+    Nothing to check for the dense codecs beyond their sizes."""
+    _check_sizes(enc)
+    if is_coded(enc.codec):
+        codecs.validate(to_coded(enc), finite=False)
 
 
 def _check_sizes(enc: Encoded) -> None:
-    want_data, want_scales = expected_nbytes(enc.codec, enc.shape, enc.block or 1)
+    want_data, want_scales = expected_nbytes(enc.codec, enc.shape, enc.block or 1, enc.k)
     if len(enc.data) != want_data or len(enc.scales) != want_scales:
         raise ValueError(
             f"{enc.codec} tensor of shape {enc.shape}: got {len(enc.data)}+{len(enc.scales)} "
@@ -234,6 +305,12 @@ def is_finite(enc: Encoded) -> bool:
     extremes of an fp32/bf16 frame (``aminmax`` propagates NaN), or for int8 the scales
     (finite and at most :data:`MAX_SCALE`, so that ``q·s`` cannot overflow)."""
     _check_sizes(enc)
+    if is_coded(enc.codec):
+        try:
+            codecs.validate(to_coded(enc))
+        except ValueError:
+            return False
+        return True
     if enc.codec == "int8":
         values, limit = _view(enc.scales, torch.float32), MAX_SCALE
     else:
@@ -254,7 +331,9 @@ def decode(
     Raises ``ValueError`` if the byte counts do not match the declared shape and codec.
     """
     _check_sizes(enc)
-    if enc.codec == "int8":
+    if is_coded(enc.codec):
+        flat = codecs.decode(to_coded(enc), out).reshape(-1)
+    elif enc.codec == "int8":
         q = _view(enc.data, torch.int8).to(device)
         scales = _view(enc.scales, torch.float32).to(device)
         flat = dequantize_int8(q, scales, enc.block, out)
@@ -301,6 +380,8 @@ class Decoded(Mapping[str, torch.Tensor]):
         if scratch is None or scratch.numel() < hi - lo:
             scratch = torch.empty(hi - lo, dtype=torch.float32, device=self.device)
             self._local.chunk = scratch
+        if is_coded(enc.codec):
+            return codecs.decode_range(to_coded(enc), lo, hi, scratch).to(self.device)
         if enc.codec == "int8":
             first = lo // enc.block  # the blocks the range touches, moved to the device alone
             q = _view(enc.data, torch.int8)[first * enc.block : hi].to(self.device)

@@ -253,6 +253,9 @@ class Coordinator:
     def flush_due(self) -> list[UpdateEvent]:
         """Apply buffered async arrivals whose grace window has closed."""
         window = self.server.cfg.grace_window
+        if self.server.cfg.quorum and self.server.pending_workers and self.budget_reached():
+            self.control.close_grace()  # the budget: merge what is buffered, quorum or not
+            return [self._applied(r) for r in self.server.flush(final=True)]
         if window <= 0 or self.server.cfg.synchronous or self.control.grace_end is None:
             return []
         if not self.control.grace_closes_before(self.elapsed()) and not self.budget_reached():
@@ -336,7 +339,7 @@ class Coordinator:
             return wire.make("done", {"revision": self.server.revision}, re=msg.id)
         if not self._start_barrier(w):
             return wire.make("wait", {"retry_s": 0.1, "revision": self.server.revision}, re=msg.id)
-        if w in self.server.pending_workers:
+        if w in self.server.pending_workers and self.server.holds_workers:
             # Sync barrier or grace window still open: the next model does not exist yet.
             return wire.make("wait", {"retry_s": 0.05, "revision": self.server.revision}, re=msg.id)
         d = self.server.dispatch(w, copy=not self.zero_copy_dispatch)
@@ -460,7 +463,7 @@ class Coordinator:
                 start,
                 self.elapsed(),
             )
-        if record is None and not self.server.cfg.synchronous:
+        if record is None and not self.server.cfg.synchronous and self.server.window_ready():
             self.control.open_grace(self.elapsed())
         if record is not None:
             self._applied(record)

@@ -441,5 +441,5 @@ def load_coordinator_meta(coord: Coordinator, meta: CoordinatorMeta) -> None:
         saved = w.model_dump() | {"last_loss": float("nan") if w.last_loss is None else w.last_loss}
         for f in fields(WorkerInfo):
             setattr(info, f.name, saved[f.name])
-    if coord.server.pending_workers and not coord.server.cfg.synchronous:
+    if coord.server.window_ready() and not coord.server.cfg.synchronous:
         coord.control.open_grace(coord.elapsed())  # the checkpoint's buffered arrivals

@@ -116,6 +116,7 @@ class NetLink:
         self.acked: list[list[int]] = []  # [round_id, revision after]
         self.rejected: dict[str, int] = {}
         self.duplicates = 0
+        self.push_bytes: list[int] = []  # bytes each push put on the wire (retries, stages too)
 
     @property
     def worker(self) -> int:
@@ -212,7 +213,9 @@ class NetLink:
             "mean_loss": result.mean_loss if result.mean_loss == result.mean_loss else None,
             "compute_s": compute_s,
         }
+        sent = self.client.traffic.sent_bytes
         reply = self._push(body, result)
+        self.push_bytes.append(self.client.traffic.sent_bytes - sent)
         if reply.type == "ack":
             ack = reply_body(reply, messages.Ack)
             self.acked.append([int(result.round_id or 0), ack.revision])

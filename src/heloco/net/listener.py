@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from heloco.net import auth, wire
+from heloco.net import auth, compress, wire
 from heloco.net.coordinator import Counters, error
 from heloco.net.keys import AllowList, ServerKeys, serve_securely
 from heloco.net.wire import Message, WireError
@@ -206,7 +206,7 @@ def frame_names(msg: Message) -> list[str]:
     """The tensor each frame of ``wire.encode(msg)`` carries ("" for header, scales, tag)."""
     names = [""]
     for name, enc in msg.tensors.items():
-        names += [name, ""] if enc.codec == "int8" else [name]
+        names += [name, ""] if enc.codec in compress.TWO_FRAMES else [name]
     return [*names, ""]
 
 

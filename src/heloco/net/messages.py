@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from heloco.net.compress import Codec
+from heloco.net.compress import WireCodec
 
 MAX_COUNT = 2**53  # revisions, round ids, tokens: exact as JSON numbers and as float64
 MAX_STEPS = 2**20  # inner steps in one round
@@ -46,12 +46,14 @@ class Strict(BaseModel):
 
 
 class TensorMeta(Strict):
-    """One tensor's entry in the header: name, codec, shape and int8 block size."""
+    """One tensor's entry in the header: name, codec, shape, int8 block size (sign: elements
+    per scale) and, for top-k only, the values kept ``k``."""
 
     name: str = Field(min_length=1, max_length=MAX_NAME)
-    codec: Codec
+    codec: WireCodec
     shape: list[Annotated[int, Field(ge=0, le=MAX_DIM)]] = Field(max_length=MAX_DIMS)
     block: int = Field(ge=0, le=MAX_BLOCK)
+    k: int = Field(0, ge=0, le=MAX_COUNT)
 
 
 class Header(Strict):

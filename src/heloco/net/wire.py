@@ -3,8 +3,8 @@
 Frames, in order::
 
     header   UTF-8 JSON: {"v", "type", "id", "re", "ts", "body", "tensors": [TensorMeta...]}
-    data_0   raw bytes of tensor 0 (fp32 / bf16 / int8, little endian)
-    scales_0 fp32 block scales of tensor 0 (int8 only)
+    data_0   raw bytes of tensor 0 (fp32 / bf16 / int8 elements, top-k values, sign bits)
+    scales_0 int8: fp32 block scales; top-k: int32 indices; sign: scales (one per block)
     ...
     tag      HMAC-SHA256(secret, length-prefixed header + tensor frames)
 
@@ -19,6 +19,7 @@ decodes to a view of its frame (:mod:`heloco.net.compress`).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from heloco.codecs import CodedDelta
 from heloco.net import auth, compress, messages
 from heloco.net.compress import Codec, Encoded
 from heloco.net.messages import Header
@@ -89,14 +91,19 @@ def make(
     threads: int = 1,
 ) -> Message:
     """Build a message with a fresh id and timestamp, encoding ``params`` with ``codec``
-    (int8 quantised on ``threads`` threads)."""
-    tensors = {k: compress.encode(v, codec, block, threads) for k, v in (params or {}).items()}
+    (int8 quantised on ``threads`` threads). A :class:`heloco.codecs.CodedDelta` is sent as
+    it was compressed (top-k, sign), whatever ``codec`` says."""
+    if isinstance(params, CodedDelta):
+        tensors = {k: compress.from_coded(c) for k, c in params.coded.items()}
+    else:
+        tensors = {k: compress.encode(v, codec, block, threads) for k, v in (params or {}).items()}
     return Message(type_, dict(body or {}), tensors, new_id(), re, time.time())
 
 
 def _header(msg: Message) -> bytes:
     meta = [
         {"name": k, "codec": e.codec, "shape": list(e.shape), "block": e.block}
+        | ({"k": e.k} if e.codec.startswith("topk") else {})
         for k, e in msg.tensors.items()
     ]
     head = {
@@ -116,7 +123,7 @@ def encode(msg: Message, secret: bytes, threads: int = 1) -> list[Frame]:
     frames: list[Frame] = [_header(msg)]
     for enc in msg.tensors.values():
         frames.append(enc.data)
-        if enc.codec == "int8":
+        if enc.codec in compress.TWO_FRAMES:
             frames.append(enc.scales)
     frames.append(auth.sign(secret, frames, threads))
     return frames
@@ -173,8 +180,13 @@ def _parse_header(raw: Frame) -> Header:
     if len(set(names)) != len(names):
         raise WireError("bad_header", "a tensor name appears twice")
     for t in head.tensors:
-        if (t.codec == "int8") != (t.block >= 1):
+        blocked = t.codec == "int8" or t.codec.startswith("sign")
+        if blocked != (t.block >= 1):
             raise WireError("bad_header", f"tensor {t.name!r}: block {t.block} with {t.codec}")
+        if t.k and not t.codec.startswith("topk"):
+            raise WireError("bad_header", f"tensor {t.name!r}: k {t.k} with {t.codec}")
+        if t.k > math.prod(t.shape):
+            raise WireError("bad_header", f"tensor {t.name!r}: k {t.k} > {math.prod(t.shape)}")
     return head
 
 
@@ -184,7 +196,8 @@ def decode(
     """Authenticate (the tag hashed on ``threads`` threads) and parse a framed message.
 
     Order of checks: total size (cheap, before hashing), HMAC tag, header, then every tensor's
-    byte count against its declared shape. Raises :class:`WireError` with reason ``too_large``,
+    byte count against its declared shape (and a top-k tensor's indices: sorted, unique, in
+    range). Raises :class:`WireError` with reason ``too_large``,
     ``bad_frames``, ``bad_mac``, ``bad_header``, ``bad_version`` or ``bad_tensor``.
     """
     total = wire_bytes(frames)
@@ -199,18 +212,26 @@ def decode(
     tensors: dict[str, Encoded] = {}
     cursor = 1
     for meta in head.tensors:
-        want = 2 if meta.codec == "int8" else 1
+        want = 2 if meta.codec in compress.TWO_FRAMES else 1
         if cursor + want > len(body_frames):
             raise WireError("bad_frames", f"tensor {meta.name!r}: missing frames")
         data, scales = body_frames[cursor], body_frames[cursor + 1] if want == 2 else b""
         cursor += want
         shape = tuple(meta.shape)
-        want_data, want_scales = compress.expected_nbytes(meta.codec, shape, meta.block or 1)
+        want_data, want_scales = compress.expected_nbytes(
+            meta.codec, shape, meta.block or 1, meta.k
+        )
         if len(data) != want_data or len(scales) != want_scales:
             raise WireError(
                 "bad_tensor", f"tensor {meta.name!r}: byte count does not match shape {shape}"
             )
-        tensors[meta.name] = Encoded(meta.codec, shape, meta.block, data, scales)
+        enc = Encoded(meta.codec, shape, meta.block, data, scales, meta.k)
+        if compress.is_coded(meta.codec):
+            try:
+                compress.check_structure(enc)
+            except ValueError as exc:
+                raise WireError("bad_tensor", f"tensor {meta.name!r}: {exc}") from None
+        tensors[meta.name] = enc
     if cursor != len(body_frames):
         raise WireError("bad_frames", f"{len(body_frames) - cursor} unexpected frames")
     return Message(head.type, head.body, tensors, head.id, head.re, head.ts)

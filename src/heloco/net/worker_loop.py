@@ -91,6 +91,7 @@ class WorkerReport:
     compute_s: float = 0.0
     comm_s: float = 0.0
     sent_bytes: int = 0
+    push_bytes: list[int] = field(default_factory=list)  # each push's bytes on the wire
     recv_bytes: int = 0
     retries: int = 0
     wall_s: float = 0.0
@@ -209,6 +210,7 @@ class NetWorker:
             self.report.acked = self.link.acked
             self.report.rejected = self.link.rejected
             self.report.duplicates = self.link.duplicates
+            self.report.push_bytes = self.link.push_bytes
             t = self.link.client.traffic
             self.report.comm_s = t.seconds
             self.report.sent_bytes, self.report.recv_bytes, self.report.retries = (

@@ -74,6 +74,7 @@ class MethodSpec:
     synchronous: bool = False
     dylu: bool = False
     description: str = ""
+    quorum: bool = False  # Decoupled DiLoCo: buffered rounds merged once a quorum has one
 
 
 def _nesterov(p: Params, c: OuterConfig, k: int, lr: float, rho: Rho) -> OuterOptimizer:
@@ -114,6 +115,14 @@ METHODS: dict[str, MethodSpec] = {
     "dn-dylu": MethodSpec(_dn, 0.7, "none", dylu=True, description="delayed Nesterov + DyLU"),
     "mla": MethodSpec(_mla, 0.7, "sqrt_k", description="momentum look-ahead"),
     "heloco": MethodSpec(_heloco, 0.7, "sqrt_k", description="HeLoCo"),
+    "decoupled": MethodSpec(
+        _nesterov,
+        0.7,
+        "none",
+        quorum=True,
+        description="Decoupled DiLoCo: asynchronous learners, minimum quorum, grace window, "
+        "token-weighted merge (arXiv 2604.21428)",
+    ),
     "heloco-uncorrected": MethodSpec(
         _heloco_uncorrected, 0.7, "sqrt_k", description="HeLoCo without block correction"
     ),

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from heloco.codecs import feedback_for
 from heloco.data import ValLoss, WorkerData, build_data, derive_seed
 from heloco.model import ModelConfig
 from heloco.modelspec import build_model, describe, tinygpt_config
@@ -95,7 +96,8 @@ class WorkerParts:
         from the same stream)."""
         seed = self.cfg.seed if batch_seed is None else batch_seed
         on = self.model if model is None else model
-        return Worker(w, on, self.data.streams[w], self.inner[w], seed)
+        feedback = feedback_for(self.cfg.payload)
+        return Worker(w, on, self.data.streams[w], self.inner[w], seed, feedback=feedback)
 
     @torch.no_grad()
     def evaluate(self, params: Params) -> ValLoss:
@@ -133,6 +135,7 @@ def build_server(
         dylu_reference=cfg.dylu_reference,
         dylu_quantile=cfg.dylu_quantile,
         grace_window=cfg.grace_window,
+        quorum=cfg.server_quorum(),
     )
     return Server(init, optimizer, server_cfg)
 

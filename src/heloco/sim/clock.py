@@ -28,6 +28,21 @@ class Clock:
     time_budget: float | None
     eval_every: int
     eval_unit: Literal["tokens", "steps"] = "tokens"
+    failures: tuple[tuple[int, float, float], ...] = ()  # (worker, killed at, seconds down)
+
+    def is_down(self, worker: int, t: float) -> bool:
+        """Whether ``worker`` is killed and not yet back at time ``t``."""
+        return any(w == worker and at <= t < at + d for w, at, d in self.failures)
+
+    def killed_between(self, worker: int, t0: float, t1: float) -> bool:
+        """Whether ``worker`` is killed in (t0, t1) (a round it runs then is lost)."""
+        return any(w == worker and t0 < at < t1 for w, at, _ in self.failures)
+
+    def back_at(self, worker: int, t: float) -> float:
+        """When ``worker`` is up again after time ``t`` (``t`` if it is up, else the end of
+        its downtime, or of a kill during the round that starts at ``t``)."""
+        ends = [at + d for w, at, d in self.failures if w == worker and at + d > t]
+        return min(ends) if ends else t
 
 
 def resolve_paces(cfg: SimConfig) -> list[float]:

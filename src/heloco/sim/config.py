@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from heloco.codecs import parse_payload
 from heloco.data import DataConfig
 from heloco.modelspec import ModelChoice
 from heloco.outer import OuterConfig, resolve_method
@@ -64,6 +65,17 @@ class PaceDistribution(BaseModel):
     sigma: float = Field(0.5, ge=0, allow_inf_nan=False)
 
 
+class Failure(BaseModel):
+    """Worker ``worker`` is killed at simulated second ``at`` (its round in flight is lost, the
+    server evicts it) and rejoins ``down`` seconds later (dispatched afresh)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    worker: int = Field(ge=0)
+    at: float = Field(ge=0)
+    down: float = Field(gt=0)
+
+
 class SimConfig(BaseModel):
     """One simulated run. ``outer_lr``, ``outer_momentum`` and ``rho`` are accepted as
     spellings of ``outer.lr``, ``outer.momentum`` and ``outer.rho`` (see fold_outer_aliases)."""
@@ -91,6 +103,21 @@ class SimConfig(BaseModel):
     )
     dylu_quantile: float = Field(0.9, gt=0, le=1, description="quantile for dylu_reference")
     grace_window: float = Field(0.0, ge=0, description="seconds; 0 = fully asynchronous")
+    quorum: int | None = Field(
+        None,
+        ge=1,
+        description="decoupled: distinct workers an outer step merges at least (None: half "
+        "the workers, rounded up)",
+    )
+    failures: list[Failure] = Field(
+        default_factory=list,
+        description="workers killed at a simulated time and back after `down` seconds",
+    )
+    payload: str = Field(
+        "dense",
+        description="what a worker sends, as shardmeter plan --payload spells it: dense, "
+        "topk:fraction=0.01, sign (heloco.codecs; error feedback per worker)",
+    )
     data: DataConfig = DataConfig()
     model: ModelChoice = Field(
         "tiny", description="TinyGPT preset or table, {hf = DIR}, or {factory = 'pkg.mod:fn'}"
@@ -131,7 +158,15 @@ class SimConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> SimConfig:
-        resolve_method(self.method)
+        method = resolve_method(self.method)
+        parse_payload(self.payload)
+        if self.quorum is not None and not method.spec.quorum:
+            raise UserInputError("quorum", self.quorum, "unset unless method is decoupled")
+        if self.quorum is not None and self.quorum > self.workers:
+            raise UserInputError("quorum", self.quorum, f"at most workers = {self.workers}")
+        for f in self.failures:
+            if f.worker >= self.workers:
+                raise UserInputError("failures.worker", f.worker, f"below workers = {self.workers}")
         if self.token_budget is None and self.time_budget is None:
             raise UserInputError("token_budget", None, "set token_budget and/or time_budget")
         for name in ("paces", "comm_delays"):
@@ -150,6 +185,13 @@ class SimConfig(BaseModel):
     def outer_config(self) -> OuterConfig:
         """The outer-optimizer settings (``[outer]``, top-level aliases folded in)."""
         return self.outer
+
+    def server_quorum(self) -> int:
+        """The server's quorum: 0 unless the method merges by quorum (then ``quorum``, or half
+        the workers rounded up)."""
+        if not resolve_method(self.method).spec.quorum:
+            return 0
+        return self.quorum if self.quorum is not None else -(-self.workers // 2)
 
     def use_dylu(self) -> bool:
         """Whether DyLU inner steps apply: the explicit ``dylu`` field, else the method's default."""

@@ -132,6 +132,12 @@ class _Sim:
         heap: list[tuple[float, int]] = []
         inflight: dict[int, tuple[Dispatch, float, float]] = {}
         control = self.control
+        # kills and rejoins on the simulated clock: (time, order, worker, is_kill)
+        events = sorted(
+            [(at, 1, w, True) for w, at, _ in self.clock.failures]
+            + [(at + down, 0, w, False) for w, at, down in self.clock.failures]
+        )
+        down: set[int] = set()
 
         def start(w: int, t: float) -> None:
             d = self.server.dispatch(w)
@@ -141,12 +147,37 @@ class _Sim:
             heapq.heappush(heap, (arrival, w))
             self.rounds.submit(d, arrival)
 
+        def next_time() -> float:
+            return heap[0][0] if heap else math.inf
+
         for w in range(len(self.clock.paces)):
             start(w, 0.0)
         self.eval_now()
         waiting: list[int] = []
         ready: list[int] = []  # applied at time t, dispatched once every arrival at t is in
         while True:
+            grace_end = control.grace_end
+            horizon = min(next_time(), math.inf if grace_end is None else grace_end)
+            if events and events[0][0] <= horizon:
+                t_ev, _, w, kill = events.pop(0)
+                if control.past_time(t_ev):
+                    events = []
+                    continue
+                self.traj.time = max(self.traj.time, t_ev)
+                if kill and w not in down:
+                    down.add(w)
+                    if w in inflight:  # its round in flight is lost
+                        del inflight[w]
+                        heap = [(a, v) for a, v in heap if v != w]
+                        heapq.heapify(heap)
+                    waiting = [v for v in waiting if v != w]
+                    ready = [v for v in ready if v != w]
+                    self.server.evict(w)
+                elif not kill and w in down:
+                    down.discard(w)
+                    if w not in inflight:
+                        start(w, t_ev)
+                continue
             if control.grace_closes_before(heap[0][0] if heap else None):
                 window_end = control.grace_end
                 assert window_end is not None  # a window closes only when one is open
@@ -157,7 +188,8 @@ class _Sim:
                 for rec in self.server.flush():
                     self.record_update(rec)
                 for w in waiting:
-                    start(w, window_end)
+                    if w not in down:
+                        start(w, window_end)
                 control.close_grace()
                 waiting = []
                 self.maybe_eval()
@@ -172,16 +204,21 @@ class _Sim:
             if d.steps > 0 and compute > 0:
                 self.server.observe_speed(w, d.steps / compute)
             self.record_round(result, t0, t)
+            self.traj.useful_seconds += compute
             applied = self.server.submit(result)
             if applied is not None:
                 self.record_update(applied)
                 ready.append(w)
-            else:
+            elif self.server.holds_workers:
                 control.open_grace(t)
                 waiting.append(w)
+            else:  # quorum: the worker goes on; the window opens once the quorum is met
+                ready.append(w)
+                if self.server.window_ready():
+                    control.open_grace(t)
             self.maybe_eval()
             if self.budget_reached():
-                for rec in self.server.flush():
+                for rec in self.server.flush(final=True):
                     self.record_update(rec)
                 self.traj.stopped_by = "tokens"
                 break
@@ -189,6 +226,8 @@ class _Sim:
                 for v in sorted(ready):
                     start(v, t)
                 ready = []
+        for _, t0, compute in inflight.values():  # rounds cut by the stop: work in progress
+            self.traj.useful_seconds += max(0.0, min(compute, self.traj.time - t0))
         return self.finish()
 
     # -- sync -------------------------------------------------------------------------------
@@ -197,24 +236,42 @@ class _Sim:
         self.eval_now()
         while not self.budget_reached():
             now = self.traj.time
-            dispatches = [self.server.dispatch(w) for w in range(k)]
-            computes = [self.compute_seconds(w, d.steps) for w, d in enumerate(dispatches)]
-            ends = [now + c + self.clock.comm_delays[w] for w, c in enumerate(computes)]
-            round_end = max(ends)
+            # a worker down at the round's start sits it out (the server evicted it: the
+            # barrier shrinks, as heartbeats would make it); one killed during it loses it
+            alive = [w for w in range(k) if not self.clock.is_down(w, now)]
+            if not alive:
+                self.traj.time = min(self.clock.back_at(w, now) for w in range(k))
+                continue
+            dispatches = {w: self.server.dispatch(w) for w in alive}
+            computes = {w: self.compute_seconds(w, d.steps) for w, d in dispatches.items()}
+            ends = {w: now + c + self.clock.comm_delays[w] for w, c in computes.items()}
+            lost = {w for w in alive if self.clock.killed_between(w, now, ends[w])}
+            kept = [w for w in alive if w not in lost]
+            round_end = max(ends.values())
+            if not kept:
+                round_end = max(self.clock.back_at(w, now) for w in alive)
             if self.control.past_time(round_end):
                 self.traj.stopped_by = "time"
                 break
-            for w, d in enumerate(dispatches):
-                self.rounds.submit(d, ends[w])
+            for w in lost:
+                self.server.evict(w)
+            for w in range(k):
+                if w not in alive:
+                    self.server.evict(w)
+            for w in kept:
+                self.rounds.submit(dispatches[w], ends[w])
             record = None
-            for w in sorted(range(k), key=lambda i: (ends[i], i)):
+            for w in sorted(kept, key=lambda i: (ends[i], i)):
                 d = dispatches[w]
                 result: RoundResult = yield from self.take(w)
                 if d.steps > 0 and computes[w] > 0:
                     self.server.observe_speed(w, d.steps / computes[w])
                 self.record_round(result, now, ends[w])
+                self.traj.useful_seconds += computes[w]
                 record = self.server.submit(result) or record
             self.traj.time = round_end
+            if not kept:
+                continue
             if record is None:
                 raise RuntimeError("sync round ended without an update")
             self.record_update(record)

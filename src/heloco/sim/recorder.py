@@ -34,6 +34,17 @@ class Trajectory:
     eval_seconds: float = 0.0
     loop_seconds: float = 0.0
     stopped_by: Literal["", "tokens", "time"] = ""
+    useful_seconds: float = 0.0  # simulated compute of accepted rounds and of those in flight
+
+    def goodput(self, workers: int) -> float | None:
+        """Useful compute over the workers' capacity: Σ compute seconds of the accepted rounds
+        and of the rounds still in flight when the run stops (up to the stop) / (workers ×
+        simulated seconds); a killed round's compute is lost (Decoupled DiLoCo's goodput, arXiv 2604.21428 §1: the
+        share of the machines' time that became training); None before any time passed or
+        where no round's compute was simulated (a networked run)."""
+        if self.time <= 0 or self.useful_seconds <= 0:
+            return None
+        return self.useful_seconds / (workers * self.time)
 
 
 class Recorder:

@@ -146,7 +146,7 @@ def round_sources(built: Sequence[RunParts | Exception]) -> list[RoundSource | N
     own model (``DirectRounds``)."""
     groups: dict[tuple[str, str, bool], list[tuple[int, RunParts, TinyGPT]]] = {}
     for i, parts in enumerate(built):
-        if isinstance(parts, Exception) or parts.cfg.batch == "off":
+        if isinstance(parts, Exception) or parts.cfg.batch == "off" or parts.cfg.failures:
             continue
         model = parts.model
         if isinstance(model, TinyGPT) and supports(model):
@@ -244,6 +244,7 @@ def clock_of(cfg: SimConfig, parts: RunParts) -> Clock:
         time_budget=cfg.time_budget,
         eval_every=cfg.eval_every,
         eval_unit=cfg.eval_unit,
+        failures=tuple((f.worker, f.at, f.down) for f in cfg.failures),
     )
 
 
@@ -307,4 +308,6 @@ def summarize(
         correction=stats.correction(),
         paces=paces,
         weight_shares=stats.weight_shares(),
+        goodput=traj.goodput(cfg.workers),
+        payload=cfg.payload,
     )

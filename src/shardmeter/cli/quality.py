@@ -14,11 +14,14 @@ from shardmeter.quality import (
     DEFAULT_ASYNC_METHOD,
     QualityFactors,
     RankedPlan,
+    payload_spec,
     plan_to_target,
     quality_factors,
     ranked_json,
+    topology_payload,
 )
 from shardmeter.report.quality import render_ranked
+from shardmeter.specs.topology import PayloadSpec
 
 __all__ = ["add_arguments", "apply", "from_args", "rank_from_args", "ranked_json", "render_ranked"]
 
@@ -71,7 +74,12 @@ def apply(args: argparse.Namespace) -> QualityFactors | None:
         from shardmeter.specs.topology import load_topology
 
         mode = load_topology(args.topology).run.mode
-    q = quality.for_mode(mode or "single", getattr(args, "quality_method", None))
+    payload = getattr(args, "payload", None)
+    if payload is None and getattr(args, "topology", None) is not None:
+        spec: PayloadSpec | None = topology_payload(args.topology)
+    else:
+        spec = payload_spec(payload) if isinstance(payload, str) else None
+    q = quality.for_mode(mode or "single", getattr(args, "quality_method", None), spec)
     if not math.isfinite(q):
         raise UserInputError(
             "--target-loss", quality.target_loss, "the chosen method never reaches it"
