@@ -60,8 +60,15 @@ HELOCO_LAYERS: tuple[tuple[str, ...], ...] = (
     ),
     # model, data
     ("heloco.model", "heloco.modelspec", "heloco.hf", "heloco.data"),
-    # inner, outer: the worker's loop and the server's outer step
-    ("heloco.inner", "heloco.worker", "heloco.rounds", "heloco.worker_state", "heloco.outer"),
+    # inner, outer: the worker's loop (with its payload codecs) and the server's outer step
+    (
+        "heloco.inner",
+        "heloco.worker",
+        "heloco.rounds",
+        "heloco.worker_state",
+        "heloco.codecs",
+        "heloco.outer",
+    ),
     # server, run: the state machine, the run controller, the library's loops over them
     ("heloco.server", "heloco.run", "heloco.island", "heloco.outer_loop"),
     # exchange: how a worker talks to the server each round
