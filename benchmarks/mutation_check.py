@@ -60,8 +60,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              "activations = shared.per_layer * in_flight + shared.working",
              "activations = shared.per_layer * in_flight + 0.0 * shared.working"),
     Mutation("last stage's logits dropped", "memory.py",
-             "        logits, plans, counts.last, matrices,\n    )  # fmt: skip\n    mid = _stage_memory(",
-             "        0.0, plans, counts.last, matrices,\n    )  # fmt: skip\n    mid = _stage_memory("),
+             "        logits, plans, counts.last, matrices, cached,\n    )  # fmt: skip\n    mid = _stage_memory(",
+             "        0.0, plans, counts.last, matrices, cached,\n    )  # fmt: skip\n    mid = _stage_memory("),
     # --- the terms issue 13 added ---
     Mutation("interleaved bubble not divided by v", "compute.py",
              "return (self.total_s - self.critical_s) / as_float(v)",
