@@ -258,6 +258,15 @@ MUTATIONS: tuple[Mutation, ...] = (
              "grad_bytes = where(plans.grad_fp32, GRAD_BYTES, GRAD_BYTES)"),
     Mutation("gradient bytes ignore the buffer dtype", "memory.py",
              "gradients=on_gpu * grad_bytes * params", "gradients=on_gpu * GRAD_BYTES * params"),
+    Mutation("optimizer in backward keeps every gradient", "memory.py",
+             "gradients = where(plans.optimizer_in_backward, shared.fused_step_grads, gradients)",
+             "gradients = where(plans.optimizer_in_backward, gradients, gradients)"),
+    Mutation("fused-step gradient not sharded under ZeRO-3", "memory.py",
+             '/ where(plans.sharding >= SHARDING_CODES["zero2"], d_dense, 1.0),',
+             "/ 1.0,"),
+    Mutation("largest parameter without the embedding table", "memory.py",
+             "biggest = max(model.vocab * model.hidden, model.hidden * width,",
+             "biggest = max(0 * model.vocab * model.hidden, model.hidden * width,"),
 )  # fmt: skip
 
 
