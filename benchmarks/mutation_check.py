@@ -64,8 +64,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              "activations = shared.per_layer * in_flight + shared.working",
              "activations = shared.per_layer * in_flight + 0.0 * shared.working"),
     Mutation("last stage's logits dropped", "memory.py",
-             "        logits, plans, counts.last, matrices,\n    )  # fmt: skip\n    mid = _stage_memory(",
-             "        0.0, plans, counts.last, matrices,\n    )  # fmt: skip\n    mid = _stage_memory("),
+             "        logits, plans, counts.last, matrices, cached,\n    )  # fmt: skip\n    mid = _stage_memory(",
+             "        0.0, plans, counts.last, matrices, cached,\n    )  # fmt: skip\n    mid = _stage_memory("),
     # --- the terms issue 13 added ---
     Mutation("interleaved bubble not divided by v", "compute.py",
              "return (self.total_s - self.critical_s) / as_float(v)",
@@ -403,6 +403,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("quality: any compressed run stands for any payload", "shardmeter/quality.py",
              "if base == name and payload_spec(text) == payload:", "if base == name:",
              "tests/shardmeter/test_quality.py"),
+    Mutation("optimizer in backward keeps every gradient", "memory.py",
+             "gradients = where(plans.optimizer_in_backward, shared.fused_step_grads, gradients)",
+             "gradients = where(plans.optimizer_in_backward, gradients, gradients)"),
+    Mutation("fused-step gradient not sharded under ZeRO-3", "memory.py",
+             '/ where(plans.sharding >= SHARDING_CODES["zero2"], d_dense, 1.0),',
+             "/ 1.0,"),
+    Mutation("largest parameter without the embedding table", "memory.py",
+             "biggest = max(model.vocab * model.hidden, model.hidden * width,",
+             "biggest = max(0 * model.vocab * model.hidden, model.hidden * width,"),
 )  # fmt: skip
 
 

@@ -41,7 +41,10 @@ MEMORY_COLUMNS = (
     "gpu", "n_gpus", "memory", "memory_unit", "memory_kind", "outcome",
 )  # fmt: skip
 # Memory-setup columns passed to the Plan as stated (blank: the Plan default).
-_SETUP_COLUMNS = ("optimizer", "master_weights", "offload", "selective_policy", "ce_upcast")
+_SETUP_COLUMNS = (
+    "optimizer", "master_weights", "offload", "selective_policy", "ce_upcast",
+    "optimizer_in_backward",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from shardmeter.estimate.memory import (
     UNSHARDED_GRAD_BYTES,
     activation_bytes_per_layer,
     fragmentation_bytes,
+    largest_parameter,
     memory_breakdown,
     nccl_buffer_bytes,
     offload_transfer_time,
@@ -438,3 +439,21 @@ def test_fp32_gradient_buffer_closed_form() -> None:
         params = float(bf16.gradients) * divisor / GRAD_BYTES
         assert float(fp32.gradients) == pytest.approx(FP32_GRAD_BYTES * params / divisor)
         assert float(fp32.weights) == pytest.approx(float(bf16.weights))
+
+
+def test_optimizer_in_backward_keeps_one_gradient() -> None:
+    """With the step fused into backward only the largest parameter's gradient is live: the
+    V·h table for Llama 2 7B (32,000 × 4,096 bf16), sharded under ZeRO-3."""
+    model, cluster = load_model("llama-2-7b"), load_cluster("dgx-h100")
+    plans = _plans(master_weights="none", optimizer_in_backward=True)
+    assert float(largest_parameter(model, plans)) == model.vocab * model.hidden
+    fused = memory_breakdown(model, cluster, plans)
+    assert float(fused.gradients) == pytest.approx(GRAD_BYTES * model.vocab * model.hidden)
+    plain = memory_breakdown(model, cluster, _plans(master_weights="none"))
+    assert float(plain.gradients) > 40 * float(fused.gradients)
+    assert float(fused.weights) == pytest.approx(float(plain.weights))
+    sharded = memory_breakdown(
+        model, cluster,
+        _plans(dp=8, sharding="zero3", master_weights="none", optimizer_in_backward=True),
+    )  # fmt: skip
+    assert float(sharded.gradients) == pytest.approx(float(fused.gradients) / 8)

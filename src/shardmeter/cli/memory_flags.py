@@ -21,6 +21,7 @@ from shardmeter.specs.plan import (
 MEMORY_FLAGS = (
     "optimizer", "master_weights", "offload", "fp8_recipe", "reshard_after_forward", "fused_ce",
     "recompute_every", "selective_policy", "ce_upcast", "grad_accum_dtype",
+    "optimizer_in_backward",
 )  # fmt: skip
 
 
@@ -66,6 +67,10 @@ def add_memory_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--grad-accum-dtype", choices=get_args(GradAccumDtype),
         help="gradient buffer dtype: fp32 is Megatron's main_grad (4 B per parameter)",
+    )  # fmt: skip
+    group.add_argument(
+        "--optimizer-in-backward", action=argparse.BooleanOptionalAction, default=None,
+        help="optimizer step fused into backward: one gradient live at a time (torchtune)",
     )  # fmt: skip
 
 

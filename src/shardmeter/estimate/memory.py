@@ -573,6 +573,15 @@ class _Shared:
     host_params: Num = False
     host_dense: Num = 0.0  # host bytes per dense parameter (offloaded or paged states)
     host_expert: Num = 0.0
+    fused_step_grads: Num = 0.0  # gradient bytes live with optimizer_in_backward
+
+
+def largest_parameter(model: TransformerSpec, plans: PlanArrays) -> Num:
+    """Elements of the largest single weight tensor on one GPU: the embedding or output table
+    (V·h), an MLP matrix (h·F, experts h·F_expert) or the query projection (h·q), /tp."""
+    width = model.expert_ffn if model.moe is not None else model.dense_ffn
+    biggest = max(model.vocab * model.hidden, model.hidden * width, model.hidden * model.q_dim)
+    return biggest / as_float(plans.tp)
 
 
 def _shared(model: TransformerSpec, plans: PlanArrays, layer: Num) -> _Shared:
@@ -611,6 +620,11 @@ def _shared(model: TransformerSpec, plans: PlanArrays, layer: Num) -> _Shared:
         host_params=host_params,
         host_dense=host_each / where(sharded, d_dense, 1.0),
         host_expert=host_each / where(sharded, d_expert, 1.0),
+        # optimizer_in_backward: each gradient is applied and freed as soon as it is
+        # accumulated, so the largest one (sharded under ZeRO-2/3) bounds what is live
+        fused_step_grads=grad_bytes
+        * largest_parameter(model, plans)
+        / where(plans.sharding >= SHARDING_CODES["zero2"], d_dense, 1.0),
     )
 
 
@@ -641,6 +655,7 @@ def _stage_memory(
     buffers = buffers + where(kept, gathered + accumulated, 0.0)
     weights = dense * shared.dense.weights + expert * shared.expert.weights
     gradients = dense * shared.dense.gradients + expert * shared.expert.gradients
+    gradients = where(plans.optimizer_in_backward, shared.fused_step_grads, gradients)
     optimizer = dense * shared.dense.optimizer + expert * shared.expert.optimizer
     if cluster.memory_overhead_gb is not None:  # one stated figure replaces all three
         fragmentation = 0.0 * activations

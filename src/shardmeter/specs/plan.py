@@ -136,6 +136,10 @@ class Plan(BaseModel):
     # buffer (--accumulate-allreduce-grads-in-fp32, forced on with --bf16), 4 B per parameter,
     # which ZeRO-1's distributed optimizer does not shard; "bf16" the parameters' dtype
     grad_accum_dtype: GradAccumDtype = "bf16"
+    # the optimizer step runs inside backward, parameter by parameter, and frees each
+    # gradient once applied (torchtune optimizer_in_bwd; PyTorch's
+    # register_post_accumulate_grad_hook recipe): at most one parameter's gradient is live
+    optimizer_in_backward: bool = False
 
     @model_validator(mode="before")
     @classmethod
