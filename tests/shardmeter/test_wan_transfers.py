@@ -13,6 +13,7 @@ import pytest
 from shardmeter.estimate.outer import collective, outer_round
 from shardmeter.estimate.wan import (
     DEFAULT_WINDOW_BYTES,
+    HELOCO_SERVER_PUSH_BPS,
     INITIAL_RWND_BYTES,
     INITIAL_WINDOW_SEGMENTS,
     LINUX_TCP_RMEM_MAX,
@@ -157,14 +158,16 @@ def test_heloco_exchange_is_a_push_and_a_pull_from_the_initial_window() -> None:
     rate, rtt, m = 1e7, 0.05, 4e6
     one = rtt + float(slow_start_s(m, rate, rtt))
     assert heloco_exchange_s(m, rate, rtt) == pytest.approx(2 * one)
-    # n − 1 workers share the server's link: each stream gets 1/(n−1) of it; the server's CPU
-    # takes the 3 messages one after another
+    # n − 1 workers share the server's link: each stream gets 1/(n−1) of it; a worker decodes
+    # its own pull, the server applies the 3 pushes one after another
     path = TcpPath(link_Bps=rate * 1514 / 1448, rtt_s=rtt)
     pull = pattern_s("heloco-pull", m, 4, path, "zmq")
+    push = pattern_s("heloco-push", m, 4, path, "zmq")
     eff, host = TRANSPORT_EFFICIENCY["zmq"], TRANSPORT_HOST_BPS["zmq"]
     wire = rtt + float(slow_start_s(m, rate * eff / 3, rtt))
-    assert pull == pytest.approx(wire + 3 * m / host)
-    both = pattern_s("heloco-push", m, 4, path, "zmq") + pull
+    assert pull == pytest.approx(wire + m / host)
+    assert push == pytest.approx(wire + 3 * m / HELOCO_SERVER_PUSH_BPS)
+    both = push + pull
     assert pattern_s("heloco-exchange", m, 4, path, "zmq") == pytest.approx(both)
 
 

@@ -337,11 +337,14 @@ Transport = Literal["nccl", "gloo", "zmq"]
 # benchmarks/wan_collectives.py; NCCL's socket transport reaches <= 60% of a 32 Gbit/s link
 # in nccl-tests (NVIDIA/nccl issue #209, 2019).
 TRANSPORT_EFFICIENCY: dict[str, float] = {"nccl": 0.60, "gloo": 1.0, "zmq": 1.0}
-# Host bytes/s a transport's CPU work adds in series with the wire (bytes / rate): HeLoCo's
-# server signs, checks and decodes every message whole (HMAC-SHA256, codec) and applies the
-# outer step on a push, so a message costs M/W + M/C. Fitted to the 1 Gbit/s rows of
-# benchmarks/wan_collectives.py on this 2-core machine (load 4-6); gloo reached the link there.
-TRANSPORT_HOST_BPS: dict[str, float] = {"nccl": math.inf, "gloo": math.inf, "zmq": 2.7e8}
+# Host bytes/s a transport's CPU work adds in series with the wire (bytes / rate): HeLoCo
+# signs, checks and decodes every message whole (HMAC-SHA256, codec), so a message costs
+# M/W + M/C. A pull's C is the worker's (each worker decodes its own copy, in parallel); a
+# push's is the server's, which also applies the outer step and takes the pushes one after
+# another. Fitted to the 1 Gbit/s, two-process rows of benchmarks/wan_collectives.py on this
+# 2-core machine (load 4-6); gloo reached the link there (no host term).
+TRANSPORT_HOST_BPS: dict[str, float] = {"nccl": math.inf, "gloo": math.inf, "zmq": 3.2e8}
+HELOCO_SERVER_PUSH_BPS = 2.3e8
 
 
 @dataclass(frozen=True)
@@ -504,8 +507,8 @@ def pattern_s(
     - heloco-pull / heloco-push: n − 1 workers each fetch / send M from / to one server at
       once: a request (L), then M through the server's link shared by all, (n−1)·M/W, from
       TCP's initial window (a worker computed in between: idle > RTO, RFC 5681 sec. 4.1),
-      the server's CPU over the n − 1 messages, (n−1)·M/C (TRANSPORT_HOST_BPS), and the
-      reply (L); heloco-exchange is a push then a pull, HeLoCo's round
+      the host's CPU per message: M/C on a pull (each worker decodes its own),
+      (n−1)·M/C_server on a push (the server applies them in turn), and the reply (L); heloco-exchange is a push then a pull, HeLoCo's round
       (heloco/net/worker_loop.py: pull, H inner steps, push).
 
     `cold` (default: True for the HeLoCo exchange, False for collectives, whose connections
@@ -541,12 +544,13 @@ def pattern_s(
         return lat + send(m)
     if pattern in ("heloco-pull", "heloco-push"):
         # n − 1 streams share the server's link: each at 1/(n−1) of it, its own window; the
-        # server's CPU handles the n − 1 messages one after another
+        # server checks and applies the n − 1 pushes one after another
         workers = max(k - 1.0, 1.0)
         shared = dataclasses.replace(path, link_Bps=path.link_Bps / workers)
-        return (
-            lat + transfer_s(m, shared, is_cold, eff) + workers * m / TRANSPORT_HOST_BPS[transport]
-        )
+        wire = lat + transfer_s(m, shared, is_cold, eff)
+        if pattern == "heloco-pull" or transport != "zmq":
+            return wire + m / TRANSPORT_HOST_BPS[transport]
+        return wire + workers * m / HELOCO_SERVER_PUSH_BPS
     if pattern == "heloco-exchange":
         return pattern_s("heloco-push", m, n, path, transport, cold) + pattern_s(
             "heloco-pull", m, n, path, transport, cold
