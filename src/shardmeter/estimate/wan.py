@@ -421,16 +421,18 @@ def slow_start_s(
     rate = np.asarray(rate_Bps, dtype=np.float64)
     rtt = np.asarray(rtt_s, dtype=np.float64)
     iw = np.minimum(INITIAL_WINDOW_SEGMENTS * np.asarray(mss, dtype=np.float64), INITIAL_RWND_BYTES)
-    bdp = rate * rtt
-    # rounds until the window carries the BDP, and the bytes sent in them
-    k_star = np.ceil(np.log2(np.maximum(bdp / iw, 1.0)))
-    sent_ss = iw * (2.0**k_star - 1.0)
-    # rounds a short transfer needs: smallest k with IW·(2^k − 1) >= M
-    k = np.maximum(np.ceil(np.log2(m / iw + 1.0)), 1.0)
-    last = m - iw * (2.0 ** (k - 1.0) - 1.0)
-    short = (k - 1.0) * rtt + last / rate
-    long = k_star * rtt + (m - sent_ss) / rate
-    return np.where(m <= sent_ss, short, long)
+    with np.errstate(invalid="ignore", divide="ignore"):  # no round trip: the rate alone
+        bdp = rate * rtt
+        # rounds until the window carries the BDP, and the bytes sent in them
+        k_star = np.ceil(np.log2(np.maximum(bdp / iw, 1.0)))
+        sent_ss = iw * (2.0**k_star - 1.0)
+        # rounds a short transfer needs: smallest k with IW·(2^k − 1) >= M
+        k = np.maximum(np.ceil(np.log2(m / iw + 1.0)), 1.0)
+        last = m - iw * (2.0 ** (k - 1.0) - 1.0)
+        short = (k - 1.0) * rtt + last / rate
+        long = k_star * rtt + (m - sent_ss) / rate
+        out = np.where(m <= sent_ss, short, long)
+    return np.where(rtt > 0, out, m / rate)
 
 
 def transfer_s(
