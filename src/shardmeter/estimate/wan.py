@@ -399,7 +399,7 @@ def stream_Bps(
     """min(link, streams · window / RTT): a TCP stream has at most one window in flight per
     round trip (RFC 7323 sec. 1.1), so a long path caps it below the link."""
     rtt = np.asarray(rtt_s, dtype=np.float64)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):
         cap = np.where(
             rtt > 0, np.asarray(streams) * np.asarray(window_bytes, dtype=np.float64) / rtt, np.inf
         )
