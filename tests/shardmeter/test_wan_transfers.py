@@ -13,10 +13,13 @@ import pytest
 from shardmeter.estimate.outer import collective, outer_round
 from shardmeter.estimate.wan import (
     DEFAULT_WINDOW_BYTES,
+    HELOCO_SERVER_PUSH_BPS,
+    INITIAL_RWND_BYTES,
     INITIAL_WINDOW_SEGMENTS,
     LINUX_TCP_RMEM_MAX,
     LINUX_TCP_WMEM_MAX,
     TRANSPORT_EFFICIENCY,
+    TRANSPORT_HOST_BPS,
     WINDOW_FILL,
     TcpPath,
     WanPaths,
@@ -87,6 +90,15 @@ def test_slow_start_closed_form() -> None:
     assert slow_start_s(m, rate, 0.0, MSS) == pytest.approx(m / rate)
 
 
+def test_initial_window_is_capped_by_the_receivers_first_window() -> None:
+    """A jumbo MSS: 10 segments would be 124 kB, but the receiver first offers 64 KiB."""
+    mss, rate, rtt = 12448.0, 12.5e6, 0.04  # BDP 500 kB: 64 KiB doubles 3 times
+    iw = INITIAL_RWND_BYTES
+    assert iw == 65536 and iw < INITIAL_WINDOW_SEGMENTS * mss
+    m = 4e6
+    assert slow_start_s(m, rate, rtt, mss) == pytest.approx(3 * rtt + (m - 7 * iw) / rate)
+
+
 def test_transfer_is_one_way_latency_plus_bytes_at_the_stream_rate() -> None:
     path = TcpPath(link_Bps=1514e3, rtt_s=0.04, mtu_bytes=1500)
     warm = pattern_s("p2p", 1e6, 2, path, "gloo", cold=False)
@@ -146,12 +158,16 @@ def test_heloco_exchange_is_a_push_and_a_pull_from_the_initial_window() -> None:
     rate, rtt, m = 1e7, 0.05, 4e6
     one = rtt + float(slow_start_s(m, rate, rtt))
     assert heloco_exchange_s(m, rate, rtt) == pytest.approx(2 * one)
-    # n − 1 workers share the server's link: each stream gets 1/(n−1) of it
+    # n − 1 workers share the server's link: each stream gets 1/(n−1) of it; a worker decodes
+    # its own pull, the server applies the 3 pushes one after another
     path = TcpPath(link_Bps=rate * 1514 / 1448, rtt_s=rtt)
     pull = pattern_s("heloco-pull", m, 4, path, "zmq")
-    eff = TRANSPORT_EFFICIENCY["zmq"]
-    assert pull == pytest.approx(rtt + float(slow_start_s(m, rate * eff / 3, rtt)))
-    both = pattern_s("heloco-push", m, 4, path, "zmq") + pull
+    push = pattern_s("heloco-push", m, 4, path, "zmq")
+    eff, host = TRANSPORT_EFFICIENCY["zmq"], TRANSPORT_HOST_BPS["zmq"]
+    wire = rtt + float(slow_start_s(m, rate * eff / 3, rtt))
+    assert pull == pytest.approx(wire + m / host)
+    assert push == pytest.approx(wire + 3 * m / HELOCO_SERVER_PUSH_BPS)
+    both = push + pull
     assert pattern_s("heloco-exchange", m, 4, path, "zmq") == pytest.approx(both)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -323,6 +324,9 @@ LINUX_TCP_WMEM_MAX = 4 * 2**20  # net.ipv4.tcp_wmem max, bytes (Linux ip-sysctl.
 WINDOW_FILL = 0.71
 DEFAULT_WINDOW_BYTES = WINDOW_FILL * min(LINUX_TCP_RMEM_MAX, LINUX_TCP_WMEM_MAX)
 INITIAL_WINDOW_SEGMENTS = 10  # RFC 6928: IW = 10 MSS
+# ... but never more than the receiver first advertises: half its initial buffer, tcp_rmem's
+# default 128 KiB (ip-sysctl.rst: tcp_rmem, tcp_adv_win_scale = 1). Binds above MSS 6.5 kB.
+INITIAL_RWND_BYTES = 131072 / 2
 TCP_IP_HEADER_BYTES = 52  # IPv4 20 (RFC 791) + TCP 20 (RFC 9293) + timestamps 12 (RFC 7323)
 LINK_HEADER_BYTES = 14  # Ethernet header: what a shaper (tc) and a provider's meter count
 DEFAULT_MTU = 1500
@@ -333,6 +337,14 @@ Transport = Literal["nccl", "gloo", "zmq"]
 # benchmarks/wan_collectives.py; NCCL's socket transport reaches <= 60% of a 32 Gbit/s link
 # in nccl-tests (NVIDIA/nccl issue #209, 2019).
 TRANSPORT_EFFICIENCY: dict[str, float] = {"nccl": 0.60, "gloo": 1.0, "zmq": 1.0}
+# Host bytes/s a transport's CPU work adds in series with the wire (bytes / rate): HeLoCo
+# signs, checks and decodes every message whole (HMAC-SHA256, codec), so a message costs
+# M/W + M/C. A pull's C is the worker's (each worker decodes its own copy, in parallel); a
+# push's is the server's, which also applies the outer step and takes the pushes one after
+# another. Fitted to the 1 Gbit/s, two-process rows of benchmarks/wan_collectives.py on this
+# 2-core machine (load 4-6); gloo reached the link there (no host term).
+TRANSPORT_HOST_BPS: dict[str, float] = {"nccl": math.inf, "gloo": math.inf, "zmq": 3.2e8}
+HELOCO_SERVER_PUSH_BPS = 2.3e8
 
 
 @dataclass(frozen=True)
@@ -387,7 +399,7 @@ def stream_Bps(
     """min(link, streams · window / RTT): a TCP stream has at most one window in flight per
     round trip (RFC 7323 sec. 1.1), so a long path caps it below the link."""
     rtt = np.asarray(rtt_s, dtype=np.float64)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):
         cap = np.where(
             rtt > 0, np.asarray(streams) * np.asarray(window_bytes, dtype=np.float64) / rtt, np.inf
         )
@@ -399,7 +411,8 @@ def slow_start_s(
 ) -> FloatArray:
     """Seconds from the first byte sent to the last byte sent of a transfer that starts from
     TCP's initial window (a new connection, or one idle longer than its RTO: RFC 5681
-    sec. 4.1). The window starts at IW = 10 MSS (RFC 6928) and doubles every round trip
+    sec. 4.1). The window starts at IW = 10 MSS (RFC 6928; at most the receiver's first
+    advertised window, INITIAL_RWND_BYTES) and doubles every round trip
     (RFC 5681 sec. 3.1) until it carries rate × RTT; round k sends IW·2^k bytes. Transfers
     that end inside slow start take (k − 1) round trips plus their last round at the rate;
     longer ones k* round trips, then the rest at the rate (Cardwell, Savage & Anderson 2000,
@@ -407,17 +420,19 @@ def slow_start_s(
     m = np.asarray(nbytes, dtype=np.float64)
     rate = np.asarray(rate_Bps, dtype=np.float64)
     rtt = np.asarray(rtt_s, dtype=np.float64)
-    iw = INITIAL_WINDOW_SEGMENTS * np.asarray(mss, dtype=np.float64)
-    bdp = rate * rtt
-    # rounds until the window carries the BDP, and the bytes sent in them
-    k_star = np.ceil(np.log2(np.maximum(bdp / iw, 1.0)))
-    sent_ss = iw * (2.0**k_star - 1.0)
-    # rounds a short transfer needs: smallest k with IW·(2^k − 1) >= M
-    k = np.maximum(np.ceil(np.log2(m / iw + 1.0)), 1.0)
-    last = m - iw * (2.0 ** (k - 1.0) - 1.0)
-    short = (k - 1.0) * rtt + last / rate
-    long = k_star * rtt + (m - sent_ss) / rate
-    return np.where(m <= sent_ss, short, long)
+    iw = np.minimum(INITIAL_WINDOW_SEGMENTS * np.asarray(mss, dtype=np.float64), INITIAL_RWND_BYTES)
+    with np.errstate(invalid="ignore", divide="ignore"):  # no round trip: the rate alone
+        bdp = rate * rtt
+        # rounds until the window carries the BDP, and the bytes sent in them
+        k_star = np.ceil(np.log2(np.maximum(bdp / iw, 1.0)))
+        sent_ss = iw * (2.0**k_star - 1.0)
+        # rounds a short transfer needs: smallest k with IW·(2^k − 1) >= M
+        k = np.maximum(np.ceil(np.log2(m / iw + 1.0)), 1.0)
+        last = m - iw * (2.0 ** (k - 1.0) - 1.0)
+        short = (k - 1.0) * rtt + last / rate
+        long = k_star * rtt + (m - sent_ss) / rate
+        out = np.where(m <= sent_ss, short, long)
+    return np.where(rtt > 0, out, m / rate)
 
 
 def transfer_s(
@@ -494,7 +509,8 @@ def pattern_s(
     - heloco-pull / heloco-push: n − 1 workers each fetch / send M from / to one server at
       once: a request (L), then M through the server's link shared by all, (n−1)·M/W, from
       TCP's initial window (a worker computed in between: idle > RTO, RFC 5681 sec. 4.1),
-      and the reply (L); heloco-exchange is a push then a pull, HeLoCo's round
+      the host's CPU per message: M/C on a pull (each worker decodes its own),
+      (n−1)·M/C_server on a push (the server applies them in turn), and the reply (L); heloco-exchange is a push then a pull, HeLoCo's round
       (heloco/net/worker_loop.py: pull, H inner steps, push).
 
     `cold` (default: True for the HeLoCo exchange, False for collectives, whose connections
@@ -529,9 +545,14 @@ def pattern_s(
     if pattern == "p2p":
         return lat + send(m)
     if pattern in ("heloco-pull", "heloco-push"):
-        # n − 1 streams share the server's link: each at 1/(n−1) of it, its own window
-        shared = dataclasses.replace(path, link_Bps=path.link_Bps / max(k - 1.0, 1.0))
-        return lat + transfer_s(m, shared, is_cold, eff)
+        # n − 1 streams share the server's link: each at 1/(n−1) of it, its own window; the
+        # server checks and applies the n − 1 pushes one after another
+        workers = max(k - 1.0, 1.0)
+        shared = dataclasses.replace(path, link_Bps=path.link_Bps / workers)
+        wire = lat + transfer_s(m, shared, is_cold, eff)
+        if pattern == "heloco-pull" or transport != "zmq":
+            return wire + m / TRANSPORT_HOST_BPS[transport]
+        return wire + workers * m / HELOCO_SERVER_PUSH_BPS
     if pattern == "heloco-exchange":
         return pattern_s("heloco-push", m, n, path, transport, cold) + pattern_s(
             "heloco-pull", m, n, path, transport, cold
