@@ -124,13 +124,20 @@ def test_shared_server_link_splits_its_rate() -> None:
         sources = [
             w.popen(
                 1 + k,
-                [*py, "source", w.address(0), str(wan.PORT + k), "3000000", "1"],
+                [*py, "source", w.address(0), str(wan.PORT + k), "3000000", "1", "hold"],
+                stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
             )
             for k in (0, 1)
         ]
+        for p in sources:  # both connected before either sends: process start-up is not timed
+            assert p.stdout is not None and p.stdout.readline().strip() == b"connected"
         for p in sources:
-            p.communicate(timeout=60)
+            assert p.stdin is not None
+            p.stdin.write(b"go\n")
+            p.stdin.close()
+        for p in sources:
+            p.wait(timeout=60)
         marks = [[float(x) for x in s.stdout.readline().split()] for s in sinks if s.stdout]
         for s in sinks:
             s.wait(timeout=10)

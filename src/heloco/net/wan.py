@@ -511,7 +511,9 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes:
     return got
 
 
-def _source(host: str, port: int, nbytes: int, pings: int) -> None:
+def _source(host: str, port: int, nbytes: int, pings: int, hold: bool = False) -> None:
+    """Ping the sink, then send ``nbytes``; with ``hold``, print "connected" after the pings and
+    wait for a line on stdin first (so that several sources start their bulk at once)."""
     conn = socket.create_connection((host, port))
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     conn.sendall(struct.pack("!I", pings))
@@ -521,6 +523,9 @@ def _source(host: str, port: int, nbytes: int, pings: int) -> None:
         conn.sendall(b"x" * 64)
         _recv_exact(conn, 64)
         rtts.append(time.monotonic() - t)
+    if hold:
+        print("connected", flush=True)
+        sys.stdin.readline()
     conn.sendall(struct.pack("!Q", nbytes))
     block = b"\0" * (1 << 20)
     left = nbytes
@@ -556,14 +561,14 @@ def probe(wan: EmulatedWan, src: int, dst: int, nbytes: int, pings: int = 9) -> 
 
 
 def main(argv: Sequence[str]) -> None:
-    """``relay TUN D0,D1,..`` | ``sink PORT`` | ``source HOST PORT BYTES PINGS``."""
+    """``relay TUN D0,D1,..`` | ``sink PORT`` | ``source HOST PORT BYTES PINGS [hold]``."""
     cmd, *rest = argv
     if cmd == "relay":
         relay(rest[0], [float(x) for x in rest[1].split(",")])
     elif cmd == "sink":
         _sink(int(rest[0]))
     elif cmd == "source":
-        _source(rest[0], int(rest[1]), int(rest[2]), int(rest[3]))
+        _source(rest[0], int(rest[1]), int(rest[2]), int(rest[3]), rest[4:] == ["hold"])
     else:
         raise SystemExit(f"unknown command {cmd!r}")
 
