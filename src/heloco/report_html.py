@@ -30,7 +30,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from heloco import __version__
-from heloco.metrics import EVENTS_FILE
+from heloco.metrics import EVENTS_FILE, RunStats
 from heloco.report import (
     RunData,
     common_budget,
@@ -41,17 +41,7 @@ from shardmeter.errors import from_pydantic
 from shardmeter.report.htmlpage import COLORS, Cell, Page, esc
 
 # Correction diagnostics of an ``update`` event, plotted over time (docs/heloco-metrics.md).
-STAT_FIELDS: tuple[str, ...] = (
-    "cos_delta_momentum",
-    "frac_kept",
-    "frac_shrunk",
-    "frac_rotated",
-    "correction_size",
-    "tensor_correction_size",
-    "mean_lambda",
-    "mean_beta",
-    "rho",
-)
+STAT_FIELDS: tuple[str, ...] = (*RunStats.STAT_FIELDS, "rho")
 TIMELINE_ROUNDS = 3000  # rounds drawn per run; the JSON holds them all
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Count = Annotated[int, Field(ge=0, le=2**62)]
