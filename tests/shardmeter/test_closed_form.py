@@ -663,6 +663,21 @@ def test_kv_heads_below_tp_replicate_one_head_per_gpu() -> None:
     check(eight.comm_bytes["cp"], 2 * gqa.comm_bytes["cp"])  # 8/4 = 2 heads per GPU
 
 
+def test_kv_heads_below_tp_in_torchtitans_saved_set() -> None:
+    """torchtitan's per-op set keeps wv's output: tp 4 > 2 K,V heads keeps one whole head of
+    128 per GPU, as one K,V head does. Closed form per layer (memory.op_sac_set): the layer
+    input plus 2 B × tokens × (q + kv + q + ffn/tp), GELU (no w2 output kept), with q = 1024/4
+    and kv = max(2/4, 1) × 128."""
+    from shardmeter.estimate.memory import op_sac_set
+
+    plans = PlanArrays.scalar(Plan(tp=4, micro_batch=1, global_batch=1))
+    tokens, layer_input = 512.0, 7.0
+    gqa = float(op_sac_set(GQA, plans, tokens, layer_input))
+    mqa = float(op_sac_set(GQA.model_copy(update={"n_kv_heads": 1}), plans, tokens, layer_input))
+    q = GQA.q_dim / 4
+    assert gqa == mqa == pytest.approx(layer_input + 2 * tokens * (q + 128 + q + FFN / 4))
+
+
 def test_comm_bytes_per_gpu_closed_forms() -> None:
     """Bytes each GPU sends per step. TP: 4 all-reduces per layer of the micro-batch's
     activations (T·h·2 B), each a ring of 2(n−1)/n times the message (Patarasuk & Yuan 2009);
