@@ -98,6 +98,15 @@ def test_decoupled_simulates_deterministically_with_its_quorum(one_thread: None)
     assert a.summary.goodput is not None and 0 < a.summary.goodput <= 1
 
 
+def test_goodput_closed_forms(one_thread: None) -> None:
+    """Goodput = compute of accepted (or in-flight) rounds / (workers × simulated time). With
+    no link delay and no failures an asynchronous worker never idles: 1. Sync rounds of H = 2
+    at paces 1, 1, 3 last 6 s, of which the workers compute 2 + 2 + 6 s: 10 / 18."""
+    assert _run(method="heloco").summary.goodput == pytest.approx(1.0)
+    assert _run(method="decoupled").summary.goodput == pytest.approx(1.0)
+    assert _run(method="sync").summary.goodput == pytest.approx(10 / 18)
+
+
 @pytest.mark.parametrize("method", ["heloco", "decoupled", "sync"])
 def test_a_killed_worker_loses_its_round_and_rejoins(method: str, one_thread: None) -> None:
     """Worker 2 (6 s rounds) dies at 4 s, mid-round, for 1 s: that round's compute is lost, so
