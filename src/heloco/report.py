@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -96,37 +96,43 @@ class EvalEvent(BaseModel):
         )
 
 
-def read_evals(path: Path) -> list[EvalPoint]:
-    """The ``eval`` events of an events.jsonl; a line that is not JSON (a torn last line of a
-    live run) is skipped, an eval event with missing or malformed fields is a one-line error,
-    and so is a file whose events carry two run ids (two runs written into one folder)."""
-    points = []
-    runs: dict[str, int] = {}  # run id -> first line
+def iter_events(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, event) for each JSON object line of an events.jsonl; a line that is not
+    JSON (a torn last line of a live run) or not an object is skipped."""
     with path.open(encoding="utf-8", errors="replace") as fh:
         for number, line in enumerate(fh, 1):
             try:
                 event = json.loads(line)
             except (json.JSONDecodeError, RecursionError):
                 continue
-            if not isinstance(event, dict):
-                continue
-            for rid in run_ids([event]):
-                runs.setdefault(rid, number)
-            if len(runs) > 1:
-                first, second = list(runs.items())[:2]
-                raise UserInputError(
-                    "RUN_DIR",
-                    str(path.parent),
-                    f"a folder holding one run (events of run {first[0]} from line "
-                    f"{first[1]}, of run {second[0]} from line {second[1]}); rerun into a new "
-                    "folder or with --overwrite",
-                )
-            if event.get("type") != "eval":
-                continue
-            try:
-                points.append(EvalEvent.model_validate(event).point())
-            except ValidationError as exc:
-                raise from_pydantic(exc, f"{path}:{number}", whole="eval event") from None
+            if isinstance(event, dict):
+                yield number, event
+
+
+def read_evals(path: Path) -> list[EvalPoint]:
+    """The ``eval`` events of an events.jsonl (:func:`iter_events`); an eval event with
+    missing or malformed fields is a one-line error, and so is a file whose events carry two
+    run ids (two runs written into one folder)."""
+    points = []
+    runs: dict[str, int] = {}  # run id -> first line
+    for number, event in iter_events(path):
+        for rid in run_ids([event]):
+            runs.setdefault(rid, number)
+        if len(runs) > 1:
+            first, second = list(runs.items())[:2]
+            raise UserInputError(
+                "RUN_DIR",
+                str(path.parent),
+                f"a folder holding one run (events of run {first[0]} from line "
+                f"{first[1]}, of run {second[0]} from line {second[1]}); rerun into a new "
+                "folder or with --overwrite",
+            )
+        if event.get("type") != "eval":
+            continue
+        try:
+            points.append(EvalEvent.model_validate(event).point())
+        except ValidationError as exc:
+            raise from_pydantic(exc, f"{path}:{number}", whole="eval event") from None
     return points
 
 

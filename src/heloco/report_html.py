@@ -19,7 +19,6 @@ grace window).
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -35,6 +34,7 @@ from heloco.report import (
     RunData,
     common_budget,
     comparison_rows,
+    iter_events,
     runs_to_json,
 )
 from shardmeter.errors import from_pydantic
@@ -103,26 +103,20 @@ class RunEvents:
 
 
 def read_events(path: Path) -> RunEvents:
-    """``round`` and ``update`` events of an events.jsonl; a torn (non-JSON) line is skipped,
-    a malformed event is a one-line error naming the file and line."""
+    """``round`` and ``update`` events of an events.jsonl (torn lines skipped by
+    :func:`heloco.report.iter_events`); a malformed event is a one-line error naming the file
+    and line."""
     rounds: list[RoundEvent] = []
     updates: list[UpdateEvent] = []
-    with path.open(encoding="utf-8", errors="replace") as fh:
-        for number, line in enumerate(fh, 1):
-            try:
-                event = json.loads(line)
-            except (json.JSONDecodeError, RecursionError):
-                continue
-            if not isinstance(event, dict):
-                continue
-            kind = event.get("type")
-            try:
-                if kind == "round":
-                    rounds.append(RoundEvent.model_validate(event))
-                elif kind == "update":
-                    updates.append(UpdateEvent.model_validate(event))
-            except ValidationError as exc:
-                raise from_pydantic(exc, f"{path}:{number}", whole=f"{kind} event") from None
+    for number, event in iter_events(path):
+        kind = event.get("type")
+        try:
+            if kind == "round":
+                rounds.append(RoundEvent.model_validate(event))
+            elif kind == "update":
+                updates.append(UpdateEvent.model_validate(event))
+        except ValidationError as exc:
+            raise from_pydantic(exc, f"{path}:{number}", whole=f"{kind} event") from None
     return RunEvents(rounds, updates)
 
 
