@@ -88,6 +88,15 @@ class ErrorSummary:
     mean_ape: float
     p90_ape: float
 
+    def as_json(self) -> dict[str, float | int]:
+        """The summary as the `validate --json` documents write it."""
+        return {
+            "median_ape": self.median_ape,
+            "mean_ape": self.mean_ape,
+            "p90_ape": self.p90_ape,
+            "n": self.n,
+        }
+
 
 def _cell(row: Mapping[str, str], name: str) -> str:
     return (row.get(name) or "").strip()

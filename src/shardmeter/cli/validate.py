@@ -18,7 +18,6 @@ from rich.console import Console
 from rich.table import Table
 
 from shardmeter.calibrate import (
-    ErrorSummary,
     RowResult,
     evaluate_rows,
     read_rows,
@@ -53,15 +52,6 @@ def add_parser(subparsers: Any) -> None:
     add_wide_flag(p)
 
 
-def _summary_dict(summary: ErrorSummary) -> dict[str, Any]:
-    return {
-        "median_ape": summary.median_ape,
-        "mean_ape": summary.mean_ape,
-        "p90_ape": summary.p90_ape,
-        "n": summary.n,
-    }
-
-
 def results_to_dict(results: list[RowResult]) -> dict[str, Any]:
     """The `--json` document."""
     overall, per_source = summarize_results(results)
@@ -76,8 +66,8 @@ def results_to_dict(results: list[RowResult]) -> dict[str, Any]:
             for r in results
             if r.ape is not None
         ],
-        "summary": _summary_dict(overall),
-        "per_source": {k: _summary_dict(v) for k, v in per_source.items()},
+        "summary": overall.as_json(),
+        "per_source": {k: v.as_json() for k, v in per_source.items()},
         "skipped": [
             {"run_id": r.run_id, "source_id": r.source_id, "reason": r.skipped}
             for r in results

@@ -17,7 +17,6 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from shardmeter.calibrate import ErrorSummary
 from shardmeter.memcheck import (
     DEFAULT_MEMORY_CSV,
     MemoryResult,
@@ -29,10 +28,6 @@ from shardmeter.report.jsonout import print_json
 from shardmeter.report.terminal import Col, console_for, fit_table
 
 BREAKDOWN = ("weights", "gradients", "optimizer_states", "activations", "buffers")
-
-
-def _summary(s: ErrorSummary) -> dict[str, Any]:
-    return {"median_ape": s.median_ape, "mean_ape": s.mean_ape, "p90_ape": s.p90_ape, "n": s.n}
 
 
 def memory_results_to_dict(results: list[MemoryResult]) -> dict[str, Any]:
@@ -68,9 +63,9 @@ def memory_results_to_dict(results: list[MemoryResult]) -> dict[str, Any]:
         )
     return {
         "rows": rows,
-        "summary": _summary(summary.overall),
-        "per_source": {k: _summary(v) for k, v in summary.per_source.items()},
-        "per_kind": {k: _summary(v) for k, v in summary.per_kind.items()},
+        "summary": summary.overall.as_json(),
+        "per_source": {k: v.as_json() for k, v in summary.per_source.items()},
+        "per_kind": {k: v.as_json() for k, v in summary.per_kind.items()},
         "verdicts": {"judged": summary.verdicts, "right": summary.verdicts_right},
         "skipped": [
             {"run_id": r.run_id, "source_id": r.source_id, "reason": r.skipped}
