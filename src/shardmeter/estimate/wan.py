@@ -335,7 +335,7 @@ Transport = Literal["nccl", "gloo", "zmq"]
 # Achieved fraction of a TCP path's goodput once the transfer runs at the stream's rate.
 # gloo and zmq (HeLoCo's server: ZeroMQ + HMAC + decode) measured here by
 # benchmarks/wan_collectives.py; NCCL's socket transport reaches <= 60% of a 32 Gbit/s link
-# in nccl-tests (NVIDIA/nccl issue #209, 2019).
+# in nccl-tests (github.com/NVIDIA/nccl/issues/209, 2019).
 TRANSPORT_EFFICIENCY: dict[str, float] = {"nccl": 0.60, "gloo": 1.0, "zmq": 1.0}
 # Host bytes/s a transport's CPU work adds in series with the wire (bytes / rate): HeLoCo
 # signs, checks and decodes every message whole (HMAC-SHA256, codec), so a message costs
