@@ -20,10 +20,10 @@ from heloco.data import derive_seed
 from heloco.metrics import EvalPoint, MetricsWriter, RunStats
 from heloco.run import Budget, RunControl
 from heloco.server import Server, UpdateRecord
-from heloco.sim.clock import Clock, round_seconds
+from heloco.sim.clock import Clock, lump_timing, round_seconds
 from heloco.sim.config import JITTER_KEY
 from heloco.sim.recorder import Evaluator, Recorder, Trajectory
-from heloco.types import Dispatch, Params, RoundResult
+from heloco.types import Dispatch, Params, RoundResult, tensor_bytes
 
 
 class RoundRunner(Protocol):
@@ -84,6 +84,7 @@ class _Sim:
             np.random.default_rng(derive_seed(clock.seed, JITTER_KEY, w))
             for w in range(len(clock.paces))
         ]
+        self.dispatch_bytes = tensor_bytes(server.params)  # each dispatch: θ in fp32
 
     # -- helpers ----------------------------------------------------------------------------
     def compute_seconds(self, worker: int, steps: int) -> float:
@@ -101,11 +102,12 @@ class _Sim:
     def budget_reached(self) -> bool:
         return self.control.tokens_reached()
 
-    def record_round(self, result: RoundResult, start: float, end: float) -> None:
+    def record_round(self, result: RoundResult, start: float, end: float, compute: float) -> None:
         self.control.count(result.tokens)
         rid = -1 if result.round_id is None else result.round_id
+        timing = lump_timing(start, end, compute, self.dispatch_bytes, tensor_bytes(result.delta))
         self.rec.record_round(
-            result.worker, rid, result.steps, result.tokens, result.mean_loss, start, end
+            result.worker, rid, result.steps, result.tokens, result.mean_loss, start, end, timing
         )
 
     def record_update(self, record: UpdateRecord) -> None:
@@ -203,7 +205,7 @@ class _Sim:
             result: RoundResult = yield from self.take(w)
             if d.steps > 0 and compute > 0:
                 self.server.observe_speed(w, d.steps / compute)
-            self.record_round(result, t0, t)
+            self.record_round(result, t0, t, compute)
             self.traj.useful_seconds += compute
             applied = self.server.submit(result)
             if applied is not None:
@@ -266,7 +268,7 @@ class _Sim:
                 result: RoundResult = yield from self.take(w)
                 if d.steps > 0 and computes[w] > 0:
                     self.server.observe_speed(w, d.steps / computes[w])
-                self.record_round(result, now, ends[w])
+                self.record_round(result, now, ends[w], computes[w])
                 self.traj.useful_seconds += computes[w]
                 record = self.server.submit(result) or record
             self.traj.time = round_end
