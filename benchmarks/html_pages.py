@@ -347,11 +347,14 @@ TINY_RUN = [
 
 
 def make_runs(root: Path) -> list[Path]:
-    """Two tiny simulated runs (HeLoCo asynchronous, sync DiLoCo with link delays)."""
+    """Two tiny simulated runs with link delays (HeLoCo asynchronous, sync DiLoCo)."""
     from heloco.cli import main as heloco
 
     runs = []
-    for method, extra in (("heloco", []), ("sync", ["--set", "comm_delays=[0.5,0.5,1.0]"])):
+    for method, extra in (
+        ("heloco", ["--set", "comm_delays=[0.3,0.3,0.6]"]),
+        ("sync", ["--set", "comm_delays=[0.5,0.5,1.0]"]),
+    ):
         out = root / method
         if not (out / "summary.json").is_file():
             with contextlib.redirect_stdout(io.StringIO()):  # its summary table

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from heloco.report import RunData
-from heloco.report_html import RoundEvent, RunEvents, UpdateEvent, read_events, timeline
+from heloco.timeline import RoundEvent, RunEvents, UpdateEvent, read_events, timelines
 from shardmeter.cli import main as shardmeter
 from shardmeter.report import htmlpage
 from shardmeter.report.htmlpage import Page, script_json
@@ -170,12 +170,14 @@ def test_timeline_sync_rounds_split_by_comm_delays_with_idle_at_the_barrier() ->
         [_round(0, 0, 0, 2.5), _round(1, 0, 0, 5), _round(0, 1, 5, 7.5), _round(1, 1, 5, 10)],
         [_update(1, 5, [0, 1], [0, 0]), _update(2, 10, [0, 1], [0, 0])],
     )
-    spans = timeline(_run({"comm_delays": [0.5, 1.0]}, {"paces": [1.0, 2.0]}), events)
-    first = {(s.worker, s.round_id): s for s in spans}
-    assert (first[0, 0].compute_s, first[0, 0].comm_s, first[0, 0].idle_s) == (2.0, 0.5, 2.5)
-    assert (first[1, 0].compute_s, first[1, 0].comm_s, first[1, 0].idle_s) == (4.0, 1.0, 0.0)
-    assert first[0, 1].idle_s == 0.0  # a worker's last round waits for nothing
-    assert [s.staleness for s in spans] == [0, 0, 0, 0]
+    fast, slow = timelines(_run({"comm_delays": [0.5, 1.0]}, {"paces": [1.0, 2.0]}), events)
+    first = fast.rounds[0]
+    assert (first.compute, first.communication) == ((0.0, 2.0), (2.0, 2.5))
+    assert (first.receive, first.send) == (None, None)  # not recorded: one derived segment
+    assert slow.rounds[0].compute == (0.0, 4.0) and slow.rounds[0].communication == (4.0, 5.0)
+    assert fast.idle == [(2.5, 5.0)] and slow.idle == []  # the barrier; the last round waits not
+    assert (fast.seconds("compute"), fast.seconds("communication")) == (4.0, 1.0)
+    assert [s.staleness for wt in (fast, slow) for s in wt.rounds] == [0, 0, 0, 0]
 
 
 def test_timeline_from_paces_and_staleness_per_arrival() -> None:
@@ -185,12 +187,12 @@ def test_timeline_from_paces_and_staleness_per_arrival() -> None:
         [_update(1, 2, [0], [0]), _update(2, 4, [0], [2]), _update(3, 6, [0], [1]),
          _update(4, 6.5, [1], [3])],
     )  # fmt: skip
-    spans = timeline(_run({}, {"paces": [1.0, 2.0]}), events)
-    slow = next(s for s in spans if s.worker == 1)
-    assert (slow.compute_s, slow.comm_s, slow.staleness) == (6.0, 0.5, 3)
-    assert [s.staleness for s in spans if s.worker == 0] == [0, 2, 1]  # each its own update
-    unknown = timeline(_run({}, {}), events)  # neither paces nor delays: all compute
-    assert all(s.comm_s == 0 for s in unknown)
+    fast, slow = timelines(_run({}, {"paces": [1.0, 2.0]}), events)
+    r = slow.rounds[0]
+    assert (r.compute, r.communication, r.staleness) == ((0.0, 6.0), (6.0, 6.5), 3)
+    assert [s.staleness for s in fast.rounds] == [0, 2, 1]  # each its own update
+    unknown = timelines(_run({}, {}), events)  # neither paces nor delays: all compute
+    assert all(s.communication is None for wt in unknown for s in wt.rounds)
 
 
 def test_read_events_names_a_malformed_round(tmp_path: Path) -> None:
@@ -204,7 +206,7 @@ def test_read_events_names_a_malformed_round(tmp_path: Path) -> None:
     path.write_text('{"type": "round", "worker": 0, "start": 0.0, "time": 1.0}\n{"torn')
     assert len(read_events(path).rounds) == 1
     path.write_text('{"type": "round", "worker": 0, "time": 1.0}\n')  # no dispatch time
-    assert timeline(_run({}, {}), read_events(path)) == []
+    assert timelines(_run({}, {}), read_events(path)) == []
     assert math.isfinite(read_events(path).rounds[0].time)
 
 

@@ -175,11 +175,25 @@ def test_report_page_content(pages: dict[str, Any]) -> None:
     for n, run in enumerate(doc["runs"]):
         fig = check.figures[f"hl-timeline-{n}"]
         rounds = run["rounds"]
-        segments = sum(sum(r[key] > 0 for r in rounds) for key in ("compute_s", "comm_s", "idle_s"))
-        assert fig["bars"] == segments
+        segments = {
+            kind: sum(r[kind] is not None and r[kind][1] > r[kind][0] for r in rounds)
+            for kind in ("receive", "compute", "send", "communication")
+        }
+        segments["idle"] = sum(len(v) for v in run["idle"].values())
+        assert fig["bars"] == sum(segments.values())
+        # The simulator records each round's receive and send: both drawn, none derived.
+        assert segments["receive"] == segments["send"] == segments["compute"] == len(rounds)
+        assert segments["communication"] == 0
+        drawn = [k for k in fig["kinds"] if k != "staleness"]
+        assert drawn == [k for k in ("receive", "compute", "send", "idle") if segments[k]]
         applied = [r for r in rounds if r["staleness"] is not None]
         assert fig["markers"] == len(applied) > 0
         assert f"hl-correction-{n}" in check.figures
+        link = check.figures[f"hl-link-{n}"]  # bytes recorded: each worker's link use
+        workers = {r["worker"] for r in rounds}
+        assert sorted(link["kinds"]) == ["link-receive"] * len(workers) + ["link-send"] * len(
+            workers
+        )
+        assert link["lines"] == 2 * len(workers)
     sync = doc["runs"][[r["method"] for r in doc["runs"]].index("sync")]
-    assert any(r["idle_s"] > 0 for r in sync["rounds"])  # the barrier shows as idle
-    assert any(r["comm_s"] > 0 for r in sync["rounds"])
+    assert any(sync["idle"].values())  # the barrier shows as idle

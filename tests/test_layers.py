@@ -80,6 +80,7 @@ HELOCO_LAYERS: tuple[tuple[str, ...], ...] = (
         "heloco.metrics",
         "heloco.report",
         "heloco.report_html",
+        "heloco.timeline",
         "heloco.tensorboard",
         "heloco.experiments",
         "heloco.export",

@@ -1,7 +1,9 @@
 """`heloco report RUN_DIR...`: compare runs in a table and plot their loss curves.
 
 Each RUN_DIR is a run folder (events.jsonl, summary.json) or a folder holding run folders
-(e.g. a grid's ``runs/``). Plots of loss vs tokens, loss vs time and per-language loss are
+(e.g. a grid's ``runs/``). Plots of loss vs tokens, loss vs time and per-language loss, and
+each run's per-worker timeline as a Gantt chart (``timeline_<run>``: receive, compute, send,
+idle, staleness per arrival, and each worker's link use where the rounds carry bytes), are
 written as PNG and SVG to --out (default: ``report/`` beside the first run).
 """
 
@@ -25,6 +27,7 @@ from heloco.report import (
     row_cells,
     runs_to_json,
 )
+from heloco.timeline import plot_timelines
 from shardmeter.report.htmlpage import add_html_flag, check_html_path, page_command
 from shardmeter.report.terminal import Col, add_wide_flag, console_for, fit_table, si
 
@@ -50,7 +53,8 @@ def add_parser(sub: Any) -> None:
         "report",
         help="tables and plots comparing run folders",
         description="Compare runs at their common token and time budgets; plot loss vs "
-        "tokens, vs time and per language (PNG and SVG).",
+        "tokens, vs time and per language, and each run's per-worker timeline as a Gantt "
+        "chart (PNG and SVG).",
     )
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
     add_out(p, "folder for plots, table.md and report.json (default: report/ beside the first run)")
@@ -66,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     out: Path = args.out or runs[0].path.parent / "report"
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "table.md", markdown_table(runs))
-    plots = [] if args.no_plots else plot_runs(runs, out)
+    plots = [] if args.no_plots else plot_runs(runs, out) + plot_timelines(runs, out)
     if args.html is not None:
         from heloco.report_html import report_page
 
