@@ -73,10 +73,22 @@ def test_plan_page_embeds_the_search_and_maps_points_to_plans(plan_page: Path) -
     mtok = button["args"][0]["y"][k]
     for y, c in zip(mtok, by_kind["front"]["customdata"], strict=True):
         assert y == pytest.approx(cands[c]["usd_per_mtok"])
-    # The selected plan's bars: one bar per island per non-zero term, stacked to the step.
+    # The selected plan's bars: one bar per island per non-zero term, the exposed ones stacked
+    # to the step, the hidden ones (hatched, beside it) each collective's time under compute.
     view = extra["views"][0]
-    steps = [sum(t["y"][i] for t in view["time"]["data"]) for i in range(len(cands[0]["islands"]))]
-    assert steps == pytest.approx([i["step_time_s"] for i in cands[0]["islands"]], rel=1e-9)
+    islands = cands[0]["islands"]
+    exposed = [t for t in view["time"]["data"] if t["meta"]["kind"] == "exposed"]
+    hidden = [t for t in view["time"]["data"] if t["meta"]["kind"] == "hidden"]
+    steps = [sum(t["y"][i] for t in exposed) for i in range(len(islands))]
+    assert steps == pytest.approx([i["step_time_s"] for i in islands], rel=1e-9)
+    assert hidden, "the best plan overlaps some collective"
+    for t in hidden:
+        assert t["marker"]["pattern"]["shape"] == "/" and t["x"][0].endswith("hidden")
+        want = [i["time_hidden_s"][t["meta"]["term"]] for i in islands]
+        assert t["y"] == pytest.approx(want, rel=1e-12) and max(want) > 0
+    assert {t["meta"]["term"] for t in hidden} == {
+        k for i in islands for k, v in i["time_hidden_s"].items() if v > 0
+    }
 
 
 def test_page_is_self_contained(plan_page: Path) -> None:

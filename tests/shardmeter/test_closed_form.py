@@ -704,3 +704,65 @@ def test_uneven_interleaved_split_rounds_each_chunk_up() -> None:
         plans = PlanArrays.scalar(Plan(pp=2, vpp=2, micro_batch=1, global_batch=4))
         split = stage_layers(model, plans)
         assert (float(split.first), float(split.mid), float(split.last)) == (per_stage,) * 3
+
+
+# --- hidden collective time: min(T_comm, W) of each overlap, not in the step -----------------
+def test_hidden_seconds_of_zero1_and_zero2() -> None:
+    """ZeRO-1 overlapped hides min(RS, last backward) and min(AG, next forward); ZeRO-2 hides
+    each unit's reduce-scatter under its own backward every micro-batch (the embedding's has
+    no window). Without overlap nothing is hidden."""
+    rs = ag = ring(4, 2 * STAGE_PARAMS, W_NV)
+    est = estimate_step(MODEL, CLUSTER, _zero_plan("zero1", True))
+    check(est.time_hidden["dp_comm"], min(rs, STAGE_BWD))
+    check(est.time_hidden["fsdp_comm"], min(ag, STAGE_FWD))
+    assert estimate_step(MODEL, CLUSTER, _zero_plan("zero1", False)).time_hidden["dp_comm"] == 0
+    est = estimate_step(MODEL, CLUSTER, _zero_plan("zero2", True))
+    layer = min(ring(4, 2 * LAYER_PARAMS, W_NV), layer_bwd(T1))
+    head = min(ring(4, 2 * TABLE_PARAMS, W_NV), 2 * head_s(T1))
+    check(est.time_hidden["dp_comm"], 2 * (LAYERS * layer + head))
+    check(est.time_hidden["fsdp_comm"], min(ag, STAGE_FWD))
+    assert est.time_hidden["tp_comm"] == est.time_hidden["pp_comm"] == 0
+
+
+def test_hidden_seconds_of_zero3_split_between_gathers_and_reduce_scatters() -> None:
+    """ZeRO-3: a unit's forward hides its gather; its backward window hides the gather and
+    the reduce-scatter together, shared between them in proportion (equal sizes: half each)."""
+    est = estimate_step(MODEL, CLUSTER, _zero_plan("zero3", True))
+    ag_l = rs_l = ring(4, 2 * LAYER_PARAMS, W_NV)
+    ag_t = rs_t = ring(4, 2 * TABLE_PARAMS, W_NV)
+    bwd_l, bwd_t = min(ag_l + rs_l, layer_bwd(T1)), min(ag_t + rs_t, 2 * head_s(T1))
+    fwd = LAYERS * min(ag_l, gemm_s(T1) + attn_s(T1)) + min(ag_t, head_s(T1))
+    check(est.time_hidden["fsdp_comm"], 2 * (fwd + (LAYERS * bwd_l + bwd_t) / 2))
+    check(est.time_hidden["dp_comm"], 2 * (LAYERS * bwd_l + bwd_t) / 2)
+
+
+def test_hidden_seconds_of_interleaved_pipeline_sends() -> None:
+    """Interleaved 1F1B: all 2·m·v sends but the 2(p−1) of fill and drain run under compute."""
+    plan = Plan(dp=4, pp=2, vpp=2, micro_batch=1, global_batch=16, overlap_dp=False)
+    est = estimate_step(MODEL, CLUSTER, plan)
+    check(est.time_hidden["pp_comm"], (2 * 4 * 2 - 2) * T1 * H * 2 / W_IB)
+    plan = Plan(dp=4, pp=2, micro_batch=1, global_batch=16, overlap_dp=False)
+    assert estimate_step(MODEL, CLUSTER, plan).time_hidden["pp_comm"] == 0  # 1F1B: all exposed
+
+
+def test_hidden_seconds_of_context_ring_and_expert_exchange() -> None:
+    """The ring's K,V blocks hide under the attention core (forward A, backward 2.5A); the
+    overlapped expert dispatch/combine under the MoE layer's own compute."""
+    est = estimate_step(MODEL, CLUSTER, Plan(cp=2, micro_batch=1, global_batch=1, overlap_dp=False))
+    a, hop = attn_s(512.0), 2 * 512.0 * H * 2 / W_NV
+    check(est.time_hidden["cp_comm"], LAYERS * (min(hop, a) + min(2 * hop, 2.5 * a)))
+    plan = Plan(
+        dp=4, ep=4, ep_imbalance=1.0, overlap_ep=True, micro_batch=1, global_batch=4,
+        overlap_dp=False,
+    )  # fmt: skip
+    est = estimate_step(MOE, EP_CLUSTER, plan)
+    copy = T1 * H * 2
+    exchange = max(2 * 1 / 4 * copy / W_NV, 2 * 2 / 4 * copy / W_IB)
+    check(est.time_hidden["ep_comm"], LAYERS * min(4 * exchange, _moe_compute(T1)))
+
+
+def test_hidden_seconds_of_tensor_parallel_under_the_layer_gemms() -> None:
+    """tp 2 with comm-GEMM overlap: the 4 all-reduces of a layer (M/W each over 2 ranks) hide
+    under its forward and backward GEMMs (3G)."""
+    est = estimate_step(MODEL, CLUSTER, Plan(tp=2, overlap_tp=True, micro_batch=1, global_batch=1))
+    check(est.time_hidden["tp_comm"], LAYERS * min(4 * T1 * H * 2 / W_NV, 3 * gemm_s(T1, 2)))

@@ -96,6 +96,7 @@ def given_step(step: StepEstimate, seconds: float) -> StepEstimate:
         step,
         step_time_s=seconds,
         time_breakdown={name: t * k for name, t in step.time_breakdown.items()},
+        time_hidden={name: t * k for name, t in step.time_hidden.items()},
         tokens_per_s=step.tokens_per_step / seconds,
         tokens_per_s_per_gpu=step.tokens_per_step / seconds / step.n_gpus,
         mfu=step.mfu / k,

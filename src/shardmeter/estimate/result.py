@@ -66,6 +66,8 @@ class StepArrays:
     backward_window_s: FloatArray | None = None
     # MEMORY_KINDS -> bytes per GPU: allocated, reserved and the overhead's terms
     memory_detail: dict[str, FloatArray] = field(default_factory=dict)
+    # *_comm components -> seconds each collective runs hidden under compute (not in the step)
+    hidden: dict[str, FloatArray] = field(default_factory=dict)
 
     @property
     def tokens_per_s(self) -> FloatArray:
@@ -125,6 +127,7 @@ class StepEstimate:
     comm_bytes: dict[str, float] = field(default_factory=dict)
     backward_window_s: float = 0.0  # last micro-batch's backward + recompute, seconds
     memory_detail: dict[str, float] = field(default_factory=dict)  # MEMORY_KINDS -> bytes
+    time_hidden: dict[str, float] = field(default_factory=dict)  # *_comm -> seconds hidden
 
     @property
     def memory_allocated_bytes(self) -> float:

@@ -79,6 +79,8 @@ STAGE_COMPONENTS: tuple[str, ...] = (
 )  # fmt: skip
 # Overlap windows of the once-per-step collectives, per micro-batch of a stage.
 STAGE_WINDOWS: tuple[str, ...] = ("forward", "backward")
+# Seconds of each per-layer collective hidden under compute, per micro-batch of a stage.
+STAGE_HIDDEN: tuple[str, ...] = ("tp_hidden", "cp_hidden", "ep_hidden", "fsdp_hidden", "dp_hidden")
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,7 @@ class _Overlap:
 
     exposed: Num
     interference: Num
+    hidden: Num = 0.0  # the part that runs under compute, min(T_comm, W)
 
     @property
     def cost(self) -> Num:
@@ -99,6 +102,7 @@ def _overlap(comm_s: Num, window_s: Num, slowdown: float) -> _Overlap:
     return _Overlap(
         exposed=maximum(comm_s - window_s, 0.0),
         interference=hidden * slowdown / (1.0 - slowdown),
+        hidden=hidden,
     )
 
 
@@ -202,11 +206,12 @@ def _sync(
 def _unit_sharded_comm(
     sync: _Sync, fwd_window: Num, bwd_window: Num, plans: PlanArrays, u: float,
     backward_gathers: Num = 1.0,
-) -> tuple[Num, Num]:  # fmt: skip
-    """(fsdp, dp) exposed seconds of one unit per micro-batch: ZeRO-2/3 reduce-scatter the
-    gradients in backward, ZeRO-3 also gathers the weights forward and `backward_gathers`
-    times in backward, each hidden under the unit's own compute when its overlap is on (FSDP
-    prefetch, Zhao et al. 2023)."""
+) -> tuple[Num, Num, Num, Num]:  # fmt: skip
+    """(fsdp, dp) exposed then (fsdp, dp) hidden seconds of one unit per micro-batch: ZeRO-2/3
+    reduce-scatter the gradients in backward, ZeRO-3 also gathers the weights forward and
+    `backward_gathers` times in backward, each hidden under the unit's own compute when its
+    overlap is on (FSDP prefetch, Zhao et al. 2023); the backward window's hidden seconds are
+    shared in proportion to the overlapped gathers and reduce-scatters."""
     stage = plans.sharding
     rs = where(stage >= SHARDING_CODES["zero2"], sync.rs, 0.0)
     ag = where(stage == SHARDING_CODES["zero3"], sync.ag, 0.0)
@@ -216,7 +221,13 @@ def _unit_sharded_comm(
     bwd = _overlap(ag_bwd * opg + rs * odp, bwd_window, u)
     bwd_exposed = ag_bwd * logical_not(opg) + rs * logical_not(odp) + bwd.cost
     ag_share = _share(ag_bwd, ag_bwd + rs)
-    return fwd.cost + bwd_exposed * ag_share, bwd_exposed * (1.0 - ag_share)
+    hidden_ag = _share(ag_bwd * opg, ag_bwd * opg + rs * odp)
+    return (
+        fwd.cost + bwd_exposed * ag_share,
+        bwd_exposed * (1.0 - ag_share),
+        fwd.hidden + bwd.hidden * hidden_ag,
+        bwd.hidden * (1.0 - hidden_ag),
+    )
 
 
 def _stage_components(
@@ -226,7 +237,7 @@ def _stage_components(
     """Per-micro-batch seconds of one stage by component: its layers, its tables (embedding,
     head: 0 or 1 each) and a per-stage constant."""
     out: dict[str, Num] = {}
-    for name in STAGE_COMPONENTS + STAGE_WINDOWS:
+    for name in STAGE_COMPONENTS + STAGE_WINDOWS + STAGE_HIDDEN:
         value = layers * per_layer.get(name, 0.0) + const.get(name, 0.0)
         for table, count in tables.items():
             value = value + count * per_table[table].get(name, 0.0)
@@ -288,7 +299,7 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     # forward: the pre-forward hook gathers, the post-forward hook releases, then the backward
     # hook gathers (DeepSpeed stage3 PartitionedParameterCoordinator); FSDP units keep them.
     regather = plans.gather_matrix & full
-    layer_fsdp, layer_dp = _unit_sharded_comm(
+    layer_fsdp, layer_dp, layer_fsdp_hidden, layer_dp_hidden = _unit_sharded_comm(
         layer_sync,
         units.layer_forward_s,
         units.layer_backward_s + units.layer_recompute_s,
@@ -298,10 +309,10 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     )
     one_table = local_params(model, plans, 0.0, 1.0, layer_params)
     table_sync = _sync(model, one_table, cluster, plans, shards)
-    head_fsdp, head_dp = _unit_sharded_comm(
+    head_fsdp, head_dp, head_fsdp_hidden, head_dp_hidden = _unit_sharded_comm(
         table_sync, units.head_forward_s, units.head_backward_s, plans, u
     )
-    embed_fsdp, embed_dp = _unit_sharded_comm(
+    embed_fsdp, embed_dp, embed_fsdp_hidden, embed_dp_hidden = _unit_sharded_comm(
         table_sync, units.embed_forward_s, units.embed_backward_s, plans, u
     )
     # The first unit's gather of every micro-batch has nothing to hide behind.
@@ -317,15 +328,22 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
         "dp_comm": layer_dp,
         "forward": units.layer_forward_s,
         "backward": units.layer_backward_s + units.layer_recompute_s,
+        "tp_hidden": tp_layer.hidden,
+        "cp_hidden": cp_fwd.hidden + cp_bwd.hidden,
+        "ep_hidden": moe_share * ep_layer.hidden,
+        "fsdp_hidden": layer_fsdp_hidden,
+        "dp_hidden": layer_dp_hidden,
     }
     per_table = {
         "embed": {
             "compute": units.embed_s, "fsdp_comm": embed_fsdp, "dp_comm": embed_dp,
             "forward": units.embed_forward_s, "backward": units.embed_backward_s,
+            "fsdp_hidden": embed_fsdp_hidden, "dp_hidden": embed_dp_hidden,
         },
         "head": {
             "compute": units.head_s, "fsdp_comm": head_fsdp, "dp_comm": head_dp,
             "forward": units.head_forward_s, "backward": units.head_backward_s,
+            "fsdp_hidden": head_fsdp_hidden, "dp_hidden": head_dp_hidden,
         },
     }  # fmt: skip
     const = {"fsdp_comm": first_gather}
@@ -374,10 +392,12 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     zero3 = stage == SHARDING_CODES["zero3"]
     grad_once = where(stage == SHARDING_CODES["zero1"], stage_sync.rs, 0.0) + stage_sync.ar
     bwd_window = on_critical("backward")  # the last micro-batch's backward + recompute
-    dp_once = _overlap(grad_once, where(plans.overlap_dp, bwd_window, 0.0), u).cost
+    dp_once_ov = _overlap(grad_once, where(plans.overlap_dp, bwd_window, 0.0), u)
+    dp_once = dp_once_ov.cost
     ag_once = where((stage >= SHARDING_CODES["zero1"]) & logical_not(zero3), stage_sync.ag, 0.0)
     fwd_window = where(plans.overlap_param_gather, on_critical("forward"), 0.0)
-    fsdp_once = _overlap(ag_once, fwd_window, u).cost
+    fsdp_once_ov = _overlap(ag_once, fwd_window, u)
+    fsdp_once = fsdp_once_ov.cost
     steps_sync = STEP_SYNCS * comm.sync_time(as_float(plans.n_gpus), cluster)
 
     # Pipeline point-to-point: activation forward and gradient backward per micro-batch and
@@ -415,6 +435,17 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     zeros = np.zeros(shape)
     time = {k: _finish(v, zeros) for k, v in time.items()}
     step = sum(time.values(), start=zeros)
+    # Each collective's seconds under compute: not in the step, but on the wire (C.7's
+    # min(T_comm, W) of every overlap above; pipeline sends but the fill and drain ones).
+    hidden = {
+        "tp_comm": m * on_critical("tp_hidden"),
+        "pp_comm": where(pp > 1, maximum(pp_sends * pp_hop - pp_exposed, 0.0), 0.0),
+        "dp_comm": m * on_critical("dp_hidden") + dp_once_ov.hidden,
+        "fsdp_comm": m * on_critical("fsdp_hidden") + fsdp_once_ov.hidden,
+        "cp_comm": m * on_critical("cp_hidden"),
+        "ep_comm": m * on_critical("ep_hidden"),
+    }
+    hidden = {k: _finish(v, zeros) for k, v in hidden.items()}
 
     grad_bytes = heaviest.total * GRAD_BYTES
     layers_crit = critical_layers(counts, times)
@@ -462,6 +493,7 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
         hbm_bytes=np.full(shape, acc.hbm_bytes),
         comm_bytes=comm_bytes,
         backward_window_s=_finish(bwd_window, zeros),
+        hidden=hidden,
     )
 
 
@@ -525,6 +557,7 @@ def view(arrays: StepArrays, index: int, cluster: Cluster, plan: Plan) -> StepEs
         comm_bytes={k: at(v) for k, v in arrays.comm_bytes.items()},
         backward_window_s=0.0 if arrays.backward_window_s is None else at(arrays.backward_window_s),
         memory_detail={k: at(v) for k, v in arrays.memory_detail.items()},
+        time_hidden={k: at(v) for k, v in arrays.hidden.items()},
     )
 
 

@@ -76,7 +76,9 @@ def step_words(step: StepEstimate) -> str:
 
 
 def step_time_figure(names: Sequence[str], steps: Sequence[StepEstimate]) -> dict[str, Any]:
-    """Stacked bars, one per island: the exposed step-time components in seconds."""
+    """Stacked bars, one per island: the exposed step-time components in seconds (they add up
+    to the step), and beside each a hatched bar of the seconds each collective runs hidden
+    under compute (on the wire, not in the step)."""
     traces = []
     for k, key in enumerate(TIME_COMPONENTS):
         ys = [s.time_breakdown.get(key, 0.0) for s in steps]
@@ -90,6 +92,27 @@ def step_time_figure(names: Sequence[str], steps: Sequence[StepEstimate]) -> dic
                 "y": ys,
                 "marker": {"color": COLORS[k % len(COLORS)]},
                 "hovertemplate": "%{x}: %{y:.4g} s<extra>%{fullData.name}</extra>",
+                "meta": {"kind": "exposed", "term": key},
+            }
+        )
+    hidden_x = [f"{name} · hidden" for name in names]
+    for k, key in enumerate(TIME_COMPONENTS):
+        ys = [s.time_hidden.get(key, 0.0) for s in steps]
+        if not any(y > 0 for y in ys):
+            continue
+        traces.append(
+            {
+                "type": "bar",
+                "name": f"{TIME_LABELS.get(key, key)} (hidden)",
+                "x": hidden_x,
+                "y": ys,
+                "marker": {
+                    "color": COLORS[k % len(COLORS)],
+                    "opacity": 0.55,
+                    "pattern": {"shape": "/"},
+                },
+                "hovertemplate": "%{x}: %{y:.4g} s under compute<extra>%{fullData.name}</extra>",
+                "meta": {"kind": "hidden", "term": key},
             }
         )
     return {
@@ -97,7 +120,8 @@ def step_time_figure(names: Sequence[str], steps: Sequence[StepEstimate]) -> dic
         "layout": {
             "barmode": "stack",
             "title": {
-                "text": f"Step time{per_island(names)} (exposed terms; hidden comms overlap)"
+                "text": f"Step time{per_island(names)}: exposed terms, and collectives hidden "
+                "under compute (hatched)"
             },
             "yaxis": {"title": {"text": "seconds per step"}},
             "xaxis": {"tickangle": -30, "automargin": True},
@@ -493,11 +517,13 @@ def predict_page(
             Cell(TIME_LABELS.get(k, k)),
             Cell(f"{est.time_breakdown[k]:.4g}", est.time_breakdown[k]),
             Cell(pct(est.time_breakdown[k] / est.step_time_s), est.time_breakdown[k]),
+            Cell(f"{est.time_hidden.get(k, 0.0):.4g}", est.time_hidden.get(k, 0.0)),
         ]
         for k in TIME_COMPONENTS
-        if est.time_breakdown.get(k, 0.0) > 0
+        if est.time_breakdown.get(k, 0.0) > 0 or est.time_hidden.get(k, 0.0) > 0
     ]
-    page.table("sm-terms", ("term (exposed)", "seconds", "share"), rows)
+    headers = ("term", "exposed seconds", "share of the step", "hidden seconds (under compute)")
+    page.table("sm-terms", headers, rows)
     if est.comm_bytes:
         rows = [[Cell(k), Cell(nbytes(v), v)] for k, v in est.comm_bytes.items()]
         page.table("sm-comm", ("communication", "bytes per GPU per step"), rows)

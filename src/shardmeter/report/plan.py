@@ -11,7 +11,8 @@ JSON schema `shardmeter.plan/1` (stable; fields are only ever added):
   A candidate: n_gpus, tokens_per_s, wall_s, cost_usd, usd_per_mtok, mfu, utilization, meets,
   outer{mode, inner_steps, bits, fragments, overlap_steps} or null, islands[{name,
   accelerator, n_gpus, plan{Plan fields}, step_time_s, tokens_per_s, mfu, memory_bytes,
-  hbm_bytes, time_breakdown_s{...}, bottleneck, regime}].
+  hbm_bytes, time_breakdown_s{...} (exposed), time_hidden_s{...} (each collective's seconds
+  hidden under compute), bottleneck, regime}].
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def candidate_json(c: Candidate, rank: int | None = None) -> dict[str, Any]:
                 "memory_bytes": i.step.memory_bytes,
                 "hbm_bytes": i.step.hbm_bytes,
                 "time_breakdown_s": dict(i.step.time_breakdown),
+                "time_hidden_s": dict(i.step.time_hidden),
                 "bottleneck": i.step.bottleneck,
                 "regime": i.step.regime,
             }

@@ -72,6 +72,7 @@ def estimate_to_dict(
         "mfu": est.mfu,
         "hfu": est.hfu,
         "time_breakdown_s": {k: est.time_breakdown[k] for k in TIME_COMPONENTS},
+        "time_hidden_s": dict(est.time_hidden),
         "memory_breakdown_bytes": {k: est.memory_breakdown[k] for k in MEMORY_COMPONENTS},
         "memory_bytes": est.memory_bytes,
         "memory_allocated_bytes": est.memory_allocated_bytes,
