@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("shardmeter/", "heloco/")  # a path starting so is relative to src/
 CODEC_TESTS = "tests/heloco/test_codecs.py"
 DECOUPLED_TESTS = "tests/heloco/test_decoupled.py"
+TIMELINE_TESTS = "tests/heloco/test_timeline.py"
+HIDDEN_TESTS = "tests/shardmeter/test_closed_form.py"
 
 
 @dataclass(frozen=True)
@@ -420,6 +422,49 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("largest parameter without the embedding table", "memory.py",
              "biggest = max(model.vocab * model.hidden, model.hidden * width,",
              "biggest = max(0 * model.vocab * model.hidden, model.hidden * width,"),
+    # --- per-worker timelines (receive, compute, send, idle) and hidden collective time ---
+    Mutation("timeline: receive drawn from the send times", "heloco/timeline.py",
+             "receive=(r.recv_start, r.recv_end),", "receive=(r.send_start, r.send_end),",
+             TIMELINE_TESTS),
+    Mutation("timeline: idle only between rounds, not inside one", "heloco/timeline.py",
+             "busy = [iv for s in spans for _, iv in s.busy()]",
+             "busy = [(s.start, s.arrival) for s in spans]", TIMELINE_TESTS),
+    Mutation("timeline: a shorter busy interval ends the covered stretch", "heloco/timeline.py",
+             "at = max(at, b)", "at = b", TIMELINE_TESTS),
+    Mutation("timeline: overlapped exchange drawn over the compute", "heloco/timeline.py",
+             'where = exchange if kind in ("receive", "send") else lane', "where = lane",
+             TIMELINE_TESTS),
+    Mutation("timeline: link use counts bytes, not bytes per second", "heloco/timeline.py",
+             "change[a] += n / (b - a)\n            change[b] -= n / (b - a)",
+             "change[a] += n\n            change[b] -= n", TIMELINE_TESTS),
+    Mutation("sim timing: the comm lump split by the bytes sent", "heloco/sim/clock.py",
+             "recv = comm * bytes_received / total", "recv = comm * bytes_sent / total",
+             "tests/heloco/test_sim.py"),
+    Mutation("sim timing: compute runs to the arrival", "heloco/sim/clock.py",
+             "compute_end = min(end, compute_start + compute_s)", "compute_end = end",
+             "tests/heloco/test_sim.py"),
+    Mutation("net timing: the push starts when the dispatch is in", "heloco/net/coordinator.py",
+             "send_start = min(end, max(recv_end, start + lead_s))", "send_start = recv_end",
+             "tests/heloco/test_net_coordinator.py"),
+    Mutation("net timing: compute starts when the dispatch is in", "heloco/net/coordinator.py",
+             "compute_start = max(recv_end, send_start - compute_s)", "compute_start = recv_end",
+             "tests/heloco/test_net_coordinator.py"),
+    Mutation("net timing: the worker reports its decode as the push start", "heloco/net/link.py",
+             '"lead_s": time.perf_counter() - pulled', '"lead_s": decoded - pulled',
+             "tests/heloco/test_outer_loop.py::test_hand_written_loop_matches_heloco_work_over_the_network"),
+    Mutation("hidden: a collective's whole time counted as hidden", "step.py",
+             "        hidden=hidden,\n", "        hidden=comm_s,\n", HIDDEN_TESTS),
+    Mutation("hidden: ZeRO-3 forward gathers' hidden time dropped", "step.py",
+             "fwd.hidden + bwd.hidden * hidden_ag,", "bwd.hidden * hidden_ag,", HIDDEN_TESTS),
+    Mutation("hidden: the backward window's hidden time counted twice", "step.py",
+             "bwd.hidden * (1.0 - hidden_ag),", "bwd.hidden,", HIDDEN_TESTS),
+    Mutation("hidden: pipeline fill and drain sends counted hidden", "step.py",
+             "maximum(pp_sends * pp_hop - pp_exposed, 0.0)", "pp_sends * pp_hop", HIDDEN_TESTS),
+    Mutation("hidden: the once-per-step gradient reduce's hidden time dropped", "step.py",
+             '"dp_comm": m * on_critical("dp_hidden") + dp_once_ov.hidden,',
+             '"dp_comm": m * on_critical("dp_hidden"),', HIDDEN_TESTS),
+    Mutation("hidden: drawn on the exposed stack", "shardmeter/report/html.py",
+             '"x": hidden_x,', '"x": list(names),', "tests/test_html_data.py"),
 )  # fmt: skip
 
 

@@ -25,6 +25,7 @@ from heloco.sim import (
     simulate,
     worker_inner_configs,
 )
+from heloco.sim.clock import lump_timing
 from heloco.types import Params, RoundResult
 from shardmeter.errors import UserInputError
 
@@ -331,3 +332,11 @@ def test_round_events_lay_out_receive_compute_send_on_the_clock(
         assert r["compute_end"] - r["compute_start"] == pytest.approx(2 * pace)
         assert r["send_end"] - r["send_start"] == pytest.approx(1.5)
         assert r["bytes_received"] == 12 and r["bytes_sent"] == 12
+
+
+def test_the_comm_lump_splits_by_the_bytes_each_way() -> None:
+    # A 10 s round of 4 s compute: 6 s of comm, 300 bytes received for 100 sent -> 4.5 + 1.5.
+    t = lump_timing(0.0, 10.0, 4.0, bytes_received=300, bytes_sent=100)
+    assert (t.recv_start, t.recv_end, t.compute_start) == (0.0, 4.5, 4.5)
+    assert (t.compute_end, t.send_start, t.send_end) == (8.5, 8.5, 10.0)
+    assert (t.bytes_received, t.bytes_sent) == (300, 100)

@@ -77,7 +77,7 @@ def test_link_use_is_bytes_over_each_transfer_and_overlaps_add() -> None:
     uses = {u.direction: u for u in link_use(timelines(RUN, events))}
     assert (uses["receive"].times, uses["receive"].rates) == ([0, 1], [400, 0])
     assert (uses["send"].times, uses["send"].rates) == ([3, 5], [150, 0])
-    assert uncovered(0, 10, [(2, 3), (1, 2.5), (8, 12)]) == [(0, 1), (3, 8)]
+    assert uncovered(0, 10, [(2, 3), (1, 5), (8, 12)]) == [(0, 1), (5, 8)]
 
 
 def test_heloco_report_writes_each_runs_gantt_chart(tmp_path: Path) -> None:
