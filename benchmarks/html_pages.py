@@ -2,6 +2,7 @@
 
     python benchmarks/html_pages.py                         # table: size, generation time
     python benchmarks/html_pages.py --screenshots docs/img  # also the PNGs docs/reports.md shows
+                                                            # (and a run's PNG Gantt chart)
 
 For each page kind (`shardmeter predict`, `plan`, `predict --topology`, `sweep`, and
 `heloco report` over two tiny simulated runs) it times the command without and with
@@ -531,7 +532,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if binary is None and not args.no_browser:
         print("(no Chromium on PATH: browser columns left out)")
+    if args.screenshots is not None:
+        write_gantt(runs[-1], args.screenshots / "timeline-sync.png")
     return 0
+
+
+def write_gantt(run: Path, dest: Path) -> None:
+    """The PNG Gantt chart `heloco report` writes for ``run``, copied to ``dest``."""
+    from heloco.report import load_runs
+    from heloco.timeline import plot_timelines
+
+    with tempfile.TemporaryDirectory() as tmp:
+        png = next(p for p in plot_timelines(load_runs([run]), Path(tmp)) if p.suffix == ".png")
+        shutil.copyfile(png, dest)
+    shrink_png(dest)
 
 
 if __name__ == "__main__":
