@@ -466,7 +466,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              '"dp_comm": m * on_critical("dp_hidden") + dp_once_ov.hidden,',
              '"dp_comm": m * on_critical("dp_hidden"),', HIDDEN_TESTS),
     Mutation("hidden: drawn on the exposed stack", "shardmeter/report/html.py",
-             '"x": hidden_x,', '"x": list(names),', "tests/test_html_data.py"),
+             '"offsetgroup": group,', '"offsetgroup": "exposed",', "tests/test_html_data.py"),
 )  # fmt: skip
 
 

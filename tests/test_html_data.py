@@ -81,9 +81,12 @@ def test_plan_page_embeds_the_search_and_maps_points_to_plans(plan_page: Path) -
     hidden = [t for t in view["time"]["data"] if t["meta"]["kind"] == "hidden"]
     steps = [sum(t["y"][i] for t in exposed) for i in range(len(islands))]
     assert steps == pytest.approx([i["step_time_s"] for i in islands], rel=1e-9)
+    tops = [t["base"][i] + t["y"][i] for t in exposed[-1:] for i in range(len(islands))]
+    assert tops == pytest.approx(steps, rel=1e-9)  # each stacked on the terms before it
+    assert {t["offsetgroup"] for t in exposed} == {"exposed"}
     assert hidden, "the best plan overlaps some collective"
     for t in hidden:
-        assert t["marker"]["pattern"]["shape"] == "/" and t["x"][0].endswith("hidden")
+        assert t["marker"]["pattern"]["shape"] == "/" and t["offsetgroup"] == "hidden"
         want = [i["time_hidden_s"][t["meta"]["term"]] for i in islands]
         assert t["y"] == pytest.approx(want, rel=1e-12) and max(want) > 0
     assert {t["meta"]["term"] for t in hidden} == {

@@ -76,52 +76,44 @@ def step_words(step: StepEstimate) -> str:
 
 
 def step_time_figure(names: Sequence[str], steps: Sequence[StepEstimate]) -> dict[str, Any]:
-    """Stacked bars, one per island: the exposed step-time components in seconds (they add up
-    to the step), and beside each a hatched bar of the seconds each collective runs hidden
-    under compute (on the wire, not in the step)."""
+    """Per island two bars side by side: the exposed step-time components stacked (they add up
+    to the step), and, hatched, the seconds each collective runs hidden under compute (on the
+    wire, not in the step). Stacked within each group by explicit bases."""
     traces = []
-    for k, key in enumerate(TIME_COMPONENTS):
-        ys = [s.time_breakdown.get(key, 0.0) for s in steps]
-        if not any(y > 0 for y in ys):
-            continue
-        traces.append(
-            {
-                "type": "bar",
-                "name": TIME_LABELS.get(key, key),
-                "x": list(names),
-                "y": ys,
-                "marker": {"color": COLORS[k % len(COLORS)]},
-                "hovertemplate": "%{x}: %{y:.4g} s<extra>%{fullData.name}</extra>",
-                "meta": {"kind": "exposed", "term": key},
-            }
-        )
-    hidden_x = [f"{name} · hidden" for name in names]
-    for k, key in enumerate(TIME_COMPONENTS):
-        ys = [s.time_hidden.get(key, 0.0) for s in steps]
-        if not any(y > 0 for y in ys):
-            continue
-        traces.append(
-            {
-                "type": "bar",
-                "name": f"{TIME_LABELS.get(key, key)} (hidden)",
-                "x": hidden_x,
-                "y": ys,
-                "marker": {
-                    "color": COLORS[k % len(COLORS)],
-                    "opacity": 0.55,
-                    "pattern": {"shape": "/"},
-                },
-                "hovertemplate": "%{x}: %{y:.4g} s under compute<extra>%{fullData.name}</extra>",
-                "meta": {"kind": "hidden", "term": key},
-            }
-        )
+    for group, times, suffix in (
+        ("exposed", [s.time_breakdown for s in steps], ""),
+        ("hidden", [s.time_hidden for s in steps], " (hidden)"),
+    ):
+        base = [0.0] * len(steps)
+        for k, key in enumerate(TIME_COMPONENTS):
+            ys = [t.get(key, 0.0) for t in times]
+            if not any(y > 0 for y in ys):
+                continue
+            marker: dict[str, Any] = {"color": COLORS[k % len(COLORS)]}
+            if group == "hidden":
+                marker |= {"opacity": 0.55, "pattern": {"shape": "/"}}
+            traces.append(
+                {
+                    "type": "bar",
+                    "name": TIME_LABELS.get(key, key) + suffix,
+                    "x": list(names),
+                    "y": ys,
+                    "base": list(base),
+                    "offsetgroup": group,
+                    "marker": marker,
+                    "hovertemplate": f"%{{x}}: %{{y:.4g}} s {group}<extra>%{{fullData.name}}"
+                    "</extra>",
+                    "meta": {"kind": group, "term": key},
+                }
+            )
+            base = [b + y for b, y in zip(base, ys, strict=True)]
     return {
         "data": traces,
         "layout": {
-            "barmode": "stack",
+            "barmode": "group",
             "title": {
-                "text": f"Step time{per_island(names)}: exposed terms, and collectives hidden "
-                "under compute (hatched)"
+                "text": f"Step time{per_island(names)}: exposed terms (left), collectives "
+                "hidden under compute (right, hatched)"
             },
             "yaxis": {"title": {"text": "seconds per step"}},
             "xaxis": {"tickangle": -30, "automargin": True},
