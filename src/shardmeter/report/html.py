@@ -95,7 +95,7 @@ def step_time_figure(names: Sequence[str], steps: Sequence[StepEstimate]) -> dic
             traces.append(
                 {
                     "type": "bar",
-                    "name": TIME_LABELS.get(key, key) + suffix,
+                    "name": TIME_LABELS.get(key, key).replace(" (exposed)", "") + suffix,
                     "x": list(names),
                     "y": ys,
                     "base": list(base),
@@ -112,8 +112,7 @@ def step_time_figure(names: Sequence[str], steps: Sequence[StepEstimate]) -> dic
         "layout": {
             "barmode": "group",
             "title": {
-                "text": f"Step time{per_island(names)}: exposed terms (left), collectives "
-                "hidden under compute (right, hatched)"
+                "text": f"Step time{per_island(names)}: exposed (left), hidden (right, hatched)"
             },
             "yaxis": {"title": {"text": "seconds per step"}},
             "xaxis": {"tickangle": -30, "automargin": True},
