@@ -28,9 +28,11 @@ structure both the HTML page (``heloco.report_html``) and the PNG/SVG Gantt char
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -61,6 +63,7 @@ COLORS: dict[Kind, str] = {
 STAT_FIELDS: tuple[str, ...] = (*RunStats.STAT_FIELDS, "rho")  # update diagnostics
 MAX_ROUNDS = 3000  # rounds drawn per run; the JSON holds them all
 LABELLED_ARRIVALS = 200  # the PNG/SVG chart writes each staleness as text up to this many
+RASTER_BARS = 2000  # above this many bars the SVG holds them as one image (seconds, not minutes)
 TIMING_FIELDS = ("recv_start", "recv_end", "compute_start", "compute_end", "send_start",
                  "send_end")  # fmt: skip
 
@@ -177,16 +180,23 @@ class WorkerTimeline:
     rounds: list[RoundSpan]
     idle: list[Interval]
 
-    @property
+    @cached_property
     def overlapped(self) -> bool:
-        """Whether a receive or send overlaps a compute (an overlapped exchange)."""
+        """Whether a receive or send overlaps a compute (an overlapped exchange) by more than
+        a nanosecond. A worker's computes do not overlap each other, so sorted by start they
+        are sorted by end: each exchange is checked against the computes from the first that
+        ends after it starts."""
         computes = sorted(r.compute for r in self.rounds if r.compute[1] > r.compute[0])
+        ends = [c[1] for c in computes]
         for r in self.rounds:
             for iv in (r.receive, r.send):
-                if iv is not None and any(
-                    min(iv[1], c[1]) - max(iv[0], c[0]) > 1e-9 for c in computes
-                ):
-                    return True
+                if iv is None:
+                    continue
+                k = bisect_right(ends, iv[0])
+                while k < len(computes) and computes[k][0] < iv[1]:
+                    if min(iv[1], computes[k][1]) - max(iv[0], computes[k][0]) > 1e-9:
+                        return True
+                    k += 1
         return False
 
     def seconds(self, kind: Kind) -> float:
@@ -353,15 +363,15 @@ def rate_steps(intervals: Sequence[tuple[float, float, int]]) -> tuple[list[floa
     return times, rates
 
 
-def link_use(workers: Sequence[WorkerTimeline]) -> list[LinkUse]:
+def link_use(workers: Sequence[WorkerTimeline], until: float = math.inf) -> list[LinkUse]:
     """Each worker's send and receive rates over time, from the measured intervals and their
-    bytes (empty where the events carry no bytes)."""
+    bytes, for the rounds dispatched before ``until`` (empty where the events carry no
+    bytes)."""
     out: list[LinkUse] = []
     for wt in workers:
-        sends = [(r.send[0], r.send[1], r.bytes_sent or 0) for r in wt.rounds if r.send]
-        recvs = [
-            (r.receive[0], r.receive[1], r.bytes_received or 0) for r in wt.rounds if r.receive
-        ]
+        rounds = [r for r in wt.rounds if r.start < until]
+        sends = [(r.send[0], r.send[1], r.bytes_sent or 0) for r in rounds if r.send]
+        recvs = [(r.receive[0], r.receive[1], r.bytes_received or 0) for r in rounds if r.receive]
         for direction, ivs in (("send", sends), ("receive", recvs)):
             times, rates = rate_steps(ivs)
             if times:
@@ -396,7 +406,8 @@ def gantt_chart(label: str, workers: Sequence[WorkerTimeline]) -> GanttChart:
     title = f"{label}: rounds per worker"
     if len(spans) > len(shown):
         title += f" (the first {len(shown)} of {len(spans)} rounds)"
-    return GanttChart(title, lanes, bars, arrivals, link_use(workers), len(shown), len(spans))
+    link = link_use(workers, until=horizon)
+    return GanttChart(title, lanes, bars, arrivals, link, len(shown), len(spans))
 
 
 # -- the PNG/SVG chart ------------------------------------------------------------------------
@@ -421,13 +432,14 @@ def plot_timeline(chart: GanttChart, out_dir: Path, stem: str) -> list[Path]:
     )
     ax = axes[0][0]
     row = {lane: len(chart.lanes) - 1 - i for i, lane in enumerate(chart.lanes)}
+    raster = len(chart.bars) > RASTER_BARS  # the SVG embeds the bars as an image
     for kind in KINDS:
         mine = [b for b in chart.bars if b.kind == kind]
         for lane in chart.lanes:
             spans = [(b.start, b.width) for b in mine if b.lane == lane]
             if spans:
                 ax.broken_barh(spans, (row[lane] - 0.4, 0.8), facecolors=COLORS[kind],
-                               edgecolor="white", linewidth=0.3)  # fmt: skip
+                               edgecolor="white", linewidth=0.3, rasterized=raster)  # fmt: skip
         if mine:
             ax.bar(0, 0, color=COLORS[kind], label=LABELS[kind])  # legend entry only
     if chart.arrivals:
