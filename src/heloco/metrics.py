@@ -169,11 +169,36 @@ def update_event(record: UpdateRecord, time: float, tokens: int) -> dict[str, An
     }
 
 
+@dataclass(frozen=True)
+class RoundTiming:
+    """Where a round's time went, on the run's clock (seconds, the origin of ``start``):
+    receiving the dispatch it trains from, its inner steps, sending its push until the ack;
+    and the bytes each way. Blocking: one after the other; overlapped: the send and the next
+    dispatch's receive overlap the next round's compute."""
+
+    recv_start: float
+    recv_end: float
+    compute_start: float
+    compute_end: float
+    send_start: float
+    send_end: float
+    bytes_sent: int | None = None
+    bytes_received: int | None = None
+
+
 def round_event(
-    worker: int, round_id: int, steps: int, tokens: int, train_loss: float, start: float, end: float
+    worker: int,
+    round_id: int,
+    steps: int,
+    tokens: int,
+    train_loss: float,
+    start: float,
+    end: float,
+    timing: RoundTiming | None = None,
 ) -> dict[str, Any]:
-    """One ``round`` line: a worker's round, its inner loss and its start/finish times."""
-    return {
+    """One ``round`` line: a worker's round, its inner loss and its start/finish times (and,
+    where known, its :class:`RoundTiming` fields; bytes only where counted)."""
+    event: dict[str, Any] = {
         "type": "round",
         "worker": worker,
         "round_id": round_id,
@@ -183,6 +208,9 @@ def round_event(
         "start": start,
         "time": end,
     }
+    if timing is not None:
+        event.update({k: v for k, v in asdict(timing).items() if v is not None})
+    return event
 
 
 def eval_event(point: EvalPoint, stats: RunStats) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from heloco.data import ValLoss
 from heloco.metrics import (
     EvalPoint,
     MetricsWriter,
+    RoundTiming,
     RunStats,
     cycle_average,
     eval_event,
@@ -81,11 +82,12 @@ class Recorder:
         loss: float,
         start: float,
         end: float,
+        timing: RoundTiming | None = None,
     ) -> None:
         """Count an accepted round and log it (``start``/``end`` in run seconds)."""
         self.traj.tokens += tokens
         self.traj.steps += steps
-        self.writer.event(round_event(worker, round_id, steps, tokens, loss, start, end))
+        self.writer.event(round_event(worker, round_id, steps, tokens, loss, start, end, timing))
 
     def record_update(self, record: UpdateRecord, now: float, tokens: int) -> None:
         """Count an applied update and log it with the time and tokens it happened at."""
