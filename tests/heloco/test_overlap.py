@@ -17,10 +17,13 @@ import pytest
 import torch
 
 from heloco.metrics import RoundTiming, round_event
+from heloco.outer import build_optimizer
 from heloco.overlap import eager_start, overlapped_dispatch
 from heloco.server import Server, ServerConfig, SubmissionRejected
 from heloco.sim import build_run, parse_sim_config, run_simulation
 from heloco.sim.clock import link_seconds, resolve_links
+from heloco.sim.loop import simulate
+from heloco.sim.run import clock_of
 from heloco.types import Dispatch, RoundResult
 from shardmeter.errors import UserInputError
 
@@ -173,9 +176,6 @@ def test_overlapped_kill_loses_nothing_accepted_and_doubles_nothing(
         )
     )
     parts = build_run(cfg)
-    from heloco.sim.run import clock_of
-    from heloco.sim.loop import simulate
-
     traj = simulate(
         parts.server, [parts.worker(w) for w in range(2)], clock_of(cfg, parts), parts.evaluate
     )
@@ -190,8 +190,6 @@ def test_overlapped_kill_loses_nothing_accepted_and_doubles_nothing(
 
 # -- the server -------------------------------------------------------------------------------
 def _server(overlapped: bool) -> Server:
-    from heloco.outer import build_optimizer
-
     init = {"w": torch.zeros(2)}
     opt = build_optimizer("heloco", init, parse_sim_config({"token_budget": 1}).outer, 1, [1.0])
     return Server(init, opt, ServerConfig(n_workers=1, inner_steps=2, overlapped=overlapped))
