@@ -16,6 +16,7 @@ from typing import IO, Any
 from heloco.curve import value_at
 from heloco.runfolder import RUN_ID_FIELD, new_run_id
 from heloco.server import UpdateRecord
+from heloco.types import RoundTiming
 from shardmeter.io import write_atomic
 
 EVENTS_FILE = "events.jsonl"
@@ -169,23 +170,6 @@ def update_event(record: UpdateRecord, time: float, tokens: int) -> dict[str, An
     }
 
 
-@dataclass(frozen=True)
-class RoundTiming:
-    """Where a round's time went, on the run's clock (seconds, the origin of ``start``):
-    receiving the dispatch it trains from, its inner steps, sending its push until the ack;
-    and the bytes each way. Blocking: one after the other; overlapped: the send and the next
-    dispatch's receive overlap the next round's compute."""
-
-    recv_start: float
-    recv_end: float
-    compute_start: float
-    compute_end: float
-    send_start: float
-    send_end: float
-    bytes_sent: int | None = None
-    bytes_received: int | None = None
-
-
 def round_event(
     worker: int,
     round_id: int,
@@ -196,9 +180,9 @@ def round_event(
     end: float,
     timing: RoundTiming | None = None,
 ) -> dict[str, Any]:
-    """One ``round`` line: a worker's round, its inner loss and its start/finish times (and,
-    where known, its :class:`RoundTiming` fields; bytes only where counted)."""
-    event: dict[str, Any] = {
+    """One ``round`` line: a worker's round, its inner loss, its start/finish times and, where
+    the loop measured them, when it received, computed and sent (:class:`RoundTiming`)."""
+    return {
         "type": "round",
         "worker": worker,
         "round_id": round_id,
@@ -207,10 +191,8 @@ def round_event(
         "train_loss": _finite(train_loss),
         "start": start,
         "time": end,
+        **(timing.event_fields() if timing is not None else {}),
     }
-    if timing is not None:
-        event.update({k: v for k, v in asdict(timing).items() if v is not None})
-    return event
 
 
 def eval_event(point: EvalPoint, stats: RunStats) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from heloco.data import derive_seed
 from heloco.outer import resolve_method
 from heloco.server import dylu_steps, quantile_speed
 from heloco.sim.config import PACE_KEY, SimConfig
+from heloco.types import RoundTiming
 from heloco.worker import InnerConfig
 
 
@@ -192,3 +193,31 @@ def expected_worker_steps(
         else:
             limits.append([cfg.time_budget * steps[w] / round_s[w] for w in range(k)])
     return [max(1, math.ceil(min(lim[w] for lim in limits))) for w in range(k)]
+
+
+def lump_timing(
+    start: float, end: float, compute_s: float, bytes_received: int, bytes_sent: int
+) -> RoundTiming:
+    """A simulated round laid out as receive → compute → send on the simulated clock.
+
+    The clock charges a round compute_s + comm_w with comm_w one lump (:func:`round_seconds`;
+    comm = end − start − compute_s here). The lump is split by the bytes each way, as one link
+    at one rate in both directions would carry them: receive = comm · B_recv / (B_recv +
+    B_sent), send = the rest (seconds; B in bytes: the fp32 dispatch and the push as sent).
+    Only the record is split: no simulated time or loss depends on it.
+    """
+    comm = max(0.0, end - start - compute_s)
+    total = bytes_received + bytes_sent
+    recv = comm * bytes_received / total if total > 0 else 0.5 * comm
+    compute_start = start + recv
+    compute_end = min(end, compute_start + compute_s)
+    return RoundTiming(
+        recv_start=start,
+        recv_end=compute_start,
+        compute_start=compute_start,
+        compute_end=compute_end,
+        send_start=compute_end,
+        send_end=end,
+        bytes_sent=bytes_sent,
+        bytes_received=bytes_received,
+    )

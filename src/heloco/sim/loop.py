@@ -12,19 +12,20 @@ import heapq
 import math
 import time
 from collections.abc import Callable, Generator, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
 
 from heloco.data import derive_seed
-from heloco.metrics import EvalPoint, MetricsWriter, RoundTiming, RunStats
+from heloco.metrics import EvalPoint, MetricsWriter, RunStats
 from heloco.overlap import overlapped_dispatch
 from heloco.run import Budget, RunControl
 from heloco.server import Server, UpdateRecord
-from heloco.sim.clock import Clock, round_seconds
+from heloco.sim.clock import Clock, lump_timing, round_seconds
 from heloco.sim.config import JITTER_KEY
 from heloco.sim.recorder import Evaluator, Recorder, Trajectory
-from heloco.types import Delta, Dispatch, Params, RoundResult
+from heloco.types import Delta, Dispatch, Params, RoundResult, RoundTiming, tensor_bytes
 
 
 class RoundRunner(Protocol):
@@ -85,6 +86,7 @@ class _Sim:
             np.random.default_rng(derive_seed(clock.seed, JITTER_KEY, w))
             for w in range(len(clock.paces))
         ]
+        self.dispatch_bytes = tensor_bytes(server.params)  # each dispatch: θ in fp32
 
     # -- helpers ----------------------------------------------------------------------------
     def compute_seconds(self, worker: int, steps: int) -> float:
@@ -103,10 +105,20 @@ class _Sim:
         return self.control.tokens_reached()
 
     def record_round(
-        self, result: RoundResult, start: float, end: float, timing: RoundTiming | None = None
+        self,
+        result: RoundResult,
+        start: float,
+        end: float,
+        compute: float,
+        timing: RoundTiming | None = None,
     ) -> None:
         self.control.count(result.tokens)
         rid = -1 if result.round_id is None else result.round_id
+        sent = tensor_bytes(result.delta)
+        if timing is None:  # one comm lump (comm_delays): split by the bytes each way
+            timing = lump_timing(start, end, compute, self.dispatch_bytes, sent)
+        elif timing.bytes_sent is None:  # exact legs, bytes as sent
+            timing = replace(timing, bytes_sent=sent, bytes_received=self.dispatch_bytes)
         self.rec.record_round(
             result.worker, rid, result.steps, result.tokens, result.mean_loss, start, end, timing
         )
@@ -157,6 +169,7 @@ class _Sim:
         # which the next round starts, the interval over which that dispatch was received)
         pipes: dict[int, tuple[Dispatch, float, tuple[float, float]]] = {}
         overlapped = self.clock.exchange == "overlapped"
+        exact = overlapped or bool(self.clock.push_bytes)  # legs known: link clock or overlap
         eager = self.clock.eager
         control = self.control
         # kills and rejoins on the simulated clock: (time, order, worker, is_kill)
@@ -259,7 +272,7 @@ class _Sim:
             if overlapped:  # the next round's start, before the server may keep Δ
                 deltas[w] = result.delta
             start_at = timing.compute_start if overlapped else timing.recv_start
-            self.record_round(result, start_at, t, timing)
+            self.record_round(result, start_at, t, compute, timing if exact else None)
             self.traj.useful_seconds += compute
             applied = self.server.submit(result)
             if applied is not None:
@@ -292,6 +305,7 @@ class _Sim:
     # -- sync -------------------------------------------------------------------------------
     def run_sync(self) -> Loop:
         k = len(self.clock.paces)
+        exact = bool(self.clock.push_bytes)  # a link clock: each leg's own time
         self.eval_now()
         while not self.budget_reached():
             now = self.traj.time
@@ -327,7 +341,7 @@ class _Sim:
                     self.server.observe_speed(w, d.steps / computes[w])
                 t1 = now + self.clock.down(w)
                 timing = self.timing(w, (now, t1), (t1, t1 + computes[w]), ends[w])
-                self.record_round(result, now, ends[w], timing)
+                self.record_round(result, now, ends[w], computes[w], timing if exact else None)
                 self.traj.useful_seconds += computes[w]
                 record = self.server.submit(result) or record
             self.traj.time = round_end

@@ -11,7 +11,6 @@ from heloco.data import ValLoss
 from heloco.metrics import (
     EvalPoint,
     MetricsWriter,
-    RoundTiming,
     RunStats,
     cycle_average,
     eval_event,
@@ -19,7 +18,7 @@ from heloco.metrics import (
     update_event,
 )
 from heloco.server import Server, UpdateRecord
-from heloco.types import Params
+from heloco.types import Params, RoundTiming
 
 Evaluator = Callable[[Params], ValLoss]
 
@@ -84,7 +83,8 @@ class Recorder:
         end: float,
         timing: RoundTiming | None = None,
     ) -> None:
-        """Count an accepted round and log it (``start``/``end`` in run seconds)."""
+        """Count an accepted round and log it (``start``/``end`` in run seconds; ``timing``
+        where the loop measured its receive, compute and send)."""
         self.traj.tokens += tokens
         self.traj.steps += steps
         self.writer.event(round_event(worker, round_id, steps, tokens, loss, start, end, timing))
