@@ -331,6 +331,9 @@ class OuterLoop:
     def _finish_round(self) -> None:
         result = self.rounds.compress(self.island.reduce(self.rounds.end(compress=False)))
         compute_s = time.perf_counter() - self._round_t0
+        note = getattr(self.link, "note_round", None)  # a NetLink times the round's push
+        if note is not None:
+            note(self._round_t0, self._round_t0 + compute_s)
         if self.overlapped:
             self._finish_overlapped(result, compute_s)
             return

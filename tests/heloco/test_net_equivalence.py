@@ -11,6 +11,7 @@ not the simulator's order; fp32 addition is not associative).
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 from collections.abc import Callable
@@ -157,3 +158,12 @@ def test_overlapped_worker_matches_simulator(
     assert session.coord.counters.accepted == len(reports[0].acked) == 6
     staleness = [a.staleness for r in session.side.server.log for a in r.arrivals]
     assert staleness == [0, 1, 1, 1, 1, 1]  # each round after the first: one round staler
+    lines = (tmp_path / "events.jsonl").read_text().splitlines()
+    rounds = [e for e in map(json.loads, lines) if e["type"] == "round"]
+    keys = ("recv_start", "recv_end", "compute_start", "compute_end", "send_start", "send_end")
+    assert len(rounds) == 6 and all(all(k in r for k in keys) for r in rounds), json.dumps(rounds)
+    for r in rounds:  # on the run's clock, in order within the round
+        assert r["recv_start"] <= r["recv_end"] <= r["compute_start"] <= r["compute_end"]
+        assert r["compute_end"] <= r["send_start"] <= r["send_end"] == r["time"]
+    # rounds 2.. trained from the dispatch before the one they answer: received earlier
+    assert all(r["recv_start"] < p["send_end"] for p, r in itertools.pairwise(rounds[1:]))
