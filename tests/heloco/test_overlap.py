@@ -265,3 +265,21 @@ def test_round_event_writes_timing_fields_of_the_contract() -> None:
         "bytes_sent",
     }
     assert "recv_start" not in round_event(0, 1, 2, 8, 1.0, 0.0, 4.0)
+
+
+def test_exchange_flags_reach_the_config(capsys: pytest.CaptureFixture[str]) -> None:
+    from heloco.cli import main
+    from heloco.net.worker_loop import WorkerOptions
+
+    assert main(["simulate", "--exchange", "overlapped", "--print-config"]) == 0
+    assert 'exchange = "overlapped"' in capsys.readouterr().out
+    assert main(["simulate", "--exchange", "overlapped", "--method", "sync", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "exchange" in err and "'blocking'" in err
+    with pytest.raises(UserInputError, match="--exchange"):
+        WorkerOptions(worker=0, exchange="sideways")
+    from heloco.cli import build_parser
+    from heloco.cli.launch import run_config
+
+    args = build_parser().parse_args(["launch", "--out", "x", "--exchange", "overlapped"])
+    assert run_config(args).exchange == "overlapped"
