@@ -145,11 +145,16 @@ class Exchange:
         self._outcome: PushOutcome | None = None
         self._dispatch: Dispatch | None = None
         self._error: BaseException | None = None
+        # A new thread starts with OpenMP's default thread count, not the one set for the run
+        # (torch.set_num_threads is per thread there): reductions in a LocalLink's server
+        # would change their order, and so their last bits.
+        self._threads = torch.get_num_threads()
         self._thread = threading.Thread(target=self._run, name="heloco-exchange", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         try:
+            torch.set_num_threads(self._threads)
             self._outcome = self._link.push(self.result, self.compute_s)
             self._dispatch = self._link.pull()
         except BaseException as exc:  # re-raised by join, in the worker's own thread
