@@ -3,10 +3,12 @@
 Blocking (the default): pull D_k → H steps from θ(D_k) → push Δ_k → wait for the ack → pull
 D_{k+1}. The link is idle while the worker trains and the worker idles while the link works.
 
-Overlapped, the one-step-delayed "eager" scheme of Kale et al. 2025 ("Eager Updates For
-Overlapped Communication and Computation in DiLoCo", arXiv 2502.12996, §3, Alg. 1 with the
-outer step replaced by the server's), with the exchange given one whole round (Streaming
-DiLoCo's overlap τ = H, Douillard et al. 2025, arXiv 2501.18512, §2.3). Round 0 trains from
+Overlapped, after the one-step-delayed "eager" updates of Kale et al. 2025 ("Eager Updates
+For Overlapped Communication and Computation in DiLoCo", arXiv 2502.12996: the worker's own
+fresh outer gradient stands in for the one still being exchanged; there, in a synchronous
+outer step, weighted 1/M beside the delayed average of the others; here, where a server
+applies each arrival alone, weighted λ), with the exchange given one whole round (Streaming
+DiLoCo's overlap τ = H, Douillard et al. 2025, arXiv 2501.18512). Round 0 trains from
 D_0 as in blocking. At the end of round k (Δ_k = start_k − θ_local, the compressed Δ when a
 payload is set):
 
