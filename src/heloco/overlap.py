@@ -40,6 +40,11 @@ sees each round's measured speed (steps / compute seconds) as in blocking; a dis
 count H_w applies to the round trained from it (round k+1 uses D_k.steps), one round later
 than in blocking.
 
+A push the server refuses as ``evicted`` (the worker was silent too long) is answered by a
+fresh dispatch, which takes only a round based on its own revision: when it is newer than
+the round in training's base, that round is dropped and a first round starts from it
+(:class:`heloco.outer_loop.OuterLoop`), as after a restart.
+
 Nothing else changes: the simulator (:mod:`heloco.sim.loop`) and the networked worker
 (:class:`heloco.outer_loop.OuterLoop`) both build each round's start with
 :func:`overlapped_dispatch`, so one config and seed gives the same losses either way.

@@ -310,3 +310,43 @@ def test_outer_loop_in_process_matches_simulator(
     assert all(torch.equal(got[k], want[k]) for k in want)
     staleness = [a.staleness for r in parts.server.log for a in r.arrivals]
     assert staleness == ([0] * 6 if exchange == "blocking" else [0, 1, 1, 1, 1, 1])
+
+
+def test_evicted_overlapped_worker_starts_over_without_a_refused_round(
+    values: Callable[..., dict[str, Any]],
+) -> None:
+    """Another worker's update lands and the server evicts worker 0 while its third push
+    travels: that push is refused (evicted); the round in training, based on an older
+    revision than the fresh dispatch, is dropped and a first round starts from that dispatch,
+    so no later push is refused."""
+    from heloco.outer_loop import LocalLink, OuterLoop
+    from heloco.types import PushOutcome
+
+    cfg = parse_sim_config(values(workers=2, exchange="overlapped", token_budget=8 * ROUND_TOKENS))
+    parts = build_run(cfg)
+    worker = parts.worker(0)
+    reasons: list[str] = []
+
+    class Evicting(LocalLink):
+        def push(self, result: RoundResult, compute_s: float) -> PushOutcome:
+            if self.rounds == 2:  # worker 1's round lands, then worker 0 is evicted
+                d = self.server.dispatch(1)
+                zero = {k: torch.zeros_like(v) for k, v in d.params.items()}
+                self.server.submit(RoundResult(1, zero, 1, 64, 1.0, d.revision, d.round_id))
+                self.server.evict(0)
+            out = super().push(result, compute_s)
+            reasons.append(out.reason)
+            return out
+
+    link = Evicting(parts.server, 0, token_budget=cfg.token_budget)
+    outer = OuterLoop(
+        worker.model, worker.optimizer, link, hook=False, rounds=worker.boundary,
+        exchange="overlapped",
+    )  # fmt: skip
+    with outer:
+        while not outer.done:
+            outer.step(worker.inner_step(), worker.sampler.tokens_per_batch)
+    assert reasons[2] == "evicted" and set(reasons[:2] + reasons[3:]) == {""}, reasons
+    mine = [a for r in parts.server.log for a in r.arrivals if a.worker == 0]
+    assert len(mine) == 8 and len({a.round_id for a in mine}) == 8
+    assert mine[2].staleness == 0  # the first round after the restart: from its dispatch
