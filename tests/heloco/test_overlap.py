@@ -350,3 +350,19 @@ def test_evicted_overlapped_worker_starts_over_without_a_refused_round(
     mine = [a for r in parts.server.log for a in r.arrivals if a.worker == 0]
     assert len(mine) == 8 and len({a.round_id for a in mine}) == 8
     assert mine[2].staleness == 0  # the first round after the restart: from its dispatch
+
+
+def test_decoupled_quorum_runs_overlapped(values: Callable[..., dict[str, Any]]) -> None:
+    """A quorum merge does not hold its workers, so they may overlap; every round is merged
+    once and the staleness rises as in the asynchronous methods."""
+    over = {"method": "decoupled", "workers": 3, "paces": [1.0, 1.0, 2.0], "quorum": 2}
+    budget = 12 * ROUND_TOKENS
+    blocking = run_simulation(parse_sim_config(values(**over, token_budget=budget)))
+    cfg = parse_sim_config(values(**over, token_budget=budget, exchange="overlapped"))
+    parts = build_run(cfg)
+    simulate(parts.server, [parts.worker(w) for w in range(3)], clock_of(cfg, parts),
+             parts.evaluate)  # fmt: skip
+    seen = [(a.worker, a.round_id) for r in parts.server.log for a in r.arrivals]
+    assert len(seen) == len(set(seen)) >= 12
+    mean = sum(a.staleness for r in parts.server.log for a in r.arrivals) / len(seen)
+    assert mean > sum(blocking.summary.staleness_mean) / 3
