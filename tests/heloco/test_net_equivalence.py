@@ -141,15 +141,16 @@ def test_budget_schedule_and_step_evals_match_simulator(
     assert summary["weight_shares"] == pytest.approx([1.0])
 
 
-@pytest.mark.parametrize("eager", [1.0, 0.0])
+@pytest.mark.parametrize(("eager", "shards"), [(1.0, 1), (0.0, 1), (1.0, 2)])
 def test_overlapped_worker_matches_simulator(
-    tmp_path: Path, config: Callable[..., Any], eager: float
+    tmp_path: Path, config: Callable[..., Any], eager: float, shards: int
 ) -> None:
     """The overlapped exchange (push and pull in the background, the next round from the
     newest dispatch minus λ·Δ): the networked worker runs heloco.overlap through OuterLoop, the
-    simulator through its loop; same rounds, same bases, same losses."""
+    simulator through its loop; same rounds, same bases, same losses (also with the tensors
+    staged and fetched over 2 shards from the exchange thread)."""
     cfg = config(exchange="overlapped", overlap_eager=eager)
-    session, reports = networked(cfg, tmp_path)
+    session, reports = networked(cfg, tmp_path, shards=shards)
     net, sim = curves(session, cfg)
     assert [t for t, _ in net] == [t for t, _ in sim] == [0, 256, 512, 768]
     assert max(abs(a - b) for (_, a), (_, b) in zip(net, sim, strict=True)) <= ONE_WORKER_TOL
