@@ -366,3 +366,18 @@ def test_decoupled_quorum_runs_overlapped(values: Callable[..., dict[str, Any]])
     assert len(seen) == len(set(seen)) >= 12
     mean = sum(a.staleness for r in parts.server.log for a in r.arrivals) / len(seen)
     assert mean > sum(blocking.summary.staleness_mean) / 3
+
+
+def test_overlapped_round_seconds_hide_the_exchange(values: Callable[..., dict[str, Any]]):
+    """A round's planned length (server rates, cosine length under ``inner_schedule =
+    "budget"``, the eval cycle) is max(H·pace, comm) overlapped, H·pace + comm blocking."""
+    from heloco.sim.clock import round_seconds
+
+    assert round_seconds([2, 4], [1.0, 1.0], [3.0, 1.0]) == [5.0, 5.0]
+    assert round_seconds([2, 4], [1.0, 1.0], [3.0, 1.0], overlapped=True) == [3.0, 4.0]
+    over = {"comm_delays": [2.0], "inner_schedule": "budget", "time_budget": 40.0}
+    over["token_budget"] = None
+    blocking = build_run(parse_sim_config(values(**over)))
+    overlapped = build_run(parse_sim_config(values(**over, exchange="overlapped")))
+    assert blocking.inner[0].total_steps == 20  # 40 s of 4 s rounds of 2 steps
+    assert overlapped.inner[0].total_steps == 40  # 40 s of 2 s rounds
