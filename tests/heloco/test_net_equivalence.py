@@ -166,5 +166,8 @@ def test_overlapped_worker_matches_simulator(
     for r in rounds:  # on the run's clock, in order within the round
         assert r["recv_start"] <= r["recv_end"] <= r["compute_start"] <= r["compute_end"]
         assert r["compute_end"] <= r["send_start"] <= r["send_end"] == r["time"]
-    # rounds 2.. trained from the dispatch before the one they answer: received earlier
+    # rounds 1.. start at their boundary, as the simulator shows them; from round 2 on they
+    # trained from the dispatch before the one they answer, received before the last ack
+    assert rounds[0]["start"] == rounds[0]["recv_start"]
+    assert all(r["start"] == r["compute_start"] for r in rounds[1:])
     assert all(r["recv_start"] < p["send_end"] for p, r in itertools.pairwise(rounds[1:]))

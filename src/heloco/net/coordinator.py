@@ -468,6 +468,8 @@ class Coordinator:
         self.control.count(result.tokens)
         if body.compute_s is not None:
             self.server.observe_speed(w, result.steps / body.compute_s)
+        own = self._dispatch_time.get((w, body.round_id))
+        answered_revision = own[1] if own is not None else result.base_revision
         start = self._trained_from(w, body)
         end = self.elapsed()
         timing = None
@@ -477,6 +479,10 @@ class Coordinator:
                 start, end, body.recv_s, body.lead_s, body.compute_s or 0.0,
                 tensor_bytes(self.server.params), sent, body.compute_from_s,
             )  # fmt: skip
+        shown = 0.0 if start is None else start
+        if timing is not None and result.base_revision != answered_revision:
+            # overlapped: the round began at its boundary, a round after its dispatch came
+            shown = timing.compute_start
         if self.on_round is not None:
             self.on_round(
                 w,
@@ -484,7 +490,7 @@ class Coordinator:
                 result.steps,
                 result.tokens,
                 result.mean_loss,
-                0.0 if start is None else start,
+                shown,
                 end,
                 timing,
             )
