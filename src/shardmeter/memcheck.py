@@ -35,6 +35,7 @@ from shardmeter.specs.plan import Plan
 
 DEFAULT_MEMORY_CSV = Path(__file__).parent / "data" / "calibration" / "memory.csv"
 KINDS = ("allocated", "reserved", "total")
+NORMS = ("rmsnorm", "layernorm")  # TransformerSpec.norm
 UNITS = {"GiB": 2.0**30, "GB": 1e9, "MiB": 2.0**20, "MB": 1e6}
 MEMORY_COLUMNS = (
     "run_id", "source_id", "model", "n_layers", "hidden", "n_heads", "ffn", "vocab", "seq_len",
@@ -57,7 +58,7 @@ class MemoryRun:
     cluster: Cluster
     plan: Plan
     kind: str  # allocated | reserved | total
-    measured: float | None  # bytes, None for an OOM row
+    measured: float | None  # bytes; None for an OOM row or a fit reported without a figure
     outcome: str  # fit | oom
 
 
@@ -104,6 +105,11 @@ def memory_run_from_row(row: Mapping[str, str]) -> MemoryRun:
     tied = _cell(row, "tied").lower()
     if tied in ("yes", "no"):
         model = model.model_copy(update={"tied_embeddings": tied == "yes"})
+    norm = _cell(row, "norm").lower()
+    if norm:
+        if norm not in NORMS:
+            raise UserInputError("norm", norm, f"one of {', '.join(NORMS)}")
+        model = model.model_copy(update={"norm": norm})
     cluster = cluster_from_row(plan_row)
     plan = plan_from_row(plan_row)
     setup = {name: _cell(row, name).lower() for name in _SETUP_COLUMNS if _cell(row, name)}
@@ -123,7 +129,7 @@ def memory_run_from_row(row: Mapping[str, str]) -> MemoryRun:
     if outcome not in ("fit", "oom"):
         raise UserInputError("outcome", outcome, "fit or oom")
     measured = None
-    if outcome == "fit":
+    if outcome == "fit" and _cell(row, "memory"):  # a fit without a figure checks the verdict only
         if kind not in KINDS:
             raise UserInputError("memory_kind", kind, f"one of {', '.join(KINDS)}")
         unit = _cell(row, "memory_unit")
