@@ -2,9 +2,9 @@
 
 Each row of the memory CSV (schema in `data/calibration/README.md`) states a model, a GPU, a
 layout and a memory setup, and either a measured peak of one kind (allocated, reserved or
-device total) or an out-of-memory outcome. `evaluate_memory_rows` predicts each row with the
-memory model (`estimate/memory.py`), compares the prediction of the kind the row reports, and
-checks the OOM verdict (device total against the card's capacity) on every row that reports a
+device total), an out-of-memory outcome, or a fit reported without a figure.
+`evaluate_memory_rows` predicts each row with the memory model (`estimate/memory.py`),
+compares the prediction of the kind the row reports, and checks the OOM verdict (device total against the card's capacity) on every row that reports a
 fit or an OOM. Bytes; errors as fractions.
 """
 

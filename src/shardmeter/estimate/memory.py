@@ -811,8 +811,10 @@ OFFLOAD_FETCH_BYTES = 4.0  # per owned parameter and micro-batch: the shard up f
 def offload_transfer_time(owned: Num, plans: PlanArrays) -> Num:
     """PCIe seconds per step of an offloading plan, charged exposed (0 without offload).
 
-    Optimizer offload (ZeRO-Offload, Ren et al. 2021 §4; torchao CPUOffloadOptimizer): the
-    gradients go down and the updated weights come up once per step, OFFLOAD_STEP_BYTES per
+    Optimizer offload (ZeRO-Offload, Ren et al. 2021 §4; torchao CPUOffloadOptimizer), with or
+    without the gradients kept on the host (`grads+optimizer` moves them during backward
+    instead of after it): the gradients go down and the updated weights come up once per step,
+    OFFLOAD_STEP_BYTES per
     parameter this GPU owns; the CPU step itself overlaps the next step's GPU work (ZeRO-Offload
     §5, one-step delayed update) and is not charged. With the parameters offloaded too (FSDP
     CPUOffload, ZeRO-Infinity) each micro-batch also fetches the shard for its forward and its
