@@ -814,10 +814,10 @@ def offload_transfer_time(owned: Num, plans: PlanArrays) -> Num:
     Optimizer offload (ZeRO-Offload, Ren et al. 2021 §4; torchao CPUOffloadOptimizer), with or
     without the gradients kept on the host (`grads+optimizer` moves them during backward
     instead of after it): the gradients go down and the updated weights come up once per step,
-    OFFLOAD_STEP_BYTES per parameter this GPU owns; the CPU step itself overlaps the next step's GPU work (ZeRO-Offload
-    §5, one-step delayed update) and is not charged. With the parameters offloaded too (FSDP
-    CPUOffload, ZeRO-Infinity) each micro-batch also fetches the shard for its forward and its
-    backward, OFFLOAD_FETCH_BYTES per owned parameter."""
+    OFFLOAD_STEP_BYTES per parameter this GPU owns; the CPU step itself overlaps the next
+    step's GPU work (ZeRO-Offload §5, one-step delayed update) and is not charged. With the
+    parameters offloaded too (FSDP CPUOffload, ZeRO-Infinity) each micro-batch also fetches the
+    shard for its forward and its backward, OFFLOAD_FETCH_BYTES per owned parameter."""
     step_bytes = where(plans.offload >= OFFLOAD_CODES["optimizer"], OFFLOAD_STEP_BYTES, 0.0)
     fetch = where(plans.offload == OFFLOAD_CODES["params+optimizer"], OFFLOAD_FETCH_BYTES, 0.0)
     per_param = step_bytes + fetch * as_float(plans.micro_batches)
