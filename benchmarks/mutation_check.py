@@ -461,6 +461,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("memory data: a fit without a figure rejected", "shardmeter/memcheck.py",
              'if outcome == "fit" and _cell(row, "memory"):', 'if outcome == "fit":',
              "tests/shardmeter/test_memory_offload_loss.py::test_memory_rows_norm_and_verdict_only_fits"),
+    Mutation("memory data: the grad_accum_dtype column ignored", "shardmeter/memcheck.py",
+             '"optimizer_in_backward", "grad_accum_dtype",', '"optimizer_in_backward",',
+             "tests/shardmeter/test_memory_kinds.py::test_device_total_rows_use_the_stated_fp32_gradients"),
 )  # fmt: skip
 
 

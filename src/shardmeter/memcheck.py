@@ -44,7 +44,7 @@ MEMORY_COLUMNS = (
 # Memory-setup columns passed to the Plan as stated (blank: the Plan default).
 _SETUP_COLUMNS = (
     "optimizer", "master_weights", "offload", "selective_policy", "ce_upcast",
-    "optimizer_in_backward",
+    "optimizer_in_backward", "grad_accum_dtype",
 )  # fmt: skip
 
 

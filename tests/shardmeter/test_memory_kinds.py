@@ -458,3 +458,18 @@ def test_optimizer_in_backward_keeps_one_gradient() -> None:
         _plans(dp=8, sharding="zero3", master_weights="none", optimizer_in_backward=True),
     )  # fmt: skip
     assert float(sharded.gradients) == pytest.approx(float(fused.gradients) / 8)
+
+
+def test_device_total_rows_use_the_stated_fp32_gradients() -> None:
+    """The nvidia-smi (pynvml) rows are compared with the device total, and their
+    grad_accum_dtype cell is read: torch.amp keeps fp32 gradients, 4 B per parameter."""
+    results = evaluate_memory_rows(read_memory_rows(DEFAULT_MEMORY_CSV))
+    r = next(x for x in results if x.run_id == "hf-bert-amp-gc")
+    assert r.kind == "total" and r.estimate is not None and r.run is not None
+    assert r.run.plan.grad_accum_dtype == "fp32"
+    est = r.estimate
+    assert r.predicted == pytest.approx(est.memory_total_bytes)
+    assert est.memory_total_bytes - est.memory_reserved_bytes == pytest.approx(CUDA_CONTEXT_BYTES)
+    # fp16 copy 2 B + fp32 gradients 4 B per parameter: gradients are twice the weights
+    b = est.memory_breakdown
+    assert b["gradients"] == pytest.approx(2 * b["weights"])
