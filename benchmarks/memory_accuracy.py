@@ -29,7 +29,10 @@ def main() -> None:
     )
     for r in results:
         if r.predicted is None:
-            print(f"{r.run_id:<25}{r.source_id:<5}excluded: {r.skipped}")
+            why = r.skipped or ""
+            print(
+                f"{r.run_id:<25}{r.source_id:<5}{why if why.startswith('excluded') else 'excluded: ' + why}"
+            )
             continue
         meas = (
             {"oom": "OOM", "fit": "fits"}[r.outcome]
