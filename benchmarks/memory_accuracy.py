@@ -25,17 +25,24 @@ from shardmeter.specs.loader import load_model
 def main() -> None:
     results = evaluate_memory_rows(read_memory_rows(DEFAULT_MEMORY_CSV))
     print(
-        f"{'row':<22}{'src':<5}{'kind':<11}{'measured GiB':>13}{'predicted':>10}{'error':>9}  verdict"
+        f"{'row':<25}{'src':<5}{'kind':<11}{'measured GiB':>13}{'predicted':>10}{'error':>9}  verdict"
     )
     for r in results:
         if r.predicted is None:
-            print(f"{r.run_id:<22}{r.source_id:<5}excluded: {r.skipped}")
+            why = r.skipped or ""
+            print(
+                f"{r.run_id:<25}{r.source_id:<5}{why if why.startswith('excluded') else 'excluded: ' + why}"
+            )
             continue
-        meas = "OOM" if r.measured is None else f"{r.measured / 2**30:.1f}"
+        meas = (
+            {"oom": "OOM", "fit": "fits"}[r.outcome]
+            if r.measured is None
+            else f"{r.measured / 2**30:.1f}"
+        )
         err = "" if r.measured is None else f"{100 * (r.predicted / r.measured - 1):+.1f}%"
         verdict = "right" if r.verdict_ok else "WRONG"
         print(
-            f"{r.run_id:<22}{r.source_id:<5}{r.kind:<11}{meas:>13}{r.predicted / 2**30:>10.1f}{err:>9}  {verdict}"
+            f"{r.run_id:<25}{r.source_id:<5}{r.kind:<11}{meas:>13}{r.predicted / 2**30:>10.1f}{err:>9}  {verdict}"
         )
     s = summarize_memory(results)
     print(f"\n{'group':<18}{'n':>4}{'median':>9}{'mean':>9}{'p90':>9}")

@@ -155,11 +155,13 @@ def what_would_fit(
     model: TransformerSpec, cluster: Cluster, n_gpus: int, setup: dict[str, Any] | None = None,
     global_batch: int | None = None,
 ) -> list[Suggestion]:  # fmt: skip
-    """When nothing fits: offloading the optimizer (then the parameters), 8-bit AdamW without
-    a master copy, and the smallest of 2, 4, ..., 64 times the GPUs that fits."""
+    """When nothing fits: offloading the optimizer (then also the gradients, as ZeRO-Offload,
+    then the parameters), 8-bit AdamW without a master copy, and the smallest of 2, 4, ..., 64
+    times the GPUs that fits."""
     setup = dict(setup or {})
     tries: list[tuple[str, dict[str, Any], int]] = [
         ("offload=optimizer", {**setup, "offload": "optimizer"}, n_gpus),
+        ("offload=grads+optimizer", {**setup, "offload": "grads+optimizer"}, n_gpus),
         ("offload=params+optimizer", {**setup, "offload": "params+optimizer"}, n_gpus),
         ("optimizer=adamw8bit, master_weights=none",
          {**setup, "optimizer": "adamw8bit", "master_weights": "none"}, n_gpus),

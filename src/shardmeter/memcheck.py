@@ -2,9 +2,9 @@
 
 Each row of the memory CSV (schema in `data/calibration/README.md`) states a model, a GPU, a
 layout and a memory setup, and either a measured peak of one kind (allocated, reserved or
-device total) or an out-of-memory outcome. `evaluate_memory_rows` predicts each row with the
-memory model (`estimate/memory.py`), compares the prediction of the kind the row reports, and
-checks the OOM verdict (device total against the card's capacity) on every row that reports a
+device total), an out-of-memory outcome, or a fit reported without a figure.
+`evaluate_memory_rows` predicts each row with the memory model (`estimate/memory.py`),
+compares the prediction of the kind the row reports, and checks the OOM verdict (device total against the card's capacity) on every row that reports a
 fit or an OOM. Bytes; errors as fractions.
 """
 
@@ -35,6 +35,7 @@ from shardmeter.specs.plan import Plan
 
 DEFAULT_MEMORY_CSV = Path(__file__).parent / "data" / "calibration" / "memory.csv"
 KINDS = ("allocated", "reserved", "total")
+NORMS = ("rmsnorm", "layernorm")  # TransformerSpec.norm
 UNITS = {"GiB": 2.0**30, "GB": 1e9, "MiB": 2.0**20, "MB": 1e6}
 MEMORY_COLUMNS = (
     "run_id", "source_id", "model", "n_layers", "hidden", "n_heads", "ffn", "vocab", "seq_len",
@@ -43,7 +44,7 @@ MEMORY_COLUMNS = (
 # Memory-setup columns passed to the Plan as stated (blank: the Plan default).
 _SETUP_COLUMNS = (
     "optimizer", "master_weights", "offload", "selective_policy", "ce_upcast",
-    "optimizer_in_backward",
+    "optimizer_in_backward", "grad_accum_dtype",
 )  # fmt: skip
 
 
@@ -57,7 +58,7 @@ class MemoryRun:
     cluster: Cluster
     plan: Plan
     kind: str  # allocated | reserved | total
-    measured: float | None  # bytes, None for an OOM row
+    measured: float | None  # bytes; None for an OOM row or a fit reported without a figure
     outcome: str  # fit | oom
 
 
@@ -104,6 +105,11 @@ def memory_run_from_row(row: Mapping[str, str]) -> MemoryRun:
     tied = _cell(row, "tied").lower()
     if tied in ("yes", "no"):
         model = model.model_copy(update={"tied_embeddings": tied == "yes"})
+    norm = _cell(row, "norm").lower()
+    if norm:
+        if norm not in NORMS:
+            raise UserInputError("norm", norm, f"one of {', '.join(NORMS)}")
+        model = model.model_copy(update={"norm": norm})
     cluster = cluster_from_row(plan_row)
     plan = plan_from_row(plan_row)
     setup = {name: _cell(row, name).lower() for name in _SETUP_COLUMNS if _cell(row, name)}
@@ -123,7 +129,7 @@ def memory_run_from_row(row: Mapping[str, str]) -> MemoryRun:
     if outcome not in ("fit", "oom"):
         raise UserInputError("outcome", outcome, "fit or oom")
     measured = None
-    if outcome == "fit":
+    if outcome == "fit" and _cell(row, "memory"):  # a fit without a figure checks the verdict only
         if kind not in KINDS:
             raise UserInputError("memory_kind", kind, f"one of {', '.join(KINDS)}")
         unit = _cell(row, "memory_unit")

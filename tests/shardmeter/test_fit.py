@@ -18,6 +18,7 @@ from shardmeter.fit import (
 )
 from shardmeter.predict import cluster_for_gpu
 from shardmeter.specs.loader import load_model
+from shardmeter.specs.model import TransformerSpec
 
 
 def test_every_listed_layout_fits_and_they_are_ranked() -> None:
@@ -72,3 +73,16 @@ def test_fit_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["fit", "--model", "llama-3.1-8b", "--gpu", "rtx-4090", "--gpus", "1"])
     out = capsys.readouterr().out
     assert code == 1 and "Nothing fits" in out and "would fit with" in out
+
+
+def test_zero_offload_is_suggested_where_optimizer_offload_is_not_enough() -> None:
+    """DeepSpeed's 10B GPT-2 on one 32 GB V100 (ZeRO-Offload tutorial): optimizer offload
+    alone keeps 2 B of gradients per parameter on the GPU and does not fit; moving the
+    gradients to the host too (grads+optimizer) does."""
+    gpt2_10b = TransformerSpec(
+        n_layers=50, hidden=4096, n_heads=32, ffn=16384, vocab=50304, seq_len=1024,
+        tied_embeddings=True, norm="layernorm",
+    )  # fmt: skip
+    cluster = cluster_for_gpu("v100-32gb")
+    changes = [s.change for s in what_would_fit(gpt2_10b, cluster, 1)]
+    assert "offload=grads+optimizer" in changes and "offload=optimizer" not in changes

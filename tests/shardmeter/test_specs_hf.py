@@ -223,3 +223,11 @@ def test_gqa_equivalent_recovers_an_equal_weight_shape(
     d, k = gqa_equivalent(hidden, n_heads, target)
     assert n_heads % k == 0
     assert 2 * hidden * d * (n_heads + k) == target
+
+
+def test_layernorm_families_say_so() -> None:
+    """GPT-2, OPT, BLOOM and GPT-NeoX use nn.LayerNorm, Llama-like models RMSNorm: the norm
+    decides what an eager norm saves (estimate/memory.py)."""
+    assert model_from_hf_config(GPT2).norm == "layernorm"
+    assert model_from_hf_config(PYTHIA_160M).norm == "layernorm"
+    assert model_from_hf_config(LLAMA_31_8B).norm == "rmsnorm"

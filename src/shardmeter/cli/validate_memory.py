@@ -98,7 +98,7 @@ def render_memory(console: Console, results: list[MemoryResult]) -> None:
                 r.run_id,
                 r.source_id,
                 r.kind,
-                "OOM" if r.measured is None else _gib(r.measured),
+                (r.outcome if r.measured is None else _gib(r.measured)).replace("oom", "OOM"),
                 _gib(r.predicted),
                 "" if r.measured is None else f"{100 * (r.predicted / r.measured - 1):+.1f}%",
                 verdict,

@@ -52,7 +52,13 @@ FP32_GRAD_BYTES = 4.0
 OPTIMIZER_BYTES = 12.0  # fp32 master copy + Adam m and v (ZeRO paper's K = 12)
 UNSHARDED_GRAD_BYTES = 4.0  # unsharded gradient kept in the fp32 reduce dtype (FSDP2 accumulation)
 REMAINDER_SAVING = 2.0  # a 16-bit remainder over the bf16 weights replaces the fp32 master
-LOGITS_BYTES = 8.0  # per logit: bf16 output + fp32 softmax copy + bf16 gradient
+# per logit, the loss run op by op without a separate fp32 upcast: the logits GEMM output is
+# saved by nothing and freed before backward, so what is live at the loss backward is the saved
+# log-softmax (PyTorch F.cross_entropy on bf16 logits: derivatives.yaml `_log_softmax: result`,
+# 2 B), the NLL gradient (2 B) and the log-softmax gradient (2 B); Megatron's vocab-parallel
+# loss on an fp32 copy (pretrain_gpt.py `output.float()`) softmaxes that copy in place and
+# saves it (4 B), then writes the gradient into it and casts it back (2 B): 6 either way
+LOGITS_BYTES = 6.0
 FUSED_LOGITS_BYTES = 2.0  # fused cross-entropy writes the gradient over the bf16 logits
 # F.cross_entropy(pred.float()) run eagerly (torchtitan 2024): aten log_softmax saves its fp32
 # output (derivatives.yaml `_log_softmax: result`), nll_loss_backward allocates a zero fp32
@@ -69,7 +75,10 @@ EAGER_FP32_CACHED_BYTES = 2.0
 # log-softmax and NLL, keeps the bf16 logits and a per-row LSE, and writes a bf16 gradient:
 # 2 + 2 B per logit
 COMPILED_LOGITS_BYTES = 4.0
-EAGER_NORM_EXTRA = 4.0  # per element and norm: fp32 input copy 4 + bf16 normalized 2 − bf16 input 2
+# per element and norm, eager RMSNorm (the Python module upcasts): fp32 input copy 4 + bf16
+# normalized 2 − bf16 input 2; eager nn.LayerNorm runs one native kernel that saves its bf16
+# input and two fp32 per-row statistics (derivatives.yaml `native_layer_norm`), as fused: 0
+EAGER_NORM_EXTRA = 4.0
 EAGER_SWIGLU_EXTRA = 2.0  # per F element: the silu output kept by the eager multiply
 UNFUSED_SCORE_STORED = (
     5.0  # per score element: softmax out 2 + dropout mask 1 + out 2 (Korthikanti §4.1)
@@ -316,7 +325,8 @@ def _activation_sets(model: TransformerSpec, plans: PlanArrays) -> tuple[Num, Nu
     # recomputed, and in the layer full recompute re-runs.
     eager = logical_not(plans.fused_elementwise)
     gated_width = mlp_width if model.mlp == "swiglu" else 0.0
-    eager_extra = EAGER_NORM_EXTRA * 2.0 * model.hidden * norm_tokens + (
+    norm_extra = EAGER_NORM_EXTRA if model.norm == "rmsnorm" else 0.0
+    eager_extra = norm_extra * 2.0 * model.hidden * norm_tokens + (
         EAGER_SWIGLU_EXTRA * tokens * gated_width
     )
     full_set = full_set + where(eager, eager_extra, 0.0)
@@ -541,7 +551,16 @@ def fragmentation_bytes(
         code == RECOMPUTE_CODES["full"], full,
         where(code == RECOMPUTE_CODES["selective"], SAVED_TENSORS[1], SAVED_TENSORS[0]),
     )  # fmt: skip
-    state_tensors = where(plans.master == MASTER_CODES["none"], 4.0, 5.0)  # w, g, m, v (+master)
+    # per matrix: w, g, m, v (+ master), each only where it lives on the GPU (offload moves the
+    # states, ZeRO-Offload also the gradients, params+optimizer all of them to the host)
+    host_states = plans.offload >= OFFLOAD_CODES["optimizer"]
+    host_params = plans.offload == OFFLOAD_CODES["params+optimizer"]
+    host_grads = host_params | (plans.offload == OFFLOAD_CODES["grads+optimizer"])
+    optimizer_tensors = where(plans.master == MASTER_CODES["none"], 2.0, 3.0)
+    state_tensors = (
+        where(host_params, 0.0, 1.0) + where(host_grads, 0.0, 1.0)
+        + where(host_states, 0.0, optimizer_tensors)
+    )  # fmt: skip
     blocks = saved * held_layers + state_tensors * matrices * local_layers
     return ROUND_WASTE * blocks + ALLOCATOR_SLACK * transient
 
@@ -571,6 +590,8 @@ class _Shared:
     missing_expert: Num
     zero3: Num
     host_params: Num = False
+    host_grads: Num = False  # ZeRO-Offload: gradients streamed to the host during backward
+    grad_bytes: Num = GRAD_BYTES  # bytes per gradient element (GRAD_BYTES or FP32_GRAD_BYTES)
     host_dense: Num = 0.0  # host bytes per dense parameter (offloaded or paged states)
     host_expert: Num = 0.0
     fused_step_grads: Num = 0.0  # gradient bytes live with optimizer_in_backward
@@ -591,13 +612,18 @@ def _shared(model: TransformerSpec, plans: PlanArrays, layer: Num) -> _Shared:
     state, paged = optimizer_state_bytes(plans)
     host_states = plans.offload >= OFFLOAD_CODES["optimizer"]
     host_params = plans.offload == OFFLOAD_CODES["params+optimizer"]
-    # host bytes per parameter before sharding: offloaded states (fp32 master + states) and,
+    host_grads = plans.offload == OFFLOAD_CODES["grads+optimizer"]
+    grad_bytes = where(plans.grad_fp32, FP32_GRAD_BYTES, GRAD_BYTES)
+    # host bytes per parameter before sharding: offloaded states (fp32 master + states), with
+    # ZeRO-Offload the gradients, and,
     # with the parameters, the weights and gradients; paged states wherever they are
     host_each = (
-        where(host_states, state, 0.0) + where(host_params, WEIGHT_BYTES + GRAD_BYTES, 0.0) + paged
+        where(host_states, state, 0.0)
+        + where(host_params, WEIGHT_BYTES + GRAD_BYTES, 0.0)
+        + paged
+        + where(host_grads, grad_bytes, 0.0)
     )
     sharded = plans.sharding >= SHARDING_CODES["zero1"]
-    grad_bytes = where(plans.grad_fp32, FP32_GRAD_BYTES, GRAD_BYTES)
     return _Shared(
         per_layer=_saved_per_layer(plans, full_set, selective_set, layer_input),
         # Under full recompute one layer's activations are rebuilt at a time during backward.
@@ -618,6 +644,8 @@ def _shared(model: TransformerSpec, plans: PlanArrays, layer: Num) -> _Shared:
         # CPUOffload, ZeRO-Infinity), so the two-unit buffer applies without ZeRO-3 too
         zero3=(plans.sharding == SHARDING_CODES["zero3"]) | host_params,
         host_params=host_params,
+        host_grads=host_grads,
+        grad_bytes=grad_bytes,
         host_dense=host_each / where(sharded, d_dense, 1.0),
         host_expert=host_each / where(sharded, d_expert, 1.0),
         # optimizer_in_backward: each gradient is applied and freed as soon as it is
@@ -638,7 +666,10 @@ def _stage_memory(
     the cluster states it, replaces all three, e.g. 0.5 GB on TPU pods, where XLA plans its
     buffers at compile time)."""
     dense, expert = params.dense, params.expert
-    activations = shared.per_layer * in_flight + shared.working
+    # The full-recompute working layer is rebuilt only after the loss backward has freed the
+    # logits (autograd runs the loss backward first), so the two never coexist: the working set
+    # counts only where it exceeds the logits
+    activations = shared.per_layer * in_flight + maximum(shared.working - logits, 0.0)
     unit_bytes = shared.unit_weight_bytes * minimum(2.0 * shared.unit, params.total)
     missing = (dense * shared.missing_dense + expert * shared.missing_expert) / maximum(
         params.total, 1e-30
@@ -656,14 +687,23 @@ def _stage_memory(
     weights = dense * shared.dense.weights + expert * shared.expert.weights
     gradients = dense * shared.dense.gradients + expert * shared.expert.gradients
     gradients = where(plans.optimizer_in_backward, shared.fused_step_grads, gradients)
+    # ZeRO-Offload: each gradient is copied to the host as its bucket is reduced, so the GPU
+    # holds one reduce bucket, not the gradients
+    bucket = shared.grad_bytes * minimum(ZERO_REDUCE_BUCKET, params.total)
+    gradients = where(shared.host_grads, bucket, gradients)
     optimizer = dense * shared.dense.optimizer + expert * shared.expert.optimizer
+    # Reserved: the logits' freed segments stay cached for the next step's logits, and the
+    # working layer's tensors come from other segments, so the reserved side keeps both
+    logits_cached = minimum(shared.working, logits)
     if cluster.memory_overhead_gb is not None:  # one stated figure replaces all three
         fragmentation = 0.0 * activations
         context = full_like(activations, cluster.memory_overhead_gb * 1e9)
         nccl = 0.0 * activations
     else:
         fragmentation = (
-            fragmentation_bytes(plans, activations + buffers, in_flight, layers, matrices) + cached
+            fragmentation_bytes(plans, activations + buffers, in_flight, layers, matrices)
+            + cached
+            + logits_cached
         )  # `cached`: the eager fp32 loss's unusable bf16 block (memory_breakdown)
         context = full_like(activations, CUDA_CONTEXT_BYTES)
         nccl = nccl_buffer_bytes(plans) + 0.0 * activations
@@ -753,6 +793,13 @@ def memory_breakdown(
     )
 
 
+# ZeRO-Offload (`offload = "grads+optimizer"`, DeepSpeed stage 1/2 `offload_optimizer`): the
+# gradients, optimizer states and the fp32 master go to the host, the fp16/bf16 weights stay
+# (Ren et al. 2021, ZeRO-Offload, §4.1 and Fig. 2: "fp16 gradients" moved to CPU during
+# backward); each gradient passes through the reduce bucket on its way out, DeepSpeed's
+# `reduce_bucket_size`, default 5e8 elements (DeepSpeed config docs, zero_optimization).
+ZERO_REDUCE_BUCKET = 5e8  # elements
+
 # Host link of an offloading GPU: PCIe Gen4 x16, 32 GB/s per direction nominal (PCI-SIG
 # PCIe 4.0 base specification: 16 GT/s × 16 lanes, 128b/130b); 25 GB/s of payload through
 # the host bridge, as the l40s-pcie cluster preset takes it. Bytes/s.
@@ -764,12 +811,13 @@ OFFLOAD_FETCH_BYTES = 4.0  # per owned parameter and micro-batch: the shard up f
 def offload_transfer_time(owned: Num, plans: PlanArrays) -> Num:
     """PCIe seconds per step of an offloading plan, charged exposed (0 without offload).
 
-    Optimizer offload (ZeRO-Offload, Ren et al. 2021 §4; torchao CPUOffloadOptimizer): the
-    gradients go down and the updated weights come up once per step, OFFLOAD_STEP_BYTES per
-    parameter this GPU owns; the CPU step itself overlaps the next step's GPU work (ZeRO-Offload
-    §5, one-step delayed update) and is not charged. With the parameters offloaded too (FSDP
-    CPUOffload, ZeRO-Infinity) each micro-batch also fetches the shard for its forward and its
-    backward, OFFLOAD_FETCH_BYTES per owned parameter."""
+    Optimizer offload (ZeRO-Offload, Ren et al. 2021 §4; torchao CPUOffloadOptimizer), with or
+    without the gradients kept on the host (`grads+optimizer` moves them during backward
+    instead of after it): the gradients go down and the updated weights come up once per step,
+    OFFLOAD_STEP_BYTES per parameter this GPU owns; the CPU step itself overlaps the next
+    step's GPU work (ZeRO-Offload §5, one-step delayed update) and is not charged. With the
+    parameters offloaded too (FSDP CPUOffload, ZeRO-Infinity) each micro-batch also fetches the
+    shard for its forward and its backward, OFFLOAD_FETCH_BYTES per owned parameter."""
     step_bytes = where(plans.offload >= OFFLOAD_CODES["optimizer"], OFFLOAD_STEP_BYTES, 0.0)
     fetch = where(plans.offload == OFFLOAD_CODES["params+optimizer"], OFFLOAD_FETCH_BYTES, 0.0)
     per_param = step_bytes + fetch * as_float(plans.micro_batches)

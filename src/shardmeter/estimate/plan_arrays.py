@@ -27,7 +27,10 @@ OPTIMIZER_CODES: dict[str, int] = {
     "adafactor": 5, "sgd": 6, "muon": 7,
 }  # fmt: skip
 MASTER_CODES: dict[str, int] = {"fp32": 0, "remainder": 1, "none": 2}
-OFFLOAD_CODES: dict[str, int] = {"none": 0, "optimizer": 1, "params+optimizer": 2}
+# every code >= "optimizer" keeps the optimizer states on the host (step.py, memory.py)
+OFFLOAD_CODES: dict[str, int] = {
+    "none": 0, "optimizer": 1, "params+optimizer": 2, "grads+optimizer": 3,
+}  # fmt: skip
 
 _BOOL_FIELDS = (
     "sp", "overlap_dp", "overlap_param_gather", "overlap_tp", "fused_ce", "gather_matrix",
@@ -117,7 +120,7 @@ class PlanArrays:
     recompute_qkv: Any = False  # Q, K, V re-projected in backward (MLA: from the latents)
     optimizer: Any = 0  # OPTIMIZER_CODES
     master: Any = 0  # MASTER_CODES: fp32 master copy, 16-bit remainder, none (pure bf16)
-    offload: Any = 0  # OFFLOAD_CODES: none, optimizer, params+optimizer on the host
+    offload: Any = 0  # OFFLOAD_CODES: none, optimizer, params+optimizer, grads+optimizer
     reshard_after_forward: Any = True  # False: gathered weights kept between micro-batches
     fp8_te: Any = True  # FP8 saves its GEMM inputs as 1-byte casts (Transformer Engine)
     recompute_every: Any = 0  # full recompute of every N-th layer only (0: every layer)

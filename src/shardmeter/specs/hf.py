@@ -101,6 +101,7 @@ def _gpt2(cfg: _Config) -> dict[str, Any]:
         "n_heads": cfg.int("n_head", "num_attention_heads"),
         "ffn": cfg.int("n_inner", default=4 * hidden),
         "mlp": "gelu",
+        "norm": "layernorm",  # nn.LayerNorm (what an eager norm saves: estimate/memory.py)
         "vocab": cfg.int("vocab_size"),
         "seq_len": cfg.int("n_positions", "n_ctx", "max_position_embeddings"),
         "tied_embeddings": cfg.flag("tie_word_embeddings", True),
@@ -115,6 +116,7 @@ def _opt(cfg: _Config) -> dict[str, Any]:
         "n_heads": cfg.int("num_attention_heads"),
         "ffn": cfg.int("ffn_dim"),
         "mlp": "gelu",  # ReLU, but a 2-matrix MLP like GELU
+        "norm": "layernorm",  # nn.LayerNorm (what an eager norm saves: estimate/memory.py)
         "vocab": cfg.int("vocab_size"),
         "seq_len": cfg.int("max_position_embeddings"),
         "tied_embeddings": cfg.flag("tie_word_embeddings", True),
@@ -129,6 +131,7 @@ def _bloom(cfg: _Config) -> dict[str, Any]:
         "n_heads": cfg.int("n_head", "num_attention_heads"),
         "ffn": 4 * hidden,  # BloomMLP: dense_h_to_4h
         "mlp": "gelu",
+        "norm": "layernorm",  # nn.LayerNorm (what an eager norm saves: estimate/memory.py)
         "vocab": cfg.int("vocab_size"),
         "seq_len": cfg.int("seq_length", default=BLOOM_TRAIN_SEQ_LEN),
         "tied_embeddings": cfg.flag("tie_word_embeddings", True),
@@ -142,6 +145,7 @@ def _gpt_neox(cfg: _Config) -> dict[str, Any]:
         "n_heads": cfg.int("num_attention_heads"),
         "ffn": cfg.int("intermediate_size"),
         "mlp": "gelu",
+        "norm": "layernorm",  # nn.LayerNorm (what an eager norm saves: estimate/memory.py)
         "vocab": cfg.int("vocab_size"),
         "seq_len": cfg.int("max_position_embeddings"),
         "tied_embeddings": cfg.flag("tie_word_embeddings", False),

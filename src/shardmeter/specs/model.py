@@ -90,6 +90,8 @@ class TransformerSpec(BaseModel):
     head_dim: int | None = Field(default=None, gt=0)  # None = hidden / n_heads
     ffn: int = Field(gt=0)  # per-branch MLP width
     mlp: Literal["gelu", "swiglu"] = "gelu"
+    # the norm's kind decides only what an eager (unfused) norm saves (estimate/memory.py)
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     vocab: int = Field(gt=0)
     seq_len: int = Field(gt=0)
     tied_embeddings: bool = False

@@ -32,7 +32,7 @@ Optimizer = Literal[
     "adamw", "adamw8bit", "adamw4bit", "paged_adamw", "paged_adamw8bit", "adafactor", "sgd",
     "muon",
 ]  # fmt: skip
-Offload = Literal["none", "optimizer", "params+optimizer"]
+Offload = Literal["none", "optimizer", "grads+optimizer", "params+optimizer"]
 Fp8Recipe = Literal["te", "torchao"]
 SelectivePolicy = Literal["megatron", "torchtitan_op"]
 CeUpcast = Literal["none", "eager", "compiled"]
@@ -111,7 +111,9 @@ class Plan(BaseModel):
     # --- memory setups: what the optimizer keeps and where (estimate/memory.py cites each
     # byte count). `master_weights = "none"` (pure bf16) keeps the states in the weights' dtype.
     optimizer: Optimizer = "adamw"
-    offload: Offload = "none"  # optimizer states (and with params, weights and grads) on host
+    # optimizer states on the host; "grads+optimizer" also the gradients (DeepSpeed ZeRO-Offload);
+    # "params+optimizer" also the weights and gradients (FSDP CPUOffload, ZeRO-Infinity)
+    offload: Offload = "none"
     # ZeRO-3/FSDP frees each unit's gathered weights after its forward (FSDP2 argument of the
     # same name); False keeps them until backward, and with PP micro-batches also keeps
     # unsharded gradients until the last one (torch.distributed.pipelining skips the gradient
