@@ -32,6 +32,7 @@ Measurements are written to ``--save`` (JSON) so the model can be re-checked wit
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -45,6 +46,10 @@ from pathlib import Path
 from typing import Any
 
 MB = 1_000_000
+# Rank 0 enters every gloo call this long after one round trip past the others: ranks never
+# arrive together, and gloo's rendezvous (a send waits for the peer's recv-ready message) then
+# takes one deterministic order instead of a race between the two ranks' messages.
+LATE_S = 0.02
 OPS = ("allreduce", "reduce", "broadcast", "reduce+bcast", "allgather", "p2p")
 
 
@@ -85,13 +90,15 @@ class Row:
     op: str
     nbytes: int
     measured_s: float
+    load1: float | None = None  # 1-minute load average when its setting finished
 
 
 # -- processes inside the namespaces -----------------------------------------------------------
 
 
-def gloo_rank(rank: int, n: int, master: str, sizes: list[int], reps: int) -> None:
-    """One rank: every op at every size, ``reps`` times; rank 0 prints all ranks' clocks."""
+def gloo_rank(rank: int, n: int, master: str, sizes: list[int], reps: int, late_s: float) -> None:
+    """One rank: every op at every size, ``reps`` times, rank 0 entering each call ``late_s``
+    after the others; rank 0 prints all ranks' clocks."""
     import torch
     import torch.distributed as dist
 
@@ -110,6 +117,8 @@ def gloo_rank(rank: int, n: int, master: str, sizes: list[int], reps: int) -> No
                     _pair_barrier(rank, dist, torch)
                 else:
                     dist.barrier()
+                if rank == 0:  # rank 0 enters last, after every peer's notifications arrived
+                    time.sleep(late_s)
                 t0 = time.monotonic()
                 if op == "allreduce":
                     dist.all_reduce(x)
@@ -233,6 +242,7 @@ def run_setting(s: Setting, reps: int) -> list[Row]:
                         w.address(0),
                         ",".join(map(str, sizes)),
                         str(reps),
+                        repr(s.rtt + LATE_S),
                     ],
                     stdout=subprocess.PIPE,
                     env=env,
@@ -345,11 +355,19 @@ def save(path: Path, rows: list[Row]) -> None:
     tmp.replace(path)
 
 
+def _setting_index(text: str) -> int:
+    """A setting number of --only, or a one-line error naming it."""
+    if not text.strip().isdigit() or int(text) >= len(SETTINGS):
+        raise SystemExit(f"--only: {text!r} is not a setting number 0..{len(SETTINGS) - 1}")
+    return int(text)
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in ("gloo", "serve", "work"):
         cmd, *a = sys.argv[1:]
         if cmd == "gloo":
-            gloo_rank(int(a[0]), int(a[1]), a[2], [int(x) for x in a[3].split(",")], int(a[4]))
+            sizes = [int(x) for x in a[3].split(",")]
+            gloo_rank(int(a[0]), int(a[1]), a[2], sizes, int(a[4]), float(a[5]))
         elif cmd == "serve":
             heloco_server(a[0], int(a[1]), int(a[2]), a[3])
         else:
@@ -357,11 +375,16 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 settings instead of all")
-    parser.add_argument("--reps", type=int, default=2, help="calls per op (best kept)")
+    parser.add_argument("--reps", type=int, default=3, help="calls per op (best kept)")
     parser.add_argument(
         "--save", type=Path, default=Path("benchmarks/results/wan_collectives.json")
     )
     parser.add_argument("--load", type=Path, help="re-predict saved measurements")
+    parser.add_argument(
+        "--only",
+        help="comma-separated setting numbers (0-based, in SETTINGS order) to measure again; "
+        "the other settings' rows in --save are kept",
+    )
     args = parser.parse_args()
     if args.load is not None:
         rows = [Row(**x) for x in json.loads(args.load.read_text())["rows"]]
@@ -371,13 +394,24 @@ def main() -> None:
         why = unavailable()
         if why is not None:
             raise SystemExit(f"wan_collectives: {why}")
+        chosen = QUICK if args.quick else SETTINGS
         rows = []
-        for s in QUICK if args.quick else SETTINGS:
+        if args.only is not None:
+            chosen = tuple(SETTINGS[_setting_index(x)] for x in args.only.split(","))
+            if args.save.exists():
+                keys = {(c.n, c.bw, c.rtt) for c in chosen}
+                old = [Row(**x) for x in json.loads(args.save.read_text())["rows"]]
+                rows = [r for r in old if (r.n, r.bw, r.rtt) not in keys]
+        for s in chosen:
             t = time.monotonic()
-            rows += run_setting(s, args.reps)
+            new = run_setting(s, args.reps)
+            load1 = os.getloadavg()[0]
+            rows += [dataclasses.replace(r, load1=load1) for r in new]
             print(f"# n={s.n} {s.bw / 1e6:g} Mbit/s rtt {s.rtt * 1e3:g} ms: "
                   f"{time.monotonic() - t:.0f} s, load {os.getloadavg()[0]:.2f}",
                   file=sys.stderr, flush=True)  # fmt: skip
+            order = {(c.n, c.bw, c.rtt): k for k, c in enumerate(SETTINGS)}
+            rows.sort(key=lambda r: order.get((r.n, r.bw, r.rtt), len(order)))
             save(args.save, rows)  # after every setting: a long run keeps what it measured
     print_table(rows)
 
