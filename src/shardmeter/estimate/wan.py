@@ -506,6 +506,9 @@ def gloo_pipeline_s(k: float, seg: float, path: TcpPath, same_peer: bool, eff: f
     return max(fill, rtt / 2 + k * seg / (path.rate_Bps * eff))
 
 
+GLOO_PATTERNS = ("allreduce", "reduce", "allgather")  # gloo's own algorithms, below
+
+
 def gloo_pattern_s(pattern: str, nbytes: float, n: int, path: TcpPath) -> float | None:
     """Seconds of gloo's all-reduce, reduce or all-gather among `n` ranks of payload `nbytes`
     (None for the other patterns: the generic formulas hold). Warm connections; every peer's
@@ -605,7 +608,10 @@ def pattern_s(
       (heloco/net/worker_loop.py: pull, H inner steps, push).
 
     `cold` (default: True for the HeLoCo exchange, False for collectives, whose connections
-    carried the previous call) starts each transfer from the initial window.
+    carried the previous call) starts each transfer from the initial window. With transport
+    "gloo" on warm connections, allreduce, reduce and allgather are gloo's own algorithms
+    (`gloo_pattern_s`: 1 MiB segments two in flight, its recv-ready rendezvous); the formulas
+    above are the textbook ring that NCCL runs.
     """
     eff = TRANSPORT_EFFICIENCY[transport]
     m = np.asarray(nbytes, dtype=np.float64)
@@ -618,10 +624,9 @@ def pattern_s(
         """Seconds to put `size` bytes through one stream, without the one-way latency."""
         return transfer_s(size, path, is_cold, eff) - lat
 
-    if transport == "gloo" and not is_cold and m.ndim == 0 and n > 1:
-        exact = gloo_pattern_s(pattern, float(m), n, path)
-        if exact is not None:
-            return np.asarray(exact)
+    if transport == "gloo" and not is_cold and n > 1 and pattern in GLOO_PATTERNS:
+        one = np.vectorize(lambda size: gloo_pattern_s(pattern, float(size), n, path))
+        return np.asarray(one(m), dtype=np.float64)
     if pattern == "allreduce":
         return 2.0 * (k - 1.0) * (lat + send(m / k))
     if pattern == "reduce":
