@@ -3,6 +3,7 @@
     python benchmarks/wan_collectives.py                       # every setting (root; minutes)
     python benchmarks/wan_collectives.py --quick               # 3 settings
     python benchmarks/wan_collectives.py --load results.json   # re-predict saved measurements
+    python benchmarks/wan_collectives.py --only 6,7 --reps 5   # measure two settings again
 
 Each process runs in its own network namespace behind its own access link
 (:mod:`heloco.net.wan`): ``bw`` each way and a round trip ``rtt`` between any two processes
@@ -14,14 +15,15 @@ Measured, per setting (n processes, bw, rtt) and size M (bytes per process):
 
 * torch.distributed over gloo (CPU tensors): ``allreduce`` (gloo's ring), ``reduce`` to rank 0,
   ``broadcast`` from rank 0, the two one after the other (``reduce+bcast``), ``allgather``
-  (M per rank in, n·M out) and ``p2p`` (rank 0 sends M to rank 1). A timing runs from the
-  moment the last rank entered the call to the moment the last rank left it (one clock: the
-  namespaces share CLOCK_MONOTONIC); best of ``--reps`` back-to-back calls, so the
-  connections are warm (a call right after another: no slow-start restart).
+  (M per rank in, n·M out) and ``p2p`` (rank 0 sends M to rank 1). Rank 0 enters every call
+  one round trip + LATE_S after the others (ranks never arrive together; gloo's rendezvous then
+  has one order, not a race). A timing runs from the moment the last rank entered the call to
+  the moment the last rank left it (one clock: the namespaces share CLOCK_MONOTONIC); best of
+  ``--reps`` back-to-back calls, so the connections are warm (no slow-start restart).
 * HeLoCo's server (endpoint + coordinator + async Nesterov, fp32) in rank 0's namespace and
   n−1 workers (``NetLink``, the client of ``heloco work``), each in its own: once all have
   joined, all pull at one instant, wait, then all push at once (timed from that instant to
-  the last reply). Each waits 1 s (> TCP's RTO) before each, as a worker that
+  the last reply); best of ``--reps`` such runs. Each waits 1 s (> TCP's RTO) before each, as a worker that
   trained in between does, so every exchange restarts from TCP's initial window.
 
 The prediction beside each row is ShardMeter's (``shardmeter.estimate.wan``), given the same
@@ -255,7 +257,8 @@ def run_setting(s: Setting, reps: int) -> list[Row]:
             rows += gloo_rows(s, w.mtu, json.loads(out))
         if s.heloco:
             for size in sizes:
-                rows += heloco_rows(s, w, me, size, env)
+                runs = [heloco_rows(s, w, me, size, env) for _ in range(reps)]
+                rows += [min(same, key=lambda r: r.measured_s) for same in zip(*runs, strict=True)]
     return rows
 
 
@@ -385,6 +388,9 @@ def main() -> None:
         help="comma-separated setting numbers (0-based, in SETTINGS order) to measure again; "
         "the other settings' rows in --save are kept",
     )
+    parser.add_argument(
+        "--heloco-only", action="store_true", help="with --only: measure HeLoCo's rows only"
+    )
     args = parser.parse_args()
     if args.load is not None:
         rows = [Row(**x) for x in json.loads(args.load.read_text())["rows"]]
@@ -398,10 +404,17 @@ def main() -> None:
         rows = []
         if args.only is not None:
             chosen = tuple(SETTINGS[_setting_index(x)] for x in args.only.split(","))
+            if args.heloco_only:
+                chosen = tuple(dataclasses.replace(c, gloo=False) for c in chosen)
             if args.save.exists():
                 keys = {(c.n, c.bw, c.rtt) for c in chosen}
                 old = [Row(**x) for x in json.loads(args.save.read_text())["rows"]]
-                rows = [r for r in old if (r.n, r.bw, r.rtt) not in keys]
+                rows = [
+                    r
+                    for r in old
+                    if (r.n, r.bw, r.rtt) not in keys
+                    or (args.heloco_only and not r.op.startswith("heloco"))
+                ]
         for s in chosen:
             t = time.monotonic()
             new = run_setting(s, args.reps)
