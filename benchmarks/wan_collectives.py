@@ -325,7 +325,7 @@ def heloco_rows(s: Setting, w: Any, me: list[str], size: int, env: dict[str, str
 
 
 def predict(r: Row) -> float:
-    """ShardMeter's prediction for a row (shardmeter.estimate.wan.measured_pattern_s)."""
+    """ShardMeter's prediction for a row (shardmeter.estimate.wan.pattern_s)."""
     from shardmeter.estimate.wan import TcpPath, pattern_s
 
     path = TcpPath(link_Bps=r.bw / 8.0, rtt_s=r.rtt, mtu_bytes=r.mtu, window_bytes=None, streams=1)
