@@ -5,7 +5,8 @@ to 14 nodes of 8x H100 (FSDP inside a node, 128 sequences of 8192 tokens per nod
 DiLoCo across nodes: H = 100 inner steps, int8 pseudo-gradients, ring all-reduce. It reports
 96% compute utilization with US-only nodes and 83% across three continents, at 36.2-41.4%
 MFU. This script finds the uniform per-link WAN bandwidth at which ShardMeter's predicted
-utilization reaches each published figure, for two inner-step models:
+utilization reaches each published figure (the effective per-link rate, after any TCP window
+cap), for two inner-step models:
 
 - "ShardMeter": the inner step predicted by the single-island estimator (auto FSDP plan);
 - "published MFU": the same step rescaled to the inner MFU implied by the paper
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardmeter.estimate.islands import IslandInput, compose, island_inputs
-from shardmeter.estimate.wan import ring_allreduce_s, wan_paths
+from shardmeter.estimate.wan import DEFAULT_WINDOW_BYTES, ring_allreduce_s, wan_paths
 from shardmeter.specs.topology import Topology, load_topology, resolve_model
 
 
@@ -61,14 +62,23 @@ def with_link(topo: Topology, **link: Any) -> Topology:
     return topo.model_copy(update={"wan": topo.wan.model_copy(update={"default": default})})
 
 
+# (streams, window MB) per column: Linux's default (one stream, DEFAULT_WINDOW_BYTES), a
+# stated 16 MB window, eight such streams, and a window so large the link is the only cap
+TCP_COLUMNS = ((None, None), (1, 16.0), (8, 16.0), (1, 1e6))
+
+
 def tcp_table(base: Topology, inputs: list[IslandInput], n_params: int) -> None:
-    """Utilization on a 10 Gbit/s link when TCP windows cap it (design doc C.4)."""
-    print("\n| scenario | 10 Gbit/s, 1 TCP stream x 16 MB | 8 streams x 16 MB | uncapped |")
-    print("|---|---|---|---|")
+    """Utilization on a 10 Gbit/s link when TCP windows cap it: streams · window / RTT
+    (RFC 7323 sec. 1.1; shardmeter.estimate.wan.link_Bps)."""
+    print(
+        "\n| scenario | 10 Gbit/s, Linux default (1 stream, "
+        f"{DEFAULT_WINDOW_BYTES / 1e6:.2f} MB) | 1 stream x 16 MB | 8 streams x 16 MB "
+        "| no window cap |"
+    )
+    print("|---|---|---|---|---|")
     for sc in SCENARIOS:
         cells = []
-        for streams in (1, 8, None):
-            window = None if streams is None else 16.0
+        for streams, window in TCP_COLUMNS:
             topo = with_link(
                 base, bandwidth_gbit=10.0, latency_ms=sc.rtt_ms, streams=streams, window_mb=window
             )
@@ -109,7 +119,9 @@ def main() -> None:
             if gbit is None:
                 need, ar = "unreachable", "-"
             else:
-                t = float(ring_allreduce_s(exchange_bytes, n, gbit * 1e9 / 8, sc.rtt_ms * 1e-3))
+                # one-way latency per ring step (Thakur et al. 2005 sec. 2): RTT / 2
+                lat = sc.rtt_ms * 1e-3 / 2.0
+                t = float(ring_allreduce_s(exchange_bytes, n, gbit * 1e9 / 8, lat))
                 need, ar = f"{gbit:.2f} Gbit/s", f"{t:.0f} s"
             print(
                 f"| {sc.name} ({label}) | {sc.utilization:.0%} | {step.step_time_s:.1f} s | "

@@ -30,6 +30,7 @@ TIMELINE_TESTS = "tests/heloco/test_timeline.py"
 HIDDEN_TESTS = "tests/shardmeter/test_closed_form.py"
 OVERLAP_TESTS = "tests/heloco/test_overlap.py"
 OVERLAP_NET_TESTS = "tests/heloco/test_net_equivalence.py::test_overlapped_worker_matches_simulator"
+WAN_TESTS = "tests/shardmeter/test_wan_transfers.py"
 
 
 @dataclass(frozen=True)
@@ -383,6 +384,23 @@ MUTATIONS: tuple[Mutation, ...] = (
              "rate = path.rate_Bps * efficiency", "rate = path.rate_Bps"),
     Mutation("WAN: async ignores exchange='heloco'", "outer.py",
              'if exchange_pattern == "heloco":', "if False:"),
+    # gloo's own algorithms (the rows of benchmarks/wan_collectives.py that missed)
+    Mutation("WAN: gloo segments not capped at 1 MiB", "wan.py",
+             "GLOO_MAX_SEGMENT_BYTES = 1024 * 1024", "GLOO_MAX_SEGMENT_BYTES = 64 * 1024 * 1024",
+             WAN_TESTS),
+    Mutation("WAN: gloo recv-ready not queued behind data for two ranks", "wan.py",
+             "fill = pairs * rtt + k * t", "fill = max(pairs * (rtt + t), rtt + k * t)", WAN_TESTS),
+    Mutation("WAN: gloo pipeline's last segment of an even pair dropped", "wan.py",
+             "fill = max(pairs * (rtt + t) + (1 - k % 2) * t, rtt + k * t)",
+             "fill = max(pairs * (rtt + t), rtt + k * t)", WAN_TESTS),
+    Mutation("WAN: gloo reduce's ring pass moves a chunk per step, not all segments", "wan.py",
+             "ring = gloo_pipeline_s(max(used - 2, 0), seg, path, same, eff)",
+             "ring = gloo_pipeline_s((n - 1) * count // n, seg, path, same, eff)", WAN_TESTS),
+    Mutation("WAN: gloo two-rank all-gather not held behind the late rank's data", "wan.py",
+             "max(nbytes / rate, 1.5 * nbytes / w)", "max(nbytes / rate, nbytes / w)", WAN_TESTS),
+    Mutation("WAN: torch's all-gather copies one input, not the n·M output", "wan.py",
+             "host = n * nbytes / GLOO_ALLGATHER_HOST_BPS", "host = nbytes / GLOO_ALLGATHER_HOST_BPS",
+             WAN_TESTS),
     # --- compressed payloads with error feedback (heloco.codecs, the wire, the planner) ---
     Mutation("error-feedback residual dropped", "heloco/codecs.py",
              "residual[name] = p - decode(c)", "residual[name] = 0.0 * p", CODEC_TESTS),

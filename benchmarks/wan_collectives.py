@@ -3,6 +3,7 @@
     python benchmarks/wan_collectives.py                       # every setting (root; minutes)
     python benchmarks/wan_collectives.py --quick               # 3 settings
     python benchmarks/wan_collectives.py --load results.json   # re-predict saved measurements
+    python benchmarks/wan_collectives.py --only 6,7 --reps 5   # measure two settings again
 
 Each process runs in its own network namespace behind its own access link
 (:mod:`heloco.net.wan`): ``bw`` each way and a round trip ``rtt`` between any two processes
@@ -14,14 +15,15 @@ Measured, per setting (n processes, bw, rtt) and size M (bytes per process):
 
 * torch.distributed over gloo (CPU tensors): ``allreduce`` (gloo's ring), ``reduce`` to rank 0,
   ``broadcast`` from rank 0, the two one after the other (``reduce+bcast``), ``allgather``
-  (M per rank in, n·M out) and ``p2p`` (rank 0 sends M to rank 1). A timing runs from the
-  moment the last rank entered the call to the moment the last rank left it (one clock: the
-  namespaces share CLOCK_MONOTONIC); best of ``--reps`` back-to-back calls, so the
-  connections are warm (a call right after another: no slow-start restart).
+  (M per rank in, n·M out) and ``p2p`` (rank 0 sends M to rank 1). Rank 0 enters every call
+  one round trip + LATE_S after the others (ranks never arrive together; gloo's rendezvous then
+  has one order, not a race). A timing runs from the moment the last rank entered the call to
+  the moment the last rank left it (one clock: the namespaces share CLOCK_MONOTONIC); best of
+  ``--reps`` back-to-back calls, so the connections are warm (no slow-start restart).
 * HeLoCo's server (endpoint + coordinator + async Nesterov, fp32) in rank 0's namespace and
   n−1 workers (``NetLink``, the client of ``heloco work``), each in its own: once all have
   joined, all pull at one instant, wait, then all push at once (timed from that instant to
-  the last reply). Each waits 1 s (> TCP's RTO) before each, as a worker that
+  the last reply); best of ``--reps`` such runs. Each waits 1 s (> TCP's RTO) before each, as a worker that
   trained in between does, so every exchange restarts from TCP's initial window.
 
 The prediction beside each row is ShardMeter's (``shardmeter.estimate.wan``), given the same
@@ -32,6 +34,7 @@ Measurements are written to ``--save`` (JSON) so the model can be re-checked wit
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -45,6 +48,10 @@ from pathlib import Path
 from typing import Any
 
 MB = 1_000_000
+# Rank 0 enters every gloo call this long after one round trip past the others: ranks never
+# arrive together, and gloo's rendezvous (a send waits for the peer's recv-ready message) then
+# takes one deterministic order instead of a race between the two ranks' messages.
+LATE_S = 0.02
 OPS = ("allreduce", "reduce", "broadcast", "reduce+bcast", "allgather", "p2p")
 
 
@@ -85,13 +92,15 @@ class Row:
     op: str
     nbytes: int
     measured_s: float
+    load1: float | None = None  # 1-minute load average when its setting finished
 
 
 # -- processes inside the namespaces -----------------------------------------------------------
 
 
-def gloo_rank(rank: int, n: int, master: str, sizes: list[int], reps: int) -> None:
-    """One rank: every op at every size, ``reps`` times; rank 0 prints all ranks' clocks."""
+def gloo_rank(rank: int, n: int, master: str, sizes: list[int], reps: int, late_s: float) -> None:
+    """One rank: every op at every size, ``reps`` times, rank 0 entering each call ``late_s``
+    after the others; rank 0 prints all ranks' clocks."""
     import torch
     import torch.distributed as dist
 
@@ -110,6 +119,8 @@ def gloo_rank(rank: int, n: int, master: str, sizes: list[int], reps: int) -> No
                     _pair_barrier(rank, dist, torch)
                 else:
                     dist.barrier()
+                if rank == 0:  # rank 0 enters last, after every peer's notifications arrived
+                    time.sleep(late_s)
                 t0 = time.monotonic()
                 if op == "allreduce":
                     dist.all_reduce(x)
@@ -233,6 +244,7 @@ def run_setting(s: Setting, reps: int) -> list[Row]:
                         w.address(0),
                         ",".join(map(str, sizes)),
                         str(reps),
+                        repr(s.rtt + LATE_S),
                     ],
                     stdout=subprocess.PIPE,
                     env=env,
@@ -245,7 +257,8 @@ def run_setting(s: Setting, reps: int) -> list[Row]:
             rows += gloo_rows(s, w.mtu, json.loads(out))
         if s.heloco:
             for size in sizes:
-                rows += heloco_rows(s, w, me, size, env)
+                runs = [heloco_rows(s, w, me, size, env) for _ in range(reps)]
+                rows += [min(same, key=lambda r: r.measured_s) for same in zip(*runs, strict=True)]
     return rows
 
 
@@ -312,7 +325,7 @@ def heloco_rows(s: Setting, w: Any, me: list[str], size: int, env: dict[str, str
 
 
 def predict(r: Row) -> float:
-    """ShardMeter's prediction for a row (shardmeter.estimate.wan.measured_pattern_s)."""
+    """ShardMeter's prediction for a row (shardmeter.estimate.wan.pattern_s)."""
     from shardmeter.estimate.wan import TcpPath, pattern_s
 
     path = TcpPath(link_Bps=r.bw / 8.0, rtt_s=r.rtt, mtu_bytes=r.mtu, window_bytes=None, streams=1)
@@ -345,11 +358,19 @@ def save(path: Path, rows: list[Row]) -> None:
     tmp.replace(path)
 
 
+def _setting_index(text: str) -> int:
+    """A setting number of --only, or a one-line error naming it."""
+    if not text.strip().isdigit() or int(text) >= len(SETTINGS):
+        raise SystemExit(f"--only: {text!r} is not a setting number 0..{len(SETTINGS) - 1}")
+    return int(text)
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in ("gloo", "serve", "work"):
         cmd, *a = sys.argv[1:]
         if cmd == "gloo":
-            gloo_rank(int(a[0]), int(a[1]), a[2], [int(x) for x in a[3].split(",")], int(a[4]))
+            sizes = [int(x) for x in a[3].split(",")]
+            gloo_rank(int(a[0]), int(a[1]), a[2], sizes, int(a[4]), float(a[5]))
         elif cmd == "serve":
             heloco_server(a[0], int(a[1]), int(a[2]), a[3])
         else:
@@ -357,11 +378,19 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 settings instead of all")
-    parser.add_argument("--reps", type=int, default=2, help="calls per op (best kept)")
+    parser.add_argument("--reps", type=int, default=3, help="calls per op (best kept)")
     parser.add_argument(
         "--save", type=Path, default=Path("benchmarks/results/wan_collectives.json")
     )
     parser.add_argument("--load", type=Path, help="re-predict saved measurements")
+    parser.add_argument(
+        "--only",
+        help="comma-separated setting numbers (0-based, in SETTINGS order) to measure again; "
+        "the other settings' rows in --save are kept",
+    )
+    parser.add_argument(
+        "--heloco-only", action="store_true", help="with --only: measure HeLoCo's rows only"
+    )
     args = parser.parse_args()
     if args.load is not None:
         rows = [Row(**x) for x in json.loads(args.load.read_text())["rows"]]
@@ -371,13 +400,31 @@ def main() -> None:
         why = unavailable()
         if why is not None:
             raise SystemExit(f"wan_collectives: {why}")
+        chosen = QUICK if args.quick else SETTINGS
         rows = []
-        for s in QUICK if args.quick else SETTINGS:
+        if args.only is not None:
+            chosen = tuple(SETTINGS[_setting_index(x)] for x in args.only.split(","))
+            if args.heloco_only:
+                chosen = tuple(dataclasses.replace(c, gloo=False) for c in chosen)
+            if args.save.exists():
+                keys = {(c.n, c.bw, c.rtt) for c in chosen}
+                old = [Row(**x) for x in json.loads(args.save.read_text())["rows"]]
+                rows = [
+                    r
+                    for r in old
+                    if (r.n, r.bw, r.rtt) not in keys
+                    or (args.heloco_only and not r.op.startswith("heloco"))
+                ]
+        for s in chosen:
             t = time.monotonic()
-            rows += run_setting(s, args.reps)
+            new = run_setting(s, args.reps)
+            load1 = os.getloadavg()[0]
+            rows += [dataclasses.replace(r, load1=load1) for r in new]
             print(f"# n={s.n} {s.bw / 1e6:g} Mbit/s rtt {s.rtt * 1e3:g} ms: "
                   f"{time.monotonic() - t:.0f} s, load {os.getloadavg()[0]:.2f}",
                   file=sys.stderr, flush=True)  # fmt: skip
+            order = {(c.n, c.bw, c.rtt): k for k, c in enumerate(SETTINGS)}
+            rows.sort(key=lambda r: order.get((r.n, r.bw, r.rtt), len(order)))
             save(args.save, rows)  # after every setting: a long run keeps what it measured
     print_table(rows)
 

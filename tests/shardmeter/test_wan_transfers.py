@@ -13,6 +13,8 @@ import pytest
 from shardmeter.estimate.outer import collective, outer_round
 from shardmeter.estimate.wan import (
     DEFAULT_WINDOW_BYTES,
+    GLOO_ALLGATHER_HOST_BPS,
+    GLOO_MAX_SEGMENT_BYTES,
     HELOCO_SERVER_PUSH_BPS,
     INITIAL_RWND_BYTES,
     INITIAL_WINDOW_SEGMENTS,
@@ -23,6 +25,9 @@ from shardmeter.estimate.wan import (
     WINDOW_FILL,
     TcpPath,
     WanPaths,
+    gloo_pattern_s,
+    gloo_pipeline_s,
+    gloo_segments,
     goodput_Bps,
     heloco_exchange_s,
     link_Bps,
@@ -124,13 +129,64 @@ def test_hub_is_two_collectives_of_one_way_latency_each() -> None:
 
 
 def test_pattern_allreduce_reduce_allgather_closed_form() -> None:
+    """The textbook ring (NCCL's): one-way latency and one chunk per step."""
     path = TcpPath(link_Bps=1e7 * 1514 / 1448, rtt_s=0.02)  # goodput 10 MB/s
     w, lat, m = 1e7, 0.01, 4e6
-    eff = TRANSPORT_EFFICIENCY["gloo"]
-    assert pattern_s("allreduce", m, 4, path) == pytest.approx(6 * (lat + m / 4 / (w * eff)))
+    eff = TRANSPORT_EFFICIENCY["nccl"]
+    ring = pattern_s("allreduce", m, 4, path, "nccl")
+    assert ring == pytest.approx(6 * (lat + m / 4 / (w * eff)))
     reduce = 3 * (lat + m / 4 / (w * eff)) + lat + 3 * m / 4 / (w * eff)
-    assert pattern_s("reduce", m, 4, path) == pytest.approx(reduce)
-    assert pattern_s("allgather", m, 4, path) == pytest.approx(3 * (lat + m / (w * eff)))
+    assert pattern_s("reduce", m, 4, path, "nccl") == pytest.approx(reduce)
+    gather = pattern_s("allgather", m, 4, path, "nccl")
+    assert gather == pytest.approx(3 * (lat + m / (w * eff)))
+
+
+def test_gloo_segments_are_at_most_1_mib_at_least_two_per_rank() -> None:
+    assert GLOO_MAX_SEGMENT_BYTES == 2**20
+    assert gloo_segments(32e6, 2) == (32, 1e6)  # 31 MiB-segments rounded up to a multiple of 2
+    assert gloo_segments(1e6, 4) == (8, 125000.0)  # small: 2n segments
+    # reduce.cc sizes the segment first: min(M / 2n, 1 MiB)
+    assert gloo_segments(32e6, 2, reduce=True) == (32, float(2**20))
+    assert gloo_segments(1e6, 2, reduce=True) == (4, 250000.0)
+
+
+def test_gloo_pipeline_two_in_flight_closed_form() -> None:
+    path = TcpPath(link_Bps=1e7 * 1514 / 1448, rtt_s=0.1, window_bytes=1e9)  # 10 MB/s
+    seg, t = 1e5, 0.01  # a segment takes 10 ms: the round trip dominates
+    # distinct neighbours: two segments per RTT + t, the last pair's second one t later
+    assert gloo_pipeline_s(6, seg, path, False, 1.0) == pytest.approx(3 * (0.1 + t) + t)
+    assert gloo_pipeline_s(5, seg, path, False, 1.0) == pytest.approx(3 * (0.1 + t))
+    # the same peer both ways: each recv-ready waits behind a segment on the connection
+    assert gloo_pipeline_s(6, seg, path, True, 1.0) == pytest.approx(3 * 0.1 + 6 * t)
+    # big segments: the link is the limit
+    big = 5e6
+    assert gloo_pipeline_s(4, big, path, False, 1.0) == pytest.approx(0.1 + 4 * big / 1e7)
+    assert gloo_pipeline_s(0, seg, path, True, 1.0) == 0.0
+
+
+def test_gloo_allreduce_and_reduce_closed_form() -> None:
+    path = TcpPath(link_Bps=1e7 * 1514 / 1448, rtt_s=0.04, window_bytes=1e9)
+    m, w = 32e6, 1e7
+    # two ranks: 32 segments of 1 MB, 16 per phase, the same peer both ways
+    phase = 8 * 0.04 + 16 * 1e6 / w
+    assert pattern_s("allreduce", m, 2, path) == pytest.approx(2 * phase)
+    # reduce: 1 MiB segments, 31 of them hold data (32 rounded to a multiple of 2); a ring
+    # pass of all but two, then the other rank's chunk (M − 16 MiB) to the root
+    seg = 2**20
+    ring = 15 * 0.04 + 29 * seg / w
+    gather = 0.04 + (m - 16 * seg) / w
+    assert pattern_s("reduce", m, 2, path) == pytest.approx(ring + gather)
+    assert gloo_pattern_s("broadcast", m, 2, path) is None  # generic formula
+
+
+def test_gloo_allgather_two_ranks_waits_behind_the_late_ranks_data() -> None:
+    path = TcpPath(link_Bps=1e7 * 1514 / 1448, rtt_s=0.1, window_bytes=1e9)
+    m, w = 4e6, 1e7
+    host = 2 * m / GLOO_ALLGATHER_HOST_BPS
+    assert pattern_s("allgather", m, 2, path) == pytest.approx(0.1 + 1.5 * m / w + host)
+    # three ranks: the ring, plus torch's copy of the 3·M output
+    ring = 2 * (0.05 + m / w) + 3 * m / GLOO_ALLGATHER_HOST_BPS
+    assert pattern_s("allgather", m, 3, path) == pytest.approx(ring)
 
 
 def test_broadcast_parents_share_their_uplink_among_children() -> None:

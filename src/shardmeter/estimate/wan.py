@@ -341,10 +341,11 @@ TRANSPORT_EFFICIENCY: dict[str, float] = {"nccl": 0.60, "gloo": 1.0, "zmq": 1.0}
 # signs, checks and decodes every message whole (HMAC-SHA256, codec), so a message costs
 # M/W + M/C. A pull's C is the worker's (each worker decodes its own copy, in parallel); a
 # push's is the server's, which also applies the outer step and takes the pushes one after
-# another. Fitted to the 1 Gbit/s, two-process rows of benchmarks/wan_collectives.py on this
-# 2-core machine (load 4-6); gloo reached the link there (no host term).
-TRANSPORT_HOST_BPS: dict[str, float] = {"nccl": math.inf, "gloo": math.inf, "zmq": 3.2e8}
-HELOCO_SERVER_PUSH_BPS = 2.3e8
+# another. Fitted (least max error) to the 1 Gbit/s rows of benchmarks/wan_collectives.py on
+# this 2-core machine at load average 15-24: this machine's rates under that load, not the
+# transport's; gloo's collectives other than all-gather reached the link (no host term).
+TRANSPORT_HOST_BPS: dict[str, float] = {"nccl": math.inf, "gloo": math.inf, "zmq": 2.4e8}
+HELOCO_SERVER_PUSH_BPS = 1.3e8
 
 
 @dataclass(frozen=True)
@@ -457,6 +458,101 @@ def heloco_exchange_s(nbytes: ArrayLike, rate_Bps: ArrayLike, rtt_s: ArrayLike) 
     return 2.0 * (rtt + slow_start_s(m, rate_Bps, rtt))
 
 
+# gloo's own algorithms (torch.distributed's CPU backend; gloo/allreduce.cc, reduce.cc,
+# allgather.cc, transport/tcp/pair.cc):
+# - a send leaves only once the peer's recv-ready message has arrived (pair.cc: send waits for
+#   NOTIFY_RECV_READY), and that message is written to the same TCP connection as the rank's
+#   outgoing data, behind it;
+# - the ring all-reduce and reduce move segments of at most 1 MiB, two in flight per neighbour
+#   (allreduce.h, reduce.h: kMaxSegmentSize = 1024 * 1024, "two are in flight at all times").
+GLOO_MAX_SEGMENT_BYTES = 1024 * 1024
+# Host bytes/s of torch's gloo all-gather per output byte: it gathers into a new flat n·M
+# tensor and copies it out to the n outputs (ProcessGroupGloo.cpp AsyncAllgatherWork),
+# fitted to the 1 Gbit/s rows of benchmarks/wan_collectives.py on this 2-core machine
+# at load average 15-24 (as TRANSPORT_HOST_BPS).
+GLOO_ALLGATHER_HOST_BPS = 2.2e8
+
+
+def gloo_segments(nbytes: float, n: int, reduce: bool = False) -> tuple[int, float]:
+    """(segments, bytes per segment) of gloo's ring over `nbytes` among `n` ranks: at least
+    2n segments of at most 1 MiB, a multiple of n (gloo/allreduce.cc ring; reduce.cc sizes the
+    segment first: min(M/2n, 1 MiB))."""
+    if reduce:
+        seg = max(min(math.ceil(nbytes / (2 * n)), GLOO_MAX_SEGMENT_BYTES), 1)
+        count = max(math.ceil(nbytes / seg), 2 * n)
+        return -(-count // n) * n, float(seg)
+    count = max(math.ceil(nbytes / GLOO_MAX_SEGMENT_BYTES), 2 * n)
+    count = -(-count // n) * n
+    return count, float(math.ceil(nbytes / count))
+
+
+def gloo_pipeline_s(k: float, seg: float, path: TcpPath, same_peer: bool, eff: float) -> float:
+    """Seconds for `k` segments of `seg` bytes to cross one ring edge through gloo's
+    two-in-flight rendezvous: a rank posts the recv of segment i + 2 when segment i has
+    arrived; its recv-ready message takes a one-way latency to the sender, then the data
+    another plus seg/W. With distinct neighbours (n > 2) two segments cross per
+    RTT + seg/W, or the link is the limit: max(⌈k/2⌉·(RTT + t) + [k even]·t, RTT + k·t),
+    t = seg/W. With two ranks the neighbour is the same peer, so the recv-ready message
+    waits behind the segment the rank is sending on that connection:
+    ⌈k/2⌉·RTT + k·t (gloo/transport/tcp/pair.cc; allreduce.cc). Never under one-way latency
+    plus k·seg at the stream's rate (window)."""
+    if k <= 0:
+        return 0.0
+    rtt = path.rtt_s
+    t = seg / (path.goodput_Bps * eff)
+    pairs = math.ceil(k / 2)
+    if same_peer:
+        fill = pairs * rtt + k * t
+    else:
+        fill = max(pairs * (rtt + t) + (1 - k % 2) * t, rtt + k * t)
+    return max(fill, rtt / 2 + k * seg / (path.rate_Bps * eff))
+
+
+GLOO_PATTERNS = ("allreduce", "reduce", "allgather")  # gloo's own algorithms, below
+
+
+def gloo_pattern_s(pattern: str, nbytes: float, n: int, path: TcpPath) -> float | None:
+    """Seconds of gloo's all-reduce, reduce or all-gather among `n` ranks of payload `nbytes`
+    (None for the other patterns: the generic formulas hold). Warm connections; every peer's
+    recv-ready messages arrived before the last rank entered, as when ranks arrive apart.
+
+    - allreduce: reduce-scatter then all-gather, each (n−1)·(segments/n) segments through
+      the two-in-flight pipeline (gloo/allreduce.cc ring).
+    - reduce: a ring pass of all segments but two (reduce.cc loops i < segments − 2), then
+      every rank sends its chunk to the root in one message: RTT (recv-ready, then data)
+      plus the root's downlink carrying the others' chunks, or one chunk at the stream's
+      window-limited rate, whichever is longer.
+    - allgather, two ranks: the last to enter finds the peer's recv-ready messages waiting
+      and writes both halves of its M at once; its own recv-ready messages go out behind
+      them, so the peer's second half leaves only after M: RTT + 1.5·M/W (allgather.cc sends
+      two halves, send before recv; pair.cc). n > 2: (n−1)·(L + M/W) (ring; recv-ready
+      messages go to the other neighbour). Both plus torch's copy of the n·M output at
+      GLOO_ALLGATHER_HOST_BPS.
+    """
+    eff = TRANSPORT_EFFICIENCY["gloo"]
+    lat = path.rtt_s / 2.0
+    w = path.goodput_Bps * eff
+    rate = path.rate_Bps * eff
+    same = n == 2
+    if pattern == "allreduce":
+        count, seg = gloo_segments(nbytes, n)
+        k = (n - 1) * count // n
+        return 2.0 * gloo_pipeline_s(k, seg, path, same, eff)
+    if pattern == "reduce":
+        count, seg = gloo_segments(nbytes, n, reduce=True)
+        used = min(count, math.ceil(nbytes / seg))  # segments past M are empty
+        ring = gloo_pipeline_s(max(used - 2, 0), seg, path, same, eff)
+        chunk = min(count // n * seg, nbytes)
+        others = max(nbytes - chunk, 0.0)  # the root's own chunk stays
+        return ring + 2.0 * lat + max(others / w, min(chunk, others) / rate)
+    if pattern == "allgather":
+        host = n * nbytes / GLOO_ALLGATHER_HOST_BPS
+        if same:
+            return 2.0 * lat + max(nbytes / rate, 1.5 * nbytes / w) + host
+        return (n - 1) * (lat + nbytes / rate) + host
+    return None
+
+
 Pattern = Literal[
     "allreduce", "reduce", "broadcast", "reduce+bcast", "allgather", "p2p",
     "heloco-pull", "heloco-push", "heloco-exchange",
@@ -514,7 +610,10 @@ def pattern_s(
       (heloco/net/worker_loop.py: pull, H inner steps, push).
 
     `cold` (default: True for the HeLoCo exchange, False for collectives, whose connections
-    carried the previous call) starts each transfer from the initial window.
+    carried the previous call) starts each transfer from the initial window. With transport
+    "gloo" on warm connections, allreduce, reduce and allgather are gloo's own algorithms
+    (`gloo_pattern_s`: 1 MiB segments two in flight, its recv-ready rendezvous); the formulas
+    above are the textbook ring that NCCL runs.
     """
     eff = TRANSPORT_EFFICIENCY[transport]
     m = np.asarray(nbytes, dtype=np.float64)
@@ -527,6 +626,9 @@ def pattern_s(
         """Seconds to put `size` bytes through one stream, without the one-way latency."""
         return transfer_s(size, path, is_cold, eff) - lat
 
+    if transport == "gloo" and not is_cold and n > 1 and pattern in GLOO_PATTERNS:
+        one = np.vectorize(lambda size: gloo_pattern_s(pattern, float(size), n, path))
+        return np.asarray(one(m), dtype=np.float64)
     if pattern == "allreduce":
         return 2.0 * (k - 1.0) * (lat + send(m / k))
     if pattern == "reduce":
