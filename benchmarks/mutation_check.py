@@ -376,7 +376,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("WAN: transport fraction ignored", "wan.py",
              "rate = path.rate_Bps * efficiency", "rate = path.rate_Bps"),
     Mutation("WAN: async ignores exchange='heloco'", "outer.py",
-             'if exchange_pattern == "heloco":', "if False:"),
+             'if exchange_pattern == "duplex":', "if True:"),
     # --- compressed payloads with error feedback (heloco.codecs, the wire, the planner) ---
     Mutation("error-feedback residual dropped", "heloco/codecs.py",
              "residual[name] = p - decode(c)", "residual[name] = 0.0 * p", CODEC_TESTS),
@@ -420,6 +420,13 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("largest parameter without the embedding table", "memory.py",
              "biggest = max(model.vocab * model.hidden, model.hidden * width,",
              "biggest = max(0 * model.vocab * model.hidden, model.hidden * width,"),
+    # --- the async round in HeLoCo's exchange modes (benchmarks/wan_fidelity.py) ---
+    Mutation("async: a blocking exchange hides behind compute", "outer.py",
+             "round_s = busy + exchange if blocking", "round_s = np.maximum(busy, exchange) if blocking",
+             "tests/shardmeter/test_wan_transfers.py"),
+    Mutation("async: run.exchange never reaches the round", "shardmeter/estimate/islands.py",
+             "        exchange=outer.exchange,\n", "",
+             "tests/shardmeter/test_wan_transfers.py"),
 )  # fmt: skip
 
 

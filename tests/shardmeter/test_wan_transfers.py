@@ -181,6 +181,28 @@ def test_async_round_prices_heloco_exchange_when_asked() -> None:
     assert helo.wan_comm_s[0] == 0.0 == duplex.wan_comm_s[0]
 
 
+def test_async_blocking_exchange_adds_to_the_round_and_overlapped_hides_under_it() -> None:
+    """HeLoCo's exchange X = 2·(RTT + slow start(M)) on a 1e8 B/s, 40 ms path: blocking
+    (pull → H steps → push, then its ack) is H·T + X; overlapped is max(H·T, X)."""
+    wan = uniform(2, 1e8, 0.04)
+    m = 1e8 * 32 / 8  # 0.4 GB: X ≈ 8.4 s
+    x = float(heloco_exchange_s(m, 1e8, 0.04))
+    inner = np.array([1.0, 0.5])
+    kw = {"inner_steps": 10, "bits": 32}
+    block = outer_round("async", inner, wan, 1e8, exchange="blocking", **kw)
+    over = outer_round("async", inner, wan, 1e8, exchange="overlapped", **kw)
+    assert block.wan_comm_s[1] == pytest.approx(x) and over.wan_comm_s[1] == pytest.approx(x)
+    assert block.round_s[1] == pytest.approx(5.0 + x)  # 5 s of compute, then the exchange
+    assert over.round_s[1] == pytest.approx(max(5.0, x))
+    assert block.utilization[1] == pytest.approx(5.0 / (5.0 + x))
+    assert block.round_s[0] == pytest.approx(10.0) == over.round_s[0]  # the server's island
+    # the older name of the overlapped exchange prices the same round
+    old = outer_round("async", inner, wan, 1e8, exchange="heloco", **kw)
+    np.testing.assert_allclose(old.round_s, over.round_s)
+    with pytest.raises(ValueError, match="exchange 'eager'"):
+        outer_round("async", inner, wan, 1e8, exchange="eager", **kw)  # type: ignore[arg-type]
+
+
 def test_unknown_pattern_is_a_one_line_error() -> None:
     with pytest.raises(ValueError, match=r"^pattern: got 'scatter'"):
         pattern_s("scatter", 1.0, 2, TcpPath(1e6, 0.0))
@@ -195,3 +217,19 @@ def test_slow_start_rounds_grow_by_doubling() -> None:
         last = IW * 2 ** (k - 1)
         assert t == pytest.approx((k - 1) * rtt + last / rate)
         assert math.isfinite(t)
+
+
+def test_topology_run_exchange_reaches_the_async_round() -> None:
+    """run.exchange (and `predict --exchange`) picks the async round: with a given 1 s step
+    and H = 100 on two-clouds, blocking is 100 s + X and overlapped max(100 s, X)."""
+    from shardmeter.estimate.islands import predict_topology
+    from shardmeter.specs.topology import load_topology
+
+    topo = load_topology("two-clouds")
+    kw = {"mode": "async", "step_time_s": 1.0, "inner_steps": 100}
+    block = predict_topology(topo, exchange="blocking", **kw).islands[1]
+    over = predict_topology(topo, exchange="overlapped", **kw).islands[1]
+    x = over.wan_exposed_s + over.wan_hidden_s  # the whole exchange
+    assert x > 0
+    assert block.round_s == pytest.approx(100.0 + x)
+    assert over.round_s == pytest.approx(max(100.0, x))

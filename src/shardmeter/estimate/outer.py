@@ -22,7 +22,11 @@ FloatArray = NDArray[np.float64]
 
 Mode = Literal["sync", "diloco", "streaming", "async"]
 Reduce = Literal["ring", "hub", "bucket"]
-Exchange = Literal["duplex", "heloco"]  # the async mode's exchange (see outer_round)
+# The async mode's exchange (see outer_round): "duplex" (one delta up and one model down at
+# once, hidden behind the next round), HeLoCo's runtime "blocking" (between rounds) or
+# "overlapped" (behind the next round); "heloco" is the older name of "overlapped".
+Exchange = Literal["duplex", "blocking", "overlapped", "heloco"]
+EXCHANGES: tuple[str, ...] = ("duplex", "blocking", "overlapped")
 MODES: tuple[str, ...] = ("sync", "diloco", "streaming", "async")
 
 # Bytes an outer Nesterov step touches per parameter: read+write fp32 params and momentum,
@@ -206,12 +210,14 @@ def outer_round(
       2025) hidden behind the next round (τ = H), then the slowest outer-optimizer step.
     - streaming: P fragments synced at offsets round(k·H/P) (or `schedule`), each may take τ
       inner steps, τ = H with `overlap` (Douillard et al. 2025, arXiv 2501.18512).
-    - async: parameter server at `wan.center`; islands never wait: island i's round is
-      max(H·T_i, X_i), X_i = RTT_i + M/W_i (one delta up and one model down at once, full
-      duplex), or with `exchange = "heloco"` HeLoCo's own exchange (one push, then one pull,
-      each a request and its reply from TCP's initial window: `heloco_exchange_s`),
-      overlapped with the next round, then remote rounds stretch by the server's overload Σ_i (M/round_i)/W_server
-      when above 1 (design doc C.9).
+    - async: parameter server at `wan.center`; islands never wait for each other. With
+      `exchange = "duplex"` island i's round is max(H·T_i, X_i), X_i = RTT_i + M/W_i (one
+      delta up and one model down at once, hidden behind the next round). HeLoCo's runtime
+      sends one push, then one pull, each a request and its reply from TCP's initial window
+      (X_i = `heloco_exchange_s`); `exchange = "blocking"` (its worker loop: pull, H steps,
+      push, wait for the ack) pays it between rounds, H·T_i + X_i, and `"overlapped"` (or
+      `"heloco"`) runs it behind the next round, max(H·T_i, X_i). Remote rounds then
+      stretch by the server's overload Σ_i (M/round_i)/W_server when above 1 (design doc C.9).
     `balance` (diloco, streaming) lets faster islands run more inner steps per round.
     """
     inner = np.asarray(inner_s, dtype=np.float64)
@@ -237,6 +243,8 @@ def outer_round(
     t_max = inner.max(axis=-1)
 
     if mode == "async":
+        if exchange not in (*EXCHANGES, "heloco"):
+            raise ValueError(f"exchange {exchange!r}: one of {', '.join(EXCHANGES)}")
         return _async_round(inner, wan, nbytes, h, scale, exchange)
 
     coll = collective(nbytes, wan, reduce, gathered=gathered, rounds=collective_rounds, scale=scale)
@@ -306,12 +314,14 @@ def _async_round(
     m = nbytes[..., None]
     host = 2.0 * m / wan.host_copy_Bps
     rtt = wan.rtt_s[:, c]
-    if exchange_pattern == "heloco":
-        exchange = np.where(remote, heloco_exchange_s(m, path_bw, rtt) + host, 0.0)
-    else:
+    if exchange_pattern == "duplex":
         exchange = np.where(remote, rtt + m / path_bw + host, 0.0)
+    else:
+        exchange = np.where(remote, heloco_exchange_s(m, path_bw, rtt) + host, 0.0)
     busy = h[..., None] * inner
-    round_s = np.maximum(busy, exchange)
+    # blocking: pull → H steps → push and its ack, in turn; else behind the next round
+    blocking = exchange_pattern == "blocking"
+    round_s = busy + exchange if blocking else np.maximum(busy, exchange)
     demand = np.where(remote, m / round_s, 0.0).sum(axis=-1, keepdims=True)
     overload = np.maximum(1.0, demand / (wan.server_Bps * scale[..., None]))
     round_s = np.where(remote, round_s * overload, round_s)
