@@ -158,6 +158,8 @@ def test_heloco_exchange_is_a_push_and_a_pull_from_the_initial_window() -> None:
     rate, rtt, m = 1e7, 0.05, 4e6
     one = rtt + float(slow_start_s(m, rate, rtt))
     assert heloco_exchange_s(m, rate, rtt) == pytest.approx(2 * one)
+    four = rtt + float(slow_start_s(4 * m, rate, rtt))  # an int8 push, then the fp32 model
+    assert heloco_exchange_s(m, rate, rtt, 4 * m) == pytest.approx(one + four)
     # n − 1 workers share the server's link: each stream gets 1/(n−1) of it; a worker decodes
     # its own pull, the server applies the 3 pushes one after another
     path = TcpPath(link_Bps=rate * 1514 / 1448, rtt_s=rtt)
@@ -177,8 +179,11 @@ def test_async_round_prices_heloco_exchange_when_asked() -> None:
     duplex = outer_round("async", np.array([1.0, 1.0]), wan, 1e9, bits=16)
     helo = outer_round("async", np.array([1.0, 1.0]), wan, 1e9, bits=16, exchange="heloco")
     assert duplex.wan_comm_s[1] == pytest.approx(0.04 + m / 1e8)
-    assert helo.wan_comm_s[1] == pytest.approx(float(heloco_exchange_s(m, 1e8, 0.04)))
+    # a push of the 16-bit Δ, then a pull of the fp32 model (the server dispatches fp32)
+    pull = 1e9 * 32 / 8
+    assert helo.wan_comm_s[1] == pytest.approx(float(heloco_exchange_s(m, 1e8, 0.04, pull)))
     assert helo.wan_comm_s[0] == 0.0 == duplex.wan_comm_s[0]
+    assert helo.wan_bytes[1] == pytest.approx(m + pull) and duplex.wan_bytes[1] == 2 * m
 
 
 def test_async_blocking_exchange_adds_to_the_round_and_overlapped_hides_under_it() -> None:

@@ -29,6 +29,11 @@ Exchange = Literal["duplex", "blocking", "overlapped", "heloco"]
 EXCHANGES: tuple[str, ...] = ("duplex", "blocking", "overlapped")
 MODES: tuple[str, ...] = ("sync", "diloco", "streaming", "async")
 
+# Bits per parameter of the model a HeLoCo server dispatches: always fp32, whatever the
+# push's codec (heloco/net/coordinator.py: the dispatch is the model itself, not a delta, so no
+# error feedback could absorb its rounding).
+HELOCO_DISPATCH_BITS = 32.0
+
 # Bytes an outer Nesterov step touches per parameter: read+write fp32 params and momentum,
 # read the fp32 pseudo-gradient (DiLoCo, Douillard et al. 2023, Alg. 1; 5 × 4 bytes).
 OUTER_OPT_BYTES_PER_PARAM = 20.0
@@ -213,8 +218,8 @@ def outer_round(
     - async: parameter server at `wan.center`; islands never wait for each other. With
       `exchange = "duplex"` island i's round is max(H·T_i, X_i), X_i = RTT_i + M/W_i (one
       delta up and one model down at once, hidden behind the next round). HeLoCo's runtime
-      sends one push, then one pull, each a request and its reply from TCP's initial window
-      (X_i = `heloco_exchange_s`); `exchange = "blocking"` (its worker loop: pull, H steps,
+      sends one push of M, then one pull of the fp32 model (N·32/8 bytes), each a request and
+      its reply from TCP's initial window (X_i = `heloco_exchange_s`); `exchange = "blocking"` (its worker loop: pull, H steps,
       push, wait for the ack) pays it between rounds, H·T_i + X_i, and `"overlapped"` (or
       `"heloco"`) runs it behind the next round, max(H·T_i, X_i). Remote rounds then
       stretch by the server's overload Σ_i (M/round_i)/W_server when above 1 (design doc C.9).
@@ -245,7 +250,7 @@ def outer_round(
     if mode == "async":
         if exchange not in (*EXCHANGES, "heloco"):
             raise ValueError(f"exchange {exchange!r}: one of {', '.join(EXCHANGES)}")
-        return _async_round(inner, wan, nbytes, h, scale, exchange)
+        return _async_round(inner, wan, nbytes, h, scale, exchange, n_params)
 
     coll = collective(nbytes, wan, reduce, gathered=gathered, rounds=collective_rounds, scale=scale)
     window = _pacing(np.asarray(backward_s, dtype=np.float64), inner)
@@ -305,8 +310,10 @@ def _async_round(
     h: FloatArray,
     scale: FloatArray,
     exchange_pattern: Exchange = "duplex",
+    n_params: float = 0.0,
 ) -> OuterRound:
-    """Parameter server at `wan.center` (design doc C.9, asynchronous)."""
+    """Parameter server at `wan.center` (design doc C.9, asynchronous). HeLoCo's exchanges
+    pull the fp32 model (`n_params` · HELOCO_DISPATCH_BITS / 8 bytes); duplex moves M both ways."""
     n = inner.shape[-1]
     c = wan.center
     remote = np.arange(n) != c
@@ -315,18 +322,21 @@ def _async_round(
     host = 2.0 * m / wan.host_copy_Bps
     rtt = wan.rtt_s[:, c]
     if exchange_pattern == "duplex":
+        down = m
         exchange = np.where(remote, rtt + m / path_bw + host, 0.0)
     else:
-        exchange = np.where(remote, heloco_exchange_s(m, path_bw, rtt) + host, 0.0)
+        down = np.broadcast_to(n_params * HELOCO_DISPATCH_BITS / 8.0, m.shape)
+        host = (m + down) / wan.host_copy_Bps
+        exchange = np.where(remote, heloco_exchange_s(m, path_bw, rtt, down) + host, 0.0)
     busy = h[..., None] * inner
     # blocking: pull → H steps → push and its ack, in turn; else behind the next round
     blocking = exchange_pattern == "blocking"
     round_s = busy + exchange if blocking else np.maximum(busy, exchange)
-    demand = np.where(remote, m / round_s, 0.0).sum(axis=-1, keepdims=True)
+    demand = np.where(remote, np.maximum(m, down) / round_s, 0.0).sum(axis=-1, keepdims=True)
     overload = np.maximum(1.0, demand / (wan.server_Bps * scale[..., None]))
     round_s = np.where(remote, round_s * overload, round_s)
     rate = 1.0 / round_s
-    moved = np.where(remote, 2.0 * m, 0.0)
+    moved = np.where(remote, m + down, 0.0)
     return OuterRound(
         round_s=round_s,
         busy_s=busy,
