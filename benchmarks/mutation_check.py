@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("shardmeter/", "heloco/")  # a path starting so is relative to src/
 CODEC_TESTS = "tests/heloco/test_codecs.py"
 DECOUPLED_TESTS = "tests/heloco/test_decoupled.py"
+OVERLAP_TESTS = "tests/heloco/test_overlap.py"
+OVERLAP_NET_TESTS = "tests/heloco/test_net_equivalence.py::test_overlapped_worker_matches_simulator"
 
 
 @dataclass(frozen=True)
@@ -430,6 +432,40 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("async: run.exchange never reaches the round", "shardmeter/estimate/islands.py",
              "        exchange=outer.exchange,\n", "",
              "tests/shardmeter/test_wan_transfers.py"),
+    # --- The link clock and the overlapped exchange (heloco.overlap) ---
+    Mutation("exchange: link time drops its latency", "heloco/sim/clock.py",
+             "return latency + nbytes / (mbit * MBIT)", "return nbytes / (mbit * MBIT)",
+             OVERLAP_TESTS),
+    Mutation("exchange: Mbit/s read as MB/s", "heloco/sim/clock.py",
+             "MBIT = 1e6 / 8", "MBIT = 1e6", OVERLAP_TESTS),
+    Mutation("exchange: a shared server link is not shared", "heloco/sim/clock.py",
+             "min(float(b), cfg.server_link_mbit / k)", "min(float(b), cfg.server_link_mbit)",
+             OVERLAP_TESTS),
+    Mutation("exchange: the pull leg takes no time", "heloco/sim/loop.py",
+             "t1 = t + self.clock.down(w)", "t1 = t", OVERLAP_TESTS),
+    Mutation("exchange: eager merge adds Δ", "heloco/overlap.py",
+             "return {k: v - eager * delta[k].to(v.dtype) for k, v in params.items()}",
+             "return {k: v + eager * delta[k].to(v.dtype) for k, v in params.items()}",
+             OVERLAP_TESTS),
+    Mutation("exchange: overlapped round claims the newer base", "heloco/overlap.py",
+             "        latest.revision,\n",
+             "        answers.revision if answers is not None else latest.revision,\n",
+             OVERLAP_TESTS),
+    Mutation("exchange: a push leaves before its dispatch is in", "heloco/sim/loop.py",
+             "end = max(boundary + compute, got)", "end = boundary + compute", OVERLAP_TESTS),
+    Mutation("exchange: server refuses the previous base", "heloco/server.py",
+             "if result.base_revision not in (out.revision, out.prev_revision):",
+             "if result.base_revision != out.revision:", OVERLAP_TESTS),
+    Mutation("exchange: eviction keeps the previous dispatch", "heloco/server.py",
+             "self._last_dispatch.pop(worker, None)  # its next round starts afresh\n", "\n",
+             OVERLAP_TESTS),
+    Mutation("exchange: the runtime worker skips the eager update", "heloco/outer_loop.py",
+             "self._begin(overlapped_dispatch(latest, result.delta, self.eager))",
+             "self._begin(overlapped_dispatch(latest, result.delta, 0.0))",
+             OVERLAP_NET_TESTS),
+    Mutation("exchange: the runtime push keeps the old round id", "heloco/outer_loop.py",
+             "result = replace(result, round_id=latest.round_id)", "result = result",
+             OVERLAP_NET_TESTS),
 )  # fmt: skip
 
 

@@ -16,6 +16,7 @@ from typing import IO, Any
 from heloco.curve import value_at
 from heloco.runfolder import RUN_ID_FIELD, new_run_id
 from heloco.server import UpdateRecord
+from heloco.types import RoundTiming
 from shardmeter.io import write_atomic
 
 EVENTS_FILE = "events.jsonl"
@@ -170,9 +171,17 @@ def update_event(record: UpdateRecord, time: float, tokens: int) -> dict[str, An
 
 
 def round_event(
-    worker: int, round_id: int, steps: int, tokens: int, train_loss: float, start: float, end: float
+    worker: int,
+    round_id: int,
+    steps: int,
+    tokens: int,
+    train_loss: float,
+    start: float,
+    end: float,
+    timing: RoundTiming | None = None,
 ) -> dict[str, Any]:
-    """One ``round`` line: a worker's round, its inner loss and its start/finish times."""
+    """One ``round`` line: a worker's round, its inner loss, its start/finish times and, where
+    the loop measured them, when it received, computed and sent (:class:`RoundTiming`)."""
     return {
         "type": "round",
         "worker": worker,
@@ -182,6 +191,7 @@ def round_event(
         "train_loss": _finite(train_loss),
         "start": start,
         "time": end,
+        **(timing.event_fields() if timing is not None else {}),
     }
 
 

@@ -20,6 +20,10 @@ optimizer's state is cleared or kept as ``reset_optimizer`` says. Inside a data-
 island (``torch.distributed`` initialised, e.g. under torchrun with DDP or FSDP2) only rank 0
 uses the link; it broadcasts every dispatch to the other ranks (:class:`heloco.island.Island`).
 
+With ``exchange="overlapped"`` the push and the next pull run in a background thread while
+the next round trains from the newest dispatch with the worker's own Δ applied eagerly
+(:mod:`heloco.overlap` defines the scheme; the simulator runs the same one).
+
 A :class:`Link` is how the worker reaches its server: :class:`heloco.net.link.NetLink` over
 ZeroMQ (what ``heloco work`` uses) or :class:`LocalLink` to a :class:`heloco.server.Server` in
 the same process (tests, notebooks). ``heloco work`` drives this same class with the
@@ -28,8 +32,10 @@ reference loop (:class:`heloco.worker.Worker`), so there is one worker logic.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -38,6 +44,7 @@ from torch import nn
 
 from heloco.codecs import feedback_for
 from heloco.island import Island, IslandMode
+from heloco.overlap import EXCHANGES, overlapped_dispatch
 from heloco.rounds import DataPosition, Rounds, StateDict
 from heloco.server import Server, SubmissionRejected
 from heloco.types import Dispatch, PushOutcome, RoundResult
@@ -125,6 +132,38 @@ class LocalLink:
 RoundHook = Callable[[RoundResult, float, PushOutcome | None], None]
 
 
+class Exchange:
+    """One push and the pull after it, run in a background thread (the overlapped exchange).
+
+    :meth:`join` waits for both and returns (the push's outcome, the next dispatch or None
+    once training is over); an error in the thread (the server unreachable, the slot
+    replaced) is raised there, in the caller's thread."""
+
+    def __init__(self, link: Link, result: RoundResult, compute_s: float) -> None:
+        self.result, self.compute_s = result, compute_s
+        self._link = link
+        self._outcome: PushOutcome | None = None
+        self._dispatch: Dispatch | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="heloco-exchange", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._outcome = self._link.push(self.result, self.compute_s)
+            self._dispatch = self._link.pull()
+        except BaseException as exc:  # re-raised by join, in the worker's own thread
+            self._error = exc
+
+    def join(self) -> tuple[PushOutcome, Dispatch | None]:
+        """Wait for the push and the pull; their outcome and dispatch."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._outcome is not None
+        return self._outcome, self._dispatch
+
+
 class OuterLoop:
     """Turns a user's inner loop into a HeLoCo worker (see the module docstring).
 
@@ -142,7 +181,10 @@ class OuterLoop:
     continues its data exactly after the server's last accepted round of its slot.
     ``payload``: send Δ compressed as ``shardmeter plan --payload`` names it (``topk:fraction=
     0.01``, ``sign``; :mod:`heloco.codecs`), its error-feedback residual in the state; ignored
-    when ``rounds`` is given (that object's own payload applies).
+    when ``rounds`` is given (that object's own payload applies). ``exchange``: ``"blocking"``
+    (push, pull, then train) or ``"overlapped"`` (push and pull in the background while the
+    next round trains from the newest dispatch minus ``eager`` times this worker's own last Δ;
+    :mod:`heloco.overlap`; the server must run with ``exchange = "overlapped"``).
     """
 
     def __init__(
@@ -162,7 +204,19 @@ class OuterLoop:
         on_round: RoundHook | None = None,
         state_file: Path | None = None,
         payload: str | None = None,
+        exchange: str = "blocking",
+        eager: float = 1.0,
     ) -> None:
+        if exchange not in EXCHANGES:
+            raise UserInputError("exchange", exchange, "'blocking' or 'overlapped'")
+        if not 0.0 <= eager <= 1.0:
+            raise UserInputError("eager", eager, "a number in [0, 1]")
+        self.overlapped = exchange == "overlapped"
+        self.eager = eager
+        self._inflight: Exchange | None = None  # overlapped: the push and pull under way
+        self._exchanging = False  # overlapped: an exchange began at the last boundary
+        self._pushed: tuple[RoundResult, float] | None = None  # the round it pushes
+        self._latest: Dispatch | None = None  # overlapped: the newest dispatch received
         self.island = island if island is not None else Island.current(island_mode)
         if self.island.leader and link is None:
             raise UserInputError("link", None, "a server link on rank 0 (heloco.connect(...))")
@@ -204,8 +258,21 @@ class OuterLoop:
         if self._hook_handle is not None:
             self._hook_handle.remove()
             self._hook_handle = None
-        if self.link is not None:
-            self.link.close()
+        try:
+            self._settle()
+        finally:
+            if self.link is not None:
+                self.link.close()
+
+    def _settle(self) -> None:
+        """Overlapped: wait for the exchange under way (its push is acknowledged and
+        reported) before the link closes; the round in training when the run ended is
+        never sent."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is None:
+            return
+        outcome, _ = inflight.join()
+        self._after_push(inflight.result, inflight.compute_s, outcome, outcome.accepted)
 
     def _after_step(self, *_: Any) -> None:
         self.step()
@@ -264,6 +331,9 @@ class OuterLoop:
     def _finish_round(self) -> None:
         result = self.rounds.compress(self.island.reduce(self.rounds.end(compress=False)))
         compute_s = time.perf_counter() - self._round_t0
+        if self.overlapped:
+            self._finish_overlapped(result, compute_s)
+            return
         if self.state_file is not None and self._start_state is not None:
             after = self.accepted_steps + result.steps
             save_states(
@@ -280,12 +350,68 @@ class OuterLoop:
             self.on_round(result, compute_s, outcome)
         self._next_round()
 
+    def _finish_overlapped(self, result: RoundResult, compute_s: float) -> None:
+        """The boundary of an overlapped round (:mod:`heloco.overlap`): collect the exchange
+        begun at the last boundary (its dispatch D_k, which this round's push answers), start
+        this round's push and the next pull in the background, and begin the next round from
+        D_k with this round's Δ applied eagerly."""
+        latest = self._latest
+        if self._exchanging:  # every rank: the leader's exchange, broadcast
+            inflight, self._inflight = self._inflight, None
+            outcome, arrived = inflight.join() if inflight is not None else (None, None)
+            accepted = outcome is not None and outcome.accepted
+            if self.state_file is not None:
+                accepted = self.island.broadcast_json({"accepted": accepted})["accepted"]
+            assert self._pushed is not None
+            self._after_push(*self._pushed, outcome, accepted)
+            latest = self.island.broadcast_dispatch(arrived, self._like)
+            if latest is None:  # the run is over: this round is never sent
+                self.done = True
+                return
+            result = replace(result, round_id=latest.round_id)
+        assert latest is not None
+        self._latest = latest
+        self._save_boundary(result)
+        self._exchanging = True
+        self._pushed = (result, compute_s)
+        if self.link is not None:
+            self._inflight = Exchange(self.link, result, compute_s)
+        self._begin(overlapped_dispatch(latest, result.delta, self.eager))
+
+    def _save_boundary(self, result: RoundResult) -> None:
+        """Keep the states of a restart at this boundary: the round's start (its push is lost)
+        and its end (its push was accepted), by the accepted-step count each belongs to."""
+        if self.state_file is not None and self._start_state is not None:
+            after = self.accepted_steps + result.steps
+            save_states(
+                self.state_file,
+                {self.accepted_steps: self._start_state, after: self.rounds.state_dict()},
+            )
+
+    def _after_push(
+        self, result: RoundResult, compute_s: float, outcome: PushOutcome | None, accepted: bool
+    ) -> None:
+        """An overlapped push's ack arrived (on the leader; ``accepted`` on every rank):
+        count its steps, report the round."""
+        if self.state_file is not None:
+            self.accepted_steps += result.steps if accepted else 0
+        if self.on_round is not None:
+            self.on_round(result, compute_s, outcome)
+
+    def _begin(self, dispatch: Dispatch) -> None:
+        self.rounds.begin(dispatch)
+        if self.state_file is not None:
+            self._start_state = self.rounds.state_dict()
+        self._round_t0 = time.perf_counter()
+
     def _next_round(self) -> None:
         dispatch = self.link.pull() if self.link is not None else None
         dispatch = self.island.broadcast_dispatch(dispatch, self._like)
         if dispatch is None:
             self.done = True
             return
+        if self.overlapped:
+            self._latest = dispatch
         self.rounds.begin(dispatch)
         if self.state_file is not None:
             self._start_state = self.rounds.state_dict()

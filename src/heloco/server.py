@@ -69,6 +69,11 @@ class ServerConfig(BaseModel):
         description="Decoupled DiLoCo: merge every buffered round, token-weighted, once this "
         "many distinct workers have one (0: off)",
     )
+    overlapped: bool = Field(
+        False,
+        description="accept a push based on the worker's dispatch before the outstanding one "
+        "(the overlapped exchange, heloco.overlap)",
+    )
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,9 @@ class _Outstanding:
     round_id: int
     revision: int
     steps: int
+    # overlapped: the worker's dispatch before this one (a push may be based on it)
+    prev_revision: int | None = None
+    prev_steps: int | None = None
 
 
 def dylu_steps(
@@ -163,6 +171,7 @@ class Server:
         self._next_round = [0] * cfg.n_workers
         self._last_accepted = [-1] * cfg.n_workers
         self._outstanding: dict[int, _Outstanding] = {}
+        self._last_dispatch: dict[int, tuple[int, int]] = {}  # overlapped: (revision, steps)
         self._pending: list[tuple[RoundResult, int]] = []
         self._evicted: set[int] = set()
         # Called before θ is written in place: a transport that sends θ without a copy
@@ -203,7 +212,16 @@ class Server:
         round_id = self._next_round[worker]
         self._next_round[worker] += 1
         steps = self.steps_for(worker)
-        self._outstanding[worker] = _Outstanding(round_id, self.revision, steps)
+        prev = self._last_dispatch.get(worker) if self.cfg.overlapped else None
+        self._outstanding[worker] = _Outstanding(
+            round_id,
+            self.revision,
+            steps,
+            None if prev is None else prev[0],
+            None if prev is None else prev[1],
+        )
+        if self.cfg.overlapped:
+            self._last_dispatch[worker] = (self.revision, steps)
         self._evicted.discard(worker)
         if copy or not self.optimizer.dispatches_params():
             params = self.optimizer.dispatch_params(self.params)
@@ -220,7 +238,9 @@ class Server:
     def dispatched_steps(self, worker: int) -> int | None:
         """Steps of ``worker``'s outstanding round (None: it has none), to bound a push's claim."""
         out = self._outstanding.get(worker)
-        return None if out is None else out.steps
+        if out is None:
+            return None
+        return out.steps if out.prev_steps is None else max(out.steps, out.prev_steps)
 
     # -- submission -------------------------------------------------------------------------
     def check(self, result: RoundResult, validated: bool = False) -> RejectReason | None:
@@ -238,7 +258,7 @@ class Server:
             return "evicted" if w in self._evicted else "unknown"
         if rid is not None and rid != out.round_id:
             return "superseded" if rid < out.round_id else "unknown"
-        if result.base_revision != out.revision:
+        if result.base_revision not in (out.revision, out.prev_revision):
             return "revision_mismatch"
         if not validated and not _valid_delta(self.params, result.delta):
             return "bad_delta"
@@ -306,6 +326,7 @@ class Server:
         """
         self._check_worker(worker)
         self._outstanding.pop(worker, None)
+        self._last_dispatch.pop(worker, None)  # its next round starts afresh
         self._evicted.add(worker)
         if self.cfg.synchronous and self._pending and self._barrier_full():
             return self._apply(self._take_pending())
@@ -410,6 +431,7 @@ class Server:
             "last_accepted": self._last_accepted,
             "outstanding": {str(w): asdict(o) for w, o in self._outstanding.items()},
             "evicted": sorted(self._evicted),
+            "last_dispatch": {str(w): list(v) for w, v in self._last_dispatch.items()},
             "pending": pending,
             "log": [_record_to_json(r) for r in self.log],
         }
@@ -439,6 +461,9 @@ class Server:
         self._last_accepted = [int(x) for x in meta["last_accepted"]]
         self._outstanding = {int(w): _Outstanding(**o) for w, o in meta["outstanding"].items()}
         self._evicted = {int(w) for w in meta.get("evicted", [])}
+        self._last_dispatch = {
+            int(w): (int(v[0]), int(v[1])) for w, v in meta.get("last_dispatch", {}).items()
+        }
         self._pending = []
         for i, p in enumerate(meta["pending"]):
             delta = {k: tensors[f"pending/{i}/{k}"].clone() for k in self.params}

@@ -65,3 +65,39 @@ class PushOutcome:
     revision: int
     reason: str = ""
     duplicate: bool = False
+
+
+@dataclass(frozen=True)
+class RoundTiming:
+    """When a round received its dispatch, ran its inner steps and sent its push, on the run's
+    clock (seconds, the origin of a ``round`` event's ``start`` and ``time``), and the tensor
+    bytes each way: ``bytes_received`` the dispatch, ``bytes_sent`` the push (None: not
+    known). In a blocking exchange the three follow each other; in an overlapped one the
+    send and receive run beside the next round's compute."""
+
+    recv_start: float
+    recv_end: float
+    compute_start: float
+    compute_end: float
+    send_start: float
+    send_end: float
+    bytes_sent: int | None = None
+    bytes_received: int | None = None
+
+    def event_fields(self) -> dict[str, float | int]:
+        """The fields a ``round`` event carries (docs/heloco-metrics.md); unknown bytes left
+        out."""
+        fields = (
+            "recv_start", "recv_end", "compute_start", "compute_end", "send_start", "send_end",
+            "bytes_sent", "bytes_received",
+        )  # fmt: skip
+        return {k: v for k in fields if (v := getattr(self, k)) is not None}
+
+
+def tensor_bytes(params: Mapping[str, torch.Tensor]) -> int:
+    """Bytes of a parameter map's tensors as stored (a coded payload reports its own
+    ``nbytes``: its wire size)."""
+    coded = getattr(params, "nbytes", None)
+    if isinstance(coded, int):
+        return coded
+    return sum(t.numel() * t.element_size() for t in params.values())

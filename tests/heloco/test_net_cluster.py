@@ -158,12 +158,14 @@ def test_sync_run_survives_worker_sigkill_and_replacement(
     assert {"evicted", "replaced"} <= {e["event"] for e in events if e["type"] == "worker"}
 
 
-@pytest.mark.parametrize("shards", [1, 2])
+@pytest.mark.parametrize(
+    ("shards", "exchange"), [(1, "blocking"), (2, "blocking"), (1, "overlapped")]
+)
 def test_async_run_survives_server_sigkill_and_restart(
-    tmp_path: Path, tiny_config: Callable[..., Path], shards: int
+    tmp_path: Path, tiny_config: Callable[..., Path], shards: int, exchange: str
 ) -> None:
     """3 async workers; the server is SIGKILLed and restarted from its (durable) checkpoint."""
-    config = tiny_config(tmp_path / "run.toml", token_budget=24 * ROUND_TOKENS)
+    config = tiny_config(tmp_path / "run.toml", token_budget=24 * ROUND_TOKENS, exchange=exchange)
     cluster = start(tmp_path, config, 3, sps=0.1, serve=["--durable"], shards=shards)
     try:
         wait_until(lambda: server_status(cluster)["revision"] >= 4, 60, "four updates")
@@ -297,13 +299,16 @@ def accepted_of(cluster: LocalCluster, w: int) -> int:
     return int(server_status(cluster)["workers"][w]["accepted"])
 
 
-@pytest.mark.parametrize("shards", [1, 2])
+@pytest.mark.parametrize(
+    ("shards", "exchange"), [(1, "blocking"), (2, "blocking"), (1, "overlapped")]
+)
 def test_frozen_worker_rejoins_without_double_application(
-    tmp_path: Path, tiny_config: Callable[..., Path], shards: int
+    tmp_path: Path, tiny_config: Callable[..., Path], shards: int, exchange: str
 ) -> None:
     """Worker 1 is frozen (SIGSTOP) mid-run until the server evicts it, then thawed
-    (SIGCONT): it rejoins, its round in flight is applied once, and the run completes."""
-    config = tiny_config(tmp_path / "run.toml", token_budget=60 * ROUND_TOKENS)
+    (SIGCONT): it rejoins, its round in flight is applied once, and the run completes.
+    Overlapped, its push and pull were in flight when it froze."""
+    config = tiny_config(tmp_path / "run.toml", token_budget=60 * ROUND_TOKENS, exchange=exchange)
     cluster = start(tmp_path, config, 3, sps=0.25, serve=["--evict-after-s", "2"], shards=shards)
     try:
         wait_until(lambda: accepted_of(cluster, 1) >= 1, 60, "a round of worker 1")
@@ -397,14 +402,16 @@ class Proxy:
         self.listener.close()
 
 
-@pytest.mark.parametrize("shards", [1, 2])
+@pytest.mark.parametrize(
+    ("shards", "exchange"), [(1, "blocking"), (2, "blocking"), (1, "overlapped")]
+)
 def test_network_partition_through_a_proxy(
-    tmp_path: Path, tiny_config: Callable[..., Path], shards: int
+    tmp_path: Path, tiny_config: Callable[..., Path], shards: int, exchange: str
 ) -> None:
     """Worker 0 reaches the server through a TCP proxy per shard that partitions it away long
     enough to be evicted, then heals: worker 0 reconnects by itself, rejoins, and every round
     it had acknowledged is applied exactly once."""
-    config = tiny_config(tmp_path / "run.toml", token_budget=60 * ROUND_TOKENS)
+    config = tiny_config(tmp_path / "run.toml", token_budget=60 * ROUND_TOKENS, exchange=exchange)
     cfg = LaunchConfig(
         config=config,
         out_dir=tmp_path / "run",
@@ -445,9 +452,11 @@ def test_network_partition_through_a_proxy(
     assert {"evicted", "rejoined"} <= set(worker_events(out, 0))
 
 
-@pytest.mark.parametrize("shards", [1, 2])
+@pytest.mark.parametrize(
+    ("shards", "exchange"), [(1, "blocking"), (2, "blocking"), (1, "overlapped")]
+)
 def test_server_frozen_and_killed_while_workers_push(
-    tmp_path: Path, tiny_config: Callable[..., Path], shards: int
+    tmp_path: Path, tiny_config: Callable[..., Path], shards: int, exchange: str
 ) -> None:
     """The server is frozen (SIGSTOP) until every worker has finished its round and is
     waiting on its push, then SIGKILLed and restarted from its durable checkpoint: the pushes
@@ -455,7 +464,9 @@ def test_server_frozen_and_killed_while_workers_push(
     With 2 shards a worker may be between staging its parts and pushing: the restarted server
     has lost the parts, answers ``unstaged``, and the worker stages again."""
     budget = 24
-    config = tiny_config(tmp_path / "run.toml", token_budget=budget * ROUND_TOKENS)
+    config = tiny_config(
+        tmp_path / "run.toml", token_budget=budget * ROUND_TOKENS, exchange=exchange
+    )
     cluster = start(tmp_path, config, 3, sps=0.1, serve=["--durable"], shards=shards)
     try:
         wait_until(lambda: server_status(cluster)["revision"] >= 4, 60, "four updates")

@@ -10,10 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from heloco.net import wire
-from heloco.net.coordinator import Budget, Coordinator
+from heloco.net.coordinator import Budget, Coordinator, measured_timing
 from heloco.net.endpoint import Endpoint, EndpointConfig
 from heloco.outer import OuterConfig, build_optimizer
 from heloco.server import Server, ServerConfig
+from heloco.types import RoundTiming
 
 SECRET = b"coordinator-test-secret-0123456789"
 
@@ -39,8 +40,9 @@ def push(
     d: wire.Message,
     delta: dict[str, torch.Tensor] | None = None,
     codec: str = "fp32",
+    extra: dict[str, float] | None = None,
 ) -> wire.Message:
-    body = {
+    body: dict[str, object] = {
         "worker": w,
         "incarnation": "a",
         "round_id": d.body["round_id"],
@@ -49,7 +51,7 @@ def push(
         "base_revision": d.body["revision"],
         "mean_loss": 1.0,
         "compute_s": 0.1,
-    }
+    } | (extra or {})
     delta = (
         delta if delta is not None else {"w": torch.full((3, 4), 0.1), "b": torch.full((5,), 0.1)}
     )
@@ -336,3 +338,36 @@ def test_buffered_arrivals_of_a_checkpoint_get_a_new_grace_window(tmp_path: Path
     now[0] += 6.0
     assert [e.record.revision for e in ep.coord.flush_due()] == [1]
     assert ep.coord.server.pending_workers == []
+
+
+def test_a_push_with_timing_places_receive_compute_send_on_the_run_clock() -> None:
+    now = [100.0]
+    coord = make_coord()
+    coord.clock, coord.t0 = (lambda: now[0]), 100.0
+    seen: list[tuple[float, float, RoundTiming | None]] = []
+    coord.on_round = lambda *a: seen.append((a[5], a[6], a[7]))
+    now[0] = 110.0
+    d = pull(coord, 0)  # dispatched at 10 s
+    now[0] = 113.0  # the push is in at 13 s: receive 0.5 s, compute 1.2 s, push began at 2 s
+    body = {"recv_s": 0.5, "lead_s": 2.0, "compute_s": 1.2}
+    assert push(coord, 0, d, extra=body).type == "ack"
+    start, end, t = seen[-1]
+    assert (start, end) == (10.0, 13.0) and t is not None
+    assert (t.recv_start, t.recv_end) == (10.0, 10.5)
+    assert (t.compute_start, t.compute_end) == pytest.approx((10.8, 12.0))
+    assert (t.send_start, t.send_end) == (12.0, 13.0)
+    assert t.bytes_received == t.bytes_sent == 17 * 4  # θ and Δ: 17 fp32 values each
+    d = pull(coord, 0)
+    push(coord, 0, d, codec="int8")  # no timing from the worker: none recorded
+    assert seen[-1][2] is None
+
+
+def test_measured_timing_keeps_every_segment_inside_the_round_and_in_order() -> None:
+    # A worker clock that ran ahead of the server's: offsets past the round are clamped.
+    t = measured_timing(5.0, 6.0, recv_s=2.0, lead_s=3.0, compute_s=0.5, bytes_received=8,
+                        bytes_sent=None)  # fmt: skip
+    assert (t.recv_start, t.recv_end, t.compute_start, t.compute_end) == (5.0, 6.0, 6.0, 6.0)
+    assert (t.send_start, t.send_end, t.bytes_sent) == (6.0, 6.0, None)
+    t = measured_timing(5.0, 9.0, recv_s=0.1, lead_s=3.0, compute_s=10.0, bytes_received=8,
+                        bytes_sent=4)  # fmt: skip
+    assert (t.recv_end, t.compute_start, t.compute_end, t.send_start) == (5.1, 5.1, 8.0, 8.0)

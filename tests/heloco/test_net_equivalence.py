@@ -138,3 +138,22 @@ def test_budget_schedule_and_step_evals_match_simulator(
     assert max(abs(a - b) for (_, a), b in zip(net, fixed, strict=True)) > 100 * ONE_WORKER_TOL
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["weight_shares"] == pytest.approx([1.0])
+
+
+@pytest.mark.parametrize("eager", [1.0, 0.0])
+def test_overlapped_worker_matches_simulator(
+    tmp_path: Path, config: Callable[..., Any], eager: float
+) -> None:
+    """The overlapped exchange (push and pull in the background, the next round from the
+    newest dispatch minus λ·Δ): the networked worker runs heloco.overlap through OuterLoop, the
+    simulator through its loop; same rounds, same bases, same losses."""
+    cfg = config(exchange="overlapped", overlap_eager=eager)
+    session, reports = networked(cfg, tmp_path)
+    net, sim = curves(session, cfg)
+    assert [t for t, _ in net] == [t for t, _ in sim] == [0, 256, 512, 768]
+    assert max(abs(a - b) for (_, a), (_, b) in zip(net, sim, strict=True)) <= ONE_WORKER_TOL
+    blocking = curves(session, config())[1]
+    assert abs(blocking[-1][1] - sim[-1][1]) > 100 * ONE_WORKER_TOL  # a different scheme
+    assert session.coord.counters.accepted == len(reports[0].acked) == 6
+    staleness = [a.staleness for r in session.side.server.log for a in r.arrivals]
+    assert staleness == [0, 1, 1, 1, 1, 1]  # each round after the first: one round staler

@@ -7,6 +7,7 @@ network, against `heloco work`'s own NetWorker.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ from torch import nn
 
 from heloco.data.seeding import derive_seed
 from heloco.island import Island
+from heloco.metrics import EVENTS_FILE
 from heloco.net import keys
 from heloco.net.client import ClientConfig
 from heloco.net.endpoint import EndpointConfig
@@ -27,7 +29,7 @@ from heloco.net.worker_loop import NetWorker, WorkerOptions
 from heloco.outer_loop import LocalLink, OuterLoop
 from heloco.rounds import Rounds
 from heloco.sim import RunParts, SimConfig, build_run, parse_sim_config
-from heloco.types import Dispatch, Params
+from heloco.types import Dispatch, Params, tensor_bytes
 from heloco.worker import SAMPLER_KEY, cosine_lr
 from shardmeter.errors import UserInputError
 
@@ -198,3 +200,15 @@ def test_hand_written_loop_matches_heloco_work_over_the_network(
     assert [t for t, _ in got] == [t for t, _ in want] == [0, 256, 512, 768]
     assert got == want  # same ops, same seeds, fp32 on the wire: identical
     assert want[-1][1] < want[0][1]
+    # Both loops' rounds carry when they received, computed and sent, in a blocking order.
+    theta = tensor_bytes(build_run(cfg).server.params)
+    for name in ("work", "user"):
+        lines = (tmp_path / name / EVENTS_FILE).read_text().splitlines()
+        rounds = [r for r in map(json.loads, lines) if r["type"] == "round"]
+        assert len(rounds) == 6
+        for r in rounds:
+            times = [r[k] for k in ("start", "recv_start", "recv_end", "compute_start")]
+            times += [r[k] for k in ("compute_end", "send_start", "send_end", "time")]
+            assert times == sorted(times) and r["recv_start"] == r["start"]
+            assert r["compute_end"] - r["compute_start"] > 0 and r["send_end"] == r["time"]
+            assert r["bytes_received"] == r["bytes_sent"] == theta  # fp32 both ways

@@ -308,3 +308,26 @@ def test_build_run_gives_workers_their_budget_schedule() -> None:
     assert [parts.worker(w).cfg for w in range(2)] == parts.inner == expected
     assert parts.steps == [20, 6]  # DyLU: floor(1/3 · 20)
     assert parts.server.steps_for(1) == 20  # speeds unknown until the driver reports them
+
+
+@pytest.mark.parametrize("method", ["mla", "sync"])
+def test_round_events_lay_out_receive_compute_send_on_the_clock(
+    tmp_path: Path, method: str
+) -> None:
+    # Paces 1 and 2 s/step, H = 2, comm 3 s: every round is 2·pace + 3 s. θ and Δ are both
+    # 3 fp32 values (12 bytes each way), so the comm lump splits 1.5 s receive, 1.5 s send.
+    run_fake(method, [1.0, 2.0], h=2, comm=[3.0, 3.0], seconds=30.0, out=tmp_path)
+    rounds = [
+        x
+        for x in map(json.loads, (tmp_path / EVENTS_FILE).read_text().splitlines())
+        if x["type"] == "round"
+    ]
+    assert len(rounds) >= 4
+    for r in rounds:
+        pace = [1.0, 2.0][r["worker"]]
+        assert r["recv_start"] == r["start"] and r["send_end"] == r["time"]
+        assert r["recv_end"] - r["recv_start"] == pytest.approx(1.5)
+        assert r["compute_start"] == r["recv_end"] and r["send_start"] == r["compute_end"]
+        assert r["compute_end"] - r["compute_start"] == pytest.approx(2 * pace)
+        assert r["send_end"] - r["send_start"] == pytest.approx(1.5)
+        assert r["bytes_received"] == 12 and r["bytes_sent"] == 12

@@ -33,9 +33,12 @@ SECRET = b"restart-test-secret-0123456789abcd"
 ROUND_TOKENS = 2 * 2 * 32
 
 
+@pytest.mark.parametrize("exchange", ["blocking", "overlapped"])
 def test_killed_worker_continues_its_data_exactly(
-    tmp_path: Path, tiny_net_values: Callable[..., dict[str, Any]]
+    tmp_path: Path, tiny_net_values: Callable[..., dict[str, Any]], exchange: str
 ) -> None:
+    """Overlapped, the kill comes while a push and the next pull may be in flight: the
+    restarted worker resumes from the state of whichever the server accepted."""
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for lang in ("en", "de"):
@@ -44,6 +47,7 @@ def test_killed_worker_continues_its_data_exactly(
         ]
         (corpus / f"{lang}.jsonl").write_text("\n".join(lines) + "\n")
     values = tiny_net_values(method="async-nesterov", workers=1, token_budget=12 * ROUND_TOKENS)
+    values["exchange"] = exchange
     values["data"] = {
         "data_dir": str(corpus),
         "sampling": "stream",

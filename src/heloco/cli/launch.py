@@ -78,6 +78,12 @@ def add_parser(sub: Any) -> None:
         "topk:fraction=0.01, sign; replaces --codec for Δ (the run config's `payload`)",
     )
     p.add_argument(
+        "--exchange",
+        choices=("blocking", "overlapped"),
+        help="blocking (default): push, pull, then train; overlapped: push and pull in the "
+        "background while the next round trains (the run config's `exchange`; docs/wan.md)",
+    )
+    p.add_argument(
         "--shards",
         type=bounded(int, 1, MAX_SHARDS),
         default=1,
@@ -134,6 +140,8 @@ def run_config(args: argparse.Namespace) -> SimConfig:
         overrides["paces"] = parse_paces(args.paces)
     if args.payload is not None:
         overrides["payload"] = args.payload
+    if args.exchange is not None:
+        overrides["exchange"] = args.exchange
     if args.workers is not None:
         overrides["workers"] = args.workers
         # a preset's paces are for its own K: one second per step unless --paces says more

@@ -57,6 +57,7 @@ FLAG_KEYS: dict[str, str] = {
     "threads": "threads",
     "batch": "batch",
     "payload": "payload",
+    "exchange": "exchange",
 }
 
 
@@ -108,6 +109,12 @@ def add_parser(sub: Any) -> None:
         metavar="KIND[:KEY=VALUE,...]",
         help="what each worker sends, as `shardmeter plan --payload`: dense, "
         "topk:fraction=0.01, sign (error feedback per worker; docs/network.md)",
+    )
+    p.add_argument(
+        "--exchange",
+        choices=("blocking", "overlapped"),
+        help="blocking (default): push, pull, then train; overlapped: push and pull in the "
+        "background while the next round trains (the key `exchange`; docs/wan.md)",
     )
     p.add_argument("--print-config", action="store_true", help="print the TOML and exit")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")

@@ -51,6 +51,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--deadline-s", type=float, default=600.0, help="give up after this long unanswered"
     )
+    p.add_argument(
+        "--exchange",
+        choices=("blocking", "overlapped"),
+        help="default: the run config's `exchange`; blocking also joins an overlapped run "
+        "(docs/wan.md)",
+    )
     p.add_argument("--report", type=Path, help="write a JSON report of this worker here")
     p.add_argument(
         "--state",
@@ -81,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         report=args.report,
         threads=args.threads,
         state=args.state,
+        exchange=args.exchange,
     )
     client = ClientConfig(
         args.connect,

@@ -30,7 +30,7 @@ from heloco.net import compress, messages, wire
 from heloco.net.wire import Message, WireError
 from heloco.run import Budget, RunControl
 from heloco.server import Server, SubmissionRejected, UpdateRecord
-from heloco.types import Delta, Dispatch, RoundResult
+from heloco.types import Delta, Dispatch, RoundResult, RoundTiming, tensor_bytes
 
 WORKER_KEY = re.compile(r"worker(\d+)")  # allow-list name bound to one worker slot
 
@@ -110,7 +110,8 @@ class Coordinator:
 
     ``on_update`` is called after each applied update (metrics, evaluation, durable
     checkpoints); ``on_round`` after each accepted round with (worker, round_id, steps, tokens,
-    loss, start, end) in wall seconds since ``t0``.
+    loss, start, end, timing) in wall seconds since ``t0`` (timing: :func:`measured_timing`,
+    None where the push carries no timing).
     """
 
     server: Server
@@ -119,7 +120,9 @@ class Coordinator:
     heartbeat_s: float = 2.0
     evict_after_s: float = 10.0
     on_update: Callable[[UpdateEvent], None] | None = None
-    on_round: Callable[[int, int, int, int, float, float, float], None] | None = None
+    on_round: (
+        Callable[[int, int, int, int, float, float, float, RoundTiming | None], None] | None
+    ) = None
     on_event: Callable[[dict[str, Any]], None] | None = None
     clock: Callable[[], float] = time.time
     t0: float = field(default_factory=time.time)
@@ -452,7 +455,15 @@ class Coordinator:
         self.control.count(result.tokens)
         if body.compute_s is not None:
             self.server.observe_speed(w, result.steps / body.compute_s)
-        start = self._dispatch_time.pop((w, body.round_id), 0.0)
+        start = self._dispatch_time.pop((w, body.round_id), None)
+        end = self.elapsed()
+        timing = None
+        if start is not None and body.recv_s is not None and body.lead_s is not None:
+            sent = sum(enc.nbytes for enc in msg.tensors.values()) or None  # None: staged
+            timing = measured_timing(
+                start, end, body.recv_s, body.lead_s, body.compute_s or 0.0,
+                tensor_bytes(self.server.params), sent,
+            )  # fmt: skip
         if self.on_round is not None:
             self.on_round(
                 w,
@@ -460,8 +471,9 @@ class Coordinator:
                 result.steps,
                 result.tokens,
                 result.mean_loss,
-                start,
-                self.elapsed(),
+                0.0 if start is None else start,
+                end,
+                timing,
             )
         if record is None and not self.server.cfg.synchronous and self.server.window_ready():
             self.control.open_grace(self.elapsed())
@@ -547,3 +559,39 @@ def check_peer(peer: str | None, worker: int) -> None:
 def error(msg: Message, reason: str, detail: str) -> Message:
     """An ``error`` reply to ``msg``."""
     return wire.make("error", {"reason": reason, "detail": detail[:500]}, re=msg.id)
+
+
+def measured_timing(
+    start: float,
+    end: float,
+    recv_s: float,
+    lead_s: float,
+    compute_s: float,
+    bytes_received: int | None,
+    bytes_sent: int | None,
+) -> RoundTiming:
+    """A blocking round's receive, compute and send on the run's clock, from what the worker
+    measured on its own clock.
+
+    The server knows when it dispatched (``start``) and when it had the push (``end``, its
+    ack leaves then); the worker, counting from sending its pull, when the dispatch was
+    decoded (``recv_s``) and when the push began (``lead_s``), and its compute
+    (``compute_s``, ending as the push begins). Its pull's send is placed at ``start`` (the
+    pull request's own transit, a small message, is counted in the receive), so: receive =
+    [start, start + recv_s], compute = [send_start − compute_s, send_start], send =
+    [start + lead_s, end], each clamped into [start, end] and in order (seconds). The gap
+    between receive and compute (loading θ, saving state) is idle.
+    """
+    recv_end = min(end, start + recv_s)
+    send_start = min(end, max(recv_end, start + lead_s))
+    compute_start = max(recv_end, send_start - compute_s)
+    return RoundTiming(
+        recv_start=start,
+        recv_end=recv_end,
+        compute_start=compute_start,
+        compute_end=send_start,
+        send_start=send_start,
+        send_end=end,
+        bytes_sent=bytes_sent,
+        bytes_received=bytes_received,
+    )

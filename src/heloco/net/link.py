@@ -117,6 +117,7 @@ class NetLink:
         self.rejected: dict[str, int] = {}
         self.duplicates = 0
         self.push_bytes: list[int] = []  # bytes each push put on the wire (retries, stages too)
+        self.received: tuple[float, float] | None = None  # last dispatch: pull sent, decoded
 
     @property
     def worker(self) -> int:
@@ -152,6 +153,7 @@ class NetLink:
     def pull(self) -> Dispatch | None:
         """The next dispatch (waiting while the server says so), or None when it is done."""
         while True:
+            sent = time.perf_counter()
             reply = self._call("pull")
             if reply.type == "wait":
                 time.sleep(reply_body(reply, messages.Wait).retry_s)
@@ -161,6 +163,7 @@ class NetLink:
                 params = self._fetch(b.round_id) if self.shards else reply.params("cpu")
                 if params is None:
                     continue  # a shard no longer holds that dispatch: pull a fresh one
+                self.received = (sent, time.perf_counter())
                 return Dispatch(params, b.revision, b.steps, b.round_id, self._worker)
             if reply.type == "done":
                 self.finished = True
@@ -213,6 +216,9 @@ class NetLink:
             "mean_loss": result.mean_loss if result.mean_loss == result.mean_loss else None,
             "compute_s": compute_s,
         }
+        if self.received is not None:  # timing of the round (worker clock; coordinator.py)
+            pulled, decoded = self.received
+            body |= {"recv_s": decoded - pulled, "lead_s": time.perf_counter() - pulled}
         sent = self.client.traffic.sent_bytes
         reply = self._push(body, result)
         self.push_bytes.append(self.client.traffic.sent_bytes - sent)

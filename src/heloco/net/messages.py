@@ -85,6 +85,10 @@ class Push(Ident):
     tokens: Count
     mean_loss: float | None = Field(None, ge=-MAX_LOSS, le=MAX_LOSS)
     compute_s: Seconds | None = None
+    # The worker's clock, from sending the pull this round trained from: until its dispatch
+    # was decoded (recv_s) and until this push began (lead_s); heloco.net.coordinator.
+    recv_s: Annotated[float, Field(ge=0, le=MAX_SECONDS)] | None = None
+    lead_s: Annotated[float, Field(ge=0, le=MAX_SECONDS)] | None = None
 
 
 class Empty(Strict):

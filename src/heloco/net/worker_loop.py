@@ -32,6 +32,7 @@ from heloco.net.client import ClientConfig
 from heloco.net.compress import Codec
 from heloco.net.link import NetLink, Replaced
 from heloco.outer_loop import OuterLoop
+from heloco.overlap import EXCHANGES
 from heloco.sim import PACE_RULE, build_worker_parts, parse_sim_config
 from heloco.types import PushOutcome, RoundResult
 from heloco.worker import Worker, check_device
@@ -61,6 +62,7 @@ class WorkerOptions:
     report: Path | None = None
     threads: int | None = None  # None: the run config's; another count changes the losses
     state: Path | None = None  # the worker's state between restarts (heloco.worker_state)
+    exchange: str | None = None  # None: the run config's; "blocking" or "overlapped"
 
     def __post_init__(self) -> None:
         if self.threads is not None and self.threads < 1:
@@ -75,6 +77,8 @@ class WorkerOptions:
         check_device(self.device)
         if self.island_mode not in ("grads", "deltas"):
             raise UserInputError("island_mode", self.island_mode, "'grads' or 'deltas'")
+        if self.exchange is not None and self.exchange not in EXCHANGES:
+            raise UserInputError("--exchange", self.exchange, "'blocking' or 'overlapped'")
 
 
 @dataclass
@@ -138,11 +142,23 @@ class NetWorker:
         self.report = WorkerReport(opts.worker, self.rank, self.world)
         self.worker: Worker | None = None
         self.pacer: Pacer | None = None
+        self.exchange = "blocking"
+        self.eager = 1.0
 
     def _setup(self, welcome: dict[str, Any]) -> Worker:
         """Build the worker from the run config the server sent (its data, model and
         schedule; no server)."""
         cfg = parse_sim_config(welcome["run"])
+        self.exchange, self.eager = cfg.exchange, cfg.overlap_eager
+        if self.opts.exchange is not None:
+            if self.opts.exchange == "overlapped" and cfg.exchange != "overlapped":
+                raise UserInputError(
+                    "--exchange",
+                    self.opts.exchange,
+                    "'blocking', or a run whose config has exchange = 'overlapped' (its "
+                    "server accepts a push based on the dispatch before)",
+                )
+            self.exchange = self.opts.exchange
         if self.opts.threads is not None:
             cfg = cfg.model_copy(update={"threads": self.opts.threads})
         batch_seed = derive_seed(cfg.seed, ISLAND_KEY, self.rank) if self.rank else None
@@ -183,6 +199,8 @@ class NetWorker:
                 welcome=welcome,
                 on_round=self._on_round,
                 state_file=self.opts.state,
+                exchange=self.exchange,
+                eager=self.eager,
             )
             tokens = worker.sampler.tokens_per_batch
             worker.model.train()

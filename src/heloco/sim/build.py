@@ -20,7 +20,9 @@ from heloco.modelspec import build_model, describe, tinygpt_config
 from heloco.outer import build_optimizer, resolve_method
 from heloco.server import Server, ServerConfig
 from heloco.sim.clock import (
+    LinkTimes,
     resolve_comm,
+    resolve_links,
     resolve_paces,
     round_seconds,
     round_steps,
@@ -87,6 +89,7 @@ class WorkerParts:
     comm: list[float]  # configured seconds added to each round
     steps: list[int]  # steps per round from the configured paces (H or DyLU's H_w)
     inner: list[InnerConfig]  # each worker's inner config (its cosine length)
+    links: LinkTimes | None  # push/pull seconds per worker from link_mbit (None: unset)
 
     def worker(
         self, w: int, batch_seed: int | None = None, model: nn.Module | None = None
@@ -136,6 +139,7 @@ def build_server(
         dylu_quantile=cfg.dylu_quantile,
         grace_window=cfg.grace_window,
         quorum=cfg.server_quorum(),
+        overlapped=cfg.exchange == "overlapped",
     )
     return Server(init, optimizer, server_cfg)
 
@@ -154,10 +158,12 @@ def build_worker_parts(
     seed_everything(cfg.seed)
     data = build_data(cfg.data, cfg.workers, cfg.seed) if data is None else data
     model = initial_model(cfg, data, device)
-    paces, comm = resolve_paces(cfg), resolve_comm(cfg)
+    paces = resolve_paces(cfg)
+    links = resolve_links(cfg, [p.numel() for _, p in model.named_parameters()])
+    comm = resolve_comm(cfg) if links is None else links.comm
     steps = round_steps(cfg, paces)
     inner = worker_inner_configs(cfg, paces, comm)
-    return WorkerParts(cfg, data, model, paces, comm, steps, inner)
+    return WorkerParts(cfg, data, model, paces, comm, steps, inner, links)
 
 
 def build_run(

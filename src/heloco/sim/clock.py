@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
 
+from heloco.codecs import expected_nbytes, parse_payload
 from heloco.data import derive_seed
 from heloco.outer import resolve_method
 from heloco.server import dylu_steps, quantile_speed
 from heloco.sim.config import PACE_KEY, SimConfig
+from heloco.types import RoundTiming
 from heloco.worker import InnerConfig
 
 
@@ -29,6 +31,21 @@ class Clock:
     eval_every: int
     eval_unit: Literal["tokens", "steps"] = "tokens"
     failures: tuple[tuple[int, float, float], ...] = ()  # (worker, killed at, seconds down)
+    # The pull leg of comm_delays (seconds each dispatch takes to reach the worker): empty
+    # means 0 (fixed comm_delays charge the whole exchange to the push).
+    down_delays: list[float] = field(default_factory=list)
+    exchange: Literal["blocking", "overlapped"] = "blocking"
+    eager: float = 1.0  # overlapped: λ of start = θ − λ·Δ (heloco.overlap)
+    push_bytes: list[int] = field(default_factory=list)  # wire bytes of each worker's push
+    pull_bytes: int = 0  # wire bytes of one dispatch
+
+    def down(self, worker: int) -> float:
+        """Seconds a dispatch takes to reach ``worker`` (0 without a link clock)."""
+        return self.down_delays[worker] if self.down_delays else 0.0
+
+    def up(self, worker: int) -> float:
+        """Seconds ``worker``'s push takes to reach the server."""
+        return self.comm_delays[worker] - self.down(worker)
 
     def is_down(self, worker: int, t: float) -> bool:
         """Whether ``worker`` is killed and not yet back at time ``t``."""
@@ -61,6 +78,60 @@ def resolve_comm(cfg: SimConfig) -> list[float]:
     if cfg.comm_delays is None:
         return [0.0] * cfg.workers
     return [float(c) for c in cfg.comm_delays]
+
+
+MBIT = 1e6 / 8  # bytes per second in one Mbit/s
+
+
+@dataclass(frozen=True)
+class LinkTimes:
+    """Per-worker seconds of each leg of an exchange over its link, and the bytes it moves."""
+
+    up: list[float]  # push: pseudo-gradient payload to the server
+    down: list[float]  # pull: the dispatch to the worker
+    push_bytes: list[int]
+    pull_bytes: int
+
+    @property
+    def comm(self) -> list[float]:
+        """Seconds of a whole (blocking) exchange per worker: push then pull."""
+        return [u + d for u, d in zip(self.up, self.down, strict=True)]
+
+
+def payload_bytes(payload: str, numels: Sequence[int]) -> int:
+    """Wire bytes of one pseudo-gradient of tensors of ``numels`` elements in ``payload``
+    (dense: fp32, 4 bytes per element; top-k and sign: :func:`heloco.codecs.expected_nbytes`)."""
+    spec = parse_payload(payload)
+    return sum(expected_nbytes(spec, n) for n in numels)
+
+
+def link_seconds(nbytes: int, mbit: float, latency: float) -> float:
+    """Seconds to move ``nbytes`` bytes one way over a link of ``mbit`` Mbit/s and ``latency``
+    one-way seconds: T = L + B / W (Hockney 1994, "The communication challenge for MPP",
+    Eq. 1, t(n) = t0 + n / r∞), B in bytes, W = mbit · 10⁶ / 8 bytes/s, T and L in seconds."""
+    return latency + nbytes / (mbit * MBIT)
+
+
+def resolve_links(cfg: SimConfig, numels: Sequence[int]) -> LinkTimes | None:
+    """Each worker's push and pull seconds from ``link_mbit`` (None when it is unset).
+
+    A worker's rate is its own link's, or its fair share of a shared server link when that
+    is slower: W_w = min(link_w, server / K) (every one of the K workers sending at once; an
+    approximation that overstates the wait when fewer do). Push: the payload's bytes; pull:
+    the dispatch's (fp32 parameters)."""
+    if cfg.link_mbit is None:
+        return None
+    k = cfg.workers
+    latency = cfg.link_latency if cfg.link_latency is not None else [0.0] * k
+    rates = [
+        min(float(b), cfg.server_link_mbit / k) if cfg.server_link_mbit else float(b)
+        for b in cfg.link_mbit
+    ]
+    push = payload_bytes(cfg.payload, numels)
+    pull = 4 * sum(numels)
+    up = [link_seconds(push, rates[w], float(latency[w])) for w in range(k)]
+    down = [link_seconds(pull, rates[w], float(latency[w])) for w in range(k)]
+    return LinkTimes(up, down, [push] * k, pull)
 
 
 def round_seconds(
@@ -122,3 +193,31 @@ def expected_worker_steps(
         else:
             limits.append([cfg.time_budget * steps[w] / round_s[w] for w in range(k)])
     return [max(1, math.ceil(min(lim[w] for lim in limits))) for w in range(k)]
+
+
+def lump_timing(
+    start: float, end: float, compute_s: float, bytes_received: int, bytes_sent: int
+) -> RoundTiming:
+    """A simulated round laid out as receive → compute → send on the simulated clock.
+
+    The clock charges a round compute_s + comm_w with comm_w one lump (:func:`round_seconds`;
+    comm = end − start − compute_s here). The lump is split by the bytes each way, as one link
+    at one rate in both directions would carry them: receive = comm · B_recv / (B_recv +
+    B_sent), send = the rest (seconds; B in bytes: the fp32 dispatch and the push as sent).
+    Only the record is split: no simulated time or loss depends on it.
+    """
+    comm = max(0.0, end - start - compute_s)
+    total = bytes_received + bytes_sent
+    recv = comm * bytes_received / total if total > 0 else 0.5 * comm
+    compute_start = start + recv
+    compute_end = min(end, compute_start + compute_s)
+    return RoundTiming(
+        recv_start=start,
+        recv_end=compute_start,
+        compute_start=compute_start,
+        compute_end=compute_end,
+        send_start=compute_end,
+        send_end=end,
+        bytes_sent=bytes_sent,
+        bytes_received=bytes_received,
+    )

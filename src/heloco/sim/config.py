@@ -95,6 +95,34 @@ class SimConfig(BaseModel):
         "then already takes e^(−σ²/2) = e^−8 of its pace)",
     )
     comm_delays: list[float] | None = Field(None, description="seconds added to each round")
+    link_mbit: list[RawFloat] | None = Field(
+        None,
+        description="Mbit/s (1e6 bit/s) of each worker's link to the server, both directions: "
+        "each exchange then costs bytes / bandwidth + latency per direction instead of "
+        "comm_delays (heloco.sim.clock.link_seconds)",
+    )
+    link_latency: list[RawFloat] | None = Field(
+        None, description="one-way seconds of each worker's link (needs link_mbit; None: 0)"
+    )
+    server_link_mbit: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Mbit/s of the server's own link, shared by every worker (needs link_mbit)",
+    )
+    exchange: Literal["blocking", "overlapped"] = Field(
+        "blocking",
+        description="blocking: push, pull, then train; overlapped: push and pull in the "
+        "background while the next round trains (heloco.overlap)",
+    )
+    overlap_eager: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="overlapped: weight λ of the worker's own last Δ applied to the arriving "
+        "dispatch, start = θ − λ·Δ (1: eager, 0: one-step delayed)",
+    )
     inner_steps: int = Field(20, ge=1, description="H")
     outer: OuterConfig = OuterConfig()
     dylu: bool | None = Field(None, description="None: the method's default (dn-dylu: on)")
@@ -180,7 +208,44 @@ class SimConfig(BaseModel):
             math.isfinite(d) and d >= 0 for d in self.comm_delays
         ):
             raise UserInputError("comm_delays", self.comm_delays, "finite seconds >= 0")
+        self._check_links()
+        self._check_exchange(method.spec.synchronous, method.spec.quorum)
         return self
+
+    def _check_links(self) -> None:
+        need = f"{self.workers} values, one per worker (workers = {self.workers})"
+        if self.link_mbit is None:
+            for name in ("link_latency", "server_link_mbit"):
+                if getattr(self, name) is not None:
+                    raise UserInputError(name, getattr(self, name), "unset unless link_mbit is set")
+            return
+        if self.comm_delays is not None:
+            raise UserInputError(
+                "link_mbit", self.link_mbit, "unset when comm_delays is set (one or the other)"
+            )
+        if len(self.link_mbit) != self.workers:
+            raise UserInputError("link_mbit", self.link_mbit, need)
+        if not all(math.isfinite(b) and b > 0 for b in self.link_mbit):
+            raise UserInputError("link_mbit", self.link_mbit, "finite Mbit/s > 0 per worker")
+        if self.link_latency is not None:
+            if len(self.link_latency) != self.workers:
+                raise UserInputError("link_latency", self.link_latency, need)
+            if not all(math.isfinite(x) and x >= 0 for x in self.link_latency):
+                raise UserInputError("link_latency", self.link_latency, "finite seconds >= 0")
+
+    def _check_exchange(self, synchronous: bool, quorum: bool) -> None:
+        if self.exchange != "overlapped":
+            return
+        if synchronous:
+            raise UserInputError(
+                "exchange", self.exchange, f"'blocking' for the synchronous method {self.method!r}"
+            )
+        if self.grace_window > 0 and not quorum:
+            raise UserInputError(
+                "exchange",
+                self.exchange,
+                "'blocking' with grace_window > 0 (the window holds the worker; overlap cannot)",
+            )
 
     def outer_config(self) -> OuterConfig:
         """The outer-optimizer settings (``[outer]``, top-level aliases folded in)."""

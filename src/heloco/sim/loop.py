@@ -12,18 +12,20 @@ import heapq
 import math
 import time
 from collections.abc import Callable, Generator, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
 
 from heloco.data import derive_seed
 from heloco.metrics import EvalPoint, MetricsWriter, RunStats
+from heloco.overlap import overlapped_dispatch
 from heloco.run import Budget, RunControl
 from heloco.server import Server, UpdateRecord
-from heloco.sim.clock import Clock, round_seconds
+from heloco.sim.clock import Clock, lump_timing, round_seconds
 from heloco.sim.config import JITTER_KEY
 from heloco.sim.recorder import Evaluator, Recorder, Trajectory
-from heloco.types import Dispatch, Params, RoundResult
+from heloco.types import Delta, Dispatch, Params, RoundResult, RoundTiming, tensor_bytes
 
 
 class RoundRunner(Protocol):
@@ -84,6 +86,7 @@ class _Sim:
             np.random.default_rng(derive_seed(clock.seed, JITTER_KEY, w))
             for w in range(len(clock.paces))
         ]
+        self.dispatch_bytes = tensor_bytes(server.params)  # each dispatch: θ in fp32
 
     # -- helpers ----------------------------------------------------------------------------
     def compute_seconds(self, worker: int, steps: int) -> float:
@@ -101,11 +104,23 @@ class _Sim:
     def budget_reached(self) -> bool:
         return self.control.tokens_reached()
 
-    def record_round(self, result: RoundResult, start: float, end: float) -> None:
+    def record_round(
+        self,
+        result: RoundResult,
+        start: float,
+        end: float,
+        compute: float,
+        timing: RoundTiming | None = None,
+    ) -> None:
         self.control.count(result.tokens)
         rid = -1 if result.round_id is None else result.round_id
+        sent = tensor_bytes(result.delta)
+        if timing is None:  # one comm lump (comm_delays): split by the bytes each way
+            timing = lump_timing(start, end, compute, self.dispatch_bytes, sent)
+        elif timing.bytes_sent is None:  # exact legs, bytes as sent
+            timing = replace(timing, bytes_sent=sent, bytes_received=self.dispatch_bytes)
         self.rec.record_round(
-            result.worker, rid, result.steps, result.tokens, result.mean_loss, start, end
+            result.worker, rid, result.steps, result.tokens, result.mean_loss, start, end, timing
         )
 
     def record_update(self, record: UpdateRecord) -> None:
@@ -128,9 +143,34 @@ class _Sim:
         return self.rounds.take(worker)
 
     # -- async ------------------------------------------------------------------------------
+    def timing(
+        self, w: int, recv: tuple[float, float], compute: tuple[float, float], arrival: float
+    ) -> RoundTiming:
+        """A round's :class:`RoundTiming`: its dispatch received over ``recv``, computed over
+        ``compute``, its push sent from ``send_start`` = the round's boundary until
+        ``arrival``; bytes where a link clock counts them."""
+        clock = self.clock
+        return RoundTiming(
+            recv[0],
+            recv[1],
+            compute[0],
+            compute[1],
+            arrival - clock.up(w),
+            arrival,
+            clock.push_bytes[w] if clock.push_bytes else None,
+            clock.pull_bytes if clock.push_bytes else None,
+        )
+
     def run_async(self) -> Loop:
         heap: list[tuple[float, int]] = []
-        inflight: dict[int, tuple[Dispatch, float, float]] = {}
+        # worker -> (the round's dispatch, its compute start, its compute seconds, its timing)
+        inflight: dict[int, tuple[Dispatch, float, float, RoundTiming]] = {}
+        # overlapped: worker -> (newest dispatch received, when it arrived, the boundary at
+        # which the next round starts, the interval over which that dispatch was received)
+        pipes: dict[int, tuple[Dispatch, float, tuple[float, float]]] = {}
+        overlapped = self.clock.exchange == "overlapped"
+        exact = overlapped or bool(self.clock.push_bytes)  # legs known: link clock or overlap
+        eager = self.clock.eager
         control = self.control
         # kills and rejoins on the simulated clock: (time, order, worker, is_kill)
         events = sorted(
@@ -138,12 +178,37 @@ class _Sim:
             + [(at + down, 0, w, False) for w, at, down in self.clock.failures]
         )
         down: set[int] = set()
+        deltas: dict[int, Delta] = {}  # overlapped: the Δ a ready worker's next round applies
 
         def start(w: int, t: float) -> None:
+            """Dispatch at ``t``; the round trains from it once it arrived (blocking, and an
+            overlapped worker's first round after a (re)start)."""
             d = self.server.dispatch(w)
             compute = self.compute_seconds(w, d.steps)
-            inflight[w] = (d, t, compute)
             arrival = t + compute + self.clock.comm_delays[w]
+            t1 = t + self.clock.down(w)
+            timing = self.timing(w, (t, t1), (t1, t1 + compute), arrival)
+            inflight[w] = (d, t1, compute, timing)
+            if overlapped:
+                pipes[w] = (d, t1 + compute, (t, t1))
+            heapq.heappush(heap, (arrival, w))
+            self.rounds.submit(d, arrival)
+
+        def start_next(w: int, t: float, delta: Delta) -> None:
+            """Overlapped (heloco.overlap): the push that arrived at ``t`` is answered by a
+            dispatch that travels down while the round begun at the boundary trains from
+            the previous dispatch with Δ applied eagerly; that round's push leaves once both
+            its compute and the new dispatch are done."""
+            latest, boundary, recv = pipes[w]
+            answer = self.server.dispatch(w)
+            d = overlapped_dispatch(latest, delta, eager, answer)
+            compute = self.compute_seconds(w, d.steps)
+            got = t + self.clock.down(w)
+            end = max(boundary + compute, got)
+            arrival = end + self.clock.up(w)
+            timing = self.timing(w, recv, (boundary, boundary + compute), arrival)
+            inflight[w] = (d, boundary, compute, timing)
+            pipes[w] = (answer, end, (t, got))
             heapq.heappush(heap, (arrival, w))
             self.rounds.submit(d, arrival)
 
@@ -166,6 +231,7 @@ class _Sim:
                 self.traj.time = max(self.traj.time, t_ev)
                 if kill and w not in down:
                     down.add(w)
+                    pipes.pop(w, None)  # an overlapped worker restarts blocking
                     if w in inflight:  # its round in flight is lost
                         del inflight[w]
                         heap = [(a, v) for a, v in heap if v != w]
@@ -199,11 +265,14 @@ class _Sim:
                 break
             t, w = heapq.heappop(heap)
             self.traj.time = t
-            d, t0, compute = inflight.pop(w)
+            d, t0, compute, timing = inflight.pop(w)
             result: RoundResult = yield from self.take(w)
             if d.steps > 0 and compute > 0:
                 self.server.observe_speed(w, d.steps / compute)
-            self.record_round(result, t0, t)
+            if overlapped:  # the next round's start, before the server may keep Δ
+                deltas[w] = result.delta
+            start_at = timing.compute_start if overlapped else timing.recv_start
+            self.record_round(result, start_at, t, compute, timing if exact else None)
             self.traj.useful_seconds += compute
             applied = self.server.submit(result)
             if applied is not None:
@@ -224,15 +293,19 @@ class _Sim:
                 break
             if ready and (not heap or heap[0][0] > t):
                 for v in sorted(ready):
-                    start(v, t)
+                    if v in pipes:
+                        start_next(v, t, deltas.pop(v))
+                    else:
+                        start(v, t)
                 ready = []
-        for _, t0, compute in inflight.values():  # rounds cut by the stop: work in progress
+        for _, t0, compute, _ in inflight.values():  # rounds cut by the stop: in progress
             self.traj.useful_seconds += max(0.0, min(compute, self.traj.time - t0))
         return self.finish()
 
     # -- sync -------------------------------------------------------------------------------
     def run_sync(self) -> Loop:
         k = len(self.clock.paces)
+        exact = bool(self.clock.push_bytes)  # a link clock: each leg's own time
         self.eval_now()
         while not self.budget_reached():
             now = self.traj.time
@@ -266,7 +339,9 @@ class _Sim:
                 result: RoundResult = yield from self.take(w)
                 if d.steps > 0 and computes[w] > 0:
                     self.server.observe_speed(w, d.steps / computes[w])
-                self.record_round(result, now, ends[w])
+                t1 = now + self.clock.down(w)
+                timing = self.timing(w, (now, t1), (t1, t1 + computes[w]), ends[w])
+                self.record_round(result, now, ends[w], computes[w], timing if exact else None)
                 self.traj.useful_seconds += computes[w]
                 record = self.server.submit(result) or record
             self.traj.time = round_end

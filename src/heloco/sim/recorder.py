@@ -18,7 +18,7 @@ from heloco.metrics import (
     update_event,
 )
 from heloco.server import Server, UpdateRecord
-from heloco.types import Params
+from heloco.types import Params, RoundTiming
 
 Evaluator = Callable[[Params], ValLoss]
 
@@ -81,11 +81,13 @@ class Recorder:
         loss: float,
         start: float,
         end: float,
+        timing: RoundTiming | None = None,
     ) -> None:
-        """Count an accepted round and log it (``start``/``end`` in run seconds)."""
+        """Count an accepted round and log it (``start``/``end`` in run seconds; ``timing``
+        where the loop measured its receive, compute and send)."""
         self.traj.tokens += tokens
         self.traj.steps += steps
-        self.writer.event(round_event(worker, round_id, steps, tokens, loss, start, end))
+        self.writer.event(round_event(worker, round_id, steps, tokens, loss, start, end, timing))
 
     def record_update(self, record: UpdateRecord, now: float, tokens: int) -> None:
         """Count an applied update and log it with the time and tokens it happened at."""

@@ -245,6 +245,11 @@ def clock_of(cfg: SimConfig, parts: RunParts) -> Clock:
         eval_every=cfg.eval_every,
         eval_unit=cfg.eval_unit,
         failures=tuple((f.worker, f.at, f.down) for f in cfg.failures),
+        down_delays=[] if parts.links is None else parts.links.down,
+        exchange=cfg.exchange,
+        eager=cfg.overlap_eager,
+        push_bytes=[] if parts.links is None else parts.links.push_bytes,
+        pull_bytes=0 if parts.links is None else parts.links.pull_bytes,
     )
 
 
