@@ -238,3 +238,25 @@ def test_topology_run_exchange_reaches_the_async_round() -> None:
     assert x > 0
     assert block.round_s == pytest.approx(100.0 + x)
     assert over.round_s == pytest.approx(max(100.0, x))
+
+
+def test_shared_server_link_is_a_processor_sharing_station() -> None:
+    """Two spokes behind one server link C, blocking exchange (a push, then a pull, each of
+    M = 0.4 GB): each leg sees the other worker's mean queue (mean-value analysis):
+    T = S·(1 + T/round), round = b + 2T with b = H·T_inner and S = M/C = 1 s, so
+    2T² + (b − 3S)·T − S·b = 0."""
+    import dataclasses
+
+    wan = dataclasses.replace(uniform(3, 8e8, 0.0), server_Bps=4e8)  # each path alone 0.5 s
+    inner = np.array([0.19, 0.19, 0.19])  # H = 10: b = 1.9 s of compute
+    rnd = outer_round("async", inner, wan, 1e8, inner_steps=10, bits=32, exchange="blocking")
+    s, b = 1.0, 1.9
+    t = (-(b - 3 * s) + math.sqrt((b - 3 * s) ** 2 + 8 * s * b)) / 4
+    assert rnd.wan_comm_s[1] == pytest.approx(2 * t, rel=1e-6)
+    assert rnd.wan_comm_s[2] == pytest.approx(2 * t, rel=1e-6)
+    assert rnd.round_s[1] == pytest.approx(b + 2 * t, rel=1e-6)
+    # a lone spoke shares with nobody: each leg takes its path (0.5 s) or the server's link
+    # (1 s) alone, whichever is slower
+    lone = dataclasses.replace(uniform(2, 8e8, 0.0), server_Bps=4e8)
+    one = outer_round("async", inner[:2], lone, 1e8, inner_steps=10, bits=32, exchange="blocking")
+    assert one.wan_comm_s[1] == pytest.approx(2.0)

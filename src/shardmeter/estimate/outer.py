@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from shardmeter.estimate.schedule import Schedule, even_schedule, round_stall_s
-from shardmeter.estimate.wan import WanPaths, heloco_exchange_s, hub_allreduce_s
+from shardmeter.estimate.wan import WanPaths, heloco_exchange_s, hub_allreduce_s, slow_start_s
 
 FloatArray = NDArray[np.float64]
 
@@ -324,16 +324,21 @@ def _async_round(
     if exchange_pattern == "duplex":
         down = m
         exchange = np.where(remote, rtt + m / path_bw + host, 0.0)
+        legs: tuple[tuple[FloatArray, FloatArray], ...] = ((m, m / path_bw),)
     else:
         down = np.broadcast_to(n_params * HELOCO_DISPATCH_BITS / 8.0, m.shape)
         host = (m + down) / wan.host_copy_Bps
         exchange = np.where(remote, heloco_exchange_s(m, path_bw, rtt, down) + host, 0.0)
+        legs = tuple((b, slow_start_s(b, path_bw, rtt)) for b in (m, down))
     busy = h[..., None] * inner
     # blocking: pull → H steps → push and its ack, in turn; else behind the next round
     blocking = exchange_pattern == "blocking"
+    server = wan.server_Bps * scale[..., None]
+    if np.isfinite(wan.server_Bps):
+        exchange = _share_server(exchange, legs, busy, blocking, server, remote)
     round_s = busy + exchange if blocking else np.maximum(busy, exchange)
     demand = np.where(remote, np.maximum(m, down) / round_s, 0.0).sum(axis=-1, keepdims=True)
-    overload = np.maximum(1.0, demand / (wan.server_Bps * scale[..., None]))
+    overload = np.maximum(1.0, demand / server)
     round_s = np.where(remote, round_s * overload, round_s)
     rate = 1.0 / round_s
     moved = np.where(remote, m + down, 0.0)
@@ -349,6 +354,40 @@ def _async_round(
         egress_usd=moved * wan.egress_usd_per_byte[:, c],
         staleness=round_s * (rate.sum(axis=-1, keepdims=True) - rate),
     )
+
+
+SHARE_ITERATIONS = 40  # damped fixed-point steps of the shared-server mean-value analysis
+
+
+def _share_server(
+    exchange: FloatArray,
+    legs: tuple[tuple[FloatArray, FloatArray], ...],
+    busy: FloatArray,
+    blocking: bool,
+    server_Bps: FloatArray,
+    remote: NDArray[np.bool_],
+) -> FloatArray:
+    """The exchange when every worker's transfers cross the server's one link (per direction).
+
+    Each leg (bytes B_i, alone t_i: push, then pull; or one duplex leg) shares the server's
+    link C with the others' legs in flight. Mean-value analysis of a closed processor-sharing
+    station (Reiser & Lavenberg 1980, JACM 27(2), eq. 3.2: R = S·(1 + Q seen at arrival),
+    the arrival theorem: a leg sees the OTHER workers' mean queue, Q_j = T_j / round_j by
+    Little's law): T_i = max(t_i, B_i/C · (1 + Σ_{j≠i} T_j / round_j)), solved by damped
+    iteration with round_j from the exchange mode. Seconds; the alone time is the floor (a
+    lone leg is limited by its own path)."""
+    fixed = exchange - np.where(remote, sum(t for _, t in legs), 0.0)
+    times = [np.where(remote, t, 0.0) for _, t in legs]
+    for _ in range(SHARE_ITERATIONS):
+        total = fixed + sum(times)
+        round_s = busy + total if blocking else np.maximum(busy, total)
+        new = []
+        for (b, alone), t in zip(legs, times, strict=True):
+            q = t / round_s
+            others = q.sum(axis=-1, keepdims=True) - q
+            new.append(np.where(remote, np.maximum(alone, b / server_Bps * (1.0 + others)), 0.0))
+        times = [0.5 * (t + u) for t, u in zip(times, new, strict=True)]
+    return np.asarray(fixed + sum(times), dtype=np.float64)
 
 
 def outer_opt_seconds(
