@@ -607,10 +607,24 @@ def print_ttl(t: TimeToLoss) -> None:
           f"{t.tokens_per_s:,.0f} tokens/s), measured {meas}: error {err} (target 15%)")  # fmt: skip
 
 
+def load_range(uptimes: list[str]) -> str:
+    """'load average (1 min) 16.8-25.6 over N readings' from `uptime` lines."""
+    ones = []
+    for line in uptimes:
+        _, _, tail = line.partition("load average:")
+        try:
+            ones.append(float(tail.split(",")[0]))
+        except ValueError:
+            continue
+    if not ones:
+        return "load not recorded"
+    return f"load average (1 min) {min(ones):.1f}-{max(ones):.1f} over {len(ones)} readings"
+
+
 def reprint(path: Path) -> None:
     """Saved measurements beside today's predictions, and the time-to-loss check."""
     results, extra = load(path)
-    print(f"# measured {extra.get('date', '?')}; load: {' | '.join(extra.get('uptime', []))}")
+    print(f"# measured {extra.get('date', '?')}; {load_range(extra.get('uptime', []))}")
     print_table(compare(results))
     ttl_run = [r for r in results if r.run.name == TTL_RUN.name]
     if extra.get("ttl") and ttl_run:
@@ -667,7 +681,7 @@ def main() -> None:
             extra["ttl"] = asdict(ttl)
             if args.save:
                 save(args.save, results, extra)
-        print(f"# load: {' | '.join(extra['uptime'])}")
+        print(f"# {load_range(extra['uptime'])}")
         print_table(compare(results))
         if ttl is not None:
             print_ttl(ttl)
