@@ -65,6 +65,7 @@ HELOCO_LAYERS: tuple[tuple[str, ...], ...] = (
         "heloco.inner",
         "heloco.worker",
         "heloco.rounds",
+        "heloco.overlap",
         "heloco.worker_state",
         "heloco.codecs",
         "heloco.outer",

@@ -145,11 +145,16 @@ class Exchange:
         self._outcome: PushOutcome | None = None
         self._dispatch: Dispatch | None = None
         self._error: BaseException | None = None
+        # A new thread starts with OpenMP's default thread count, not the one set for the run
+        # (torch.set_num_threads is per thread there): reductions in a LocalLink's server
+        # would change their order, and so their last bits.
+        self._threads = torch.get_num_threads()
         self._thread = threading.Thread(target=self._run, name="heloco-exchange", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         try:
+            torch.set_num_threads(self._threads)
             self._outcome = self._link.push(self.result, self.compute_s)
             self._dispatch = self._link.pull()
         except BaseException as exc:  # re-raised by join, in the worker's own thread
@@ -331,6 +336,9 @@ class OuterLoop:
     def _finish_round(self) -> None:
         result = self.rounds.compress(self.island.reduce(self.rounds.end(compress=False)))
         compute_s = time.perf_counter() - self._round_t0
+        note = getattr(self.link, "note_round", None)  # a NetLink times the round's push
+        if note is not None:
+            note(self._round_t0, self._round_t0 + compute_s)
         if self.overlapped:
             self._finish_overlapped(result, compute_s)
             return
@@ -355,7 +363,7 @@ class OuterLoop:
         begun at the last boundary (its dispatch D_k, which this round's push answers), start
         this round's push and the next pull in the background, and begin the next round from
         D_k with this round's Δ applied eagerly."""
-        latest = self._latest
+        latest = before = self._latest
         if self._exchanging:  # every rank: the leader's exchange, broadcast
             inflight, self._inflight = self._inflight, None
             outcome, arrived = inflight.join() if inflight is not None else (None, None)
@@ -364,9 +372,20 @@ class OuterLoop:
                 accepted = self.island.broadcast_json({"accepted": accepted})["accepted"]
             assert self._pushed is not None
             self._after_push(*self._pushed, outcome, accepted)
+            evicted = outcome is not None and outcome.reason == "evicted"
+            if self.island.size > 1:
+                evicted = self.island.broadcast_json({"evicted": evicted})["evicted"]
             latest = self.island.broadcast_dispatch(arrived, self._like)
             if latest is None:  # the run is over: this round is never sent
                 self.done = True
+                return
+            if evicted and before is not None and before.revision != latest.revision:
+                # The server evicted this worker (it was silent too long) and answered with a
+                # fresh dispatch, which takes only a round based on its own revision: this
+                # round, based on an older one, would be refused. Start over as a first round.
+                self._exchanging = False
+                self._latest = latest
+                self._begin(latest)
                 return
             result = replace(result, round_id=latest.round_id)
         assert latest is not None

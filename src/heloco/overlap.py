@@ -3,10 +3,12 @@
 Blocking (the default): pull D_k → H steps from θ(D_k) → push Δ_k → wait for the ack → pull
 D_{k+1}. The link is idle while the worker trains and the worker idles while the link works.
 
-Overlapped, the one-step-delayed "eager" scheme of Kale et al. 2025 ("Eager Updates For
-Overlapped Communication and Computation in DiLoCo", arXiv 2502.12996, §3, Alg. 1 with the
-outer step replaced by the server's), with the exchange given one whole round (Streaming
-DiLoCo's overlap τ = H, Douillard et al. 2025, arXiv 2501.18512, §2.3). Round 0 trains from
+Overlapped, after the one-step-delayed "eager" updates of Kale et al. 2025 ("Eager Updates
+For Overlapped Communication and Computation in DiLoCo", arXiv 2502.12996: the worker's own
+fresh outer gradient stands in for the one still being exchanged; there, in a synchronous
+outer step, weighted 1/M beside the delayed average of the others; here, where a server
+applies each arrival alone, weighted λ), with the exchange given one whole round (Streaming
+DiLoCo's overlap τ = H, Douillard et al. 2025, arXiv 2501.18512). Round 0 trains from
 D_0 as in blocking. At the end of round k (Δ_k = start_k − θ_local, the compressed Δ when a
 payload is set):
 
@@ -37,6 +39,11 @@ honestly: they get the server's revision minus that base revision, as for any st
 sees each round's measured speed (steps / compute seconds) as in blocking; a dispatch's step
 count H_w applies to the round trained from it (round k+1 uses D_k.steps), one round later
 than in blocking.
+
+A push the server refuses as ``evicted`` (the worker was silent too long) is answered by a
+fresh dispatch, which takes only a round based on its own revision: when it is newer than
+the round in training's base, that round is dropped and a first round starts from it
+(:class:`heloco.outer_loop.OuterLoop`), as after a restart.
 
 Nothing else changes: the simulator (:mod:`heloco.sim.loop`) and the networked worker
 (:class:`heloco.outer_loop.OuterLoop`) both build each round's start with

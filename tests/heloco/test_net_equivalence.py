@@ -11,6 +11,7 @@ not the simulator's order; fp32 addition is not associative).
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 from collections.abc import Callable
@@ -140,15 +141,16 @@ def test_budget_schedule_and_step_evals_match_simulator(
     assert summary["weight_shares"] == pytest.approx([1.0])
 
 
-@pytest.mark.parametrize("eager", [1.0, 0.0])
+@pytest.mark.parametrize(("eager", "shards"), [(1.0, 1), (0.0, 1), (1.0, 2)])
 def test_overlapped_worker_matches_simulator(
-    tmp_path: Path, config: Callable[..., Any], eager: float
+    tmp_path: Path, config: Callable[..., Any], eager: float, shards: int
 ) -> None:
     """The overlapped exchange (push and pull in the background, the next round from the
     newest dispatch minus λ·Δ): the networked worker runs heloco.overlap through OuterLoop, the
-    simulator through its loop; same rounds, same bases, same losses."""
+    simulator through its loop; same rounds, same bases, same losses (also with the tensors
+    staged and fetched over 2 shards from the exchange thread)."""
     cfg = config(exchange="overlapped", overlap_eager=eager)
-    session, reports = networked(cfg, tmp_path)
+    session, reports = networked(cfg, tmp_path, shards=shards)
     net, sim = curves(session, cfg)
     assert [t for t, _ in net] == [t for t, _ in sim] == [0, 256, 512, 768]
     assert max(abs(a - b) for (_, a), (_, b) in zip(net, sim, strict=True)) <= ONE_WORKER_TOL
@@ -157,3 +159,15 @@ def test_overlapped_worker_matches_simulator(
     assert session.coord.counters.accepted == len(reports[0].acked) == 6
     staleness = [a.staleness for r in session.side.server.log for a in r.arrivals]
     assert staleness == [0, 1, 1, 1, 1, 1]  # each round after the first: one round staler
+    lines = (tmp_path / "events.jsonl").read_text().splitlines()
+    rounds = [e for e in map(json.loads, lines) if e["type"] == "round"]
+    keys = ("recv_start", "recv_end", "compute_start", "compute_end", "send_start", "send_end")
+    assert len(rounds) == 6 and all(all(k in r for k in keys) for r in rounds), json.dumps(rounds)
+    for r in rounds:  # on the run's clock, in order within the round
+        assert r["recv_start"] <= r["recv_end"] <= r["compute_start"] <= r["compute_end"]
+        assert r["compute_end"] <= r["send_start"] <= r["send_end"] == r["time"]
+    # rounds 1.. start at their boundary, as the simulator shows them; from round 2 on they
+    # trained from the dispatch before the one they answer, received before the last ack
+    assert rounds[0]["start"] == rounds[0]["recv_start"]
+    assert all(r["start"] == r["compute_start"] for r in rounds[1:])
+    assert all(r["recv_start"] < p["send_end"] for p, r in itertools.pairwise(rounds[1:]))

@@ -265,3 +265,119 @@ def test_round_event_writes_timing_fields_of_the_contract() -> None:
         "bytes_sent",
     }
     assert "recv_start" not in round_event(0, 1, 2, 8, 1.0, 0.0, 4.0)
+
+
+def test_exchange_flags_reach_the_config(capsys: pytest.CaptureFixture[str]) -> None:
+    from heloco.cli import main
+    from heloco.net.worker_loop import WorkerOptions
+
+    assert main(["simulate", "--exchange", "overlapped", "--print-config"]) == 0
+    assert 'exchange = "overlapped"' in capsys.readouterr().out
+    assert main(["simulate", "--exchange", "overlapped", "--method", "sync", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "exchange" in err and "'blocking'" in err
+    with pytest.raises(UserInputError, match="--exchange"):
+        WorkerOptions(worker=0, exchange="sideways")
+    from heloco.cli import build_parser
+    from heloco.cli.launch import run_config
+
+    args = build_parser().parse_args(["launch", "--out", "x", "--exchange", "overlapped"])
+    assert run_config(args).exchange == "overlapped"
+
+
+@pytest.mark.parametrize("exchange", ["blocking", "overlapped"])
+def test_outer_loop_in_process_matches_simulator(
+    values: Callable[..., dict[str, Any]], exchange: str
+) -> None:
+    """OuterLoop over a LocalLink (the background exchange in a thread, no sockets) ends with
+    the simulator's parameters, bit for bit: one scheme, two drivers."""
+    from heloco.outer_loop import LocalLink, OuterLoop
+
+    cfg = parse_sim_config(values(exchange=exchange))
+    want = run_simulation(cfg).params
+    parts = build_run(cfg)
+    worker = parts.worker(0)
+    link = LocalLink(parts.server, 0, token_budget=cfg.token_budget)
+    outer = OuterLoop(
+        worker.model, worker.optimizer, link, hook=False, rounds=worker.boundary,
+        exchange=exchange, eager=cfg.overlap_eager,
+    )  # fmt: skip
+    with outer:
+        while not outer.done:
+            outer.step(worker.inner_step(), worker.sampler.tokens_per_batch)
+    got = parts.server.params
+    assert parts.server.revision == 6
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    staleness = [a.staleness for r in parts.server.log for a in r.arrivals]
+    assert staleness == ([0] * 6 if exchange == "blocking" else [0, 1, 1, 1, 1, 1])
+
+
+def test_evicted_overlapped_worker_starts_over_without_a_refused_round(
+    values: Callable[..., dict[str, Any]],
+) -> None:
+    """Another worker's update lands and the server evicts worker 0 while its third push
+    travels: that push is refused (evicted); the round in training, based on an older
+    revision than the fresh dispatch, is dropped and a first round starts from that dispatch,
+    so no later push is refused."""
+    from heloco.outer_loop import LocalLink, OuterLoop
+    from heloco.types import PushOutcome
+
+    cfg = parse_sim_config(values(workers=2, exchange="overlapped", token_budget=8 * ROUND_TOKENS))
+    parts = build_run(cfg)
+    worker = parts.worker(0)
+    reasons: list[str] = []
+
+    class Evicting(LocalLink):
+        def push(self, result: RoundResult, compute_s: float) -> PushOutcome:
+            if self.rounds == 2:  # worker 1's round lands, then worker 0 is evicted
+                d = self.server.dispatch(1)
+                zero = {k: torch.zeros_like(v) for k, v in d.params.items()}
+                self.server.submit(RoundResult(1, zero, 1, 64, 1.0, d.revision, d.round_id))
+                self.server.evict(0)
+            out = super().push(result, compute_s)
+            reasons.append(out.reason)
+            return out
+
+    link = Evicting(parts.server, 0, token_budget=cfg.token_budget)
+    outer = OuterLoop(
+        worker.model, worker.optimizer, link, hook=False, rounds=worker.boundary,
+        exchange="overlapped",
+    )  # fmt: skip
+    with outer:
+        while not outer.done:
+            outer.step(worker.inner_step(), worker.sampler.tokens_per_batch)
+    assert reasons[2] == "evicted" and set(reasons[:2] + reasons[3:]) == {""}, reasons
+    mine = [a for r in parts.server.log for a in r.arrivals if a.worker == 0]
+    assert len(mine) == 8 and len({a.round_id for a in mine}) == 8
+    assert mine[2].staleness == 0  # the first round after the restart: from its dispatch
+
+
+def test_decoupled_quorum_runs_overlapped(values: Callable[..., dict[str, Any]]) -> None:
+    """A quorum merge does not hold its workers, so they may overlap; every round is merged
+    once and the staleness rises as in the asynchronous methods."""
+    over = {"method": "decoupled", "workers": 3, "paces": [1.0, 1.0, 2.0], "quorum": 2}
+    budget = 12 * ROUND_TOKENS
+    blocking = run_simulation(parse_sim_config(values(**over, token_budget=budget)))
+    cfg = parse_sim_config(values(**over, token_budget=budget, exchange="overlapped"))
+    parts = build_run(cfg)
+    simulate(parts.server, [parts.worker(w) for w in range(3)], clock_of(cfg, parts),
+             parts.evaluate)  # fmt: skip
+    seen = [(a.worker, a.round_id) for r in parts.server.log for a in r.arrivals]
+    assert len(seen) == len(set(seen)) >= 12
+    mean = sum(a.staleness for r in parts.server.log for a in r.arrivals) / len(seen)
+    assert mean > sum(blocking.summary.staleness_mean) / 3
+
+
+def test_overlapped_round_seconds_hide_the_exchange(values: Callable[..., dict[str, Any]]):
+    """A round's planned length (server rates, cosine length under ``inner_schedule =
+    "budget"``, the eval cycle) is max(H·pace, comm) overlapped, H·pace + comm blocking."""
+    from heloco.sim.clock import round_seconds
+
+    assert round_seconds([2, 4], [1.0, 1.0], [3.0, 1.0]) == [5.0, 5.0]
+    assert round_seconds([2, 4], [1.0, 1.0], [3.0, 1.0], overlapped=True) == [3.0, 4.0]
+    over = {"comm_delays": [2.0], "inner_schedule": "budget", "time_budget": 40.0}
+    over["token_budget"] = None
+    blocking = build_run(parse_sim_config(values(**over)))
+    overlapped = build_run(parse_sim_config(values(**over, exchange="overlapped")))
+    assert blocking.inner[0].total_steps == 20  # 40 s of 4 s rounds of 2 steps
+    assert overlapped.inner[0].total_steps == 40  # 40 s of 2 s rounds

@@ -142,7 +142,8 @@ class Coordinator:
             self.budget, self.server.cfg.grace_window, n, self.wait_for_workers_s
         )
         self._shapes = {k: tuple(v.shape) for k, v in self.server.params.items()}
-        self._dispatch_time: dict[tuple[int, int], float] = {}
+        # (worker, round id) -> (run seconds it was dispatched, its revision)
+        self._dispatch_time: dict[tuple[int, int], tuple[float, int]] = {}
         # durable serving: make the state so far survive a crash; False if it could not
         self.persist: Callable[[], bool] | None = None
 
@@ -347,15 +348,27 @@ class Coordinator:
             return wire.make("wait", {"retry_s": 0.05, "revision": self.server.revision}, re=msg.id)
         d = self.server.dispatch(w, copy=not self.zero_copy_dispatch)
         info.pulls += 1
-        # A new dispatch supersedes the worker's older rounds: forget their start times.
-        for key in [k for k in self._dispatch_time if k[0] == w]:
+        # A new dispatch supersedes the worker's older rounds: forget their start times, but
+        # the last one's (an overlapped round trains from it while this one travels).
+        mine = sorted(k for k in self._dispatch_time if k[0] == w)
+        for key in mine[:-1]:
             del self._dispatch_time[key]
-        self._dispatch_time[(w, d.round_id)] = self.elapsed()
+        self._dispatch_time[(w, d.round_id)] = (self.elapsed(), d.revision)
         reply = {"revision": d.revision, "steps": d.steps, "round_id": d.round_id}
         if self.serve_dispatch is not None:
             self.serve_dispatch(d)
             return wire.make("dispatch", reply, re=msg.id)
         return wire.make("dispatch", reply, d.params, codec="fp32", re=msg.id)
+
+    def _trained_from(self, w: int, body: messages.Push) -> float | None:
+        """When the dispatch an accepted round trained from was sent (run seconds): the one
+        it answers, or (overlapped) the one before, whose revision it names as its base."""
+        own = self._dispatch_time.get((w, body.round_id))
+        if own is not None and own[1] == body.base_revision:
+            return own[0]
+        before = [v for k, v in self._dispatch_time.items() if k[0] == w and k[1] < body.round_id]
+        before = [v for v in before if v[1] == body.base_revision]
+        return before[-1][0] if before else None
 
     def _header_result(self, w: int, body: messages.Push) -> RoundResult:
         """The push's round without its pseudo-gradient (enough for the revision-log check)."""
@@ -455,15 +468,21 @@ class Coordinator:
         self.control.count(result.tokens)
         if body.compute_s is not None:
             self.server.observe_speed(w, result.steps / body.compute_s)
-        start = self._dispatch_time.pop((w, body.round_id), None)
+        own = self._dispatch_time.get((w, body.round_id))
+        answered_revision = own[1] if own is not None else result.base_revision
+        start = self._trained_from(w, body)
         end = self.elapsed()
         timing = None
         if start is not None and body.recv_s is not None and body.lead_s is not None:
             sent = sum(enc.nbytes for enc in msg.tensors.values()) or None  # None: staged
             timing = measured_timing(
                 start, end, body.recv_s, body.lead_s, body.compute_s or 0.0,
-                tensor_bytes(self.server.params), sent,
+                tensor_bytes(self.server.params), sent, body.compute_from_s,
             )  # fmt: skip
+        shown = 0.0 if start is None else start
+        if timing is not None and result.base_revision != answered_revision:
+            # overlapped: the round began at its boundary, a round after its dispatch came
+            shown = timing.compute_start
         if self.on_round is not None:
             self.on_round(
                 w,
@@ -471,7 +490,7 @@ class Coordinator:
                 result.steps,
                 result.tokens,
                 result.mean_loss,
-                0.0 if start is None else start,
+                shown,
                 end,
                 timing,
             )
@@ -569,6 +588,7 @@ def measured_timing(
     compute_s: float,
     bytes_received: int | None,
     bytes_sent: int | None,
+    compute_from_s: float | None = None,
 ) -> RoundTiming:
     """A blocking round's receive, compute and send on the run's clock, from what the worker
     measured on its own clock.
@@ -580,16 +600,24 @@ def measured_timing(
     pull request's own transit, a small message, is counted in the receive), so: receive =
     [start, start + recv_s], compute = [send_start − compute_s, send_start], send =
     [start + lead_s, end], each clamped into [start, end] and in order (seconds). The gap
-    between receive and compute (loading θ, saving state) is idle.
+    between receive and compute (loading θ, saving state) is idle. An overlapped round
+    (:mod:`heloco.overlap`) trained from the dispatch before the one it answers, so ``start``
+    is that dispatch's, and it sends ``compute_from_s`` (from the pull to its first step):
+    compute = [start + compute_from_s, + compute_s], clamped into [receive end, send start];
+    its wait for the next dispatch between compute and send is idle.
     """
     recv_end = min(end, start + recv_s)
     send_start = min(end, max(recv_end, start + lead_s))
     compute_start = max(recv_end, send_start - compute_s)
+    compute_end = send_start
+    if compute_from_s is not None:  # overlapped: it began at its boundary, maybe waited after
+        compute_start = min(send_start, max(recv_end, start + compute_from_s))
+        compute_end = min(send_start, compute_start + compute_s)
     return RoundTiming(
         recv_start=start,
         recv_end=recv_end,
         compute_start=compute_start,
-        compute_end=send_start,
+        compute_end=compute_end,
         send_start=send_start,
         send_end=end,
         bytes_sent=bytes_sent,

@@ -117,7 +117,10 @@ class NetLink:
         self.rejected: dict[str, int] = {}
         self.duplicates = 0
         self.push_bytes: list[int] = []  # bytes each push put on the wire (retries, stages too)
-        self.received: tuple[float, float] | None = None  # last dispatch: pull sent, decoded
+        # the last two dispatches: (round id, revision, pull sent, decoded); a push's timing
+        # counts from the one its round trained from (overlapped: the one before the last)
+        self.received: list[tuple[int, int, float, float]] = []
+        self.compute_window: tuple[float, float] | None = None  # next push's compute, note_round
 
     @property
     def worker(self) -> int:
@@ -163,7 +166,10 @@ class NetLink:
                 params = self._fetch(b.round_id) if self.shards else reply.params("cpu")
                 if params is None:
                     continue  # a shard no longer holds that dispatch: pull a fresh one
-                self.received = (sent, time.perf_counter())
+                self.received = [
+                    *self.received[-1:],
+                    (b.round_id, b.revision, sent, time.perf_counter()),
+                ]
                 return Dispatch(params, b.revision, b.steps, b.round_id, self._worker)
             if reply.type == "done":
                 self.finished = True
@@ -216,9 +222,7 @@ class NetLink:
             "mean_loss": result.mean_loss if result.mean_loss == result.mean_loss else None,
             "compute_s": compute_s,
         }
-        if self.received is not None:  # timing of the round (worker clock; coordinator.py)
-            pulled, decoded = self.received
-            body |= {"recv_s": decoded - pulled, "lead_s": time.perf_counter() - pulled}
+        body |= self._timing(result)
         sent = self.client.traffic.sent_bytes
         reply = self._push(body, result)
         self.push_bytes.append(self.client.traffic.sent_bytes - sent)
@@ -236,6 +240,27 @@ class NetLink:
             raise ProtocolError(f"unexpected reply to push: {reply.type!r}")
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
         return PushOutcome(False, revision, reason)
+
+    def note_round(self, compute_start: float, compute_end: float) -> None:
+        """When the round about to be pushed ran its inner steps (``time.perf_counter``)."""
+        self.compute_window = (compute_start, compute_end)
+
+    def _timing(self, result: RoundResult) -> dict[str, float]:
+        """The push's timing fields (this process's clock; :mod:`heloco.net.coordinator`),
+        counted from sending the pull of the dispatch the round trained from: the one it
+        answers (blocking), or the one before it whose revision it names as its base
+        (overlapped). Empty when that pull is not known."""
+        mine = [r for r in self.received if r[0] == result.round_id]
+        base = [r for r in self.received if r[1] == result.base_revision]
+        got = mine if mine and mine[-1][1] == result.base_revision else base
+        if not got:
+            return {}
+        _, _, pulled, decoded = got[-1]
+        out = {"recv_s": decoded - pulled, "lead_s": time.perf_counter() - pulled}
+        window, self.compute_window = self.compute_window, None
+        if window is not None and window[0] >= pulled:
+            out["compute_from_s"] = window[0] - pulled
+        return out
 
     def _push(self, body: dict[str, Any], result: RoundResult) -> Message:
         if self.shards is None:

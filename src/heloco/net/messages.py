@@ -89,6 +89,9 @@ class Push(Ident):
     # was decoded (recv_s) and until this push began (lead_s); heloco.net.coordinator.
     recv_s: Annotated[float, Field(ge=0, le=MAX_SECONDS)] | None = None
     lead_s: Annotated[float, Field(ge=0, le=MAX_SECONDS)] | None = None
+    # From sending that pull until the round's first inner step (an overlapped round starts
+    # at its boundary, not when a dispatch is decoded); None: compute ends as the push begins.
+    compute_from_s: Annotated[float, Field(ge=0, le=MAX_SECONDS)] | None = None
 
 
 class Empty(Strict):

@@ -81,7 +81,8 @@ class Session:
         self.writer = MetricsWriter(self.out_dir, append=True)
         self.stats = RunStats(cfg.workers, self.side.data.worker_languages)
         # Cycle of the slowest worker, max_w(H_w·pace_w + comm_w), as in the simulator.
-        cycle = max(round_seconds(self.side.steps, self.side.paces, self.side.comm))
+        overlapped = cfg.exchange == "overlapped"
+        cycle = max(round_seconds(self.side.steps, self.side.paces, self.side.comm, overlapped))
         self.rec = Recorder(
             self.side.server,
             self.side.evaluate,

@@ -175,6 +175,7 @@ def build_run(
     init = {
         k: v.detach().to("cpu", torch.float32).clone() for k, v in parts.model.named_parameters()
     }
-    rates = [1.0 / s for s in round_seconds(parts.steps, parts.paces, parts.comm)]
+    overlapped = cfg.exchange == "overlapped"
+    rates = [1.0 / s for s in round_seconds(parts.steps, parts.paces, parts.comm, overlapped)]
     server = build_server(cfg, init, rates, parts.data.worker_languages)
     return RunParts(**{f.name: getattr(parts, f.name) for f in fields(WorkerParts)}, server=server)

@@ -135,9 +135,13 @@ def resolve_links(cfg: SimConfig, numels: Sequence[int]) -> LinkTimes | None:
 
 
 def round_seconds(
-    steps: Sequence[int], paces: Sequence[float], comm: Sequence[float]
+    steps: Sequence[int], paces: Sequence[float], comm: Sequence[float], overlapped: bool = False
 ) -> list[float]:
-    """Seconds of one round of each worker: H_w·pace_w + comm_w (spec 3, speed heterogeneity)."""
+    """Seconds of one round of each worker: H_w·pace_w + comm_w (spec 3, speed heterogeneity);
+    with the overlapped exchange max(H_w·pace_w, comm_w), the exchange hidden behind the next
+    round (heloco.overlap; after the first round)."""
+    if overlapped:
+        return [max(steps[w] * paces[w], comm[w]) for w in range(len(steps))]
     return [steps[w] * paces[w] + comm[w] for w in range(len(steps))]
 
 
@@ -176,7 +180,7 @@ def expected_worker_steps(
     each worker's cosine schedule, so no worker sits at min_lr for most of the run.
     """
     k = len(paces)
-    round_s = round_seconds(steps, paces, comm)
+    round_s = round_seconds(steps, paces, comm, cfg.exchange == "overlapped")
     tokens_per_step = cfg.inner.batch_size * cfg.inner.seq_len
     limits: list[list[float]] = []
     if cfg.token_budget is not None:

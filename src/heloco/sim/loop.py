@@ -165,8 +165,8 @@ class _Sim:
         heap: list[tuple[float, int]] = []
         # worker -> (the round's dispatch, its compute start, its compute seconds, its timing)
         inflight: dict[int, tuple[Dispatch, float, float, RoundTiming]] = {}
-        # overlapped: worker -> (newest dispatch received, when it arrived, the boundary at
-        # which the next round starts, the interval over which that dispatch was received)
+        # overlapped: worker -> (newest dispatch received, the boundary at which the next
+        # round starts, the interval over which that dispatch was received)
         pipes: dict[int, tuple[Dispatch, float, tuple[float, float]]] = {}
         overlapped = self.clock.exchange == "overlapped"
         exact = overlapped or bool(self.clock.push_bytes)  # legs known: link clock or overlap
@@ -382,7 +382,7 @@ def simulation(
         evaluate,
         writer or MetricsWriter(None),
         stats or RunStats(k),
-        max(round_seconds(steps, clock.paces, clock.comm_delays)),
+        max(round_seconds(steps, clock.paces, clock.comm_delays, clock.exchange == "overlapped")),
         clock.eval_every,
         clock.eval_unit,
         progress,
