@@ -214,6 +214,8 @@ def test_heloco_exchange_is_a_push_and_a_pull_from_the_initial_window() -> None:
     rate, rtt, m = 1e7, 0.05, 4e6
     one = rtt + float(slow_start_s(m, rate, rtt))
     assert heloco_exchange_s(m, rate, rtt) == pytest.approx(2 * one)
+    four = rtt + float(slow_start_s(4 * m, rate, rtt))  # an int8 push, then the fp32 model
+    assert heloco_exchange_s(m, rate, rtt, 4 * m) == pytest.approx(one + four)
     # n − 1 workers share the server's link: each stream gets 1/(n−1) of it; a worker decodes
     # its own pull, the server applies the 3 pushes one after another
     path = TcpPath(link_Bps=rate * 1514 / 1448, rtt_s=rtt)
@@ -233,8 +235,33 @@ def test_async_round_prices_heloco_exchange_when_asked() -> None:
     duplex = outer_round("async", np.array([1.0, 1.0]), wan, 1e9, bits=16)
     helo = outer_round("async", np.array([1.0, 1.0]), wan, 1e9, bits=16, exchange="heloco")
     assert duplex.wan_comm_s[1] == pytest.approx(0.04 + m / 1e8)
-    assert helo.wan_comm_s[1] == pytest.approx(float(heloco_exchange_s(m, 1e8, 0.04)))
+    # a push of the 16-bit Δ, then a pull of the fp32 model (the server dispatches fp32)
+    pull = 1e9 * 32 / 8
+    assert helo.wan_comm_s[1] == pytest.approx(float(heloco_exchange_s(m, 1e8, 0.04, pull)))
     assert helo.wan_comm_s[0] == 0.0 == duplex.wan_comm_s[0]
+    assert helo.wan_bytes[1] == pytest.approx(m + pull) and duplex.wan_bytes[1] == 2 * m
+
+
+def test_async_blocking_exchange_adds_to_the_round_and_overlapped_hides_under_it() -> None:
+    """HeLoCo's exchange X = 2·(RTT + slow start(M)) on a 1e8 B/s, 40 ms path: blocking
+    (pull → H steps → push, then its ack) is H·T + X; overlapped is max(H·T, X)."""
+    wan = uniform(2, 1e8, 0.04)
+    m = 1e8 * 32 / 8  # 0.4 GB: X ≈ 8.4 s
+    x = float(heloco_exchange_s(m, 1e8, 0.04))
+    inner = np.array([1.0, 0.5])
+    kw = {"inner_steps": 10, "bits": 32}
+    block = outer_round("async", inner, wan, 1e8, exchange="blocking", **kw)
+    over = outer_round("async", inner, wan, 1e8, exchange="overlapped", **kw)
+    assert block.wan_comm_s[1] == pytest.approx(x) and over.wan_comm_s[1] == pytest.approx(x)
+    assert block.round_s[1] == pytest.approx(5.0 + x)  # 5 s of compute, then the exchange
+    assert over.round_s[1] == pytest.approx(max(5.0, x))
+    assert block.utilization[1] == pytest.approx(5.0 / (5.0 + x))
+    assert block.round_s[0] == pytest.approx(10.0) == over.round_s[0]  # the server's island
+    # the older name of the overlapped exchange prices the same round
+    old = outer_round("async", inner, wan, 1e8, exchange="heloco", **kw)
+    np.testing.assert_allclose(old.round_s, over.round_s)
+    with pytest.raises(ValueError, match="exchange 'eager'"):
+        outer_round("async", inner, wan, 1e8, exchange="eager", **kw)  # type: ignore[arg-type]
 
 
 def test_unknown_pattern_is_a_one_line_error() -> None:
@@ -251,3 +278,41 @@ def test_slow_start_rounds_grow_by_doubling() -> None:
         last = IW * 2 ** (k - 1)
         assert t == pytest.approx((k - 1) * rtt + last / rate)
         assert math.isfinite(t)
+
+
+def test_topology_run_exchange_reaches_the_async_round() -> None:
+    """run.exchange (and `predict --exchange`) picks the async round: with a given 1 s step
+    and H = 100 on two-clouds, blocking is 100 s + X and overlapped max(100 s, X)."""
+    from shardmeter.estimate.islands import predict_topology
+    from shardmeter.specs.topology import load_topology
+
+    topo = load_topology("two-clouds")
+    kw = {"mode": "async", "step_time_s": 1.0, "inner_steps": 100}
+    block = predict_topology(topo, exchange="blocking", **kw).islands[1]
+    over = predict_topology(topo, exchange="overlapped", **kw).islands[1]
+    x = over.wan_exposed_s + over.wan_hidden_s  # the whole exchange
+    assert x > 0
+    assert block.round_s == pytest.approx(100.0 + x)
+    assert over.round_s == pytest.approx(max(100.0, x))
+
+
+def test_shared_server_link_is_a_processor_sharing_station() -> None:
+    """Two spokes behind one server link C, blocking exchange (a push, then a pull, each of
+    M = 0.4 GB): each leg sees the other worker's mean queue (mean-value analysis):
+    T = S·(1 + T/round), round = b + 2T with b = H·T_inner and S = M/C = 1 s, so
+    2T² + (b − 3S)·T − S·b = 0."""
+    import dataclasses
+
+    wan = dataclasses.replace(uniform(3, 8e8, 0.0), server_Bps=4e8)  # each path alone 0.5 s
+    inner = np.array([0.19, 0.19, 0.19])  # H = 10: b = 1.9 s of compute
+    rnd = outer_round("async", inner, wan, 1e8, inner_steps=10, bits=32, exchange="blocking")
+    s, b = 1.0, 1.9
+    t = (-(b - 3 * s) + math.sqrt((b - 3 * s) ** 2 + 8 * s * b)) / 4
+    assert rnd.wan_comm_s[1] == pytest.approx(2 * t, rel=1e-6)
+    assert rnd.wan_comm_s[2] == pytest.approx(2 * t, rel=1e-6)
+    assert rnd.round_s[1] == pytest.approx(b + 2 * t, rel=1e-6)
+    # a lone spoke shares with nobody: each leg takes its path (0.5 s) or the server's link
+    # (1 s) alone, whichever is slower
+    lone = dataclasses.replace(uniform(2, 8e8, 0.0), server_Bps=4e8)
+    one = outer_round("async", inner[:2], lone, 1e8, inner_steps=10, bits=32, exchange="blocking")
+    assert one.wan_comm_s[1] == pytest.approx(2.0)

@@ -34,6 +34,7 @@ RUN_FLAGS: dict[str, str] = {
     "quality_factor": "quality_factor",
     "threshold": "compute_bound_threshold",
     "outer_overlap": "outer_overlap",
+    "exchange": "exchange",
     "balance_steps": "balance_steps",
     "backward_overlap": "backward_overlap",
     "payload": "payload",
@@ -77,6 +78,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         default=None,
         help="DiLoCo eager/delayed outer step: hide the exchange behind the next round",
+    )
+    add(
+        "--exchange",
+        choices=("duplex", "blocking", "overlapped"),
+        help="async: duplex (delta up and model down at once, hidden), or HeLoCo's push then "
+        "pull between rounds (blocking) or behind the next round (overlapped)",
     )
     add(
         "--balance-steps",

@@ -248,6 +248,7 @@ def _round(
         buckets=np.array([isl.buckets for isl in inputs], dtype=np.float64),
         bandwidth_scale=bandwidth_scale,
         balance=outer.balance_steps,
+        exchange=outer.exchange,
     )
 
 

@@ -16,14 +16,23 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from shardmeter.estimate.schedule import Schedule, even_schedule, round_stall_s
-from shardmeter.estimate.wan import WanPaths, heloco_exchange_s, hub_allreduce_s
+from shardmeter.estimate.wan import WanPaths, heloco_exchange_s, hub_allreduce_s, slow_start_s
 
 FloatArray = NDArray[np.float64]
 
 Mode = Literal["sync", "diloco", "streaming", "async"]
 Reduce = Literal["ring", "hub", "bucket"]
-Exchange = Literal["duplex", "heloco"]  # the async mode's exchange (see outer_round)
+# The async mode's exchange (see outer_round): "duplex" (one delta up and one model down at
+# once, hidden behind the next round), HeLoCo's runtime "blocking" (between rounds) or
+# "overlapped" (behind the next round); "heloco" is the older name of "overlapped".
+Exchange = Literal["duplex", "blocking", "overlapped", "heloco"]
+EXCHANGES: tuple[str, ...] = ("duplex", "blocking", "overlapped")
 MODES: tuple[str, ...] = ("sync", "diloco", "streaming", "async")
+
+# Bits per parameter of the model a HeLoCo server dispatches: always fp32, whatever the
+# push's codec (heloco/net/coordinator.py: the dispatch is the model itself, not a delta, so no
+# error feedback could absorb its rounding).
+HELOCO_DISPATCH_BITS = 32.0
 
 # Bytes an outer Nesterov step touches per parameter: read+write fp32 params and momentum,
 # read the fp32 pseudo-gradient (DiLoCo, Douillard et al. 2023, Alg. 1; 5 × 4 bytes).
@@ -206,12 +215,14 @@ def outer_round(
       2025) hidden behind the next round (τ = H), then the slowest outer-optimizer step.
     - streaming: P fragments synced at offsets round(k·H/P) (or `schedule`), each may take τ
       inner steps, τ = H with `overlap` (Douillard et al. 2025, arXiv 2501.18512).
-    - async: parameter server at `wan.center`; islands never wait: island i's round is
-      max(H·T_i, X_i), X_i = RTT_i + M/W_i (one delta up and one model down at once, full
-      duplex), or with `exchange = "heloco"` HeLoCo's own exchange (one push, then one pull,
-      each a request and its reply from TCP's initial window: `heloco_exchange_s`),
-      overlapped with the next round, then remote rounds stretch by the server's overload Σ_i (M/round_i)/W_server
-      when above 1 (design doc C.9).
+    - async: parameter server at `wan.center`; islands never wait for each other. With
+      `exchange = "duplex"` island i's round is max(H·T_i, X_i), X_i = RTT_i + M/W_i (one
+      delta up and one model down at once, hidden behind the next round). HeLoCo's runtime
+      sends one push of M, then one pull of the fp32 model (N·32/8 bytes), each a request and
+      its reply from TCP's initial window (X_i = `heloco_exchange_s`); `exchange = "blocking"` (its worker loop: pull, H steps,
+      push, wait for the ack) pays it between rounds, H·T_i + X_i, and `"overlapped"` (or
+      `"heloco"`) runs it behind the next round, max(H·T_i, X_i). Remote rounds then
+      stretch by the server's overload Σ_i (M/round_i)/W_server when above 1 (design doc C.9).
     `balance` (diloco, streaming) lets faster islands run more inner steps per round.
     """
     inner = np.asarray(inner_s, dtype=np.float64)
@@ -237,7 +248,9 @@ def outer_round(
     t_max = inner.max(axis=-1)
 
     if mode == "async":
-        return _async_round(inner, wan, nbytes, h, scale, exchange)
+        if exchange not in (*EXCHANGES, "heloco"):
+            raise ValueError(f"exchange {exchange!r}: one of {', '.join(EXCHANGES)}")
+        return _async_round(inner, wan, nbytes, h, scale, exchange, n_params)
 
     coll = collective(nbytes, wan, reduce, gathered=gathered, rounds=collective_rounds, scale=scale)
     window = _pacing(np.asarray(backward_s, dtype=np.float64), inner)
@@ -297,8 +310,10 @@ def _async_round(
     h: FloatArray,
     scale: FloatArray,
     exchange_pattern: Exchange = "duplex",
+    n_params: float = 0.0,
 ) -> OuterRound:
-    """Parameter server at `wan.center` (design doc C.9, asynchronous)."""
+    """Parameter server at `wan.center` (design doc C.9, asynchronous). HeLoCo's exchanges
+    pull the fp32 model (`n_params` · HELOCO_DISPATCH_BITS / 8 bytes); duplex moves M both ways."""
     n = inner.shape[-1]
     c = wan.center
     remote = np.arange(n) != c
@@ -306,17 +321,27 @@ def _async_round(
     m = nbytes[..., None]
     host = 2.0 * m / wan.host_copy_Bps
     rtt = wan.rtt_s[:, c]
-    if exchange_pattern == "heloco":
-        exchange = np.where(remote, heloco_exchange_s(m, path_bw, rtt) + host, 0.0)
-    else:
+    if exchange_pattern == "duplex":
+        down = m
         exchange = np.where(remote, rtt + m / path_bw + host, 0.0)
+        legs: tuple[tuple[FloatArray, FloatArray], ...] = ((m, m / path_bw),)
+    else:
+        down = np.broadcast_to(n_params * HELOCO_DISPATCH_BITS / 8.0, m.shape)
+        host = (m + down) / wan.host_copy_Bps
+        exchange = np.where(remote, heloco_exchange_s(m, path_bw, rtt, down) + host, 0.0)
+        legs = tuple((b, slow_start_s(b, path_bw, rtt)) for b in (m, down))
     busy = h[..., None] * inner
-    round_s = np.maximum(busy, exchange)
-    demand = np.where(remote, m / round_s, 0.0).sum(axis=-1, keepdims=True)
-    overload = np.maximum(1.0, demand / (wan.server_Bps * scale[..., None]))
+    # blocking: pull → H steps → push and its ack, in turn; else behind the next round
+    blocking = exchange_pattern == "blocking"
+    server = wan.server_Bps * scale[..., None]
+    if np.isfinite(wan.server_Bps):
+        exchange = _share_server(exchange, legs, busy, blocking, server, remote)
+    round_s = busy + exchange if blocking else np.maximum(busy, exchange)
+    demand = np.where(remote, np.maximum(m, down) / round_s, 0.0).sum(axis=-1, keepdims=True)
+    overload = np.maximum(1.0, demand / server)
     round_s = np.where(remote, round_s * overload, round_s)
     rate = 1.0 / round_s
-    moved = np.where(remote, 2.0 * m, 0.0)
+    moved = np.where(remote, m + down, 0.0)
     return OuterRound(
         round_s=round_s,
         busy_s=busy,
@@ -329,6 +354,40 @@ def _async_round(
         egress_usd=moved * wan.egress_usd_per_byte[:, c],
         staleness=round_s * (rate.sum(axis=-1, keepdims=True) - rate),
     )
+
+
+SHARE_ITERATIONS = 40  # damped fixed-point steps of the shared-server mean-value analysis
+
+
+def _share_server(
+    exchange: FloatArray,
+    legs: tuple[tuple[FloatArray, FloatArray], ...],
+    busy: FloatArray,
+    blocking: bool,
+    server_Bps: FloatArray,
+    remote: NDArray[np.bool_],
+) -> FloatArray:
+    """The exchange when every worker's transfers cross the server's one link (per direction).
+
+    Each leg (bytes B_i, alone t_i: push, then pull; or one duplex leg) shares the server's
+    link C with the others' legs in flight. Mean-value analysis of a closed processor-sharing
+    station (Reiser & Lavenberg 1980, JACM 27(2), eq. 3.2: R = S·(1 + Q seen at arrival),
+    the arrival theorem: a leg sees the OTHER workers' mean queue, Q_j = T_j / round_j by
+    Little's law): T_i = max(t_i, B_i/C · (1 + Σ_{j≠i} T_j / round_j)), solved by damped
+    iteration with round_j from the exchange mode. Seconds; the alone time is the floor (a
+    lone leg is limited by its own path)."""
+    fixed = exchange - np.where(remote, sum(t for _, t in legs), 0.0)
+    times = [np.where(remote, t, 0.0) for _, t in legs]
+    for _ in range(SHARE_ITERATIONS):
+        total = fixed + sum(times)
+        round_s = busy + total if blocking else np.maximum(busy, total)
+        new = []
+        for (b, alone), t in zip(legs, times, strict=True):
+            q = t / round_s
+            others = q.sum(axis=-1, keepdims=True) - q
+            new.append(np.where(remote, np.maximum(alone, b / server_Bps * (1.0 + others)), 0.0))
+        times = [0.5 * (t + u) for t, u in zip(times, new, strict=True)]
+    return np.asarray(fixed + sum(times), dtype=np.float64)
 
 
 def outer_opt_seconds(

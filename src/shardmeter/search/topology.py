@@ -357,6 +357,7 @@ def compose_block(
         backward_s=window[:, None, :],
         buckets=cb.buckets[:, None, :],
         balance=run.balance_steps,
+        exchange=run.exchange,
     )
     gpus = cb.gpus[:, None, :]
     run_s = compose_arrays(

@@ -268,6 +268,9 @@ class OuterSpec(BaseModel):
     grad_bits: Literal[32, 16, 8] = 16  # gradient bits in synchronous DP (dense payload)
     payload: PayloadSpec = PayloadSpec()  # what crosses the WAN (dense: bits / grad_bits)
     outer_overlap: bool = False  # DiLoCo: eager/delayed outer step, comm hidden by one round
+    # async: "duplex" (delta up and model down at once, hidden behind the next round), or
+    # HeLoCo's push-then-pull "blocking" (between rounds) / "overlapped" (behind the next round)
+    exchange: Literal["duplex", "blocking", "overlapped"] = "duplex"
     backward_overlap: bool = True  # the exchange starts during the backward, layer by layer
     balance_steps: bool = False  # DiLoCo/Streaming: faster islands run H_i = ⌊H·T_max/T_i⌋ steps
     fragments: int | list[FragmentSpec] = 1  # Streaming DiLoCo: P, or an explicit schedule

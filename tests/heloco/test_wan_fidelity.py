@@ -1,0 +1,118 @@
+"""benchmarks/wan_fidelity.py's comparison logic, without namespaces: a worker's round is read
+from events and its report as the benchmark reads a real run, the prediction is ShardMeter's
+async round for the same link and exchange mode, and saved measurements re-predict."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from shardmeter.estimate.wan import goodput_Bps, heloco_exchange_s
+
+
+@pytest.fixture(scope="module")
+def bench(load_benchmark: Any) -> ModuleType:
+    return load_benchmark("wan_fidelity")
+
+
+def events(worker: int, times: list[float], timing: bool) -> list[dict[str, Any]]:
+    """Round events of one worker: push arrivals at ``times``; with ``timing``, a blocking
+    round's fields (0.2 s receive, then compute, 0.3 s send before the arrival)."""
+    out = []
+    for k, t in enumerate(times):
+        e: dict[str, Any] = {"type": "round", "worker": worker, "round_id": k, "steps": 10,
+                             "tokens": 2560, "start": t - 1.5, "time": t}  # fmt: skip
+        if timing:
+            e |= {"recv_start": t - 1.5, "recv_end": t - 1.3, "compute_start": t - 1.3,
+                  "compute_end": t - 0.3, "send_start": t - 0.3, "send_end": t}  # fmt: skip
+        out.append(e)
+    return out
+
+
+REPORT = {"compute_s": 5.0, "rounds": 5, "push_bytes": [550_000] * 5}
+
+
+def test_a_workers_round_comes_from_its_push_arrivals_and_report(bench: ModuleType) -> None:
+    other = events(1, [0.7, 9.0, 20.0], False)  # another worker's rounds are not counted
+    m = bench.measure_worker(0, events(0, [2.0, 4.0, 6.5, 8.0], True) + other, REPORT, 256.0)
+    assert m.period_s == pytest.approx(2.0)  # (8 − 2) / 3 intervals
+    assert m.rounds == 3 and m.steps == 10 and m.compute_s == pytest.approx(1.0)
+    assert m.utilization == pytest.approx(0.5)
+    assert m.tokens_per_s == pytest.approx(10 * 256 / 2.0)
+    assert m.recv_s == pytest.approx(0.2) and m.send_s == pytest.approx(0.3)
+    assert m.idle_s == pytest.approx(2.0 - 1.0 - 0.5)
+    assert m.push_bytes == pytest.approx(550_000)
+    # without the timing fields (or in an overlapped run) receive, send and idle are unknown
+    bare = bench.measure_worker(0, events(0, [2.0, 4.0, 6.0], False), REPORT, 256.0)
+    assert bare.send_s is None and bare.recv_s is None and bare.idle_s is None
+    overl = bench.measure_worker(0, events(0, [2.0, 4.0, 6.0], True), REPORT, 256.0, spans=False)
+    assert overl.send_s is None
+    with pytest.raises(ValueError, match="2 rounds"):
+        bench.measure_worker(0, events(0, [2.0, 4.0], True), REPORT, 256.0)
+
+
+def result(bench: ModuleType, exchange: str, codec: str = "fp32") -> Any:
+    link = bench.Link(6e6, 0.04)
+    run = bench.Run("t", (link, bench.Link(30e6)), (0.1, 0.1), codec=codec, exchange=exchange)
+    workers = tuple(
+        bench.Measured(w, 5, 2.0, 10.0, 256.0, 1.0, None, None, 550_000.0) for w in range(2)
+    )
+    return bench.RunResult(run, 1500, 136_960, workers)
+
+
+@pytest.mark.parametrize("codec", ["fp32", "int8"])
+def test_prediction_is_shardmeters_heloco_exchange_over_the_emulated_link(
+    bench: ModuleType, codec: str
+) -> None:
+    """Blocking: H·T + X; overlapped: max(H·T, X); X = push (q bits) then pull (fp32), each
+    a round trip plus its bytes from the initial window at the link's goodput at MTU 1500."""
+    rate = float(goodput_Bps(6e6 / 8, 1500))
+    bits = 32 if codec == "fp32" else 8
+    x = float(heloco_exchange_s(136_960 * bits / 8, rate, 0.04, 136_960 * 4))
+    block = bench.predict(result(bench, "blocking", codec))[0]
+    over = bench.predict(result(bench, "overlapped", codec))[0]
+    assert block.exchange_s == pytest.approx(x) and block.round_s == pytest.approx(1.0 + x)
+    assert over.round_s == pytest.approx(max(1.0, x))
+    assert block.utilization == pytest.approx(1.0 / (1.0 + x))
+
+
+def test_errors_and_targets_over_rows(bench: ModuleType) -> None:
+    rows = bench.compare([result(bench, "blocking"), result(bench, "overlapped")])
+    assert len(rows) == 4
+    for r in rows:  # measured 50% utilization at a 2 s period
+        assert r.util_error_points == pytest.approx(100 * (r.predicted.utilization - 0.5))
+        assert r.tokens_error == pytest.approx(2.0 / r.predicted.round_s - 1.0)
+    s = bench.summarize(rows)
+    errs = sorted(abs(r.util_error_points) for r in rows)
+    assert s.util_median_abs_points == pytest.approx((errs[1] + errs[2]) / 2)
+    assert s.util_max_abs_points == pytest.approx(errs[-1])
+    assert s.tokens_within_10pct == sum(abs(r.tokens_error) <= 0.1 for r in rows)
+    # each blocking worker is paired with the overlapped one on its link
+    assert [p[0] for p in s.overlap_pairs] == ["bw=6Mbit,rtt=40ms fp32", "bw=30Mbit,rtt=0ms fp32"]
+
+
+def test_saved_measurements_repredict(
+    bench: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
+) -> None:
+    path = tmp_path / "m.json"
+    bench.save(
+        path, [result(bench, "blocking")], {"uptime": ["up 3:00,  load average: 1.00, 2.00, 3.00"]}
+    )
+    loaded, extra = bench.load(path)
+    assert loaded == [result(bench, "blocking")] and len(extra["uptime"]) == 1
+    monkeypatch.setattr("sys.argv", ["wan_fidelity.py", "--load", str(path)])
+    bench.main()
+    out = capsys.readouterr().out
+    assert "2 workers: utilization |error|" in out and "(1 min) 1.0-1.0 over 1" in out
+    assert json.loads(path.read_text())["results"][0]["n_params"] == 136_960
+
+
+def test_first_crossing_interpolates_between_evals(bench: ModuleType) -> None:
+    pts = [(0.0, 0.0, 5.0), (10.0, 1000.0, 4.0), (20.0, 2000.0, 3.0), (30.0, 3000.0, 3.5)]
+    assert bench.first_crossing(pts, 3.5) == pytest.approx((15.0, 1500.0))
+    assert bench.first_crossing(pts, 2.0) is None
+    assert bench.first_crossing(pts, 6.0) == (0.0, 0.0)
