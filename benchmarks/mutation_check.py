@@ -26,6 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("shardmeter/", "heloco/")  # a path starting so is relative to src/
 CODEC_TESTS = "tests/heloco/test_codecs.py"
 DECOUPLED_TESTS = "tests/heloco/test_decoupled.py"
+FP8_CAST_TESTS = (
+    "tests/shardmeter/test_closed_form.py::test_fp8_operand_casts_outside_a_compiled_graph"
+)
 
 
 @dataclass(frozen=True)
@@ -420,6 +423,17 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("largest parameter without the embedding table", "memory.py",
              "biggest = max(model.vocab * model.hidden, model.hidden * width,",
              "biggest = max(0 * model.vocab * model.hidden, model.hidden * width,"),
+    # --- throughput accuracy: FP8 operand casts outside a compiled graph ---
+    Mutation("FP8 cast-transpose 4 B per element -> 3", "compute.py",
+             "FP8_CAST_BYTES = 4.0", "FP8_CAST_BYTES = 3.0", FP8_CAST_TESTS),
+    Mutation("FP8 backward gradient casts dropped", "compute.py",
+             "quant_bwd_s=fp8_cast_time(quant_bwd, plans, acc, sh.fp8),", "quant_bwd_s=0.0,",
+             FP8_CAST_TESTS),
+    Mutation("FP8 casts paid inside a compiled (XLA) graph", "compute.py",
+             "return where(plans.compiled, 0.0, cast)", "return cast", FP8_CAST_TESTS),
+    Mutation("FP8 cast misses the MLP down projection's input", "compute.py",
+             "quant_fwd = t * (h + sh.q_local) + mlp_rows * h + t * active_width",
+             "quant_fwd = t * (h + sh.q_local) + mlp_rows * h", FP8_CAST_TESTS),
 )  # fmt: skip
 
 

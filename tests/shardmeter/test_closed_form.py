@@ -509,6 +509,26 @@ def test_eager_elementwise_ops_move_more_bytes() -> None:
     check(delta, LAYERS * 3 * T1 * extra / 1e12)
 
 
+def test_fp8_operand_casts_outside_a_compiled_graph() -> None:
+    """FP8 GEMMs (Transformer Engine / torchao) quantize each GEMM operand with a fused
+    cast-transpose: read 2 B, write the FP8 tensor and its transpose, 1 + 1 B. Forward: the
+    inputs of QKV (h), the output projection (q = h), the MLP up (h) and down (F) GEMMs;
+    backward: their output gradients, 3h + h + F + h. 1 TB/s HBM, one micro-batch: the eager
+    step pays 4 B × T × (3h + F + 5h + F) per layer more than the compiled (XLA) one, and a
+    bf16 plan none."""
+    world = cluster(hbm_bytes_per_s=1e12)
+    plan = Plan(micro_batch=1, global_batch=1, precision="fp8")
+    eager = estimate_step(MODEL, world, plan)
+    compiled = estimate_step(MODEL, world, plan.model_copy(update={"compiled": True}))
+    elements = (3 * H + FFN) + (5 * H + FFN)
+    delta = eager.time_breakdown["compute"] - compiled.time_breakdown["compute"]
+    check(delta, LAYERS * 4 * T1 * elements / 1e12)
+    bf16 = Plan(micro_batch=1, global_batch=1)
+    same = estimate_step(MODEL, world, bf16).time_breakdown["compute"]
+    check(same, estimate_step(MODEL, world, bf16.model_copy(
+        update={"compiled": True})).time_breakdown["compute"])  # fmt: skip
+
+
 def test_fp32_weights_under_autocast_cast_and_gather_fp32() -> None:
     """FSDP with fp32 weights under autocast (Composer's mixed_precision DEFAULT), 1 TB/s HBM,
     gathers on demand: every GEMM casts its weight to bf16 each micro-batch (read 4 B, write
