@@ -132,6 +132,7 @@ def _accelerator_values(name: str, cal: Calibration, note: str) -> dict[str, obj
         "matmul_half_gflop": round(eff.matmul_half_gflop, 4),
         "memory": round(eff.memory, 4),
         "kernel_launch_us": round(eff.kernel_launch_us, 2),
+        "speed_cv": round(eff.speed_cv, 4),
         "attention": round(eff.attention, 4),
         "source": src,
     }

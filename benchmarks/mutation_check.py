@@ -29,6 +29,7 @@ DECOUPLED_TESTS = "tests/heloco/test_decoupled.py"
 FP8_CAST_TESTS = (
     "tests/shardmeter/test_closed_form.py::test_fp8_operand_casts_outside_a_compiled_graph"
 )
+SLOWEST_GPU_TESTS = "tests/shardmeter/test_closed_form.py::test_step_waits_for_the_slowest_gpu"
 
 
 @dataclass(frozen=True)
@@ -434,6 +435,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("FP8 cast misses the MLP down projection's input", "compute.py",
              "quant_fwd = t * (h + sh.q_local) + mlp_rows * h + t * active_width",
              "quant_fwd = t * (h + sh.q_local) + mlp_rows * h", FP8_CAST_TESTS),
+    Mutation("slowest GPU: cv·sqrt(2 ln n) written as cv·ln n", "step.py",
+             "return speed_cv * sqrt(2.0 * log(maximum(n_gpus, 1.0)))",
+             "return speed_cv * log(maximum(n_gpus, 1.0))", SLOWEST_GPU_TESTS),
+    Mutation("slowest GPU's wait left out of the optimizer", "step.py",
+             '"optimizer": opt * slowest,', '"optimizer": opt,', SLOWEST_GPU_TESTS),
+    Mutation("slowest GPU's wait applied to exposed communication", "step.py",
+             '"dp_comm": m * on_critical("dp_comm") + dp_once + steps_sync,',
+             '"dp_comm": (m * on_critical("dp_comm") + dp_once + steps_sync) * slowest,',
+             SLOWEST_GPU_TESTS),
 )  # fmt: skip
 
 

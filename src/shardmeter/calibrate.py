@@ -586,6 +586,9 @@ SHARED_PARAMETERS: tuple[Bound, ...] = (
     # Host time per kernel launch: a CUDA launch is 2-5 µs, an eager PyTorch op with its
     # Python dispatch 5-30 µs (measured dispatch overheads of eager frameworks).
     Bound("kernel_launch_us", 1.0, 30.0, 24.2087),
+    # GPU-to-GPU speed spread (sd/mean): 0 (identical chips) to 5% (Sinha et al. SC'22 measure
+    # a few percent of clock and throughput variation across the GPUs of production clusters).
+    Bound("speed_cv", 0.0, 0.05, 0.01),
 )
 
 
@@ -615,6 +618,7 @@ class Calibration:
     nic_efficiency: float  # achieved / nominal IB or RoCE bandwidth per GPU
     overlap_slowdown: float  # compute lost while communication overlaps
     kernel_launch_us: float  # host µs per kernel launch
+    speed_cv: float  # GPU-to-GPU speed spread (sd/mean); the step waits for the slowest GPU
 
     @classmethod
     def from_values(cls, names: Sequence[str], values: Sequence[float]) -> Calibration:
@@ -664,6 +668,7 @@ class Calibration:
             "attention": min(1.0, eta * self.attention_ratio),
             "memory": self.memory,
             "kernel_launch_us": self.kernel_launch_us,
+            "speed_cv": self.speed_cv,
         }
         if "fp8" in acc.peak_tflops:
             update["fp8_speedup"] = self.fp8_speedup

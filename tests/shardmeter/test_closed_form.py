@@ -529,6 +529,29 @@ def test_fp8_operand_casts_outside_a_compiled_graph() -> None:
         update={"compiled": True})).time_breakdown["compute"])  # fmt: skip
 
 
+def test_step_waits_for_the_slowest_gpu() -> None:
+    """GPU-to-GPU speed spread cv = 2%: a synchronous step of n GPUs waits for the slowest,
+    whose GPU work takes 1 + cv·sqrt(2 ln n) times the mean (Gaussian extreme value). ZeRO-1
+    on 4 GPUs without overlap: compute, recompute, optimizer and bubble stretch by
+    1 + 0.02·sqrt(2 ln 4); the exposed communication does not. One GPU: no wait."""
+    spread = cluster()
+    spread = spread.model_copy(update={"accelerator": spread.accelerator.model_copy(
+        update={"efficiency": spread.accelerator.efficiency.model_copy(
+            update={"speed_cv": 0.02})})})  # fmt: skip
+    plan = _zero_plan("zero1", False)
+    even = estimate_step(MODEL, CLUSTER, plan)
+    slow = estimate_step(MODEL, spread, plan)
+    factor = 1 + 0.02 * math.sqrt(2 * math.log(4))
+    for part in ("compute", "optimizer"):
+        check(slow.time_breakdown[part], even.time_breakdown[part] * factor)
+    check(slow.time_breakdown["dp_comm"], even.time_breakdown["dp_comm"])
+    one = Plan(micro_batch=1, global_batch=1)
+    check(
+        estimate_step(MODEL, spread, one).step_time_s,
+        estimate_step(MODEL, CLUSTER, one).step_time_s,
+    )
+
+
 def test_fp32_weights_under_autocast_cast_and_gather_fp32() -> None:
     """FSDP with fp32 weights under autocast (Composer's mixed_precision DEFAULT), 1 TB/s HBM,
     gathers on demand: every GEMM casts its weight to bf16 each micro-batch (read 4 B, write

@@ -19,7 +19,16 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shardmeter.estimate import comm
-from shardmeter.estimate._xp import Num, as_float, logical_not, maximum, minimum, where
+from shardmeter.estimate._xp import (
+    Num,
+    as_float,
+    log,
+    logical_not,
+    maximum,
+    minimum,
+    sqrt,
+    where,
+)
 from shardmeter.estimate.compute import (
     ACT_BYTES,
     BWD_ATTN,
@@ -113,6 +122,14 @@ def _finish(value: Num, zeros: FloatArray) -> FloatArray:
     if isinstance(value, np.ndarray) and value.shape == zeros.shape:
         return value if value.dtype == np.float64 else value.astype(np.float64)
     return np.add(value, zeros)
+
+
+def straggler_share(n_gpus: Num, speed_cv: float) -> Num:
+    """Extra share of GPU time a synchronous step of `n_gpus` spends waiting for its slowest
+    GPU: the expected maximum of n Gaussian speed factors of spread `speed_cv` is about
+    1 + cv·sqrt(2·ln n) (Cramér's extreme-value asymptote; Sinha et al. SC'22 measure the
+    GPU-to-GPU spread). 0 for one GPU or cv = 0; dimensionless."""
+    return speed_cv * sqrt(2.0 * log(maximum(n_gpus, 1.0)))
 
 
 def pipeline_bubble_fraction(p: Num, v: Num, m: Num) -> Num:
@@ -399,11 +416,14 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     offloaded = plans.offload >= OFFLOAD_CODES["optimizer"]
     opt = where(offloaded, offload_transfer_time(owned, plans), opt)
 
+    # The step waits for its slowest GPU: the GPU-bound parts stretch by the expected maximum of
+    # n per-GPU speed factors, 1 + cv·sqrt(2 ln n) (Gaussian extreme value, as the MoE rank load).
+    slowest = 1.0 + straggler_share(as_float(plans.n_gpus), acc.efficiency.speed_cv)
     time = {
-        "compute": m * on_critical("compute"),
-        "recompute": m * on_critical("recompute"),
-        "optimizer": opt,
-        "bubble": times.bubble_s(vpp),
+        "compute": m * on_critical("compute") * slowest,
+        "recompute": m * on_critical("recompute") * slowest,
+        "optimizer": opt * slowest,
+        "bubble": times.bubble_s(vpp) * slowest,
         "tp_comm": m * on_critical("tp_comm"),
         "pp_comm": pp_total,
         "dp_comm": m * on_critical("dp_comm") + dp_once + steps_sync,
