@@ -66,6 +66,7 @@ from shardmeter.estimate.plan_arrays import (
 )
 from shardmeter.estimate.result import (
     MEMORY_COMPONENTS,
+    MEMORY_KINDS,
     TIME_COMPONENTS,
     StepArrays,
     StepEstimate,
@@ -251,8 +252,11 @@ def _stage_components(
     return out
 
 
-def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanArrays) -> StepArrays:
-    """Vectorized step estimate: every PlanArrays column may be an array; one formula."""
+def estimate_step_arrays(
+    model: TransformerSpec, cluster: Cluster, plans: PlanArrays, with_memory: bool = True
+) -> StepArrays:
+    """Vectorized step estimate: every PlanArrays column may be an array; one formula.
+    `with_memory=False` leaves the memory terms at 0 (the calibration fit needs only time)."""
     acc = cluster.accelerator
     u = cluster.overlap_slowdown
     dp, tp, pp, cp, ep, vpp = (
@@ -463,12 +467,16 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     fp8 = plans.precision == PRECISION_CODES["fp8"]
     fp16 = plans.precision == PRECISION_CODES["fp16"]
     peak = where(fp8, acc.peak("fp8"), where(fp16, acc.peak("fp16"), acc.peak("bf16")))
-    mem = memory_breakdown(model, cluster, plans, counts)
-    memory = mem.as_dict()
-    detail = {
-        "allocated": mem.allocated, "reserved": mem.reserved, "fragmentation": mem.fragmentation,
-        "cuda_context": mem.cuda_context, "nccl_buffers": mem.nccl_buffers, "host": mem.host,
-    }  # fmt: skip
+    memory: dict[str, Num] = {k: 0.0 for k in MEMORY_COMPONENTS}
+    detail: dict[str, Num] = {k: 0.0 for k in MEMORY_KINDS}
+    if with_memory:
+        mem = memory_breakdown(model, cluster, plans, counts)
+        memory = mem.as_dict()
+        detail = {
+            "allocated": mem.allocated, "reserved": mem.reserved,
+            "fragmentation": mem.fragmentation, "cuda_context": mem.cuda_context,
+            "nccl_buffers": mem.nccl_buffers, "host": mem.host,
+        }  # fmt: skip
     return StepArrays(
         memory_detail={k: _finish(v, zeros) for k, v in detail.items()},
         time=time,
