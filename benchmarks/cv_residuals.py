@@ -3,6 +3,7 @@
     python benchmarks/calibration.py --cv --cv-out out/cv.csv   # ~8 min: every held-out row
     python benchmarks/cv_residuals.py out/cv.csv                # the tables below, in seconds
     python benchmarks/cv_residuals.py out/cv.csv --before out/cv_before.csv  # side by side
+    python benchmarks/cv_residuals.py out/cv.csv --sources S1,S5,S7,S8       # some sources
 
 A bias that grows with scale shows as a slope of the signed log error against log2(GPUs)
 (least squares, per source and over all rows) and as a drift of the signed median across the
@@ -143,12 +144,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("cv_csv", help="the --cv-out file of benchmarks/calibration.py --cv")
     parser.add_argument("--before", default="", help="an earlier --cv-out file: its table first")
+    parser.add_argument("--sources", default="", help="only these sources (S1,H4,...)")
     args = parser.parse_args(argv)
+    keep = set(args.sources.split(",")) if args.sources else None
+
+    def rows_of(path: str) -> list[Row]:
+        return [r for r in read(Path(path)) if keep is None or r.source in keep]
+
     if args.before:
         print(f"== before: {args.before}")
-        report(read(Path(args.before)))
+        report(rows_of(args.before))
         print(f"\n== after: {args.cv_csv}")
-    report(read(Path(args.cv_csv)))
+    report(rows_of(args.cv_csv))
     return 0
 
 
