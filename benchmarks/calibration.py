@@ -5,6 +5,8 @@
     python benchmarks/calibration.py --fit --write  # also store them in the preset TOML files
     python benchmarks/calibration.py --cv         # leave-one-source-out cross-validation over
                                                   # runs.csv and benchmarks/holdout_runs.csv
+    python benchmarks/calibration.py --cv --cv-out out/cv.csv  # also every held-out row, for
+                                                  # benchmarks/cv_residuals.py
 
 The fit (runs.csv and the holdout file together) minimises the source-weighted mean
 |log(predicted/measured)| over few, physical parameters: matmul efficiency per accelerator
@@ -130,6 +132,7 @@ def _accelerator_values(name: str, cal: Calibration, note: str) -> dict[str, obj
         "matmul_half_gflop": round(eff.matmul_half_gflop, 4),
         "memory": round(eff.memory, 4),
         "kernel_launch_us": round(eff.kernel_launch_us, 2),
+        "speed_cv": round(eff.speed_cv, 4),
         "attention": round(eff.attention, 4),
         "source": src,
     }
@@ -177,7 +180,38 @@ def write_presets(cal: Calibration, note: str) -> list[Path]:
     return written
 
 
-def print_cv(runs: Sequence[RunSpec], iterations: int, only: Sequence[str] | None) -> None:
+CV_COLUMNS: tuple[str, ...] = (
+    "run_id", "source_id", "framework", "model", "gpu", "n_gpus", "params_b", "seq_len", "tp",
+    "pp", "vpp", "cp", "dp", "ep", "experts", "sharding", "recompute", "precision", "micro_batch",
+    "measured", "predicted", "signed_error",
+)  # fmt: skip
+
+
+def write_cv_rows(path: Path, runs: Sequence[RunSpec], rows: Sequence[RowResult]) -> None:
+    """Every held-out row with the inputs the residual analysis groups by (one CSV, atomic)."""
+    by_id = {r.run_id: r for r in runs}
+    lines = [",".join(CV_COLUMNS)]
+    for row in rows:
+        if row.predicted is None or row.measured is None:
+            continue
+        run = by_id[row.run_id]
+        plan = run.plan
+        values = (
+            row.run_id, row.source_id, run.framework, run.model.name, run.cluster.accelerator.name,
+            plan.n_gpus, f"{run.model.params_total / 1e9:.3f}", run.model.seq_len, plan.tp,
+            plan.pp, plan.vpp, plan.cp, plan.dp, plan.ep,
+            run.model.moe.experts if run.model.moe else 0, plan.sharding, plan.recompute,
+            plan.precision, plan.micro_batch, f"{row.measured:.6g}", f"{row.predicted:.6g}",
+            f"{row.predicted / row.measured - 1.0:.5f}",
+        )  # fmt: skip
+        lines.append(",".join('"' + str(v).replace('"', "'") + '"' for v in values))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, "\n".join(lines) + "\n")
+
+
+def print_cv(
+    runs: Sequence[RunSpec], iterations: int, only: Sequence[str] | None, out: Path | None = None
+) -> None:
     """Leave-one-source-out table: each source predicted by a fit on all the others."""
     folds = leave_one_source_out(runs, iterations=iterations, only=only)
     print("leave-one-source-out cross-validation (fit on the other sources, predict this one)")
@@ -207,6 +241,9 @@ def print_cv(runs: Sequence[RunSpec], iterations: int, only: Sequence[str] | Non
         assert r.predicted is not None and r.measured is not None
         print(f"  {r.run_id:>5} {r.source_id:<3} {names.get(r.run_id, '')[:34]:<34} "
               f"{100 * (r.predicted / r.measured - 1):+7.1f}%")  # fmt: skip
+    if out is not None:
+        write_cv_rows(out, runs, every)
+        print(f"\nwrote every held-out row to {out}")
     shared, floor = identical_input_floor(runs, every)
     print(f"\nnoise floor: {shared} rows repeat another row's inputs; predicted at their "
           f"group's measured median, the all-rows p90 would be {100 * floor:.1f}%")  # fmt: skip
@@ -246,6 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--cv", action="store_true", help="leave-one-source-out cross-validation table"
     )
     parser.add_argument("--cv-sources", default="", help="only these held-out folds (S1,H4,...)")
+    parser.add_argument("--cv-out", default="", help="--cv: write every held-out row to this CSV")
     parser.add_argument(
         "--holdout", default=str(HOLDOUT), help="second CSV fitted and cross-validated ('' none)"
     )
@@ -260,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     extra, _ = load_runs(Path(args.holdout)) if args.holdout else ([], [])
     if args.cv:
         only = args.cv_sources.split(",") if args.cv_sources else None
-        print_cv(runs + extra, args.iterations, only)
+        print_cv(runs + extra, args.iterations, only, Path(args.cv_out) if args.cv_out else None)
         return 0
     calibration = None
     fit_runs = runs + extra

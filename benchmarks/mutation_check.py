@@ -31,6 +31,10 @@ HIDDEN_TESTS = "tests/shardmeter/test_closed_form.py"
 OVERLAP_TESTS = "tests/heloco/test_overlap.py"
 OVERLAP_NET_TESTS = "tests/heloco/test_net_equivalence.py::test_overlapped_worker_matches_simulator"
 WAN_TESTS = "tests/shardmeter/test_wan_transfers.py"
+FP8_CAST_TESTS = (
+    "tests/shardmeter/test_closed_form.py::test_fp8_operand_casts_outside_a_compiled_graph"
+)
+SLOWEST_GPU_TESTS = "tests/shardmeter/test_closed_form.py::test_step_waits_for_the_slowest_gpu"
 
 
 @dataclass(frozen=True)
@@ -586,6 +590,33 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("memory data: the grad_accum_dtype column ignored", "shardmeter/memcheck.py",
              '"optimizer_in_backward", "grad_accum_dtype",', '"optimizer_in_backward",',
              "tests/shardmeter/test_memory_kinds.py::test_device_total_rows_use_the_stated_fp32_gradients"),
+    # --- throughput accuracy: FP8 operand casts outside a compiled graph ---
+    Mutation("FP8 cast-transpose 4 B per element -> 3", "compute.py",
+             "FP8_CAST_BYTES = 4.0", "FP8_CAST_BYTES = 3.0", FP8_CAST_TESTS),
+    Mutation("FP8 backward gradient casts dropped", "compute.py",
+             "quant_bwd_s=fp8_cast_time(quant_bwd, plans, acc, sh.fp8),", "quant_bwd_s=0.0,",
+             FP8_CAST_TESTS),
+    Mutation("FP8 casts paid inside a compiled (XLA) graph", "compute.py",
+             "return where(plans.compiled, 0.0, cast)", "return cast", FP8_CAST_TESTS),
+    Mutation("FP8 cast misses the MLP down projection's input", "compute.py",
+             "quant_fwd = t * (h + sh.q_local) + mlp_rows * h + t * active_width",
+             "quant_fwd = t * (h + sh.q_local) + mlp_rows * h", FP8_CAST_TESTS),
+    Mutation("slowest GPU: cv·sqrt(2 ln n) written as cv·ln n", "step.py",
+             "return speed_cv * sqrt(2.0 * log(maximum(n_gpus, 1.0)))",
+             "return speed_cv * log(maximum(n_gpus, 1.0))", SLOWEST_GPU_TESTS),
+    Mutation("slowest GPU's wait left out of the optimizer", "step.py",
+             '"optimizer": opt * slowest,', '"optimizer": opt,', SLOWEST_GPU_TESTS),
+    Mutation("slowest GPU's wait applied to exposed communication", "step.py",
+             '"dp_comm": m * on_critical("dp_comm") + dp_once + steps_sync,',
+             '"dp_comm": (m * on_critical("dp_comm") + dp_once + steps_sync) * slowest,',
+             SLOWEST_GPU_TESTS),
+    Mutation("fitted GPU speed spread never reaches the accelerator", "shardmeter/calibrate.py",
+             '"speed_cv": self.speed_cv,', '"speed_cv": 0.0,',
+             "tests/shardmeter/test_calibrate.py::test_calibration_vector_roundtrip_and_apply"),
+    Mutation("batched fit predictions scattered to the wrong rows", "shardmeter/calibrate.py",
+             "out[batch.index] = np.asarray(", "out[batch.index[::-1]] = np.asarray(",
+             "tests/shardmeter/test_calibrate.py::"
+             "test_predictions_batch_runs_sharing_a_model_and_cluster_exactly"),
 )  # fmt: skip
 
 

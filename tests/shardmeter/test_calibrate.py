@@ -14,6 +14,7 @@ from shardmeter.calibrate import (
     nelder_mead,
     plan_from_row,
     predict_run,
+    predictions,
     read_rows,
     run_from_row,
     source_weights,
@@ -128,6 +129,25 @@ def test_calibration_vector_roundtrip_and_apply() -> None:
     assert eff.matmul_half_gflop == pytest.approx(cal.matmul_half_us * 989.4e-3)
     assert cluster.intra.efficiency == pytest.approx(cal.nvlink_efficiency)
     assert cluster.inter.efficiency == pytest.approx(cal.nic_efficiency)
+    assert eff.speed_cv == pytest.approx(cal.speed_cv) and cal.speed_cv > 0
+
+
+def test_predictions_batch_runs_sharing_a_model_and_cluster_exactly() -> None:
+    """The fit's predictions run every (model, cluster) group as one vectorized estimate; each
+    row must equal its own one-by-one estimate (fp8, another plan, another GPU, a single)."""
+    rows = [
+        BASE,
+        {**BASE, "run_id": "2", "precision": "fp8"},
+        {**BASE, "run_id": "3", "tp": "1", "dp": "16", "recompute": "full"},
+        {**BASE, "run_id": "4", "gpu": "a100-80gb"},
+        {**BASE, "run_id": "5", "n_layers": "16", "n_gpus": "32", "dp": "16"},
+    ]
+    runs = [run_from_row(r) for r in rows]
+    cal = Calibration.start(["ampere", "hopper"])
+    one_by_one = [predict_run(r, cal.apply(r.cluster)).tokens_per_s_per_gpu for r in runs]
+    np.testing.assert_allclose(predictions(runs, cal), one_by_one, rtol=1e-12)
+    np.testing.assert_allclose(predictions(runs), [predict_run(r).tokens_per_s_per_gpu
+                                                   for r in runs], rtol=1e-12)  # fmt: skip
 
 
 def test_unfitted_family_takes_mean_of_fitted_families_not_a_scaled_hopper() -> None:

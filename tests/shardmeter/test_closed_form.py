@@ -512,6 +512,49 @@ def test_eager_elementwise_ops_move_more_bytes() -> None:
     check(delta, LAYERS * 3 * T1 * extra / 1e12)
 
 
+def test_fp8_operand_casts_outside_a_compiled_graph() -> None:
+    """FP8 GEMMs (Transformer Engine / torchao) quantize each GEMM operand with a fused
+    cast-transpose: read 2 B, write the FP8 tensor and its transpose, 1 + 1 B. Forward: the
+    inputs of QKV (h), the output projection (q = h), the MLP up (h) and down (F) GEMMs;
+    backward: their output gradients, 3h + h + F + h. 1 TB/s HBM, one micro-batch: the eager
+    step pays 4 B × T × (3h + F + 5h + F) per layer more than the compiled (XLA) one, and a
+    bf16 plan none."""
+    world = cluster(hbm_bytes_per_s=1e12)
+    plan = Plan(micro_batch=1, global_batch=1, precision="fp8")
+    eager = estimate_step(MODEL, world, plan)
+    compiled = estimate_step(MODEL, world, plan.model_copy(update={"compiled": True}))
+    elements = (3 * H + FFN) + (5 * H + FFN)
+    delta = eager.time_breakdown["compute"] - compiled.time_breakdown["compute"]
+    check(delta, LAYERS * 4 * T1 * elements / 1e12)
+    bf16 = Plan(micro_batch=1, global_batch=1)
+    same = estimate_step(MODEL, world, bf16).time_breakdown["compute"]
+    check(same, estimate_step(MODEL, world, bf16.model_copy(
+        update={"compiled": True})).time_breakdown["compute"])  # fmt: skip
+
+
+def test_step_waits_for_the_slowest_gpu() -> None:
+    """GPU-to-GPU speed spread cv = 2%: a synchronous step of n GPUs waits for the slowest,
+    whose GPU work takes 1 + cv·sqrt(2 ln n) times the mean (Gaussian extreme value). ZeRO-1
+    on 4 GPUs without overlap: compute, recompute, optimizer and bubble stretch by
+    1 + 0.02·sqrt(2 ln 4); the exposed communication does not. One GPU: no wait."""
+    spread = cluster()
+    spread = spread.model_copy(update={"accelerator": spread.accelerator.model_copy(
+        update={"efficiency": spread.accelerator.efficiency.model_copy(
+            update={"speed_cv": 0.02})})})  # fmt: skip
+    plan = _zero_plan("zero1", False)
+    even = estimate_step(MODEL, CLUSTER, plan)
+    slow = estimate_step(MODEL, spread, plan)
+    factor = 1 + 0.02 * math.sqrt(2 * math.log(4))
+    for part in ("compute", "optimizer"):
+        check(slow.time_breakdown[part], even.time_breakdown[part] * factor)
+    check(slow.time_breakdown["dp_comm"], even.time_breakdown["dp_comm"])
+    one = Plan(micro_batch=1, global_batch=1)
+    check(
+        estimate_step(MODEL, spread, one).step_time_s,
+        estimate_step(MODEL, CLUSTER, one).step_time_s,
+    )
+
+
 def test_fp32_weights_under_autocast_cast_and_gather_fp32() -> None:
     """FSDP with fp32 weights under autocast (Composer's mixed_precision DEFAULT), 1 TB/s HBM,
     gathers on demand: every GEMM casts its weight to bf16 each micro-batch (read 4 B, write

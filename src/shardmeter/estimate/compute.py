@@ -68,6 +68,14 @@ AUTOCAST_CAST_BYTES = 6.0
 # 2·4 + 2·6 = 20 B more per token and hidden element (PyTorch type promotion; llm-foundry MPT
 # `SharedEmbedding`, `LPLayerNorm`).
 FP32_RESIDUAL_BYTES = 2.0 * (10.0 - 6.0) + 2.0 * 6.0
+# FP8 GEMM operands outside a compiled graph: Transformer Engine (and torchao's Float8Linear)
+# quantizes each GEMM's bf16 activation input with one fused cast-transpose kernel, reading
+# 2 B and writing the FP8 tensor and its FP8 transpose (the weight-gradient GEMM's operand on
+# Hopper's TN-only FP8 tensor cores), 1 + 1 B; backward does the same for every GEMM's output
+# gradient (TE transformer_engine/common/transpose/cast_transpose.cu; Micikevicius et al. 2022,
+# "FP8 formats for deep learning" §4, per-tensor scaled casts). XLA fuses the cast into the
+# producing op (`compiled`), so a compiled step pays none of it.
+FP8_CAST_BYTES = 4.0
 NORM_BYTES = (4.0, 36.0)
 ROPE_BYTES = (4.0, 20.0)
 SWIGLU_BYTES = (6.0, 10.0)
@@ -126,10 +134,12 @@ class LayerCost:
     synced_launch_s: Num = 0.0  # launches after a host sync (dropless MoE), not hidden
     down_s: Num = 0.0  # the MLP down projection(s): the layer's last GEMM
     cast_s: Num = 0.0  # autocast casts of fp32 weights to bf16 (params_fp32)
+    quant_s: Num = 0.0  # FP8 casts of the GEMMs' activation inputs, forward
+    quant_bwd_s: Num = 0.0  # FP8 casts of the GEMMs' output gradients, backward
 
     @property
     def gpu_forward_s(self) -> Num:
-        return self.gemm_s + self.attention_s + self.elementwise_s + self.cast_s
+        return self.gemm_s + self.attention_s + self.elementwise_s + self.cast_s + self.quant_s
 
     @property
     def forward_s(self) -> Num:
@@ -139,6 +149,7 @@ class LayerCost:
     def backward_s(self) -> Num:
         attn = BWD_ATTN * self.attention_s if self.attention_bwd_s is None else self.attention_bwd_s
         gpu = BWD_GEMM * self.gemm_s + attn + BWD_ELEMENTWISE * (self.elementwise_s + self.cast_s)
+        gpu = gpu + self.quant_bwd_s
         return maximum(gpu, KERNELS_BWD * (self.launch_s + self.synced_launch_s))
 
 
@@ -187,6 +198,13 @@ def cast_time(weights: Num, plans: PlanArrays, acc: Accelerator) -> Num:
     """Forward seconds to cast `weights` fp32 weights to bf16 (AUTOCAST_CAST_BYTES each) where
     the plan keeps fp32 weights under autocast; none otherwise."""
     return where(plans.params_fp32, memory_time(AUTOCAST_CAST_BYTES * weights, acc), 0.0)
+
+
+def fp8_cast_time(elements: Num, plans: PlanArrays, acc: Accelerator, fp8: Num) -> Num:
+    """Seconds to quantize `elements` bf16 GEMM operand elements to FP8 with their transposes
+    (FP8_CAST_BYTES each) on an FP8 plan that is not one compiled graph; none otherwise."""
+    cast = where(fp8, memory_time(FP8_CAST_BYTES * elements, acc), 0.0)
+    return where(plans.compiled, 0.0, cast)
 
 
 def attention_time(
@@ -293,6 +311,7 @@ def layer_forward(
             down_s = down_s + shared_down
             gemm_flops = gemm_flops + shared_flops
         active_width = width * (spec.top_k + spec.shared_experts)
+        mlp_rows = t * (spec.top_k + spec.shared_experts)
         # Router softmax + top-k over fp32 logits (write, read, write T·E·4 B); token permute
         # (read T·h, write T·k·h) and unpermute (read T·k·h, write T·h), bf16 (Megatron-Core
         # moe_utils.permute/unpermute).
@@ -305,7 +324,13 @@ def layer_forward(
         gemm_flops = gemm_flops + mlp_flops
         weights = weights + n_mat * h * width
         active_width = width
+        mlp_rows = t
     elem_bytes = elem_bytes + act_bytes_per_width * t * active_width
+    # FP8 operands: forward the inputs of QKV, output projection, MLP up and down; backward
+    # the output gradients of the same four GEMMs.
+    quant_fwd = t * (h + sh.q_local) + mlp_rows * h + t * active_width
+    quant_bwd = t * (sh.q_local + 2.0 * sh.kv_local + h) + (n_mat - 1) * t * active_width
+    quant_bwd = quant_bwd + mlp_rows * h
     return LayerCost(
         gemm_s=gemm_s,
         attention_s=attention_s,
@@ -317,6 +342,8 @@ def layer_forward(
         synced_launch_s=synced,
         down_s=down_s,
         cast_s=cast_time(weights, plans, acc),
+        quant_s=fp8_cast_time(quant_fwd, plans, acc, sh.fp8),
+        quant_bwd_s=fp8_cast_time(quant_bwd, plans, acc, sh.fp8),
     )
 
 

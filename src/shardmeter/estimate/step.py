@@ -19,7 +19,16 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shardmeter.estimate import comm
-from shardmeter.estimate._xp import Num, as_float, logical_not, maximum, minimum, where
+from shardmeter.estimate._xp import (
+    Num,
+    as_float,
+    log,
+    logical_not,
+    maximum,
+    minimum,
+    sqrt,
+    where,
+)
 from shardmeter.estimate.compute import (
     ACT_BYTES,
     BWD_ATTN,
@@ -57,6 +66,7 @@ from shardmeter.estimate.plan_arrays import (
 )
 from shardmeter.estimate.result import (
     MEMORY_COMPONENTS,
+    MEMORY_KINDS,
     TIME_COMPONENTS,
     StepArrays,
     StepEstimate,
@@ -117,6 +127,14 @@ def _finish(value: Num, zeros: FloatArray) -> FloatArray:
     if isinstance(value, np.ndarray) and value.shape == zeros.shape:
         return value if value.dtype == np.float64 else value.astype(np.float64)
     return np.add(value, zeros)
+
+
+def straggler_share(n_gpus: Num, speed_cv: float) -> Num:
+    """Extra share of GPU time a synchronous step of `n_gpus` spends waiting for its slowest
+    GPU: the expected maximum of n Gaussian speed factors of spread `speed_cv` is about
+    1 + cv·sqrt(2·ln n) (Cramér's extreme-value asymptote; Sinha et al. SC'22 measure the
+    GPU-to-GPU spread). 0 for one GPU or cv = 0; dimensionless."""
+    return speed_cv * sqrt(2.0 * log(maximum(n_gpus, 1.0)))
 
 
 def pipeline_bubble_fraction(p: Num, v: Num, m: Num) -> Num:
@@ -245,8 +263,11 @@ def _stage_components(
     return out
 
 
-def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanArrays) -> StepArrays:
-    """Vectorized step estimate: every PlanArrays column may be an array; one formula."""
+def estimate_step_arrays(
+    model: TransformerSpec, cluster: Cluster, plans: PlanArrays, with_memory: bool = True
+) -> StepArrays:
+    """Vectorized step estimate: every PlanArrays column may be an array; one formula.
+    `with_memory=False` leaves the memory terms at 0 (the calibration fit needs only time)."""
     acc = cluster.accelerator
     u = cluster.overlap_slowdown
     dp, tp, pp, cp, ep, vpp = (
@@ -419,11 +440,14 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     offloaded = plans.offload >= OFFLOAD_CODES["optimizer"]
     opt = where(offloaded, offload_transfer_time(owned, plans), opt)
 
+    # The step waits for its slowest GPU: the GPU-bound parts stretch by the expected maximum of
+    # n per-GPU speed factors, 1 + cv·sqrt(2 ln n) (Gaussian extreme value, as the MoE rank load).
+    slowest = 1.0 + straggler_share(as_float(plans.n_gpus), acc.efficiency.speed_cv)
     time = {
-        "compute": m * on_critical("compute"),
-        "recompute": m * on_critical("recompute"),
-        "optimizer": opt,
-        "bubble": times.bubble_s(vpp),
+        "compute": m * on_critical("compute") * slowest,
+        "recompute": m * on_critical("recompute") * slowest,
+        "optimizer": opt * slowest,
+        "bubble": times.bubble_s(vpp) * slowest,
         "tp_comm": m * on_critical("tp_comm"),
         "pp_comm": pp_total,
         "dp_comm": m * on_critical("dp_comm") + dp_once + steps_sync,
@@ -474,12 +498,16 @@ def estimate_step_arrays(model: TransformerSpec, cluster: Cluster, plans: PlanAr
     fp8 = plans.precision == PRECISION_CODES["fp8"]
     fp16 = plans.precision == PRECISION_CODES["fp16"]
     peak = where(fp8, acc.peak("fp8"), where(fp16, acc.peak("fp16"), acc.peak("bf16")))
-    mem = memory_breakdown(model, cluster, plans, counts)
-    memory = mem.as_dict()
-    detail = {
-        "allocated": mem.allocated, "reserved": mem.reserved, "fragmentation": mem.fragmentation,
-        "cuda_context": mem.cuda_context, "nccl_buffers": mem.nccl_buffers, "host": mem.host,
-    }  # fmt: skip
+    memory: dict[str, Num] = {k: 0.0 for k in MEMORY_COMPONENTS}
+    detail: dict[str, Num] = {k: 0.0 for k in MEMORY_KINDS}
+    if with_memory:
+        mem = memory_breakdown(model, cluster, plans, counts)
+        memory = mem.as_dict()
+        detail = {
+            "allocated": mem.allocated, "reserved": mem.reserved,
+            "fragmentation": mem.fragmentation, "cuda_context": mem.cuda_context,
+            "nccl_buffers": mem.nccl_buffers, "host": mem.host,
+        }  # fmt: skip
     return StepArrays(
         memory_detail={k: _finish(v, zeros) for k, v in detail.items()},
         time=time,

@@ -32,6 +32,10 @@ class Efficiency(BaseModel):
     # host time to launch one kernel (µs): eager PyTorch dispatch and the CUDA launch. A layer
     # takes at least its kernel count times this (none with CUDA graphs or XLA)
     kernel_launch_us: float = Field(default=5.0, ge=0)
+    # GPU-to-GPU spread of speed (standard deviation / mean of one chip's time for the same
+    # work: clocks under power and thermal limits, Sinha et al. SC'22). A synchronous step waits
+    # for the slowest of its n GPUs, 1 + speed_cv·sqrt(2 ln n) times the mean (dimensionless)
+    speed_cv: float = Field(default=0.0, ge=0, le=0.2)
     source: str = ""
 
 

@@ -1,0 +1,163 @@
+"""Residuals of the leave-one-source-out cross-validation, grouped by scale and by mechanism.
+
+    python benchmarks/calibration.py --cv --cv-out out/cv.csv   # ~8 min: every held-out row
+    python benchmarks/cv_residuals.py out/cv.csv                # the tables below, in seconds
+    python benchmarks/cv_residuals.py out/cv.csv --before out/cv_before.csv  # side by side
+    python benchmarks/cv_residuals.py out/cv.csv --sources S1,S5,S7,S8       # some sources
+
+A bias that grows with scale shows as a slope of the signed log error against log2(GPUs)
+(least squares, per source and over all rows) and as a drift of the signed median across the
+GPU, pipeline-depth, recompute and model-size bins. The mechanism table groups rows by the
+plan features each mechanism of docs/model.md acts on (a row can be in several groups).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Row:
+    """One held-out prediction with the plan features the tables group by."""
+
+    run_id: str
+    source: str
+    gpu: str
+    n_gpus: int
+    params_b: float
+    seq_len: int
+    tp: int
+    pp: int
+    vpp: int
+    cp: int
+    ep: int
+    experts: int  # routed experts (0: dense)
+    sharding: str
+    recompute: str
+    precision: str
+    signed: float  # predicted / measured − 1
+
+    @property
+    def ape(self) -> float:
+        return abs(self.signed)
+
+    @property
+    def log_error(self) -> float:
+        return math.log1p(self.signed)
+
+
+def _row(r: dict[str, str]) -> Row:
+    return Row(
+        run_id=r["run_id"], source=r["source_id"], gpu=r["gpu"], n_gpus=int(r["n_gpus"]),
+        params_b=float(r["params_b"]), seq_len=int(r["seq_len"]), tp=int(r["tp"]),
+        pp=int(r["pp"]), vpp=int(r["vpp"]), cp=int(r["cp"]), ep=int(r["ep"]),
+        experts=int(r["experts"]), sharding=r["sharding"], recompute=r["recompute"],
+        precision=r["precision"], signed=float(r["signed_error"]),
+    )  # fmt: skip
+
+
+def read(path: Path) -> list[Row]:
+    with open(path, newline="", encoding="utf-8") as fh:
+        return [_row(r) for r in csv.DictReader(fh)]
+
+
+def stats(rows: Sequence[Row]) -> str:
+    """n, mean, median, p90 of |error| and the signed median, as one table line."""
+    if not rows:
+        return f"{0:>4} {'':>7} {'':>7} {'':>7} {'':>8}"
+    ape = np.array([r.ape for r in rows])
+    signed = float(np.median([r.signed for r in rows]))
+    return (
+        f"{len(rows):>4} {100 * ape.mean():>6.1f}% {100 * np.median(ape):>6.1f}% "
+        f"{100 * np.percentile(ape, 90):>6.1f}% {100 * signed:>+7.1f}%"
+    )
+
+
+def slope(rows: Sequence[Row]) -> float:
+    """Least-squares slope of log(predicted/measured) per doubling of GPUs (NaN if one scale)."""
+    x = np.array([math.log2(r.n_gpus) for r in rows])
+    if len(rows) < 3 or float(np.ptp(x)) == 0.0:
+        return float("nan")
+    y = np.array([r.log_error for r in rows])
+    return float(np.polyfit(x, y, 1)[0])
+
+
+MECHANISMS: tuple[tuple[str, Callable[[Row], bool]], ...] = (
+    ("FP8 GEMMs", lambda r: r.precision == "fp8"),
+    ("ZeRO-3 / FSDP", lambda r: r.sharding == "zero3"),
+    ("pipeline (pp > 1)", lambda r: r.pp > 1),
+    ("interleaved (vpp > 1)", lambda r: r.vpp > 1),
+    ("context parallel (cp > 1)", lambda r: r.cp > 1),
+    ("tensor parallel (tp > 1)", lambda r: r.tp > 1),
+    ("full recompute", lambda r: r.recompute == "full"),
+    ("selective recompute", lambda r: r.recompute == "selective"),
+    ("MoE", lambda r: r.experts > 0),
+    ("long context (s >= 32K)", lambda r: r.seq_len >= 32768),
+    ("TPU", lambda r: r.gpu.startswith("tpu")),
+    ("> 1,000 GPUs", lambda r: r.n_gpus > 1000),
+)
+
+BINS: tuple[tuple[str, Callable[[Row], str]], ...] = (
+    ("GPUs", lambda r: f"{2 ** int(math.log2(r.n_gpus) // 2 * 2):>5}-{2 ** (int(math.log2(r.n_gpus) // 2 * 2) + 2) - 1}"),
+    ("pipeline depth", lambda r: "1" if r.pp == 1 else "2-8" if r.pp <= 8 else "9-64"),
+    ("recompute", lambda r: r.recompute),
+    ("model size", lambda r: "< 20B" if r.params_b < 20 else "20-100B" if r.params_b < 100 else ">= 100B"),
+)  # fmt: skip
+
+HEADER = f"{'':<28} {'n':>4} {'mean':>7} {'median':>7} {'p90':>7} {'signed':>8}"
+
+
+def report(rows: Sequence[Row]) -> None:
+    print(f"held-out rows: {len(rows)}\n\nper source (slope: log error per doubling of GPUs)")
+    print(HEADER + f" {'slope':>8}")
+    for source in sorted({r.source for r in rows}):
+        group = [r for r in rows if r.source == source]
+        print(f"{source:<28} {stats(group)} {100 * slope(group):>+7.1f}%")
+    print(f"{'all rows':<28} {stats(rows)} {100 * slope(rows):>+7.1f}%")
+    medians = sorted(float(np.median([r.ape for r in rows if r.source == s]))
+                     for s in {r.source for r in rows})  # fmt: skip
+    print(f"worst source median {100 * medians[-1]:.1f}%")
+    print("\nper mechanism (rows whose plan uses it)")
+    print(HEADER)
+    for name, member in MECHANISMS:
+        print(f"{name:<28} {stats([r for r in rows if member(r)])}")
+    for title, key in BINS:
+        print(f"\nby {title}")
+        print(HEADER)
+        for label in sorted({key(r) for r in rows}):
+            print(f"{label:<28} {stats([r for r in rows if key(r) == label])}")
+    worst = sorted(rows, key=lambda r: -r.ape)[: max(1, len(rows) // 10)]
+    print("\nworst decile")
+    for r in worst:
+        print(f"  {r.run_id:>5} {r.source:<4} {r.gpu:<19} {r.n_gpus:>6} GPUs pp {r.pp:<3} "
+              f"cp {r.cp} {r.recompute:<9} {r.precision:<4} {100 * r.signed:+7.1f}%")  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("cv_csv", help="the --cv-out file of benchmarks/calibration.py --cv")
+    parser.add_argument("--before", default="", help="an earlier --cv-out file: its table first")
+    parser.add_argument("--sources", default="", help="only these sources (S1,H4,...)")
+    args = parser.parse_args(argv)
+    keep = set(args.sources.split(",")) if args.sources else None
+
+    def rows_of(path: str) -> list[Row]:
+        return [r for r in read(Path(path)) if keep is None or r.source in keep]
+
+    if args.before:
+        print(f"== before: {args.before}")
+        report(rows_of(args.before))
+        print(f"\n== after: {args.cv_csv}")
+    report(rows_of(args.cv_csv))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
