@@ -16,6 +16,7 @@ from heloco.outer import OuterConfig, build_optimizer, resolve_method
 from heloco.server import Server, ServerConfig
 from heloco.sim import (
     Clock,
+    InnerSetup,
     SimConfig,
     build_run,
     loss_at_time_budget,
@@ -200,6 +201,11 @@ def test_eval_every_counts_steps_when_asked() -> None:
     assert [e.steps for e in traj.evals] == [0, 4, 8, 10]  # 2 steps per second, to t = 5
 
 
+def cosine_lengths(cfg: SimConfig, comm: list[float] | None = None) -> list[int]:
+    """Each worker's cosine length at paces 1 and 3 s/step."""
+    return [c.total_steps for c in worker_inner_configs(InnerSetup.of(cfg), [1.0, 3.0], comm)]
+
+
 def test_budget_schedule_matches_each_workers_expected_steps() -> None:
     tokens = 400 * 2 * 16  # 400 inner steps of batch 2 x 16 tokens
     base = {
@@ -211,19 +217,19 @@ def test_budget_schedule_matches_each_workers_expected_steps() -> None:
         "inner_schedule": "budget",
     }
     cfg = SimConfig.model_validate({**base, "method": "mla"})
-    assert [c.total_steps for c in worker_inner_configs(cfg, [1.0, 3.0])] == [300, 100]
+    assert cosine_lengths(cfg) == [300, 100]
     cfg = SimConfig.model_validate({**base, "method": "sync"})
-    assert [c.total_steps for c in worker_inner_configs(cfg, [1.0, 3.0])] == [200, 200]
+    assert cosine_lengths(cfg) == [200, 200]
     cfg = SimConfig.model_validate({**base, "method": "sync", "time_budget": 95.0})
-    assert [c.total_steps for c in worker_inner_configs(cfg, [1.0, 3.0])] == [30, 30]
+    assert cosine_lengths(cfg) == [30, 30]
     cfg = SimConfig.model_validate({**base, "method": "dn-dylu", "comm_delays": [5.0, 5.0]})
     # DyLU (H = 10 and 3): 10/15 and 3/14 steps per second once the comm delay is counted
     speed = [10 / 15, 3 / 14]
     expected = [math.ceil(400 * v / sum(speed)) for v in speed]
     comm = [5.0, 5.0]
-    assert [c.total_steps for c in worker_inner_configs(cfg, [1.0, 3.0], comm)] == expected
+    assert cosine_lengths(cfg, comm) == expected
     cfg = SimConfig.model_validate({**base, "method": "mla", "inner_schedule": "config"})
-    assert worker_inner_configs(cfg, [1.0, 3.0]) == [cfg.inner, cfg.inner]
+    assert worker_inner_configs(InnerSetup.of(cfg), [1.0, 3.0]) == [cfg.inner, cfg.inner]
 
 
 def test_paces_from_a_distribution_are_seeded() -> None:
@@ -232,9 +238,9 @@ def test_paces_from_a_distribution_are_seeded() -> None:
         "paces": {"kind": "lognormal", "median": 2.0, "sigma": 0.5},
         "token_budget": 10,
     }
-    a = resolve_paces(SimConfig.model_validate(base))
-    assert a == resolve_paces(SimConfig.model_validate(base))
-    assert a != resolve_paces(SimConfig.model_validate({**base, "seed": 7}))
+    a = resolve_paces(InnerSetup.of(SimConfig.model_validate(base)))
+    assert a == resolve_paces(InnerSetup.of(SimConfig.model_validate(base)))
+    assert a != resolve_paces(InnerSetup.of(SimConfig.model_validate({**base, "seed": 7})))
     assert all(p > 0 for p in a) and len(a) == 4
 
 
@@ -304,7 +310,7 @@ def test_build_run_gives_workers_their_budget_schedule() -> None:
         }
     )
     parts = build_run(cfg)
-    expected = worker_inner_configs(cfg, [1.0, 3.0])
+    expected = worker_inner_configs(InnerSetup.of(cfg), [1.0, 3.0])
     assert [parts.worker(w).cfg for w in range(2)] == parts.inner == expected
     assert parts.steps == [20, 6]  # DyLU: floor(1/3 · 20)
     assert parts.server.steps_for(1) == 20  # speeds unknown until the driver reports them

@@ -24,10 +24,11 @@ from heloco.metrics import (
     RunSummary,
     atomic_write_json,
 )
-from heloco.net.coordinator import Budget, Coordinator, UpdateEvent
+from heloco.net.coordinator import Coordinator, UpdateEvent
 from heloco.net.endpoint import Endpoint, EndpointConfig
 from heloco.sim import (
     CONFIG_FILE,
+    BudgetSetup,
     Recorder,
     RunParts,
     SimConfig,
@@ -95,7 +96,7 @@ class Session:
         run = cfg.model_dump(mode="json") | {"out_dir": None}
         self.coord = Coordinator(
             self.side.server,
-            Budget(tokens=cfg.token_budget, seconds=cfg.time_budget),
+            BudgetSetup.of(cfg).build(),
             run=run,
             heartbeat_s=liveness.heartbeat_s,
             evict_after_s=liveness.evict_after_s,

@@ -11,8 +11,8 @@ import numpy as np
 
 from heloco.data import derive_seed
 from heloco.outer import resolve_method
-from heloco.server import dylu_steps, quantile_speed
-from heloco.sim.config import PACE_KEY, SimConfig
+from heloco.server import DyluReference, dylu_steps, quantile_speed
+from heloco.sim.config import PACE_KEY, PaceDistribution, SimConfig, component_of
 from heloco.worker import InnerConfig
 
 
@@ -45,7 +45,36 @@ class Clock:
         return min(ends) if ends else t
 
 
-def resolve_paces(cfg: SimConfig) -> list[float]:
+@dataclass(frozen=True)
+class InnerSetup:
+    """The inner-loop component of a run: each worker's pace, steps per round (H, or DyLU's
+    H_w from the configured paces) and inner config (its cosine as configured, or as long as
+    the worker's expected steps under the budget), its payload codec and the batch-order
+    seed. The simulator, the network server and every network worker build the same."""
+
+    workers: int
+    seed: int
+    paces: list[float] | PaceDistribution | None
+    comm_delays: list[float] | None
+    inner_steps: int
+    dylu: bool  # resolved: the config's switch, else the method's default
+    dylu_reference: DyluReference
+    dylu_quantile: float
+    synchronous: bool  # the method waits for every worker each round
+    inner: InnerConfig
+    inner_schedule: Literal["budget", "config"]
+    token_budget: int | None
+    time_budget: float | None
+    payload: str
+
+    @classmethod
+    def of(cls, cfg: SimConfig) -> InnerSetup:
+        """The inner-loop component of ``cfg``."""
+        synchronous = resolve_method(cfg.method).spec.synchronous
+        return component_of(cls, cfg, dylu=cfg.use_dylu(), synchronous=synchronous)
+
+
+def resolve_paces(cfg: InnerSetup) -> list[float]:
     """Per-worker seconds per step: given, drawn (lognormal, seeded), or all 1."""
     if cfg.paces is None:
         return [1.0] * cfg.workers
@@ -56,7 +85,7 @@ def resolve_paces(cfg: SimConfig) -> list[float]:
     return [float(cfg.paces.median * math.exp(cfg.paces.sigma * zi)) for zi in z]
 
 
-def resolve_comm(cfg: SimConfig) -> list[float]:
+def resolve_comm(cfg: InnerSetup) -> list[float]:
     """Per-worker communication seconds added to each round (None: all 0)."""
     if cfg.comm_delays is None:
         return [0.0] * cfg.workers
@@ -70,9 +99,9 @@ def round_seconds(
     return [steps[w] * paces[w] + comm[w] for w in range(len(steps))]
 
 
-def round_steps(cfg: SimConfig, paces: list[float]) -> list[int]:
+def round_steps(cfg: InnerSetup, paces: list[float]) -> list[int]:
     """Steps per round of each worker from the configured paces (H, or DyLU's H_w)."""
-    if not cfg.use_dylu():
+    if not cfg.dylu:
         return [cfg.inner_steps] * cfg.workers
     speeds: list[float | None] = [1.0 / p for p in paces]
     v_ref = None  # the fastest speed
@@ -82,20 +111,19 @@ def round_steps(cfg: SimConfig, paces: list[float]) -> list[int]:
 
 
 def worker_inner_configs(
-    cfg: SimConfig, paces: list[float], comm: list[float] | None = None
+    cfg: InnerSetup, paces: list[float], comm: list[float] | None = None
 ) -> list[InnerConfig]:
     """Each worker's inner config: ``cfg.inner``, or with ``inner_schedule='budget'`` a cosine
     as long as the worker's expected steps (the network runtime builds the same)."""
     if cfg.inner_schedule == "config":
         return [cfg.inner] * cfg.workers
     comm = comm if comm is not None else [0.0] * cfg.workers
-    sync = resolve_method(cfg.method).spec.synchronous
-    planned = expected_worker_steps(cfg, paces, comm, round_steps(cfg, paces), sync)
+    planned = expected_worker_steps(cfg, paces, comm, round_steps(cfg, paces), cfg.synchronous)
     return [replace(cfg.inner, total_steps=max(n, cfg.inner.warmup_steps, 1)) for n in planned]
 
 
 def expected_worker_steps(
-    cfg: SimConfig, paces: list[float], comm: list[float], steps: list[int], synchronous: bool
+    cfg: InnerSetup, paces: list[float], comm: list[float], steps: list[int], synchronous: bool
 ) -> list[int]:
     """Inner steps each worker is expected to take before the first budget stops the run.
 

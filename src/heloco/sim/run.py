@@ -19,8 +19,7 @@ from heloco.metrics import (
 )
 from heloco.model import TinyGPT
 from heloco.sim.batch import BatchEngine
-from heloco.sim.build import RunParts, build_run, torch_threads
-from heloco.sim.clock import Clock
+from heloco.sim.build import ClockSetup, DataSetup, RunParts, build_run, torch_threads
 from heloco.sim.config import SimConfig
 from heloco.sim.evalcache import EvalCache
 from heloco.sim.loop import DirectRounds, Loop, RoundSource, simulation
@@ -102,7 +101,7 @@ def _simulate_side_by_side(
     built: list[RunParts | Exception] = []
     for cfg in cfgs:
         try:
-            key = (cfg.data.model_dump_json(), cfg.workers, cfg.seed)
+            key = DataSetup.of(cfg).key()
             parts = build_run(cfg, data=data.get(key))
             data[key] = parts.data
             built.append(parts)
@@ -120,9 +119,8 @@ def _simulate_side_by_side(
             stats = RunStats(cfg.workers, item.data.worker_languages)
             run = _Run(cfg, item, source, stats, writer)
             evaluate = item.evaluate if cfg.batch == "off" else evals.evaluator(item)
-            run.loop = simulation(
-                item.server, source, clock_of(cfg, item), evaluate, writer, stats, prog
-            )
+            clock = ClockSetup.of(cfg).build(item.paces, item.comm)
+            run.loop = simulation(item.server, source, clock, evaluate, writer, stats, prog)
             outcomes.append(run)
         loop0 = time.perf_counter()
         _drive([o for o in outcomes if isinstance(o, _Run)], outcomes)
@@ -231,21 +229,6 @@ def _drive(runs: list[_Run], outcomes: list[RunResult | Exception | _Run]) -> No
         if waiting and sum(p.run() for p in pools.values()) == 0:
             raise RuntimeError("simulated runs wait for rounds that nothing computes")
         live = waiting
-
-
-def clock_of(cfg: SimConfig, parts: RunParts) -> Clock:
-    """The simulated-time settings of a run."""
-    return Clock(
-        paces=parts.paces,
-        comm_delays=parts.comm,
-        jitter=cfg.pace_jitter,
-        seed=cfg.seed,
-        token_budget=cfg.token_budget,
-        time_budget=cfg.time_budget,
-        eval_every=cfg.eval_every,
-        eval_unit=cfg.eval_unit,
-        failures=tuple((f.worker, f.at, f.down) for f in cfg.failures),
-    )
 
 
 def _prepare_out(cfg: SimConfig) -> Path | None:
