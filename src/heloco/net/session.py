@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +95,8 @@ class Session:
         )
         self.traj = self.rec.traj
         run = cfg.model_dump(mode="json") | {"out_dir": None}
-        self.coord = Coordinator(
+        build = partial(
+            Coordinator,
             self.side.server,
             BudgetSetup.of(cfg).build(),
             run=run,
@@ -106,9 +108,8 @@ class Session:
             max_tokens_per_step=cfg.inner.batch_size * cfg.inner.seq_len * MAX_ISLAND_RANKS,
             wait_for_workers_s=liveness.wait_for_workers_s,
         )
-        self.endpoint = Endpoint(
-            self.coord, secret, endpoint, extra_meta=self._extra, check_extra=_evals_of
-        )
+        self.endpoint = Endpoint(build, secret, endpoint, self._extra, _evals_of)
+        self.coord = self.endpoint.coord
         self.wall0 = time.perf_counter()
         self.resumed = False
 
