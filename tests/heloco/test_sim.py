@@ -131,12 +131,11 @@ def test_time_and_token_budget_whichever_first() -> None:
 
 def test_loss_at_time_budget_when_stopped_by_time() -> None:
     _, traj = run_fake("mla", [1.0, 3.0], seconds=7.5, eval_every=20)
-    cfg = SimConfig.model_validate({"time_budget": 7.5})
     assert traj.time == 7.0 and traj.stopped_by == "time"  # type: ignore[attr-defined]
-    assert loss_at_time_budget(cfg, traj) == traj.evals[-1].loss  # type: ignore[arg-type,attr-defined]
-    longer = SimConfig.model_validate({"time_budget": 100.0})
+    assert loss_at_time_budget(7.5, traj) == traj.evals[-1].loss  # type: ignore[arg-type,attr-defined]
     traj.stopped_by = "tokens"  # type: ignore[attr-defined]
-    assert loss_at_time_budget(longer, traj) is None  # type: ignore[arg-type]
+    assert loss_at_time_budget(100.0, traj) is None  # type: ignore[arg-type]
+    assert loss_at_time_budget(None, traj) is None  # type: ignore[arg-type]
 
 
 def test_dylu_gives_slow_workers_fewer_steps() -> None:

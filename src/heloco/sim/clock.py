@@ -1,4 +1,8 @@
-"""Simulated time of a run: paces, communication delays, steps per round, planned schedules."""
+"""Simulated time of a run: paces, communication delays, steps per round, planned schedules.
+
+:class:`InnerSetup` is the inner-loop component of a run config: the schedule functions here
+take it (each worker's pace, steps per round and inner config are the same in the simulator,
+the network server and every network worker); :class:`Clock` is the simulator's own clock."""
 
 from __future__ import annotations
 

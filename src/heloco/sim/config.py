@@ -1,4 +1,5 @@
-"""A simulated run's configuration (pydantic, validated once) and its random-stream keys."""
+"""A simulated run's configuration (pydantic, validated once), its random-stream keys, and
+:func:`component_of`, which takes a component's config (:mod:`heloco.sim.build`) from it."""
 
 from __future__ import annotations
 

@@ -250,13 +250,13 @@ def _finish(run: _Run, train_share: float, wall: float) -> RunResult:
     return RunResult(run.cfg, traj.evals, summary, server.params, run.parts.paces)
 
 
-def loss_at_time_budget(cfg: SimConfig, traj: Trajectory) -> float | None:
-    """Loss at the time budget: interpolated between evals, or the final loss when the run
-    stopped because the next event fell past the budget (the model is then unchanged from the
-    last arrival up to the budget)."""
-    if cfg.time_budget is None or not traj.evals:
+def loss_at_time_budget(time_budget: float | None, traj: Trajectory) -> float | None:
+    """Loss at the time budget (seconds; None: no time budget, no reading): interpolated
+    between evals, or the final loss when the run stopped because the next event fell past
+    the budget (the model is then unchanged from the last arrival up to the budget)."""
+    if time_budget is None or not traj.evals:
         return None
-    at = loss_at(traj.evals, cfg.time_budget, "time")
+    at = loss_at(traj.evals, time_budget, "time")
     if at is None and traj.stopped_by == "time":
         return traj.evals[-1].loss
     return at
@@ -276,7 +276,7 @@ def summarize(
         loss_at_token_budget=(
             None if cfg.token_budget is None else loss_at(traj.evals, cfg.token_budget, "tokens")
         ),
-        loss_at_time_budget=loss_at_time_budget(cfg, traj),
+        loss_at_time_budget=loss_at_time_budget(cfg.time_budget, traj),
         cycle_loss=None if last is None else last.cycle_loss,
         tokens=traj.tokens,
         steps=traj.steps,
