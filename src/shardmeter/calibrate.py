@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,6 +31,9 @@ from shardmeter.specs.model import MLASpec, MoESpec, TransformerSpec
 from shardmeter.specs.plan import Plan, validate_plan
 from shardmeter.specs.rules import RELAXABLE, PlanRuleError
 from shardmeter.specs.validation import MAX_EXACT_INT, validate_spec
+
+if TYPE_CHECKING:  # memcheck builds on this module
+    from shardmeter.memcheck import MemoryResult
 
 REQUIRED_COLUMNS: tuple[str, ...] = (
     "run_id",
@@ -96,6 +99,16 @@ class ErrorSummary:
             "p90_ape": self.p90_ape,
             "n": self.n,
         }
+
+
+def skipped_json(results: Iterable[RowResult | MemoryResult]) -> list[dict[str, str]]:
+    """The rows left out (throughput or memory rows), with why, as the `validate --json`
+    documents write them."""
+    return [
+        {"run_id": r.run_id, "source_id": r.source_id, "reason": r.skipped}
+        for r in results
+        if r.skipped is not None
+    ]
 
 
 def _cell(row: Mapping[str, str], name: str) -> str:

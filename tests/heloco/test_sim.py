@@ -17,6 +17,7 @@ from heloco.server import Server, ServerConfig
 from heloco.sim import (
     Clock,
     InnerSetup,
+    ModelSetup,
     SimConfig,
     build_run,
     loss_at_time_budget,
@@ -313,3 +314,17 @@ def test_build_run_gives_workers_their_budget_schedule() -> None:
     assert [parts.worker(w).cfg for w in range(2)] == parts.inner == expected
     assert parts.steps == [20, 6]  # DyLU: floor(1/3 · 20)
     assert parts.server.steps_for(1) == 20  # speeds unknown until the driver reports them
+
+
+def test_the_model_takes_the_longest_window_of_training_and_validation() -> None:
+    """ModelSetup sizes a TinyGPT to max(inner.seq_len, data.seq_len): validation windows
+    longer than the training ones still fit, and the reverse."""
+    for inner, data in ((16, 48), (48, 16)):
+        cfg = parse_sim_config(
+            {"token_budget": 10, "inner": {"seq_len": inner}, "data": {"seq_len": data}}
+        )
+        setup = ModelSetup.of(cfg)
+        assert setup.seq_len == 48 and setup.tinygpt(50).seq_len == 48
+        model = setup.build(50)
+        logits = model(torch.zeros(1, 48, dtype=torch.long))
+        assert logits.shape[:2] == (1, 48)
