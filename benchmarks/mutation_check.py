@@ -617,6 +617,18 @@ MUTATIONS: tuple[Mutation, ...] = (
              "out[batch.index] = np.asarray(", "out[batch.index[::-1]] = np.asarray(",
              "tests/shardmeter/test_calibrate.py::"
              "test_predictions_batch_runs_sharing_a_model_and_cluster_exactly"),
+    # Component configs and the coordinator an endpoint builds.
+    Mutation("heloco: an endpoint's coordinator copies every dispatch", "heloco/net/coordinator.py",
+             "d = self.server.dispatch(w, copy=self.storage is None)",
+             "d = self.server.dispatch(w, copy=True)", "tests/heloco/test_net_coordinator.py"),
+    Mutation("heloco: a durable endpoint's coordinator persists nothing", "heloco/net/endpoint.py",
+             "persistence=self if cfg.durable else None", "persistence=None",
+             "tests/heloco/test_net_coordinator.py"),
+    Mutation("heloco: the inner loop ignores the method's DyLU default", "heloco/sim/clock.py",
+             "dylu=cfg.use_dylu(),", "dylu=bool(cfg.dylu),", "tests/heloco/test_outer_fidelity.py"),
+    Mutation("heloco: the model's window ignores the data's", "heloco/sim/build.py",
+             "seq_len=max(cfg.inner.seq_len, cfg.data.seq_len)", "seq_len=cfg.inner.seq_len",
+             "tests/heloco/test_sim.py"),
 )  # fmt: skip
 
 

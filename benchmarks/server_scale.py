@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +112,7 @@ def serve(
         shards=shards,
         checkpoint_dir=Path(folder),
     )
-    endpoint = Endpoint(Coordinator(server, Budget()), secret, cfg)
+    endpoint = Endpoint(partial(Coordinator, server, Budget()), secret, cfg)
     address = endpoint.open()
     thread = threading.Thread(target=endpoint.serve)
     thread.start()

@@ -40,7 +40,7 @@ import heloco.sim.run as sim_run
 from heloco.config import load_config
 from heloco.data import build_data
 from heloco.model import TinyGPT
-from heloco.sim import RunParts, SimConfig, model_config_for, run_simulation, run_simulations
+from heloco.sim import ModelSetup, RunParts, SimConfig, run_simulation, run_simulations
 from heloco.sim.loop import RoundSource
 from heloco.sim.pool import PooledRounds, RoundPool
 
@@ -111,7 +111,7 @@ def cpu_rate(work: Callable[[], int]) -> float:
 def plain_loop(cfg: SimConfig, steps: int) -> Callable[[], int]:
     """A bare PyTorch loop: same model, AdamW, batch and data (stride-1 windows)."""
     data = build_data(cfg.data, cfg.workers, cfg.seed)
-    model = TinyGPT(model_config_for(cfg, data.vocab_size), seed=0)
+    model = TinyGPT(ModelSetup.of(cfg).tinygpt(data.vocab_size), seed=0)
     inner = cfg.inner
     opt = torch.optim.AdamW(
         model.parameters(),

@@ -60,6 +60,7 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -226,11 +227,10 @@ def serve_fake(
     opt = build_optimizer("async-nesterov", init, OuterConfig(), workers)
     server = Server(init, opt, ServerConfig(n_workers=workers, inner_steps=1))
     del init
-    coord = Coordinator(server, Budget())
     cfg = EndpointConfig(
         bind="tcp://127.0.0.1:0", max_bytes=2 << 30, keys=keys, shards=shards, poll_ms=10
     )
-    ep = Endpoint(coord, secret, cfg)
+    ep = Endpoint(partial(Coordinator, server, Budget()), secret, cfg)
     q.put(ep.open())
     ep.serve()
 

@@ -44,6 +44,7 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -170,7 +171,8 @@ def heloco_server(secret_file: str, n_params: int, workers: int, bind: str) -> N
     opt = build_optimizer("async-nesterov", init, OuterConfig(), workers)
     server = Server(init, opt, ServerConfig(n_workers=workers, inner_steps=1))
     cfg = EndpointConfig(bind=bind, max_bytes=2 << 30, keys=None, shards=1, poll_ms=10)
-    ep = Endpoint(Coordinator(server, Budget()), bytes.fromhex(Path(secret_file).read_text()), cfg)
+    secret = bytes.fromhex(Path(secret_file).read_text())
+    ep = Endpoint(partial(Coordinator, server, Budget()), secret, cfg)
     print(ep.open(), flush=True)
     ep.serve()
 

@@ -31,7 +31,7 @@ from heloco.model import ModelConfig
 from heloco.modelspec import HFModel, build_model, describe
 from heloco.net import checkpoint
 from heloco.sim import CONFIG_FILE, SimConfig, parse_sim_config
-from heloco.sim.build import model_seq_len
+from heloco.sim.build import ModelSetup
 from heloco.types import Params
 from shardmeter.errors import UserInputError
 
@@ -125,27 +125,26 @@ def _vocab_size(cfg: SimConfig, params: Params, tokenizer: Tokenizer | None) -> 
     return tokenizer.vocab_size
 
 
-def hf_model(cfg: SimConfig, params: Params, vocab_size: int) -> nn.Module:
-    """A ``transformers`` model holding ``params`` (TinyGPT mapped to GPT-2)."""
+def hf_model(setup: ModelSetup, params: Params, vocab_size: int) -> nn.Module:
+    """A ``transformers`` model of ``setup``'s architecture holding ``params`` (TinyGPT
+    mapped to GPT-2)."""
     from transformers import GPT2LMHeadModel, PreTrainedModel
 
     from heloco import hf
 
-    choice = cfg.model
+    choice = setup.model
     if isinstance(choice, str | ModelConfig):
-        from heloco.sim.build import model_config_for
-
-        tiny = model_config_for(cfg, vocab_size)
+        tiny = setup.tinygpt(vocab_size)
         model: nn.Module = GPT2LMHeadModel(hf.gpt2_config(tiny))
         state = hf.tinygpt_to_gpt2(params)
     else:
         if isinstance(choice, HFModel):
             choice = choice.model_copy(update={"weights": None})  # the run's weights come next
-        model = build_model(choice, vocab_size, model_seq_len(cfg), seed=0)
+        model = build_model(choice, vocab_size, setup.seq_len, seed=0)
         if not isinstance(model, PreTrainedModel):
             raise UserInputError(
                 "model",
-                describe(cfg.model),
+                describe(setup.model),
                 f"a transformers PreTrainedModel to export ({type(model).__name__} is not; "
                 "its parameters are in RUN_DIR/checkpoints as safetensors)",
             )
@@ -172,7 +171,7 @@ def export_params(
     if out_dir.exists() and any(out_dir.iterdir()):
         raise UserInputError("--out", str(out_dir), "a new or empty folder")
     tok = tokenizer if tokenizer is not None else run_tokenizer(cfg.data)
-    model = hf_model(cfg, params, _vocab_size(cfg, params, tok))
+    model = hf_model(ModelSetup.of(cfg), params, _vocab_size(cfg, params, tok))
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:

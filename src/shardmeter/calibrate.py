@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,6 +31,9 @@ from shardmeter.specs.model import MLASpec, MoESpec, TransformerSpec
 from shardmeter.specs.plan import Plan, validate_plan
 from shardmeter.specs.rules import RELAXABLE, PlanRuleError
 from shardmeter.specs.validation import MAX_EXACT_INT, validate_spec
+
+if TYPE_CHECKING:  # memcheck builds on this module
+    from shardmeter.memcheck import MemoryResult
 
 REQUIRED_COLUMNS: tuple[str, ...] = (
     "run_id",
@@ -96,6 +99,16 @@ class ErrorSummary:
             "p90_ape": self.p90_ape,
             "n": self.n,
         }
+
+
+def skipped_json(results: Iterable[RowResult | MemoryResult]) -> list[dict[str, str]]:
+    """The rows left out (throughput or memory rows), with why, as the `validate --json`
+    documents write them."""
+    return [
+        {"run_id": r.run_id, "source_id": r.source_id, "reason": r.skipped}
+        for r in results
+        if r.skipped is not None
+    ]
 
 
 def _cell(row: Mapping[str, str], name: str) -> str:
@@ -445,15 +458,23 @@ def run_from_row(row: Mapping[str, str]) -> RunSpec:
 
 
 def read_rows(path: str | Path) -> list[dict[str, str]]:
-    """Rows of a CSV in the calibration schema (UserInputError if the file is not a UTF-8 CSV
-    or required columns are missing)."""
+    """Rows of a CSV in the calibration schema (see :func:`read_csv_rows`)."""
+    return read_csv_rows(path, REQUIRED_COLUMNS, "calibration CSV")
+
+
+def read_csv_rows(path: str | Path, columns: Sequence[str], what: str) -> list[dict[str, str]]:
+    """Rows of a UTF-8 CSV file (``what`` names it in errors) that has every one of
+    ``columns``; a missing file, a folder, a file that is not a UTF-8 CSV or a missing
+    column is a one-line UserInputError."""
     try:
         with open(path, newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
-            missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+            missing = [c for c in columns if c not in (reader.fieldnames or [])]
             if missing:
                 raise UserInputError("csv", str(path), f"missing columns: {', '.join(missing)}")
             return [dict(r) for r in reader]
+    except FileNotFoundError:
+        raise UserInputError("csv", str(path), f"an existing {what} file") from None
     except (IsADirectoryError, UnicodeDecodeError, csv.Error) as exc:
         reason = "a directory" if isinstance(exc, IsADirectoryError) else "not a UTF-8 CSV"
         raise UserInputError("csv", str(path), f"{reason}; want a CSV file") from None

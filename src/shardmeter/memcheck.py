@@ -10,7 +10,6 @@ fit or an OOM. Bytes; errors as fractions.
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from shardmeter.calibrate import (
     cluster_from_row,
     model_from_row,
     plan_from_row,
+    read_csv_rows,
     summarize,
     validate_relaxed,
 )
@@ -80,19 +80,8 @@ class MemoryResult:
 
 
 def read_memory_rows(path: str | Path) -> list[dict[str, str]]:
-    """Rows of a memory CSV (UserInputError if it is not a UTF-8 CSV with the columns)."""
-    try:
-        with open(path, newline="", encoding="utf-8") as fh:
-            reader = csv.DictReader(fh)
-            missing = [c for c in MEMORY_COLUMNS if c not in (reader.fieldnames or [])]
-            if missing:
-                raise UserInputError("csv", str(path), f"missing columns: {', '.join(missing)}")
-            return [dict(r) for r in reader]
-    except FileNotFoundError:
-        raise UserInputError("csv", str(path), "an existing memory CSV file") from None
-    except (IsADirectoryError, UnicodeDecodeError, csv.Error) as exc:
-        reason = "a directory" if isinstance(exc, IsADirectoryError) else "not a UTF-8 CSV"
-        raise UserInputError("csv", str(path), f"{reason}; want a CSV file") from None
+    """Rows of a memory CSV (see :func:`shardmeter.calibrate.read_csv_rows`)."""
+    return read_csv_rows(path, MEMORY_COLUMNS, "memory CSV")
 
 
 def memory_run_from_row(row: Mapping[str, str]) -> MemoryRun:

@@ -23,7 +23,7 @@ from heloco.data.seeding import derive_seed
 from heloco.export import export_params, export_run, logits_of
 from heloco.modelspec import FactoryModel, HFModel, build_model
 from heloco.sim import parse_sim_config, run_simulation
-from heloco.sim.build import model_seq_len
+from heloco.sim.build import ModelSetup
 from heloco.sim.config import MODEL_KEY
 from shardmeter.errors import UserInputError
 
@@ -72,7 +72,9 @@ def values(tiny_net_values: Callable[..., dict[str, Any]]) -> Callable[..., dict
 
 
 def server_model(cfg: Any, params: dict[str, torch.Tensor]) -> torch.nn.Module:
-    model = build_model(cfg.model, 256, model_seq_len(cfg), derive_seed(cfg.seed, MODEL_KEY))
+    model = build_model(
+        cfg.model, 256, ModelSetup.of(cfg).seq_len, derive_seed(cfg.seed, MODEL_KEY)
+    )
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(params[name])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import torch
 
 from heloco.net import checkpoint, wire
 from heloco.net.coordinator import Budget, Coordinator
-from heloco.net.endpoint import Endpoint, EndpointConfig
+from heloco.net.endpoint import CoordinatorBuilder, Endpoint, EndpointConfig
 from heloco.outer import OuterConfig, build_optimizer
 from heloco.server import Server, ServerConfig
 from shardmeter.errors import UserInputError
@@ -24,11 +25,12 @@ from shardmeter.errors import UserInputError
 SECRET = b"checkpoint-test-secret-0123456789"
 
 
-def make_coord(workers: int = 2) -> Coordinator:
+def make_coord(workers: int = 2, **wiring: Any) -> Coordinator:
+    """A coordinator (``wiring``: the storage and persistence an endpoint builds it with)."""
     init = {"w": torch.zeros(3, 4), "b": torch.zeros(5)}
     opt = build_optimizer("async-nesterov", init, OuterConfig(), workers)
     server = Server(init, opt, ServerConfig(n_workers=workers, inner_steps=3))
-    return Coordinator(server, Budget(revisions=100))
+    return Coordinator(server, Budget(revisions=100), **wiring)
 
 
 def push_round(coord: Coordinator, w: int = 0, **over: Any) -> wire.Message:
@@ -47,8 +49,8 @@ def push_round(coord: Coordinator, w: int = 0, **over: Any) -> wire.Message:
     return coord.handle(wire.make("push", body, delta))
 
 
-def endpoint(root: Path, coord: Coordinator | None = None, **cfg: Any) -> Endpoint:
-    return Endpoint(coord or make_coord(), SECRET, EndpointConfig(checkpoint_dir=root, **cfg))
+def endpoint(root: Path, build: CoordinatorBuilder = make_coord, **cfg: Any) -> Endpoint:
+    return Endpoint(build, SECRET, EndpointConfig(checkpoint_dir=root, **cfg))
 
 
 def saved_at(root: Path, revisions: list[int]) -> Endpoint:
@@ -127,7 +129,7 @@ def test_checkpoint_of_another_model_is_skipped(tmp_path: Path) -> None:
     saved_at(tmp_path, [1])
     init = {"w": torch.zeros(4, 4), "b": torch.zeros(5)}  # a different shape of "w"
     opt = build_optimizer("async-nesterov", init, OuterConfig(), 2)
-    other = Coordinator(Server(init, opt, ServerConfig(n_workers=2)), Budget(revisions=9))
+    other = partial(Coordinator, Server(init, opt, ServerConfig(n_workers=2)), Budget(revisions=9))
     with pytest.raises(UserInputError, match="do not match"):
         endpoint(tmp_path, other).restore()
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -20,14 +22,15 @@ SECRET = b"coordinator-test-secret-0123456789"
 
 
 def make_coord(
-    method: str = "async-nesterov", workers: int = 2, budget: Budget | None = None
+    method: str = "async-nesterov", workers: int = 2, budget: Budget | None = None, **wiring: Any
 ) -> Coordinator:
+    """A coordinator (``wiring``: the storage and persistence an endpoint builds it with)."""
     init = {"w": torch.zeros(3, 4), "b": torch.zeros(5)}
     opt = build_optimizer(method, init, OuterConfig(), workers)
     server = Server(
         init, opt, ServerConfig(n_workers=workers, inner_steps=3, synchronous=method == "sync")
     )
-    return Coordinator(server, budget or Budget(revisions=100))
+    return Coordinator(server, budget or Budget(revisions=100), **wiring)
 
 
 def pull(coord: Coordinator, w: int) -> wire.Message:
@@ -169,8 +172,8 @@ def test_sync_eviction_shrinks_the_barrier_and_a_late_push_is_rejected() -> None
 
 
 def test_endpoint_drops_bad_mac_and_replays(tmp_path: Path) -> None:
-    coord = make_coord()
-    ep = Endpoint(coord, SECRET, EndpointConfig(checkpoint_dir=tmp_path, max_bytes=10_000))
+    ep = Endpoint(make_coord, SECRET, EndpointConfig(checkpoint_dir=tmp_path, max_bytes=10_000))
+    coord = ep.coord
     msg = wire.make("status")
     frames = wire.encode(msg, SECRET)
     assert ep.handle_frames(list(frames)) is not None
@@ -204,15 +207,13 @@ DROPS = ("bad_mac", "replay", "stale", "too_large", "malformed")
 def test_restarted_server_still_counts_every_drop(tmp_path: Path) -> None:
     """After a restore, drops are counted where ``status`` and the ``net`` event read them,
     on top of the counts the checkpoint holds."""
-    first = Endpoint(
-        make_coord(), SECRET, EndpointConfig(checkpoint_dir=tmp_path, max_bytes=10_000)
-    )
+    first = Endpoint(make_coord, SECRET, EndpointConfig(checkpoint_dir=tmp_path, max_bytes=10_000))
     push(first.coord, 0, pull(first.coord, 0))
     drop_each_kind(first)
     before = first.coord.status()["counters"]
     assert all(before[k] == 1 for k in DROPS)
     assert first.save_checkpoint() is not None
-    ep = Endpoint(make_coord(), SECRET, EndpointConfig(checkpoint_dir=tmp_path, max_bytes=10_000))
+    ep = Endpoint(make_coord, SECRET, EndpointConfig(checkpoint_dir=tmp_path, max_bytes=10_000))
     assert ep.restore()
     assert ep.coord.status()["counters"] == before
     drop_each_kind(ep)
@@ -221,15 +222,51 @@ def test_restarted_server_still_counts_every_drop(tmp_path: Path) -> None:
     assert ep.listeners[0].counters is ep.coord.counters
 
 
+def test_the_endpoint_builds_a_complete_coordinator(tmp_path: Path) -> None:
+    """The endpoint hands its coordinator the storage (always) and the persistence (durable
+    only) at construction, and zero-copy dispatch follows from the storage."""
+    plain = Endpoint(make_coord, SECRET, EndpointConfig())
+    assert plain.coord.storage is plain and plain.coord.persistence is None
+    durable = Endpoint(make_coord, SECRET, EndpointConfig(checkpoint_dir=tmp_path, durable=True))
+    assert durable.coord.storage is durable and durable.coord.persistence is durable
+    for coord, shares in ((plain.coord, True), (make_coord(), False)):
+        sent = pull(coord, 0).tensors["w"]
+        coord.server.params["w"].add_(1.0)  # a write behind the transport's back
+        assert (
+            bytes(sent.data)
+            == (torch.ones(3, 4) if shares else torch.zeros(3, 4)).numpy().tobytes()
+        )
+
+
+def test_nothing_outside_the_coordinator_sets_its_attributes() -> None:
+    """A coordinator is complete when built: no module assigns ``coord.<name>`` (or
+    ``self.coord.<name>``) outside :mod:`heloco.net.coordinator`."""
+    src = Path(__file__).resolve().parents[2] / "src" / "heloco"
+    found = []
+    for path in src.rglob("*.py"):
+        if path.name == "coordinator.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            if isinstance(node, ast.AugAssign | ast.AnnAssign):
+                targets = [node.target]
+            for t in targets:
+                owner = t.value if isinstance(t, ast.Attribute) else None
+                named = isinstance(owner, ast.Name) and owner.id == "coord"
+                if named or (isinstance(owner, ast.Attribute) and owner.attr == "coord"):
+                    found.append(f"{path.name}:{node.lineno}")
+    assert not found, f"attributes of a coordinator set from outside: {found}"
+
+
 def test_endpoint_checkpoint_restore_roundtrip(tmp_path: Path) -> None:
-    coord = make_coord()
-    ep = Endpoint(coord, SECRET, EndpointConfig(checkpoint_dir=tmp_path))
+    ep = Endpoint(make_coord, SECRET, EndpointConfig(checkpoint_dir=tmp_path))
+    coord = ep.coord
     for _ in range(3):
         d = pull(coord, 0)
         push(coord, 0, d)
     ep.save_checkpoint()
-    fresh = make_coord()
-    ep2 = Endpoint(fresh, SECRET, EndpointConfig(checkpoint_dir=tmp_path))
+    ep2 = Endpoint(make_coord, SECRET, EndpointConfig(checkpoint_dir=tmp_path))
+    fresh = ep2.coord
     assert ep2.restore()
     assert fresh.server.revision == 3 and fresh.counters.accepted == 3 and fresh.tokens == 90
     assert torch.equal(fresh.server.params["w"], coord.server.params["w"])
@@ -321,18 +358,18 @@ def test_a_push_checks_the_revision_log_once(monkeypatch: pytest.MonkeyPatch) ->
 def test_buffered_arrivals_of_a_checkpoint_get_a_new_grace_window(tmp_path: Path) -> None:
     now = [1000.0]
 
-    def graced() -> Coordinator:
+    def graced(**wiring: Any) -> Coordinator:
         init = {"w": torch.zeros(3, 4), "b": torch.zeros(5)}
         opt = build_optimizer("async-nesterov", init, OuterConfig(), 2)
         cfg = ServerConfig(n_workers=2, inner_steps=3, grace_window=5.0)
         server = Server(init, opt, cfg)
-        return Coordinator(server, Budget(revisions=100), clock=lambda: now[0], t0=now[0])
+        return Coordinator(server, Budget(revisions=100), clock=lambda: now[0], t0=now[0], **wiring)
 
-    first = Endpoint(graced(), SECRET, EndpointConfig(checkpoint_dir=tmp_path))
+    first = Endpoint(graced, SECRET, EndpointConfig(checkpoint_dir=tmp_path))
     ack = push(first.coord, 0, pull(first.coord, 0))
     assert ack.type == "ack" and not ack.body["applied"] and first.coord.server.pending_workers
     assert first.save_checkpoint() is not None
-    ep = Endpoint(graced(), SECRET, EndpointConfig(checkpoint_dir=tmp_path))
+    ep = Endpoint(graced, SECRET, EndpointConfig(checkpoint_dir=tmp_path))
     assert ep.restore() and ep.coord.server.pending_workers == [0]
     assert ep.coord.flush_due() == []  # the new window is open
     now[0] += 6.0

@@ -27,11 +27,12 @@ SECRET = b"messages-test-secret-0123456789"
 DELTA = {"w": torch.full((3, 4), 0.1), "b": torch.full((5,), 0.1)}
 
 
-def make_coord(method: str = "async-nesterov", workers: int = 2) -> Coordinator:
+def make_coord(method: str = "async-nesterov", workers: int = 2, **wiring: Any) -> Coordinator:
     init = {"w": torch.zeros(3, 4), "b": torch.zeros(5)}
     opt = build_optimizer(method, init, OuterConfig(), workers)
     cfg = ServerConfig(n_workers=workers, inner_steps=3, synchronous=method == "sync")
-    return Coordinator(Server(init, opt, cfg), Budget(revisions=100), max_tokens_per_step=64)
+    server = Server(init, opt, cfg)
+    return Coordinator(server, Budget(revisions=100), max_tokens_per_step=64, **wiring)
 
 
 def signed(header: bytes, *payload: bytes) -> list[wire.Frame]:
@@ -56,7 +57,7 @@ def header(**over: Any) -> bytes:
 # -- nothing is parsed before the HMAC, and parsing is bounded --------------------------
 def test_oversized_deep_unauthenticated_message_is_refused_unparsed() -> None:
     """A message that once crashed the server: > --max-mb, first frame JSON nested 150,000 deep, a bogus tag."""
-    ep = Endpoint(make_coord(), SECRET, EndpointConfig(max_bytes=1 << 20))
+    ep = Endpoint(make_coord, SECRET, EndpointConfig(max_bytes=1 << 20))
     frames = [b"[" * 150_000 + b"]" * 150_000, b"x" * 2_000_000, b"\0" * 32]
     reply = ep.handle_frames(frames)
     assert reply is not None and reply.body["reason"] == "too_large" and reply.re == ""

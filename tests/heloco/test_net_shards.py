@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from torch import nn
 from heloco.net import wire
 from heloco.net.client import Client, ClientConfig, ServerUnreachable
 from heloco.net.coordinator import Budget, Coordinator
-from heloco.net.endpoint import Endpoint, EndpointConfig
+from heloco.net.endpoint import CoordinatorBuilder, Endpoint, EndpointConfig
 from heloco.net.keys import ClientKeys, ServerKeys, new_keypair
 from heloco.net.link import NetLink
 from heloco.net.shards import GroupRunner, plan_shards
@@ -91,17 +92,18 @@ def test_parallel_outer_step_is_the_serial_one_bit_for_bit(method: str) -> None:
     runner.close()
 
 
-def coordinator(method: str = "async-nesterov", workers: int = 2) -> Coordinator:
+def coordinator(method: str = "async-nesterov", workers: int = 2) -> CoordinatorBuilder:
+    """What builds a coordinator of ``method`` (an endpoint builds it with its storage)."""
     init = model()
     opt = build_optimizer(method, init, OuterConfig(), workers)
-    return Coordinator(Server(init, opt, ServerConfig(n_workers=workers)), Budget())
+    return partial(Coordinator, Server(init, opt, ServerConfig(n_workers=workers)), Budget())
 
 
 class Served:
     """An endpoint serving in a thread, stopped at the end."""
 
-    def __init__(self, coord: Coordinator, shards: int, **cfg: Any) -> None:
-        self.endpoint = Endpoint(coord, SECRET, EndpointConfig(shards=shards, poll_ms=5, **cfg))
+    def __init__(self, build: CoordinatorBuilder, shards: int, **cfg: Any) -> None:
+        self.endpoint = Endpoint(build, SECRET, EndpointConfig(shards=shards, poll_ms=5, **cfg))
         self.restored = self.endpoint.restore()
         self.address = self.endpoint.open()
         self.thread = threading.Thread(target=self.endpoint.serve, daemon=True)
@@ -242,9 +244,9 @@ def test_every_shard_holds_curve_and_the_worker_keys_to_their_slots() -> None:
     allowed = {keys0.public: "worker0", keys1.public: "worker1"}
     init = {"big": torch.zeros(400_000), "small": torch.zeros(10)}  # 1.6 MB > 1 MiB
     opt = build_optimizer("async-nesterov", init, OuterConfig(), 2)
-    coord = Coordinator(Server(init, opt, ServerConfig(n_workers=2)), Budget())
+    build = partial(Coordinator, Server(init, opt, ServerConfig(n_workers=2)), Budget())
     cfg = EndpointConfig(shards=2, poll_ms=5, keys=ServerKeys(server_pair, allowed))
-    endpoint = Endpoint(coord, SECRET, cfg)
+    endpoint = Endpoint(build, SECRET, cfg)
     endpoint.open()
     thread = threading.Thread(target=endpoint.serve, daemon=True)
     thread.start()
@@ -258,7 +260,7 @@ def test_every_shard_holds_curve_and_the_worker_keys_to_their_slots() -> None:
         link = NetLink(config(keys0), SECRET, 0)
         link.join()
         result, _ = round_of_model(link, init)
-        assert link.push(result, 0.1).accepted and coord.server.revision == 1
+        assert link.push(result, 0.1).accepted and endpoint.coord.server.revision == 1
         link.close()
         for shard in (0, 1):
             stranger = Client(config(None, shard, 0.5), SECRET)

@@ -21,7 +21,7 @@ from heloco.outer.base import Arrival, OptimizerState
 from heloco.outer.heloco import CorrectionConfig, HeLoCo, correct, correction_coefficients
 from heloco.outer.lookahead import BlockGeometry
 from heloco.server import Server, ServerConfig, quantile_speed
-from heloco.sim import Clock, build_server, parse_sim_config, round_steps, simulate
+from heloco.sim import Clock, InnerSetup, ServerSetup, parse_sim_config, round_steps, simulate
 from heloco.types import Params, RoundResult
 from shardmeter.errors import UserInputError
 
@@ -356,7 +356,8 @@ def test_dylu_reference_is_a_run_setting() -> None:
     paces = [1.0] * 11 + [0.5]
     base = {"method": "dn-dylu", "workers": 12, "paces": paces, "inner_steps": 10}
     quantile = parse_sim_config({**base, "token_budget": 100, "dylu_reference": "quantile"})
-    assert round_steps(quantile, paces) == [10] * 12
-    assert round_steps(parse_sim_config({**base, "token_budget": 100}), paces) == [5] * 11 + [10]
-    server = build_server(quantile, {"x": torch.zeros(1)}, [1.0] * 12).cfg
+    assert round_steps(InnerSetup.of(quantile), paces) == [10] * 12
+    plain = InnerSetup.of(parse_sim_config({**base, "token_budget": 100}))
+    assert round_steps(plain, paces) == [5] * 11 + [10]
+    server = ServerSetup.of(quantile).build({"x": torch.zeros(1)}, [1.0] * 12).cfg
     assert (server.dylu_reference, server.dylu_quantile) == ("quantile", 0.9)

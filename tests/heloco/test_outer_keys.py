@@ -11,13 +11,13 @@ import torch
 from heloco.cli import build_parser
 from heloco.cli.simulate import build_config
 from heloco.config import load_config
-from heloco.sim import SimConfig, build_server
+from heloco.sim import ServerSetup, SimConfig
 from shardmeter.errors import UserInputError
 
 
 def built(cfg: SimConfig) -> tuple[float, float, object]:
     """(lr, momentum, rho) of the optimizer the server would run."""
-    opt = build_server(cfg, {"w": torch.zeros(2)}, [1.0] * cfg.workers).optimizer
+    opt = ServerSetup.of(cfg).build({"w": torch.zeros(2)}, [1.0] * cfg.workers).optimizer
     return opt.lr, opt.momentum, opt.rho  # type: ignore[attr-defined]
 
 

@@ -21,9 +21,9 @@ from heloco.outer import build_optimizer
 from heloco.overlap import eager_start, overlapped_dispatch
 from heloco.server import Server, ServerConfig, SubmissionRejected
 from heloco.sim import build_run, parse_sim_config, run_simulation
-from heloco.sim.clock import link_seconds, resolve_links
+from heloco.sim.build import ClockSetup
+from heloco.sim.clock import InnerSetup, link_seconds, resolve_links
 from heloco.sim.loop import simulate
-from heloco.sim.run import clock_of
 from heloco.types import Dispatch, RoundResult, RoundTiming
 from shardmeter.errors import UserInputError
 
@@ -64,15 +64,15 @@ def test_link_seconds_is_latency_plus_bytes_over_rate() -> None:
 def test_links_charge_payload_up_and_dispatch_down(values: Callable[..., dict[str, Any]]) -> None:
     v = values(workers=2, link_mbit=[8.0, 16.0], link_latency=[0.1, 0.0])
     n = n_params(v)
-    links = resolve_links(parse_sim_config(v), [n])
+    links = resolve_links(InnerSetup.of(parse_sim_config(v)), [n])
     assert links is not None
     assert links.pull_bytes == 4 * n and links.push_bytes == [4 * n, 4 * n]
     assert links.up[0] == pytest.approx(0.1 + 4 * n / 1e6)
     assert links.down[1] == pytest.approx(4 * n / 2e6)
-    sign = resolve_links(parse_sim_config(values(payload="sign", link_mbit=[8.0])), [n])
+    sign = resolve_links(InnerSetup.of(parse_sim_config(values(payload="sign", link_mbit=[8.0]))), [n])
     assert sign is not None and sign.push_bytes[0] < 4 * n / 16  # 1 bit + a scale per group
     # a shared server link of 8 Mbit/s gives each of 2 workers 4 Mbit/s
-    shared = resolve_links(parse_sim_config(values(**v, server_link_mbit=8.0)), [n])
+    shared = resolve_links(InnerSetup.of(parse_sim_config(values(**v, server_link_mbit=8.0))), [n])
     assert shared is not None and shared.down[1] == pytest.approx(4 * n / 0.5e6)
 
 
@@ -179,7 +179,10 @@ def test_overlapped_kill_loses_nothing_accepted_and_doubles_nothing(
     )
     parts = build_run(cfg)
     traj = simulate(
-        parts.server, [parts.worker(w) for w in range(2)], clock_of(cfg, parts), parts.evaluate
+        parts.server,
+        [parts.worker(w) for w in range(2)],
+        ClockSetup.of(cfg).build(parts.paces, parts.comm, parts.links),
+        parts.evaluate,
     )
     seen = [(a.worker, a.round_id) for r in parts.server.log for a in r.arrivals]
     assert len(seen) == len(set(seen))  # no round applied twice
@@ -360,7 +363,7 @@ def test_decoupled_quorum_runs_overlapped(values: Callable[..., dict[str, Any]])
     blocking = run_simulation(parse_sim_config(values(**over, token_budget=budget)))
     cfg = parse_sim_config(values(**over, token_budget=budget, exchange="overlapped"))
     parts = build_run(cfg)
-    simulate(parts.server, [parts.worker(w) for w in range(3)], clock_of(cfg, parts),
+    simulate(parts.server, [parts.worker(w) for w in range(3)], ClockSetup.of(cfg).build(parts.paces, parts.comm, parts.links),
              parts.evaluate)  # fmt: skip
     seen = [(a.worker, a.round_id) for r in parts.server.log for a in r.arrivals]
     assert len(seen) == len(set(seen)) >= 12

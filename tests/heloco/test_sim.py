@@ -16,6 +16,8 @@ from heloco.outer import OuterConfig, build_optimizer, resolve_method
 from heloco.server import Server, ServerConfig
 from heloco.sim import (
     Clock,
+    InnerSetup,
+    ModelSetup,
     SimConfig,
     build_run,
     loss_at_time_budget,
@@ -131,12 +133,11 @@ def test_time_and_token_budget_whichever_first() -> None:
 
 def test_loss_at_time_budget_when_stopped_by_time() -> None:
     _, traj = run_fake("mla", [1.0, 3.0], seconds=7.5, eval_every=20)
-    cfg = SimConfig.model_validate({"time_budget": 7.5})
     assert traj.time == 7.0 and traj.stopped_by == "time"  # type: ignore[attr-defined]
-    assert loss_at_time_budget(cfg, traj) == traj.evals[-1].loss  # type: ignore[arg-type,attr-defined]
-    longer = SimConfig.model_validate({"time_budget": 100.0})
+    assert loss_at_time_budget(7.5, traj) == traj.evals[-1].loss  # type: ignore[arg-type,attr-defined]
     traj.stopped_by = "tokens"  # type: ignore[attr-defined]
-    assert loss_at_time_budget(longer, traj) is None  # type: ignore[arg-type]
+    assert loss_at_time_budget(100.0, traj) is None  # type: ignore[arg-type]
+    assert loss_at_time_budget(None, traj) is None  # type: ignore[arg-type]
 
 
 def test_dylu_gives_slow_workers_fewer_steps() -> None:
@@ -201,6 +202,11 @@ def test_eval_every_counts_steps_when_asked() -> None:
     assert [e.steps for e in traj.evals] == [0, 4, 8, 10]  # 2 steps per second, to t = 5
 
 
+def cosine_lengths(cfg: SimConfig, comm: list[float] | None = None) -> list[int]:
+    """Each worker's cosine length at paces 1 and 3 s/step."""
+    return [c.total_steps for c in worker_inner_configs(InnerSetup.of(cfg), [1.0, 3.0], comm)]
+
+
 def test_budget_schedule_matches_each_workers_expected_steps() -> None:
     tokens = 400 * 2 * 16  # 400 inner steps of batch 2 x 16 tokens
     base = {
@@ -212,19 +218,19 @@ def test_budget_schedule_matches_each_workers_expected_steps() -> None:
         "inner_schedule": "budget",
     }
     cfg = SimConfig.model_validate({**base, "method": "mla"})
-    assert [c.total_steps for c in worker_inner_configs(cfg, [1.0, 3.0])] == [300, 100]
+    assert cosine_lengths(cfg) == [300, 100]
     cfg = SimConfig.model_validate({**base, "method": "sync"})
-    assert [c.total_steps for c in worker_inner_configs(cfg, [1.0, 3.0])] == [200, 200]
+    assert cosine_lengths(cfg) == [200, 200]
     cfg = SimConfig.model_validate({**base, "method": "sync", "time_budget": 95.0})
-    assert [c.total_steps for c in worker_inner_configs(cfg, [1.0, 3.0])] == [30, 30]
+    assert cosine_lengths(cfg) == [30, 30]
     cfg = SimConfig.model_validate({**base, "method": "dn-dylu", "comm_delays": [5.0, 5.0]})
     # DyLU (H = 10 and 3): 10/15 and 3/14 steps per second once the comm delay is counted
     speed = [10 / 15, 3 / 14]
     expected = [math.ceil(400 * v / sum(speed)) for v in speed]
     comm = [5.0, 5.0]
-    assert [c.total_steps for c in worker_inner_configs(cfg, [1.0, 3.0], comm)] == expected
+    assert cosine_lengths(cfg, comm) == expected
     cfg = SimConfig.model_validate({**base, "method": "mla", "inner_schedule": "config"})
-    assert worker_inner_configs(cfg, [1.0, 3.0]) == [cfg.inner, cfg.inner]
+    assert worker_inner_configs(InnerSetup.of(cfg), [1.0, 3.0]) == [cfg.inner, cfg.inner]
 
 
 def test_paces_from_a_distribution_are_seeded() -> None:
@@ -233,9 +239,9 @@ def test_paces_from_a_distribution_are_seeded() -> None:
         "paces": {"kind": "lognormal", "median": 2.0, "sigma": 0.5},
         "token_budget": 10,
     }
-    a = resolve_paces(SimConfig.model_validate(base))
-    assert a == resolve_paces(SimConfig.model_validate(base))
-    assert a != resolve_paces(SimConfig.model_validate({**base, "seed": 7}))
+    a = resolve_paces(InnerSetup.of(SimConfig.model_validate(base)))
+    assert a == resolve_paces(InnerSetup.of(SimConfig.model_validate(base)))
+    assert a != resolve_paces(InnerSetup.of(SimConfig.model_validate({**base, "seed": 7})))
     assert all(p > 0 for p in a) and len(a) == 4
 
 
@@ -305,7 +311,7 @@ def test_build_run_gives_workers_their_budget_schedule() -> None:
         }
     )
     parts = build_run(cfg)
-    expected = worker_inner_configs(cfg, [1.0, 3.0])
+    expected = worker_inner_configs(InnerSetup.of(cfg), [1.0, 3.0])
     assert [parts.worker(w).cfg for w in range(2)] == parts.inner == expected
     assert parts.steps == [20, 6]  # DyLU: floor(1/3 · 20)
     assert parts.server.steps_for(1) == 20  # speeds unknown until the driver reports them
@@ -340,3 +346,17 @@ def test_the_comm_lump_splits_by_the_bytes_each_way() -> None:
     assert (t.recv_start, t.recv_end, t.compute_start) == (0.0, 4.5, 4.5)
     assert (t.compute_end, t.send_start, t.send_end) == (8.5, 8.5, 10.0)
     assert (t.bytes_received, t.bytes_sent) == (300, 100)
+
+
+def test_the_model_takes_the_longest_window_of_training_and_validation() -> None:
+    """ModelSetup sizes a TinyGPT to max(inner.seq_len, data.seq_len): validation windows
+    longer than the training ones still fit, and the reverse."""
+    for inner, data in ((16, 48), (48, 16)):
+        cfg = parse_sim_config(
+            {"token_budget": 10, "inner": {"seq_len": inner}, "data": {"seq_len": data}}
+        )
+        setup = ModelSetup.of(cfg)
+        assert setup.seq_len == 48 and setup.tinygpt(50).seq_len == 48
+        model = setup.build(50)
+        logits = model(torch.zeros(1, 48, dtype=torch.long))
+        assert logits.shape[:2] == (1, 48)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -22,6 +25,7 @@ from shardmeter.calibrate import (
     summarize_results,
 )
 from shardmeter.errors import UserInputError
+from shardmeter.memcheck import read_memory_rows
 from shardmeter.paths import missing_shared_reason, shared_path
 
 BASE = {
@@ -270,3 +274,25 @@ def test_llama3_405b_meta_plan_is_expressible_and_fits(dp: int, in_flight: int) 
     extra = d["fragmentation"] + d["cuda_context"] + d["nccl_buffers"]
     assert est.memory_bytes == pytest.approx(est.memory_allocated_bytes + extra, rel=1e-9)
     assert est.fits and est.n_gpus == 8 * 16 * dp
+
+
+@pytest.mark.parametrize(
+    ("read", "what"), [(read_rows, "calibration CSV"), (read_memory_rows, "memory CSV")]
+)
+def test_both_csv_readers_refuse_bad_files_in_one_line(
+    tmp_path: Path, read: Callable[[Path], object], what: str
+) -> None:
+    """The calibration and memory readers share one reader: a missing file, a folder, a file
+    that is not UTF-8 and a missing column are each a one-line error naming the file."""
+    with pytest.raises(UserInputError, match=f"an existing {what} file"):
+        read(tmp_path / "absent.csv")
+    with pytest.raises(UserInputError, match="a directory"):
+        read(tmp_path)
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes(b"run_id\n\xe9\xff\n")
+    with pytest.raises(UserInputError, match="not a UTF-8 CSV"):
+        read(latin)
+    short = tmp_path / "short.csv"
+    short.write_text("run_id\nx\n", encoding="utf-8")
+    with pytest.raises(UserInputError, match="missing columns"):
+        read(short)

@@ -39,7 +39,7 @@ from heloco.metrics import EVENTS_FILE, SUMMARY_FILE
 from heloco.net import wan as wan_mod
 from heloco.net.endpoint import MAX_SHARDS
 from heloco.net.launcher import TORCH_PRELOAD, LaunchConfig, LaunchResult, LocalCluster, launch
-from heloco.sim import SimConfig, resolve_paces
+from heloco.sim import InnerSetup, SimConfig, resolve_paces
 from shardmeter.clikit import bounded
 from shardmeter.errors import UserInputError
 
@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
         config=resolved,
         out_dir=out,
         workers=run_cfg.workers,
-        paces=resolve_paces(run_cfg),
+        paces=resolve_paces(InnerSetup.of(run_cfg)),
         serve_args=["--wait-for-workers", str(START_WAIT_S), *args.serve_arg],
         work_args=["--codec", args.codec],
         threads=args.threads,

@@ -24,7 +24,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from heloco.net import compress, messages, wire
 from heloco.net.wire import Message, WireError
@@ -87,6 +87,41 @@ class UpdateEvent:
     tokens: int
 
 
+class DispatchStorage(Protocol):
+    """Where a serving process keeps the tensors it sends and receives (the endpoint's
+    shards, :mod:`heloco.net.shards`). Dispatch replies then carry θ's own tensors, which the
+    storage keeps from being written while the transport sends them."""
+
+    @property
+    def sharded(self) -> bool:
+        """Whether shards send dispatches and stage pushes (else the messages carry them)."""
+        ...
+
+    def serve_dispatch(self, dispatch: Dispatch) -> None:
+        """Sharded: have the shards send this dispatch's tensors (the reply carries none)."""
+        ...
+
+    def staged(self, worker: int, round_id: int) -> Delta | None:
+        """Sharded: the Δ every shard holds for this round (None: not all staged yet)."""
+        ...
+
+    def shard_info(self) -> list[dict[str, Any]]:
+        """Sharded: each shard's port and tensors, for ``welcome``."""
+        ...
+
+    def shard_status(self) -> list[dict[str, Any]]:
+        """Sharded: each shard's address, tensors, bytes and counters, for ``status``."""
+        ...
+
+
+class Persistence(Protocol):
+    """Durable serving: what the server has accepted survives a crash before it is acked."""
+
+    def persist(self) -> bool:
+        """Make the state so far durable; False if that failed (the push is then not acked)."""
+        ...
+
+
 @dataclass
 class Coordinator:
     """Drives ``server`` from requests; stops dispatching once the budget is reached.
@@ -101,12 +136,13 @@ class Coordinator:
     answered ``wait`` until every worker slot has pulled once, or that many seconds after the
     first pull, and the clock (``t0``) restarts then, as the simulator starts all workers at
     time 0. ``max_tokens_per_step`` bounds the tokens a push may claim per inner step.
-    ``zero_copy_dispatch`` puts θ's own tensors in dispatch replies (no copy); the transport
-    then keeps them from being written while it sends them (:meth:`Server.unshare`).
-    A sharded server (:mod:`heloco.net.shards`) sets ``serve_dispatch`` (its shards send the
-    dispatch's tensors; the reply to ``pull`` carries none) and ``staged`` (the Δ its shards
-    hold for a worker's round; a ``push`` then carries no tensors), and tells workers its
-    shards in ``welcome`` (``shard_info``) and in ``status`` (``shard_status``).
+
+    Both are given at construction, by the serving process (:class:`heloco.net.endpoint.Endpoint`
+    builds its coordinator): ``storage`` (:class:`DispatchStorage`) holds the tensors the
+    transport sends and stages; with it, dispatch replies carry θ's own tensors (no copy) and
+    a sharded storage sends them from its shards and stages pushes there. ``persistence``
+    (:class:`Persistence`, durable serving) makes each accepted round survive a crash before
+    its ack. Without them (in-process use) replies carry copies and nothing is persisted.
 
     ``on_update`` is called after each applied update (metrics, evaluation, durable
     checkpoints); ``on_round`` after each accepted round with (worker, round_id, steps, tokens,
@@ -128,11 +164,8 @@ class Coordinator:
     t0: float = field(default_factory=time.time)
     max_tokens_per_step: int | None = None
     wait_for_workers_s: float = 0.0
-    zero_copy_dispatch: bool = False
-    serve_dispatch: Callable[[Dispatch], None] | None = None
-    staged: Callable[[int, int], Delta | None] | None = None
-    shard_info: list[dict[str, Any]] = field(default_factory=list)
-    shard_status: Callable[[], list[dict[str, Any]]] | None = None
+    storage: DispatchStorage | None = None
+    persistence: Persistence | None = None
 
     def __post_init__(self) -> None:
         n = self.server.cfg.n_workers
@@ -144,8 +177,6 @@ class Coordinator:
         self._shapes = {k: tuple(v.shape) for k, v in self.server.params.items()}
         # (worker, round id) -> (run seconds it was dispatched, its revision)
         self._dispatch_time: dict[tuple[int, int], tuple[float, int]] = {}
-        # durable serving: make the state so far survive a crash; False if it could not
-        self.persist: Callable[[], bool] | None = None
 
     @property
     def tokens(self) -> int:
@@ -156,6 +187,11 @@ class Coordinator:
     def started(self) -> bool:
         """Whether the run has started (its start barrier is open)."""
         return self.control.started
+
+    @property
+    def _shards(self) -> DispatchStorage | None:
+        """The storage if it is sharded (its shards send dispatches and stage pushes)."""
+        return self.storage if self.storage is not None and self.storage.sharded else None
 
     def _start_barrier(self, worker: int) -> bool:
         """Whether dispatching may begin (see the class doc); opens the barrier when due."""
@@ -182,6 +218,10 @@ class Coordinator:
     def elapsed(self) -> float:
         """Seconds since the coordinator started (its own clock)."""
         return self.clock() - self.t0
+
+    def resume_clock(self, elapsed: float) -> None:
+        """Continue a restored run's clock: :meth:`elapsed` is ``elapsed`` now."""
+        self.t0 = self.clock() - elapsed
 
     def _emit(self, payload: dict[str, Any]) -> None:
         if self.on_event is not None:
@@ -321,8 +361,8 @@ class Coordinator:
             "n_workers": len(self.workers),
             "worker_steps": info.steps,
         }
-        if self.shard_info:
-            welcome["shards"] = self.shard_info
+        if self._shards is not None:
+            welcome["shards"] = self._shards.shard_info()
         return wire.make("welcome", welcome, re=msg.id)
 
     def _heartbeat(self, msg: Message, body: messages.Ident) -> Message:
@@ -346,7 +386,7 @@ class Coordinator:
         if w in self.server.pending_workers and self.server.holds_workers:
             # Sync barrier or grace window still open: the next model does not exist yet.
             return wire.make("wait", {"retry_s": 0.05, "revision": self.server.revision}, re=msg.id)
-        d = self.server.dispatch(w, copy=not self.zero_copy_dispatch)
+        d = self.server.dispatch(w, copy=self.storage is None)
         info.pulls += 1
         # A new dispatch supersedes the worker's older rounds: forget their start times, but
         # the last one's (an overlapped round trains from it while this one travels).
@@ -355,8 +395,8 @@ class Coordinator:
             del self._dispatch_time[key]
         self._dispatch_time[(w, d.round_id)] = (self.elapsed(), d.revision)
         reply = {"revision": d.revision, "steps": d.steps, "round_id": d.round_id}
-        if self.serve_dispatch is not None:
-            self.serve_dispatch(d)
+        if self._shards is not None:
+            self._shards.serve_dispatch(d)
             return wire.make("dispatch", reply, re=msg.id)
         return wire.make("dispatch", reply, d.params, codec="fp32", re=msg.id)
 
@@ -397,9 +437,10 @@ class Coordinator:
     def _delta_of(self, msg: Message, worker: int, round_id: int) -> Delta:
         """The push's Δ: its own tensors, or (sharded, a push without tensors) the parts the
         shards have staged; ``unstaged`` until every shard holds its part."""
-        if self.staged is None or msg.tensors:
+        shards = self._shards
+        if shards is None or msg.tensors:
             return self._checked_delta(msg)
-        delta = self.staged(worker, round_id)
+        delta = shards.staged(worker, round_id)
         if delta is None:
             raise WireError("unstaged", f"stage round {round_id} on every shard, then push")
         return delta
@@ -498,7 +539,7 @@ class Coordinator:
             self.control.open_grace(self.elapsed())
         if record is not None:
             self._applied(record)
-        if self.persist is not None and not self.persist():
+        if self.persistence is not None and not self.persistence.persist():
             # Applied (or buffered) but not on disk: no ack, so no promise a crash would break.
             detail = "accepted but the checkpoint failed; not acknowledged"
             return wire.make("error", {"reason": "not_durable", "detail": detail}, re=msg.id)
@@ -552,7 +593,7 @@ class Coordinator:
             "tokens_per_s": self.tokens / elapsed,
             "workers": workers,
             "counters": asdict(self.counters),
-            **({"shards": self.shard_status()} if self.shard_status is not None else {}),
+            **({"shards": self._shards.shard_status()} if self._shards is not None else {}),
         }
 
 

@@ -6,6 +6,9 @@ with ``shards > 1`` every shard also has its own listener and thread (:mod:`helo
 Between messages the loop evicts silent workers, closes grace windows and writes periodic
 checkpoints; SIGTERM sets ``stop`` and the loop ends with a final checkpoint.
 
+The endpoint builds its coordinator, handing it the endpoint itself as the coordinator's
+storage (the shards' tensors) and, for durable serving, as its persistence (checkpoints): the
+coordinator is complete when built, and nothing sets its attributes afterwards.
 Dispatches are sent from θ's own memory; before an update writes θ, the parameters a reply
 still sends are given fresh storage (copy on write, :meth:`heloco.net.shards.ShardState.unshare`).
 """
@@ -18,14 +21,21 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import zmq
 from pydantic import Field
 
 from heloco.net import checkpoint, messages, wire
-from heloco.net.coordinator import Coordinator, Counters, UpdateEvent, WorkerInfo
+from heloco.net.coordinator import (
+    Coordinator,
+    Counters,
+    DispatchStorage,
+    Persistence,
+    UpdateEvent,
+    WorkerInfo,
+)
 from heloco.net.keys import ServerKeys
 from heloco.net.listener import Listener
 from heloco.net.messages import Count, Incarnation
@@ -39,6 +49,7 @@ from heloco.net.shards import (
 )
 from heloco.net.wire import Message
 from heloco.server import ServerState
+from heloco.types import Delta, Dispatch
 from shardmeter.errors import UserInputError
 
 FINAL_LINGER_MS = 500  # at a normal end, the last replies (the byes' pongs) still go out
@@ -79,12 +90,25 @@ class EndpointConfig:
             raise UserInputError("--shards", self.shards, f"an integer in [1, {MAX_SHARDS}]")
 
 
+class CoordinatorBuilder(Protocol):
+    """Builds the coordinator an :class:`Endpoint` serves, given the endpoint's storage and
+    persistence: ``functools.partial(Coordinator, server, budget, ...)`` is one."""
+
+    def __call__(
+        self, *, storage: DispatchStorage, persistence: Persistence | None
+    ) -> Coordinator: ...
+
+
 class Endpoint:
-    """Serves one :class:`Coordinator` until its target revision is reached or ``stop`` is set."""
+    """Serves one :class:`Coordinator` until its target revision is reached or ``stop`` is set.
+
+    The endpoint builds its coordinator (``build``) with itself as the coordinator's
+    :class:`DispatchStorage` (its shards hold the tensors it sends and stages) and, when
+    ``durable``, as its :class:`Persistence` (a checkpoint before each ack)."""
 
     def __init__(
         self,
-        coord: Coordinator,
+        build: CoordinatorBuilder,
         secret: bytes,
         cfg: EndpointConfig,
         extra_meta: Callable[[], dict[str, Any]] | None = None,
@@ -93,22 +117,21 @@ class Endpoint:
         """``extra_meta`` gives the serving session's own state to checkpoint (``extra``);
         ``check_extra`` checks a checkpoint's ``extra`` before it is loaded (raises if it
         is unusable, so the checkpoint is skipped)."""
-        self.coord = coord
         self.secret = secret
         self.cfg = cfg
         self.stop = threading.Event()
+        # The coordinator reaches its storage and persistence only while serving, after this
+        # constructor has built the shard state they use.
+        self.coord = build(storage=self, persistence=self if cfg.durable else None)
+        coord = self.coord
         server = coord.server
         self.state = ShardState(server, plan_shards(part_sizes(server.params), cfg.shards))
-        coord.zero_copy_dispatch = True
         server.before_write = self.state.unshare
         self.services = [ShardService(i, self.state, len(coord.workers)) for i in range(cfg.shards)]
         self.listeners = [self._listener(i) for i in range(cfg.shards)]
         self._threads: list[threading.Thread] = []
         self._runner: GroupRunner | None = None
-        if cfg.shards > 1:
-            coord.serve_dispatch = self.state.open_view
-            coord.staged = self.state.take
-            coord.shard_status = self.shard_status
+        if self.sharded:
             self._runner = GroupRunner(self.state.plan)
             server.optimizer.runner = self._runner
         self._last_ckpt_rev = server.revision
@@ -120,8 +143,6 @@ class Endpoint:
         self.restored_from: Path | None = None
         self.skipped: list[checkpoint.Skipped] = []
         self._last_ckpt_accepted = coord.counters.accepted
-        if cfg.durable:
-            coord.persist = self.persist
 
     def _listener(self, shard: int) -> Listener:
         leader = shard == 0
@@ -171,6 +192,27 @@ class Endpoint:
         """Authenticate, de-duplicate and answer one inbound message at the leader (None:
         dropped); ``peer`` is the allow-list name of the CURVE key of the connection."""
         return self.listeners[0].handle_frames(frames, peer)
+
+    # -- the coordinator's storage (DispatchStorage) --------------------------------------------
+    @property
+    def sharded(self) -> bool:
+        """Whether the tensors are split over more than one shard."""
+        return self.cfg.shards > 1
+
+    def serve_dispatch(self, dispatch: Dispatch) -> None:
+        """Open the dispatch's views on every shard; the shards send its tensors."""
+        self.state.open_view(dispatch)
+
+    def staged(self, worker: int, round_id: int) -> Delta | None:
+        """The Δ every shard has staged for the round (None: not all yet)."""
+        return self.state.take(worker, round_id)
+
+    def shard_info(self) -> list[dict[str, Any]]:
+        """Per shard: its port and its tensors (for ``welcome``; the sockets are bound)."""
+        return [
+            {"port": int(listener.address.rsplit(":", 1)[1]), "tensors": names}
+            for listener, names in zip(self.listeners, self.state.plan, strict=True)
+        ]
 
     def shard_status(self) -> list[dict[str, Any]]:
         """Per shard: address, tensors, fp32 bytes and what its listener counted."""
@@ -327,11 +369,6 @@ class Endpoint:
         except BaseException:
             self.close()
             raise
-        if self.cfg.shards > 1:
-            self.coord.shard_info = [
-                {"port": int(listener.address.rsplit(":", 1)[1]), "tensors": names}
-                for listener, names in zip(self.listeners, self.state.plan, strict=True)
-            ]
         return self.address
 
     def close(self, linger_ms: int = 0) -> None:
@@ -433,7 +470,7 @@ def load_coordinator_meta(coord: Coordinator, meta: CoordinatorMeta) -> None:
     replaced: the listeners hold the same :class:`Counters` and keep counting into it.
     Arrivals an asynchronous server had buffered in a grace window get a new window."""
     coord.control.load_state_dict({"tokens": meta.tokens})
-    coord.t0 = coord.clock() - meta.elapsed
+    coord.resume_clock(meta.elapsed)
     coord.counters.load(meta.counters)
     if len(meta.workers) != len(coord.workers):
         raise ValueError("checkpoint was written for a different number of workers")

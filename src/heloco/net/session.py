@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,11 @@ from heloco.metrics import (
     RunSummary,
     atomic_write_json,
 )
-from heloco.net.coordinator import Budget, Coordinator, UpdateEvent
+from heloco.net.coordinator import Coordinator, UpdateEvent
 from heloco.net.endpoint import Endpoint, EndpointConfig
 from heloco.sim import (
     CONFIG_FILE,
+    BudgetSetup,
     Recorder,
     RunParts,
     SimConfig,
@@ -94,9 +96,10 @@ class Session:
         )
         self.traj = self.rec.traj
         run = cfg.model_dump(mode="json") | {"out_dir": None}
-        self.coord = Coordinator(
+        build = partial(
+            Coordinator,
             self.side.server,
-            Budget(tokens=cfg.token_budget, seconds=cfg.time_budget),
+            BudgetSetup.of(cfg).build(),
             run=run,
             heartbeat_s=liveness.heartbeat_s,
             evict_after_s=liveness.evict_after_s,
@@ -106,9 +109,8 @@ class Session:
             max_tokens_per_step=cfg.inner.batch_size * cfg.inner.seq_len * MAX_ISLAND_RANKS,
             wait_for_workers_s=liveness.wait_for_workers_s,
         )
-        self.endpoint = Endpoint(
-            self.coord, secret, endpoint, extra_meta=self._extra, check_extra=_evals_of
-        )
+        self.endpoint = Endpoint(build, secret, endpoint, self._extra, _evals_of)
+        self.coord = self.endpoint.coord
         self.wall0 = time.perf_counter()
         self.resumed = False
 

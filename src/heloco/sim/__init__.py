@@ -6,8 +6,10 @@ worker id. Sync methods wait for the slowest worker every round. Training is rea
 workers run their inner loops in process); only the clock is simulated, so the same config and
 seed give bit-identical losses. The server and the outer optimizers are the product's own.
 
-Modules, one job each: ``config`` (SimConfig), ``clock`` (paces, steps, schedules),
-``recorder`` (trajectory bookkeeping), ``loop`` (the event loop), ``build`` (a run's parts),
+Modules, one job each: ``config`` (SimConfig, the run file's schema), ``clock`` (paces, steps,
+schedules: the inner-loop component, :class:`InnerSetup`), ``recorder`` (trajectory
+bookkeeping), ``loop`` (the event loop), ``build`` (the other components' configs, each with
+``build()``, and a run's parts from them),
 ``run`` (runs end to end, one or side by side), ``pool`` (the rounds of runs side by side,
 each distinct round computed once), ``evalcache`` (evaluations shared by identical
 parameters), ``stacked`` and ``batch`` (rounds of many TinyGPT workers in one batched kernel).
@@ -20,17 +22,20 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names as mypy sees them; at run time each loads on first use
     from heloco.sim.build import (
+        BudgetSetup,
+        ClockSetup,
+        DataSetup,
+        ModelSetup,
         RunParts,
+        ServerSetup,
         WorkerParts,
         build_run,
-        build_server,
         build_worker_parts,
-        initial_model,
-        model_config_for,
         seed_everything,
     )
     from heloco.sim.clock import (
         Clock,
+        InnerSetup,
         expected_worker_steps,
         resolve_comm,
         resolve_paces,
@@ -46,6 +51,7 @@ if TYPE_CHECKING:  # the names as mypy sees them; at run time each loads on firs
         PACE_RULE,
         PaceDistribution,
         SimConfig,
+        component_of,
         fold_outer_aliases,
         parse_sim_config,
     )
@@ -61,8 +67,14 @@ if TYPE_CHECKING:  # the names as mypy sees them; at run time each loads on firs
     )
 
 _EXPORTS: dict[str, str] = {
+    "BudgetSetup": "heloco.sim.build",
     "CONFIG_FILE": "heloco.sim.run",
     "Clock": "heloco.sim.clock",
+    "ClockSetup": "heloco.sim.build",
+    "DataSetup": "heloco.sim.build",
+    "InnerSetup": "heloco.sim.clock",
+    "ModelSetup": "heloco.sim.build",
+    "ServerSetup": "heloco.sim.build",
     "Evaluator": "heloco.sim.recorder",
     "JITTER_KEY": "heloco.sim.config",
     "MODEL_KEY": "heloco.sim.config",
@@ -78,13 +90,11 @@ _EXPORTS: dict[str, str] = {
     "Trajectory": "heloco.sim.recorder",
     "WorkerParts": "heloco.sim.build",
     "build_run": "heloco.sim.build",
-    "build_server": "heloco.sim.build",
     "build_worker_parts": "heloco.sim.build",
+    "component_of": "heloco.sim.config",
     "expected_worker_steps": "heloco.sim.clock",
     "fold_outer_aliases": "heloco.sim.config",
-    "initial_model": "heloco.sim.build",
     "loss_at_time_budget": "heloco.sim.run",
-    "model_config_for": "heloco.sim.build",
     "parse_sim_config": "heloco.sim.config",
     "resolve_comm": "heloco.sim.clock",
     "resolve_paces": "heloco.sim.clock",
@@ -105,24 +115,28 @@ __all__ = [
     "OUTER_ALIASES",
     "PACE_KEY",
     "PACE_RULE",
+    "BudgetSetup",
     "Clock",
+    "ClockSetup",
+    "DataSetup",
     "Evaluator",
+    "InnerSetup",
+    "ModelSetup",
     "PaceDistribution",
     "Recorder",
     "RoundRunner",
     "RunParts",
     "RunResult",
+    "ServerSetup",
     "SimConfig",
     "Trajectory",
     "WorkerParts",
     "build_run",
-    "build_server",
     "build_worker_parts",
+    "component_of",
     "expected_worker_steps",
     "fold_outer_aliases",
-    "initial_model",
     "loss_at_time_budget",
-    "model_config_for",
     "parse_sim_config",
     "resolve_comm",
     "resolve_paces",

@@ -1,4 +1,8 @@
-"""Simulated time of a run: paces, communication delays, steps per round, planned schedules."""
+"""Simulated time of a run: paces, communication delays, steps per round, planned schedules.
+
+:class:`InnerSetup` is the inner-loop component of a run config: the schedule functions here
+take it (each worker's pace, steps per round and inner config are the same in the simulator,
+the network server and every network worker); :class:`Clock` is the simulator's own clock."""
 
 from __future__ import annotations
 
@@ -12,8 +16,8 @@ import numpy as np
 from heloco.codecs import expected_nbytes, parse_payload
 from heloco.data import derive_seed
 from heloco.outer import resolve_method
-from heloco.server import dylu_steps, quantile_speed
-from heloco.sim.config import PACE_KEY, SimConfig
+from heloco.server import DyluReference, dylu_steps, quantile_speed
+from heloco.sim.config import PACE_KEY, PaceDistribution, SimConfig, component_of
 from heloco.types import RoundTiming
 from heloco.worker import InnerConfig
 
@@ -62,7 +66,40 @@ class Clock:
         return min(ends) if ends else t
 
 
-def resolve_paces(cfg: SimConfig) -> list[float]:
+@dataclass(frozen=True)
+class InnerSetup:
+    """The inner-loop component of a run: each worker's pace, steps per round (H, or DyLU's
+    H_w from the configured paces) and inner config (its cosine as configured, or as long as
+    the worker's expected steps under the budget), its payload codec, its link and exchange
+    mode, and the batch-order seed. The simulator, the network server and every network worker build the same."""
+
+    workers: int
+    seed: int
+    paces: list[float] | PaceDistribution | None
+    comm_delays: list[float] | None
+    inner_steps: int
+    dylu: bool  # resolved: the config's switch, else the method's default
+    dylu_reference: DyluReference
+    dylu_quantile: float
+    synchronous: bool  # the method waits for every worker each round
+    inner: InnerConfig
+    inner_schedule: Literal["budget", "config"]
+    token_budget: int | None
+    time_budget: float | None
+    payload: str
+    exchange: Literal["blocking", "overlapped"]
+    link_mbit: list[float] | None
+    link_latency: list[float] | None
+    server_link_mbit: float | None
+
+    @classmethod
+    def of(cls, cfg: SimConfig) -> InnerSetup:
+        """The inner-loop component of ``cfg``."""
+        synchronous = resolve_method(cfg.method).spec.synchronous
+        return component_of(cls, cfg, dylu=cfg.use_dylu(), synchronous=synchronous)
+
+
+def resolve_paces(cfg: InnerSetup) -> list[float]:
     """Per-worker seconds per step: given, drawn (lognormal, seeded), or all 1."""
     if cfg.paces is None:
         return [1.0] * cfg.workers
@@ -73,7 +110,7 @@ def resolve_paces(cfg: SimConfig) -> list[float]:
     return [float(cfg.paces.median * math.exp(cfg.paces.sigma * zi)) for zi in z]
 
 
-def resolve_comm(cfg: SimConfig) -> list[float]:
+def resolve_comm(cfg: InnerSetup) -> list[float]:
     """Per-worker communication seconds added to each round (None: all 0)."""
     if cfg.comm_delays is None:
         return [0.0] * cfg.workers
@@ -112,7 +149,7 @@ def link_seconds(nbytes: int, mbit: float, latency: float) -> float:
     return latency + nbytes / (mbit * MBIT)
 
 
-def resolve_links(cfg: SimConfig, numels: Sequence[int]) -> LinkTimes | None:
+def resolve_links(cfg: InnerSetup, numels: Sequence[int]) -> LinkTimes | None:
     """Each worker's push and pull seconds from ``link_mbit`` (None when it is unset).
 
     A worker's rate is its own link's, or its fair share of a shared server link when that
@@ -145,9 +182,9 @@ def round_seconds(
     return [steps[w] * paces[w] + comm[w] for w in range(len(steps))]
 
 
-def round_steps(cfg: SimConfig, paces: list[float]) -> list[int]:
+def round_steps(cfg: InnerSetup, paces: list[float]) -> list[int]:
     """Steps per round of each worker from the configured paces (H, or DyLU's H_w)."""
-    if not cfg.use_dylu():
+    if not cfg.dylu:
         return [cfg.inner_steps] * cfg.workers
     speeds: list[float | None] = [1.0 / p for p in paces]
     v_ref = None  # the fastest speed
@@ -157,20 +194,19 @@ def round_steps(cfg: SimConfig, paces: list[float]) -> list[int]:
 
 
 def worker_inner_configs(
-    cfg: SimConfig, paces: list[float], comm: list[float] | None = None
+    cfg: InnerSetup, paces: list[float], comm: list[float] | None = None
 ) -> list[InnerConfig]:
     """Each worker's inner config: ``cfg.inner``, or with ``inner_schedule='budget'`` a cosine
     as long as the worker's expected steps (the network runtime builds the same)."""
     if cfg.inner_schedule == "config":
         return [cfg.inner] * cfg.workers
     comm = comm if comm is not None else [0.0] * cfg.workers
-    sync = resolve_method(cfg.method).spec.synchronous
-    planned = expected_worker_steps(cfg, paces, comm, round_steps(cfg, paces), sync)
+    planned = expected_worker_steps(cfg, paces, comm, round_steps(cfg, paces), cfg.synchronous)
     return [replace(cfg.inner, total_steps=max(n, cfg.inner.warmup_steps, 1)) for n in planned]
 
 
 def expected_worker_steps(
-    cfg: SimConfig, paces: list[float], comm: list[float], steps: list[int], synchronous: bool
+    cfg: InnerSetup, paces: list[float], comm: list[float], steps: list[int], synchronous: bool
 ) -> list[int]:
     """Inner steps each worker is expected to take before the first budget stops the run.
 

@@ -1,10 +1,12 @@
-"""A simulated run's configuration (pydantic, validated once) and its random-stream keys."""
+"""A simulated run's configuration (pydantic, validated once), its random-stream keys, and
+:func:`component_of`, which takes a component's config (:mod:`heloco.sim.build`) from it."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -247,10 +249,6 @@ class SimConfig(BaseModel):
                 "'blocking' with grace_window > 0 (the window holds the worker; overlap cannot)",
             )
 
-    def outer_config(self) -> OuterConfig:
-        """The outer-optimizer settings (``[outer]``, top-level aliases folded in)."""
-        return self.outer
-
     def server_quorum(self) -> int:
         """The server's quorum: 0 unless the method merges by quorum (then ``quorum``, or half
         the workers rounded up)."""
@@ -261,6 +259,19 @@ class SimConfig(BaseModel):
     def use_dylu(self) -> bool:
         """Whether DyLU inner steps apply: the explicit ``dylu`` field, else the method's default."""
         return self.dylu if self.dylu is not None else resolve_method(self.method).spec.dylu
+
+
+S = TypeVar("S")
+
+
+def component_of(setup: type[S], cfg: SimConfig, **derived: Any) -> S:
+    """The component config ``setup`` (a dataclass) of the run ``cfg``: each field is the run
+    config's field of the same name, except those given in ``derived`` (values the component
+    takes resolved, e.g. the method's defaults). A component gains a setting by naming a
+    run-config field among its own fields, in one place."""
+    names = [f.name for f in dataclasses.fields(setup)]  # type: ignore[arg-type]
+    values = {n: getattr(cfg, n) for n in names if n not in derived}
+    return setup(**values, **derived)
 
 
 def parse_sim_config(values: dict[str, Any]) -> SimConfig:

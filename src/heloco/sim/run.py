@@ -19,8 +19,7 @@ from heloco.metrics import (
 )
 from heloco.model import TinyGPT
 from heloco.sim.batch import BatchEngine
-from heloco.sim.build import RunParts, build_run, torch_threads
-from heloco.sim.clock import Clock
+from heloco.sim.build import ClockSetup, DataSetup, RunParts, build_run, torch_threads
 from heloco.sim.config import SimConfig
 from heloco.sim.evalcache import EvalCache
 from heloco.sim.loop import DirectRounds, Loop, RoundSource, simulation
@@ -102,7 +101,7 @@ def _simulate_side_by_side(
     built: list[RunParts | Exception] = []
     for cfg in cfgs:
         try:
-            key = (cfg.data.model_dump_json(), cfg.workers, cfg.seed)
+            key = DataSetup.of(cfg).key()
             parts = build_run(cfg, data=data.get(key))
             data[key] = parts.data
             built.append(parts)
@@ -120,9 +119,8 @@ def _simulate_side_by_side(
             stats = RunStats(cfg.workers, item.data.worker_languages)
             run = _Run(cfg, item, source, stats, writer)
             evaluate = item.evaluate if cfg.batch == "off" else evals.evaluator(item)
-            run.loop = simulation(
-                item.server, source, clock_of(cfg, item), evaluate, writer, stats, prog
-            )
+            clock = ClockSetup.of(cfg).build(item.paces, item.comm, item.links)
+            run.loop = simulation(item.server, source, clock, evaluate, writer, stats, prog)
             outcomes.append(run)
         loop0 = time.perf_counter()
         _drive([o for o in outcomes if isinstance(o, _Run)], outcomes)
@@ -233,26 +231,6 @@ def _drive(runs: list[_Run], outcomes: list[RunResult | Exception | _Run]) -> No
         live = waiting
 
 
-def clock_of(cfg: SimConfig, parts: RunParts) -> Clock:
-    """The simulated-time settings of a run."""
-    return Clock(
-        paces=parts.paces,
-        comm_delays=parts.comm,
-        jitter=cfg.pace_jitter,
-        seed=cfg.seed,
-        token_budget=cfg.token_budget,
-        time_budget=cfg.time_budget,
-        eval_every=cfg.eval_every,
-        eval_unit=cfg.eval_unit,
-        failures=tuple((f.worker, f.at, f.down) for f in cfg.failures),
-        down_delays=[] if parts.links is None else parts.links.down,
-        exchange=cfg.exchange,
-        eager=cfg.overlap_eager,
-        push_bytes=[] if parts.links is None else parts.links.push_bytes,
-        pull_bytes=0 if parts.links is None else parts.links.pull_bytes,
-    )
-
-
 def _prepare_out(cfg: SimConfig) -> Path | None:
     """Create the run folder and write its config.json (None: nothing is written)."""
     if cfg.out_dir is not None:
@@ -272,13 +250,13 @@ def _finish(run: _Run, train_share: float, wall: float) -> RunResult:
     return RunResult(run.cfg, traj.evals, summary, server.params, run.parts.paces)
 
 
-def loss_at_time_budget(cfg: SimConfig, traj: Trajectory) -> float | None:
-    """Loss at the time budget: interpolated between evals, or the final loss when the run
-    stopped because the next event fell past the budget (the model is then unchanged from the
-    last arrival up to the budget)."""
-    if cfg.time_budget is None or not traj.evals:
+def loss_at_time_budget(time_budget: float | None, traj: Trajectory) -> float | None:
+    """Loss at the time budget (seconds; None: no time budget, no reading): interpolated
+    between evals, or the final loss when the run stopped because the next event fell past
+    the budget (the model is then unchanged from the last arrival up to the budget)."""
+    if time_budget is None or not traj.evals:
         return None
-    at = loss_at(traj.evals, cfg.time_budget, "time")
+    at = loss_at(traj.evals, time_budget, "time")
     if at is None and traj.stopped_by == "time":
         return traj.evals[-1].loss
     return at
@@ -298,7 +276,7 @@ def summarize(
         loss_at_token_budget=(
             None if cfg.token_budget is None else loss_at(traj.evals, cfg.token_budget, "tokens")
         ),
-        loss_at_time_budget=loss_at_time_budget(cfg, traj),
+        loss_at_time_budget=loss_at_time_budget(cfg.time_budget, traj),
         cycle_loss=None if last is None else last.cycle_loss,
         tokens=traj.tokens,
         steps=traj.steps,

@@ -21,6 +21,7 @@ from shardmeter.calibrate import (
     RowResult,
     evaluate_rows,
     read_rows,
+    skipped_json,
     summarize_results,
 )
 from shardmeter.errors import UserInputError
@@ -68,11 +69,7 @@ def results_to_dict(results: list[RowResult]) -> dict[str, Any]:
         ],
         "summary": overall.as_json(),
         "per_source": {k: v.as_json() for k, v in per_source.items()},
-        "skipped": [
-            {"run_id": r.run_id, "source_id": r.source_id, "reason": r.skipped}
-            for r in results
-            if r.skipped is not None
-        ],
+        "skipped": skipped_json(results),
     }
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from shardmeter.calibrate import skipped_json
 from shardmeter.memcheck import (
     DEFAULT_MEMORY_CSV,
     MemoryResult,
@@ -67,11 +68,7 @@ def memory_results_to_dict(results: list[MemoryResult]) -> dict[str, Any]:
         "per_source": {k: v.as_json() for k, v in summary.per_source.items()},
         "per_kind": {k: v.as_json() for k, v in summary.per_kind.items()},
         "verdicts": {"judged": summary.verdicts, "right": summary.verdicts_right},
-        "skipped": [
-            {"run_id": r.run_id, "source_id": r.source_id, "reason": r.skipped}
-            for r in results
-            if r.skipped is not None
-        ],
+        "skipped": skipped_json(results),
     }
 
 
