@@ -69,7 +69,9 @@ def test_links_charge_payload_up_and_dispatch_down(values: Callable[..., dict[st
     assert links.pull_bytes == 4 * n and links.push_bytes == [4 * n, 4 * n]
     assert links.up[0] == pytest.approx(0.1 + 4 * n / 1e6)
     assert links.down[1] == pytest.approx(4 * n / 2e6)
-    sign = resolve_links(InnerSetup.of(parse_sim_config(values(payload="sign", link_mbit=[8.0]))), [n])
+    sign = resolve_links(
+        InnerSetup.of(parse_sim_config(values(payload="sign", link_mbit=[8.0]))), [n]
+    )
     assert sign is not None and sign.push_bytes[0] < 4 * n / 16  # 1 bit + a scale per group
     # a shared server link of 8 Mbit/s gives each of 2 workers 4 Mbit/s
     shared = resolve_links(InnerSetup.of(parse_sim_config(values(**v, server_link_mbit=8.0))), [n])
