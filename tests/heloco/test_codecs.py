@@ -153,6 +153,71 @@ def test_push_bytes_match_the_planners_payload_model(payload: str) -> None:
     assert coded.nbytes == per_tensor
 
 
+def _push_body() -> dict[str, Any]:
+    """A push's body as a worker's link sends it (heloco/net/link.py)."""
+    return {
+        "worker": 3,
+        "incarnation": f"{time.time_ns():020d}-{'ab' * 4}",
+        "round_id": 17,
+        "base_revision": 123,
+        "steps": 20,
+        "tokens": 5120,
+        "mean_loss": 3.2871234567891234,
+        "compute_s": 1.2345678901234567,
+    }
+
+
+def _whole_push(params: Any, codec: str = "fp32") -> int:
+    return wire.wire_bytes(wire.encode(wire.make("push", _push_body(), params, codec), SECRET))
+
+
+@pytest.mark.parametrize("payload", ["topk:fraction=0.01", "sign", "int8", "fp32"])
+def test_the_planner_prices_a_tiny_models_whole_push_within_2_percent(payload: str) -> None:
+    """The README's tiny model (137K parameters, 29 tensors), where the JSON header is a third
+    of a top-1% push: ShardMeter's push bytes (frames, header entries, envelope, tag) for the
+    same tensors are within 2% of the real message, and so is its dispatch of θ."""
+    from heloco.modelspec import build_model
+    from shardmeter.estimate.payload import dispatch_bytes, push_bytes
+    from shardmeter.specs.topology import PayloadSpec
+
+    model = build_model("tiny", 256, 64, 0, "cpu")
+    named = {n: p.detach().clone() for n, p in model.named_parameters()}
+    tensors = [(n, tuple(t.shape)) for n, t in named.items()]
+    delta = {n: 1e-3 * torch.randn_like(t) for n, t in named.items()}
+    if payload in compress.CODECS:
+        measured = _whole_push(delta, payload)
+        bits = {"fp32": 32, "int8": 8}[payload]
+        planned = push_bytes(PayloadSpec(kind="dense"), tensors, bits)
+    else:
+        measured = _whole_push(ErrorFeedback(payload).compress(delta))
+        planned = push_bytes(parse_payload(payload), tensors)
+        frames_only = resolve_payload(parse_payload(payload), 16, SPEC).bits_per_param
+        assert abs(measured / (frames_only * 136_960 / 8) - 1) > 0.02  # the old model's miss
+    assert abs(measured / planned - 1) < 0.02, (measured, planned)
+    body = {"revision": 123, "steps": 20, "round_id": 17}
+    sent = wire.make("dispatch", body, named, re="f" * 32)
+    down = wire.wire_bytes(wire.encode(sent, SECRET))
+    assert abs(down / dispatch_bytes(tensors) - 1) < 0.02, (down, dispatch_bytes(tensors))
+
+
+@pytest.mark.parametrize("payload", ["topk:fraction=0.01", "sign"])
+def test_the_planners_plan_prices_an_18m_model_push_within_2_percent(payload: str) -> None:
+    """A plan's bytes per push for an 18M-parameter model (``resolve_payload``: bits per
+    parameter × N / 8 plus the message overhead) against the real codec and wire encoder on
+    tensors of the planner's names and shapes."""
+    from shardmeter.estimate.payload import model_tensors
+
+    spec = parse_payload(payload)
+    plan = resolve_payload(spec, 16, SPEC)
+    g = torch.Generator().manual_seed(5)
+    delta = {n: torch.randn(*shape, generator=g) for n, shape in model_tensors(SPEC)}
+    measured = _whole_push(ErrorFeedback(spec).compress(delta))
+    planned = plan.bits_per_param * SPEC.params_total / 8 + plan.push_overhead_bytes
+    assert SPEC.params_total > 18e6
+    assert abs(measured / planned - 1) < 0.02, (measured, planned)
+    assert abs(measured / planned - 1) < 0.002  # the header is counted, not just tolerated
+
+
 # -- the wire --------------------------------------------------------------------------------------
 def _roundtrip(msg: wire.Message) -> wire.Message:
     return wire.decode(wire.encode(msg, SECRET), SECRET)

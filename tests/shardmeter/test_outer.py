@@ -93,10 +93,13 @@ def test_async_never_waits_and_server_caps_the_total() -> None:
     np.testing.assert_allclose(rnd.straggler_s, 0.0)
     # staleness of island 2 (40 s rounds): 40/10 + 40/20 = 6 updates from the others
     assert rnd.staleness[2] == pytest.approx(6.0)
-    capped = WanPaths(**{**wan.__dict__, "server_Bps": 0.05e9})  # 2 GB per round each
+    capped = WanPaths(**{**wan.__dict__, "server_Bps": 0.05e9})  # 2 GB up, 4 GB down
     rc = outer_round("async", inner, capped, 1e9, inner_steps=10, bits=16)
-    # remote demand 2e9/20 + 2e9/40 = 0.15 GB/s against 0.05 -> remote rounds ×3
-    np.testing.assert_allclose(rc.round_s, [10.0, 60.0, 120.0])
+    # the pull is θ in fp32: 4e9/20 + 4e9/40 = 0.3 GB/s out against 0.05 -> rounds ×6
+    np.testing.assert_allclose(rc.round_s, [10.0, 120.0, 240.0])
+    # a pull as large as the push (pull_bytes given): the inflow 0.15 GB/s -> ×3
+    same = outer_round("async", inner, capped, 1e9, inner_steps=10, bits=16, pull_bytes=2e9)
+    np.testing.assert_allclose(same.round_s, [10.0, 60.0, 120.0])
 
 
 def test_hub_allreduce_two_phases() -> None:

@@ -247,6 +247,8 @@ def _round(
         buckets=np.array([isl.buckets for isl in inputs], dtype=np.float64),
         bandwidth_scale=bandwidth_scale,
         balance=outer.balance_steps,
+        push_overhead_bytes=payload.push_overhead_bytes,
+        pull_bytes=payload.pull_bytes,
     )
 
 

@@ -15,6 +15,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from shardmeter.estimate.payload import DISPATCH_BITS
 from shardmeter.estimate.schedule import Schedule, even_schedule, round_stall_s
 from shardmeter.estimate.wan import WanPaths, heloco_exchange_s, hub_allreduce_s
 
@@ -188,6 +189,8 @@ def outer_round(
     bandwidth_scale: ArrayLike = 1.0,
     balance: bool = False,
     exchange: Exchange = "duplex",
+    push_overhead_bytes: ArrayLike = 0.0,
+    pull_bytes: ArrayLike | None = None,
 ) -> OuterRound:
     """Compose per-island inner step times into one outer round of `mode`.
 
@@ -211,7 +214,10 @@ def outer_round(
       duplex), or with `exchange = "heloco"` HeLoCo's own exchange (one push, then one pull,
       each a request and its reply from TCP's initial window: `heloco_exchange_s`),
       overlapped with the next round, then remote rounds stretch by the server's overload Σ_i (M/round_i)/W_server
-      when above 1 (design doc C.9).
+      when above 1 (design doc C.9). The push is M = N·bits/8 + `push_overhead_bytes`
+      (HeLoCo's header and tag, `payload.push_bytes`); the pull is the model, `pull_bytes`
+      (default N · 32/8: HeLoCo dispatches θ in fp32 whatever Δ is sent as, docs/network.md),
+      never the compressed payload; duplex moves both at once (the larger sets the time).
     `balance` (diloco, streaming) lets faster islands run more inner steps per round.
     """
     inner = np.asarray(inner_s, dtype=np.float64)
@@ -237,7 +243,14 @@ def outer_round(
     t_max = inner.max(axis=-1)
 
     if mode == "async":
-        return _async_round(inner, wan, nbytes, h, scale, exchange)
+        up = nbytes + np.asarray(push_overhead_bytes, dtype=np.float64)
+        down = np.broadcast_to(
+            n_params * DISPATCH_BITS / 8.0
+            if pull_bytes is None
+            else np.asarray(pull_bytes, dtype=np.float64),
+            shape,
+        )
+        return _async_round(inner, wan, up, down, h, scale, exchange)
 
     coll = collective(nbytes, wan, reduce, gathered=gathered, rounds=collective_rounds, scale=scale)
     window = _pacing(np.asarray(backward_s, dtype=np.float64), inner)
@@ -293,30 +306,34 @@ def outer_round(
 def _async_round(
     inner: FloatArray,
     wan: WanPaths,
-    nbytes: FloatArray,
+    up_bytes: FloatArray,
+    down_bytes: FloatArray,
     h: FloatArray,
     scale: FloatArray,
     exchange_pattern: Exchange = "duplex",
 ) -> OuterRound:
-    """Parameter server at `wan.center` (design doc C.9, asynchronous)."""
+    """Parameter server at `wan.center` (design doc C.9, asynchronous): a push of
+    `up_bytes`, a pull of `down_bytes` per round."""
     n = inner.shape[-1]
     c = wan.center
     remote = np.arange(n) != c
     path_bw = wan.bandwidth_Bps[:, c] * scale[..., None]
-    m = nbytes[..., None]
-    host = 2.0 * m / wan.host_copy_Bps
+    up, down = up_bytes[..., None], down_bytes[..., None]
+    host = (up + down) / wan.host_copy_Bps
     rtt = wan.rtt_s[:, c]
     if exchange_pattern == "heloco":
-        exchange = np.where(remote, heloco_exchange_s(m, path_bw, rtt) + host, 0.0)
+        exchange = np.where(remote, heloco_exchange_s(up, path_bw, rtt, down) + host, 0.0)
     else:
-        exchange = np.where(remote, rtt + m / path_bw + host, 0.0)
+        exchange = np.where(remote, rtt + np.maximum(up, down) / path_bw + host, 0.0)
     busy = h[..., None] * inner
     round_s = np.maximum(busy, exchange)
-    demand = np.where(remote, m / round_s, 0.0).sum(axis=-1, keepdims=True)
-    overload = np.maximum(1.0, demand / (wan.server_Bps * scale[..., None]))
+    # the server's link, each direction on its own (full duplex): the busier one limits
+    inflow = np.where(remote, up / round_s, 0.0).sum(axis=-1, keepdims=True)
+    outflow = np.where(remote, down / round_s, 0.0).sum(axis=-1, keepdims=True)
+    overload = np.maximum(1.0, np.maximum(inflow, outflow) / (wan.server_Bps * scale[..., None]))
     round_s = np.where(remote, round_s * overload, round_s)
     rate = 1.0 / round_s
-    moved = np.where(remote, 2.0 * m, 0.0)
+    moved = np.where(remote, up + down, 0.0)
     return OuterRound(
         round_s=round_s,
         busy_s=busy,

@@ -447,14 +447,18 @@ def transfer_s(
     return path.rtt_s / 2.0 + send
 
 
-def heloco_exchange_s(nbytes: ArrayLike, rate_Bps: ArrayLike, rtt_s: ArrayLike) -> FloatArray:
-    """HeLoCo's round exchange over one worker's path: a push of Δ and a pull of the model,
-    each a request and its reply (RTT) plus M bytes from TCP's initial window, as a worker
-    that computed in between finds its connection (idle > RTO: RFC 5681 sec. 4.1):
-    2 · (RTT + slow_start_s(M)) (heloco/net/link.py push and pull)."""
+def heloco_exchange_s(
+    nbytes: ArrayLike, rate_Bps: ArrayLike, rtt_s: ArrayLike, pull_bytes: ArrayLike | None = None
+) -> FloatArray:
+    """HeLoCo's round exchange over one worker's path: a push of Δ (M bytes) and a pull of the
+    model (`pull_bytes`, default M), each a request and its reply (RTT) plus its bytes from
+    TCP's initial window, as a worker that computed in between finds its connection (idle >
+    RTO: RFC 5681 sec. 4.1): 2·RTT + slow_start_s(M) + slow_start_s(M_pull)
+    (heloco/net/link.py push and pull)."""
     m = np.asarray(nbytes, dtype=np.float64)
+    pull = m if pull_bytes is None else np.asarray(pull_bytes, dtype=np.float64)
     rtt = np.asarray(rtt_s, dtype=np.float64)
-    return 2.0 * (rtt + slow_start_s(m, rate_Bps, rtt))
+    return 2.0 * rtt + slow_start_s(m, rate_Bps, rtt) + slow_start_s(pull, rate_Bps, rtt)
 
 
 Pattern = Literal[

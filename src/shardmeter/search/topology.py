@@ -357,6 +357,8 @@ def compose_block(
         backward_s=window[:, None, :],
         buckets=cb.buckets[:, None, :],
         balance=run.balance_steps,
+        push_overhead_bytes=payload.push_overhead_bytes,
+        pull_bytes=payload.pull_bytes,
     )
     gpus = cb.gpus[:, None, :]
     run_s = compose_arrays(
