@@ -26,6 +26,13 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("shardmeter/", "heloco/")  # a path starting so is relative to src/
 CODEC_TESTS = "tests/heloco/test_codecs.py"
 DECOUPLED_TESTS = "tests/heloco/test_decoupled.py"
+PLANNED_PUSH_TESTS = (  # a whole push and dispatch against the planner's (tiny and 18M models)
+    "tests/heloco/test_codecs.py::test_the_planner_prices_a_tiny_models_whole_push_within_2_percent"
+    " tests/heloco/test_codecs.py::test_the_planners_plan_prices_an_18m_model_push_within_2_percent"
+)
+SIM_CODEC_TESTS = (
+    "tests/heloco/test_codecs.py::test_the_simulators_int8_uplink_is_what_the_server_decodes"
+)
 
 
 @dataclass(frozen=True)
@@ -414,16 +421,16 @@ MUTATIONS: tuple[Mutation, ...] = (
     # --- HeLoCo's whole messages in the planner, the async pull, the simulated int8 uplink ---
     Mutation("planner's push header entries dropped", "payload.py",
              "total += tensor_entry_bytes(name, shape, codec, block, k) + frames",
-             "total += frames", CODEC_TESTS),
+             "total += frames", PLANNED_PUSH_TESTS),
     Mutation("planner's dispatch of θ in bf16, not fp32", "payload.py",
-             "+ 4 * math.prod(shape)", "+ 2 * math.prod(shape)", CODEC_TESTS),
+             "+ 4 * math.prod(shape)", "+ 2 * math.prod(shape)", PLANNED_PUSH_TESTS),
     Mutation("async pull priced as the compressed push", "outer.py",
              "n_params * DISPATCH_BITS / 8.0", "nbytes",
              "tests/shardmeter/test_outer.py tests/shardmeter/test_wan_transfers.py"),
     Mutation("async pull's own bytes ignored on the server link", "outer.py",
              "np.maximum(inflow, outflow)", "inflow", "tests/shardmeter/test_outer.py"),
     Mutation("simulated int8 uplink not applied", "heloco/sim/build.py",
-             "feedback = WireRoundTrip(self.cfg.codec)", "feedback = None", CODEC_TESTS),
+             "feedback = WireRoundTrip(self.cfg.codec)", "feedback = None", SIM_CODEC_TESTS),
     Mutation("quality: an int8 run counted as the dense method", "shardmeter/quality.py",
              'return self.method if self.codec == "fp32" else f"{self.method}@{self.codec}"',
              "return self.method", "tests/shardmeter/test_quality.py"),
