@@ -5,6 +5,12 @@ extra memory it keeps per parameter (error-feedback residuals).
 Units: bits per parameter of the model, bytes per parameter. Sources per family in
 `PayloadSpec` (specs/topology.py); the error-feedback residual is an fp32 copy of the
 un-sent remainder (Seide et al. 2014; Karimireddy et al. 2019, EF-SGD Alg. 2).
+
+HeLoCo's whole messages (bytes): `push_bytes` and `dispatch_bytes` count what its wire format
+sends (docs/network.md "Wire format"): each tensor's frames, its JSON header entry, the
+header's envelope and the 32-byte tag, over a model's tensors (`model_tensors`). A resolved
+`Payload` carries the push's bytes beyond bits × N / 8 and the dispatch of θ in fp32, which the
+async mode charges (`outer.outer_round`).
 """
 
 from __future__ import annotations
