@@ -9,6 +9,15 @@ thread each, and are resumable (see :mod:`heloco.experiments`). Each task simula
 of one setting and seed side by side, their rounds batched (the same losses as one at a time;
 ``--no-batch`` turns it off); ``--executor ray`` runs the tasks on a Ray cluster.
 
+Payload codecs (``--codecs``, its own folder ``heloco_paper_codecs``): sync DiLoCo and HeLoCo
+sending Δ as fp32, int8 (the transport's blockwise int8, no residual), top-1% and sign (each
+with error feedback, :mod:`heloco.codecs`), in both regimes at paces [1,1,1,2,2], seeds 0-2.
+Every payload row talks to the server over the same simulated link: a round costs
+(push bytes + dispatch bytes) / bandwidth, whole wire messages, the bandwidth set so that the
+fp32 round trip (Δ up, θ down, both fp32) takes half a pace-1 worker's round of compute; a
+compressed payload shortens only the push (the dispatch is θ in fp32). Read at equal tokens
+(T) and at equal simulated time (S), each against the same method's fp32 row.
+
 Claims (abstract of arXiv 2606.00271; spec §4.1), relative loss reduction (L_b − L_h)/L_b:
   1. up to 7.5% vs asynchronous DiLoCo baselines (async-nesterov, dn, dn-dylu), fixed tokens;
   2. up to 3.3% vs MLA, fixed (simulated) wall-clock time;
@@ -22,6 +31,7 @@ seed-mean improvement is largest ("up to"):
     python benchmarks/heloco_paper.py --quick              # 1 seed, 1/4 of the steps
     python benchmarks/heloco_paper.py                      # the full grid
     python benchmarks/heloco_paper.py --check              # generalisation settings
+    python benchmarks/heloco_paper.py --codecs             # payload codecs against fp32
     python benchmarks/heloco_paper.py --report-only        # tables from what is done
     python benchmarks/heloco_paper.py --executor ray --ray-address HOST:6379   # on a cluster
     bash benchmarks/heloco_paper_gpu.sh                    # the authors' scale, on a GPU
@@ -30,6 +40,7 @@ seed-mean improvement is largest ("up to"):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from collections.abc import Sequence
@@ -51,6 +62,7 @@ from heloco.experiments import (
     spread,
 )
 from heloco.metrics import RunStats
+from heloco.sim import SimConfig
 from heloco.worker import check_device
 from shardmeter.errors import UserInputError
 from shardmeter.paths import missing_shared_reason, shared_path
@@ -85,6 +97,13 @@ CHECK_SETTINGS: tuple[tuple[tuple[float, ...], Split], ...] = (
 )
 CHECK_METHODS = ("sync", "async-nesterov", "dn-dylu", "mla", "heloco", "heloco+ab", "decoupled")
 CHECK_SEEDS = (3, 4)
+# Payload rows (--codecs): each method sends Δ as each payload over the same simulated link.
+CODEC_PAYLOADS = ("fp32", "int8", "topk:fraction=0.01", "sign")
+CODEC_METHODS = ("sync", "heloco")
+CODEC_PACES: tuple[tuple[float, ...], ...] = ((1, 1, 1, 2, 2),)
+CODEC_ROUND_TRIP = 0.5  # the fp32 round trip on the link, in pace-1 rounds (H inner steps)
+SECRET = b"heloco-paper-codecs-benchmark-0123"  # signs the probe messages that are counted
+PROBE_TS = 1796000000.123456  # the probe messages' timestamp (a typical width, 17 characters)
 # The comparisons the plots draw and the check re-tests: (method, baseline, budget).
 COMPARISONS: tuple[tuple[str, str, str], ...] = (
     ("heloco", "async-nesterov", "tokens"),
@@ -138,15 +157,63 @@ def build_cells(
     settings: Sequence[tuple[tuple[float, ...], Split]],
     methods: Sequence[str],
     seeds: Sequence[int],
+    payloads: Sequence[str] = ("",),
 ) -> list[Cell]:
     """Seed-major order, so an interrupted grid has whole seeds done."""
     return [
-        Cell(regime, paces, method, seed, split)
+        Cell(regime, paces, method, seed, split, payload)
         for seed in seeds
         for regime in regimes
         for paces, split in settings
         for method in methods
+        for payload in payloads
     ]
+
+
+# -- payload rows: the link and the bytes -----------------------------------------------------
+def exchange_bytes(cfg: SimConfig, payload: str) -> tuple[int, int]:
+    """(push, dispatch) wire bytes of one round of ``cfg``'s model, whole messages (header,
+    frames, tag) as :mod:`heloco.net.wire` encodes them: Δ as ``payload`` up, θ in fp32 down."""
+    import torch
+
+    from heloco.codecs import ErrorFeedback
+    from heloco.modelspec import build_model
+    from heloco.net import wire
+
+    model = build_model(cfg.model, 256, max(cfg.inner.seq_len, cfg.data.seq_len), 0, "cpu")
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    delta = {n: 1e-3 * torch.randn_like(p) for n, p in params.items()}
+    body = {"worker": 0, "round_id": 1, "base_revision": 0, "steps": 10, "tokens": 2560}
+    if payload in ("fp32", "bf16", "int8"):
+        push = wire.make("push", body, delta, payload)  # type: ignore[arg-type]
+    else:
+        push = wire.make("push", body, ErrorFeedback(payload).compress(delta))
+    down = wire.make("dispatch", {"revision": 0, "steps": 10, "round_id": 1}, params)
+    # a fixed timestamp: the header's length, and so the link delays, must not vary by run
+    push, down = (dataclasses.replace(m, ts=PROBE_TS) for m in (push, down))
+    return (
+        wire.wire_bytes(wire.encode(push, SECRET)),
+        wire.wire_bytes(wire.encode(down, SECRET)),
+    )
+
+
+def payload_overrides(
+    regime: str, data_dir: Path, paces: Sequence[float], payloads: Sequence[str]
+) -> dict[str, dict[str, object]]:
+    """Per payload row: its codec or payload and the link delay of every worker's round,
+    ``(push + dispatch) / bandwidth``, the bandwidth making the fp32 round trip
+    CODEC_ROUND_TRIP of a pace-1 round (module docstring)."""
+    cfg = load_config(preset=regime, overrides={"data.data_dir": str(data_dir)})
+    push32, down = exchange_bytes(cfg, "fp32")
+    bandwidth = (push32 + down) / (CODEC_ROUND_TRIP * cfg.inner_steps * min(paces))  # B/s
+    out: dict[str, dict[str, object]] = {}
+    for payload in payloads:
+        push, _ = exchange_bytes(cfg, payload)
+        codec = {"codec": payload} if payload in ("bf16", "int8") else {}
+        sent = {} if payload in ("fp32", "bf16", "int8") else {"payload": payload}
+        delay = (push + down) / bandwidth
+        out[payload] = {**codec, **sent, "comm_delays": [delay] * len(paces)}
+    return out
 
 
 # -- analysis -------------------------------------------------------------------------------
@@ -559,6 +626,185 @@ def render_markdown(
     return "\n".join(lines) + "\n"
 
 
+# -- payload rows -----------------------------------------------------------------------------
+def payload_change(
+    rows: Sequence[CellResult], method: str, payload: str, metric: str, ref: str = "fp32"
+) -> Spread:
+    """Per-seed loss change of ``method`` sending ``payload`` against its ``ref`` row,
+    (L_payload − L_ref) / L_ref: positive when the payload costs loss."""
+    by_seed: dict[str, dict[int, float]] = {payload: {}, ref: {}}
+    for r in rows:
+        if r.method == method and r.payload in by_seed:
+            by_seed[r.payload][r.seed] = float(getattr(r, metric))
+    seeds = sorted(set(by_seed[payload]) & set(by_seed[ref]))
+    return spread(by_seed[payload][s] / by_seed[ref][s] - 1 for s in seeds)
+
+
+def codec_lines(rows: Sequence[CellResult]) -> list[str]:
+    """One table per (regime, paces): each method × payload, losses at T and S, change vs fp32."""
+    lines: list[str] = []
+    for (regime, paces, split), cell_rows in ordered_groups(rows):
+        first = cell_rows[0]
+        lines += [
+            f"#### {regime}, paces [{paces.replace('-', ', ')}], split {split} — "
+            f"T = {first.token_budget:,} tokens, S = {first.time_budget:,.1f} s simulated",
+            "",
+        ]
+        body = []
+        for method in CODEC_METHODS:
+            for payload in CODEC_PAYLOADS:
+                rs = [r for r in cell_rows if r.method == method and r.payload == payload]
+                if not rs:
+                    continue
+                at_t = spread(r.loss_at_tokens for r in rs)
+                at_s = spread(r.loss_at_time for r in rs)
+                end = spread(r.sim_time for r in rs)
+                changes = [
+                    ""
+                    if payload == "fp32"
+                    else pct(payload_change(cell_rows, method, payload, metric))
+                    for metric in ("loss_at_tokens", "loss_at_time")
+                ]
+                body.append(
+                    [
+                        method,
+                        payload,
+                        str(len(rs)),
+                        at_t.fmt(),
+                        at_s.fmt(),
+                        *changes,
+                        end.fmt(".1f"),
+                        spread(r.updates for r in rs).fmt(".0f"),
+                    ]
+                )
+        lines += md_table(
+            [
+                "method",
+                "payload",
+                "seeds",
+                "loss @T",
+                "loss @S",
+                "vs fp32 @T",
+                "vs fp32 @S",
+                "sim time to T (s)",
+                "updates",
+            ],
+            body,
+        )
+    return lines
+
+
+def render_codecs(
+    rows: Sequence[CellResult], expected: Sequence[Cell], command: str, wall: float | None
+) -> str:
+    """The payload rows' report: tables per setting and the quality factors they give."""
+    from shardmeter.quality import quality_factors
+
+    done = {(c.regime, c.paces_label, c.split.label, c.method, c.seed, c.payload) for c in expected}
+    done &= {(r.regime, r.paces_label, r.split, r.method, r.seed, r.payload) for r in rows}
+    lines = [
+        "# HeLoCo on CPU: payload codecs against fp32",
+        "",
+        f"Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by `{command}`.",
+        "",
+        f"Cells finished: {len(done)} of {len(expected)} planned."
+        + ("" if wall is None else f" Wall time of this invocation: {wall / 60:.1f} min."),
+        "",
+        "Every row trains to the regime's token budget T over the same simulated link: a "
+        "round costs (push + dispatch bytes) / bandwidth, whole wire messages, the bandwidth "
+        f"making the fp32 round trip {CODEC_ROUND_TRIP:g} of a pace-1 round; θ goes down in "
+        "fp32 whatever the payload. S = T / (b·Σ 1/p_i) as in the paper grid. Losses are "
+        "validation cross-entropy (nats/token) at the budget point, mean ± std over seeds; "
+        "'vs fp32' is (L − L_fp32)/L_fp32 per seed, positive = the payload costs loss.",
+        "",
+        *codec_lines(rows),
+        "## Quality factors (shardmeter plan --quality-from)",
+        "",
+    ]
+    for (regime, paces, split), _ in ordered_groups(rows):
+        folder = _quality_folder(rows, regime, paces, split)
+        if folder is None:
+            continue
+        try:
+            q = quality_factors(folder)
+        except UserInputError as exc:
+            lines += [f"{regime}, [{paces}]: {exc}", ""]
+            continue
+        lines += [
+            f"{regime}, [{paces.replace('-', ', ')}]: `--quality-from {folder.as_posix()}`, "
+            f"target loss {q.target_loss:.4f} (the lowest every run reaches):",
+            "",
+        ]
+        lines += md_table(
+            ["method", "runs", "tokens to target", "q"],
+            [
+                [m.method, str(m.runs), f"{m.tokens_to_target:,.0f}", f"{m.factor:.3f}"]
+                for m in q.methods
+            ],
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _quality_folder(rows: Sequence[CellResult], regime: str, paces: str, split: str) -> Path | None:
+    """The folder holding a setting's payload runs side by side (relative to the cwd when
+    inside it), or None."""
+    for r in rows:
+        if (r.regime, r.paces_label, r.split) == (regime, paces, split) and r.run_dir:
+            folder = Path(r.run_dir).parent
+            try:
+                return folder.resolve().relative_to(Path.cwd().resolve())
+            except ValueError:
+                return folder
+    return None
+
+
+def plot_codecs(rows: Sequence[CellResult], out_dir: Path, stem: str) -> list[Path]:
+    """Loss change against fp32 (seed mean ± std) at T and at S per method × payload, one
+    panel per regime."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from heloco.report import save_figure
+
+    regimes = sorted({r.regime for r in rows}, key=regime_rank)
+    if not regimes:
+        return []
+    fig, axes = plt.subplots(1, len(regimes), figsize=(7 * len(regimes), 4.5), squeeze=False)
+    shown = [p for p in CODEC_PAYLOADS if p != "fp32"]
+    for ax, regime in zip(axes.flat, regimes, strict=True):
+        groups = regime_groups(rows, regime)
+        bars = [(method, budget) for method in CODEC_METHODS for budget in ("tokens", "time")]
+        width = 0.8 / len(bars)
+        for i, (method, budget) in enumerate(bars):
+            xs, means, errs = [], [], []
+            for g, (_, rs) in enumerate(groups):
+                for j, payload in enumerate(shown):
+                    ch = payload_change(rs, method, payload, metric_name("point", budget))
+                    xs.append(g * len(shown) + j + (i - (len(bars) - 1) / 2) * width)
+                    means.append(100 * ch.mean if ch.n else 0.0)
+                    errs.append(100 * ch.std if ch.n else 0.0)
+            name = f"{method} @{'T' if budget == 'tokens' else 'S'}"
+            ax.bar(xs, means, width, yerr=errs, capsize=2, label=name)
+        ticks = [
+            f"{payload}\n[{paces.replace('-', ',')}]"
+            for (_, paces, _), _ in groups
+            for payload in shown
+        ]
+        ax.set_xticks(range(len(ticks)), ticks, fontsize=7)
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_yscale("symlog", linthresh=1.0)
+        ax.set_title(regime)
+        ax.set_ylabel("loss change vs fp32 (%, + = worse)")
+        ax.grid(axis="y", alpha=0.3)
+    axes.flat[0].legend(fontsize="x-small", loc="upper left")
+    fig.tight_layout()
+    paths = save_figure(fig, out_dir, stem)
+    plt.close(fig)
+    return paths
+
+
 # -- plot -----------------------------------------------------------------------------------
 PLOT_LIMIT = 12.0  # % ; bars beyond it are clipped and labelled with their value
 
@@ -625,6 +871,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seeds", help="comma list (default 0,1,2; --quick 0)")
     p.add_argument("--quick", action="store_true", help=f"1 seed, 1/{QUICK_DIVISOR} of the steps")
     p.add_argument("--check", action="store_true", help="generalisation settings instead")
+    p.add_argument("--codecs", action="store_true", help="payload codecs against fp32 instead")
     p.add_argument("--jobs", type=int, default=2, help="parallel processes (1 torch thread each)")
     p.add_argument("--executor", choices=EXECUTORS, default="local", help="local processes, or Ray")
     p.add_argument("--ray-address", help="a running Ray cluster (default: a local Ray)")
@@ -658,14 +905,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     regimes = [r for r in args.regime.split(",") if r]
     for r in regimes:
         load_config(preset=r)
-    name = "heloco_paper" + ("_check" if args.check else "") + ("_quick" if args.quick else "")
+    if args.check and args.codecs:
+        raise UserInputError("--codecs", "with --check", "one of --check or --codecs")
+    kind = "_check" if args.check else "_codecs" if args.codecs else ""
+    name = "heloco_paper" + kind + ("_quick" if args.quick else "")
     here = Path(__file__).resolve().parent / "results"
     out = args.out or here / name
     markdown = args.markdown or out.parent / f"{name}.md"
+    payloads = [""]
     if args.check:
         settings = list(CHECK_SETTINGS)
         methods = list(CHECK_METHODS)
         seeds = list(CHECK_SEEDS)
+    elif args.codecs:
+        settings = [(p, Split()) for p in CODEC_PACES]
+        methods, seeds, payloads = list(CODEC_METHODS), list(SEEDS), list(CODEC_PAYLOADS)
     else:
         settings = [(p, Split()) for p in PACES]
         methods, seeds = list(METHODS), list(SEEDS)
@@ -677,7 +931,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         seeds = [0]
     if args.seeds:
         seeds = [int(s) for s in args.seeds.split(",") if s]
-    cells = build_cells(regimes, settings, methods, seeds)
+    cells = build_cells(regimes, settings, methods, seeds, payloads)
+    payload_extra: dict[str, dict[str, dict[str, object]]] = {}
+    if args.codecs:
+        links = {(len(p), min(p)) for p, _ in settings}
+        if len(links) != 1:
+            raise UserInputError("--paces", args.paces, "one worker count and fastest pace")
+        paces = settings[0][0]
+        payload_extra = {r: payload_overrides(r, data_dir, paces, payloads) for r in regimes}
     given = list(sys.argv[1:] if argv is None else argv)
     if "--note" in given:  # the note is printed on its own line
         i = given.index("--note")
@@ -695,6 +956,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             jobs=args.jobs,
             extra=extra,
             regime_extra=regime_extra,
+            payload_extra=payload_extra,
             batch_cells=1 if args.no_batch else (args.batch_cells or len(methods)),
             executor=args.executor,
             ray_address=args.ray_address,
@@ -704,7 +966,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         def on_result(cell: Cell, outcome: CellResult | str, cached: bool) -> None:
             report(cell, outcome, cached)
             done[0] += 1
-            if not cached and done[0] % 6 == 0:  # refresh the markdown now and then
+            if not cached and done[0] % 6 == 0 and not args.codecs:  # refresh now and then
                 rows = read_results(out)
                 text = render_markdown(rows, cells, _title(args), command, None)
                 atomic_write_text(markdown, text)
@@ -712,6 +974,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = _progress(t0, len(cells))
         run_grid(cells, grid, on_result=on_result)
     rows = read_results(out)
+    if args.codecs:
+        wall = None if args.report_only else time.perf_counter() - t0
+        text = render_codecs(rows, cells, command, wall)
+        atomic_write_text(markdown, text)
+        plots = plot_codecs(rows, markdown.parent, markdown.stem)
+        print(text)
+        print(f"results: {out}  markdown: {markdown}  plots: {', '.join(map(str, plots))}")
+        return 0
     grid_rows = read_results(here / "heloco_paper") if args.check else []
     note = args.note or (previous_note(markdown) if args.report_only else "")
     text = render_markdown(

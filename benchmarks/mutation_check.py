@@ -35,6 +35,13 @@ FP8_CAST_TESTS = (
     "tests/shardmeter/test_closed_form.py::test_fp8_operand_casts_outside_a_compiled_graph"
 )
 SLOWEST_GPU_TESTS = "tests/shardmeter/test_closed_form.py::test_step_waits_for_the_slowest_gpu"
+PLANNED_PUSH_TESTS = (  # a whole push and dispatch against the planner's (tiny and 18M models)
+    "tests/heloco/test_codecs.py::test_the_planner_prices_a_tiny_models_whole_push_within_2_percent"
+    " tests/heloco/test_codecs.py::test_the_planners_plan_prices_an_18m_model_push_within_2_percent"
+)
+SIM_CODEC_TESTS = (
+    "tests/heloco/test_codecs.py::test_the_simulators_int8_uplink_is_what_the_server_decodes"
+)
 
 
 @dataclass(frozen=True)
@@ -439,6 +446,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("quality: any compressed run stands for any payload", "shardmeter/quality.py",
              "if base == name and payload_spec(text) == payload:", "if base == name:",
              "tests/shardmeter/test_quality.py"),
+    # --- HeLoCo's whole messages in the planner, the async pull, the simulated int8 uplink ---
+    Mutation("planner's push header entries dropped", "payload.py",
+             "total += tensor_entry_bytes(name, shape, codec, block, k) + frames",
+             "total += frames", PLANNED_PUSH_TESTS),
+    Mutation("planner's dispatch of θ in bf16, not fp32", "payload.py",
+             "+ 4 * math.prod(shape)", "+ 2 * math.prod(shape)", PLANNED_PUSH_TESTS),
+    Mutation("async pull priced as the compressed push", "outer.py",
+             "n_params * DISPATCH_BITS / 8.0", "nbytes",
+             "tests/shardmeter/test_outer.py tests/shardmeter/test_wan_transfers.py"),
+    Mutation("async pull's own bytes ignored on the server link", "outer.py",
+             "np.maximum(inflow, outflow)", "inflow", "tests/shardmeter/test_outer.py"),
+    Mutation("simulated int8 uplink not applied", "heloco/sim/build.py",
+             "feedback = WireRoundTrip(self.cfg.codec)", "feedback = None", SIM_CODEC_TESTS),
+    Mutation("quality: an int8 run counted as the dense method", "shardmeter/quality.py",
+             'return self.method if self.codec == "fp32" else f"{self.method}@{self.codec}"',
+             "return self.method", "tests/shardmeter/test_quality.py"),
     Mutation("optimizer in backward keeps every gradient", "memory.py",
              "gradients = where(plans.optimizer_in_backward, shared.fused_step_grads, gradients)",
              "gradients = where(plans.optimizer_in_backward, gradients, gradients)"),
@@ -496,9 +519,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("async: a blocking exchange hides behind compute", "outer.py",
              "round_s = busy + exchange if blocking", "round_s = np.maximum(busy, exchange) if blocking",
              "tests/shardmeter/test_wan_transfers.py"),
-    Mutation("async: HeLoCo's pull priced at the push's bits, not the fp32 model", "outer.py",
-             "down = np.broadcast_to(n_params * HELOCO_DISPATCH_BITS / 8.0, m.shape)", "down = m",
-             "tests/shardmeter/test_wan_transfers.py tests/heloco/test_topology_paces.py"),
+    Mutation("async: a duplex exchange times the push, not the larger pull", "outer.py",
+             "both = np.maximum(up, down)", "both = up",
+             "tests/shardmeter/test_wan_transfers.py tests/shardmeter/test_outer.py"),
     Mutation("async: a shared server link ignores the others' transfers", "outer.py",
              "b / server_Bps * (1.0 + others)", "b / server_Bps",
              "tests/shardmeter/test_wan_transfers.py tests/shardmeter/test_outer.py"),

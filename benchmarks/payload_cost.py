@@ -18,9 +18,9 @@ n_head 12, vocabulary 8192, 128 positions, and as many layers as reach the size 
   :class:`heloco.net.compress.Decoded`, as the outer step reads it.
 
 The share printed is (encode + decode) / round compute; the tag's HMAC is in both (an fp32
-push pays it too; its own row says how much). Bytes per push are the measured frames against
-ShardMeter's payload model (bits per parameter × parameters / 8,
-``shardmeter.estimate.payload.resolve_payload``).
+push pays it too; its own row says how much). Bytes per push are the measured message against
+ShardMeter's (``shardmeter.estimate.payload.push_bytes``: the payload's frames per tensor, the
+JSON header's entries and envelope, the tag) for the same tensors.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ import torch
 from heloco.codecs import ErrorFeedback, parse_payload
 from heloco.model import ModelConfig, TinyGPT
 from heloco.net import compress, wire
-from shardmeter.estimate.payload import resolve_payload
-from shardmeter.specs.model import TransformerSpec
+from shardmeter.estimate.payload import push_bytes
+from shardmeter.specs.topology import PayloadSpec
 
 SECRET = b"payload-cost-benchmark-secret-0123456789"
 D_MODEL, N_HEAD, VOCAB, SEQ = 768, 12, 8192, 128
@@ -93,20 +93,6 @@ class PayloadRow:
         return (self.encode_s + self.decode_s) / round_s
 
 
-def planner_spec(cfg: ModelConfig) -> TransformerSpec:
-    """ShardMeter's spec of the TinyGPT (only its payload bits per parameter are used)."""
-    return TransformerSpec(
-        name="tinygpt",
-        n_layers=cfg.n_layer,
-        hidden=cfg.d_model,
-        n_heads=cfg.n_head,
-        ffn=4 * cfg.d_model,
-        vocab=cfg.vocab_size,
-        seq_len=cfg.seq_len,
-        mlp="gelu",
-    )
-
-
 def measure(
     payload: str, delta: dict[str, torch.Tensor], cfg: ModelConfig, reps: int
 ) -> PayloadRow:
@@ -132,12 +118,13 @@ def measure(
 
     encode_s = best_of(reps, encode)
     decode_s = best_of(reps, decode)
+    tensors = [(name, tuple(t.shape)) for name, t in delta.items()]
     if dense:
-        planned = {"fp32": 32, "bf16": 16, "int8": 8}[payload] * n / 8
+        bits = {"fp32": 32, "bf16": 16, "int8": 8}[payload]
+        planned = push_bytes(PayloadSpec(kind="dense"), tensors, bits)
     else:
-        planned = (
-            resolve_payload(parse_payload(payload), 16, planner_spec(cfg)).bits_per_param * n / 8
-        )
+        planned = push_bytes(parse_payload(payload), tensors)
+    assert n == sum(t.numel() for t in delta.values())
     return PayloadRow(payload, encode_s, decode_s, wire.wire_bytes(frames), planned)
 
 

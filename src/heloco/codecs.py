@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
@@ -286,6 +286,16 @@ class CodedDelta(Mapping[str, torch.Tensor]):
     def subset(self, names: list[str]) -> CodedDelta:
         """The tensors ``names`` (a sharded server's part), still coded."""
         return CodedDelta({n: self.coded[n] for n in names}, self.spec)
+
+
+class Compressor(Protocol):
+    """What a worker's round boundary (:class:`heloco.rounds.Rounds`) compresses Δ with:
+    :class:`ErrorFeedback` (top-k, sign), or a dense wire codec's round trip without a residual
+    (:class:`heloco.net.compress.WireRoundTrip`, the simulator's int8/bf16 uplink)."""
+
+    def compress_result(self, result: RoundResult) -> RoundResult: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
 
 class ErrorFeedback:

@@ -69,6 +69,7 @@ class Cell:
     method: str
     seed: int
     split: Split = Split()
+    payload: str = ""  # a payload row's label (fp32, int8, topk:fraction=0.01, sign); "" none
 
     @property
     def paces_label(self) -> str:
@@ -76,9 +77,15 @@ class Cell:
 
     @property
     def key(self) -> str:
-        """A folder-safe unique name: ``regime/p1-1-2/language/heloco+ab/s0``."""
+        """A folder-safe unique name: ``regime/p1-1-2/language/heloco+ab/s0``; a payload row
+        ``regime/p1-1-2/language/heloco@sign-s0``, every payload run of a setting side by side
+        in one folder (what ``shardmeter plan --quality-from`` reads)."""
         method = self.method.replace("+", "_")
-        return f"{self.regime}/p{self.paces_label}/{self.split.label}/{method}/s{self.seed}"
+        where = f"{self.regime}/p{self.paces_label}/{self.split.label}"
+        if self.payload:
+            slug = self.payload.replace(":", "-").replace("=", "").replace(",", "-")
+            return f"{where}/{method}@{slug}-s{self.seed}"
+        return f"{where}/{method}/s{self.seed}"
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,7 @@ class CellResult:
     correction: dict[str, float | None]
     wall_seconds: float
     run_dir: str = ""
+    payload: str = ""  # the cell's payload row label ("" for the plain grid)
 
     @property
     def paces_label(self) -> str:
@@ -286,6 +294,7 @@ def summarize_cell(cell: Cell, cfg: SimConfig, result: RunResult) -> CellResult:
         correction=asdict(s.correction),
         wall_seconds=s.wall_seconds,
         run_dir=str(cfg.out_dir),
+        payload=cell.payload,
     )
 
 
@@ -378,12 +387,15 @@ class GridRun:
     jobs: int = 2
     extra: dict[str, Any] = field(default_factory=dict)  # overrides applied to every cell
     regime_extra: dict[str, dict[str, Any]] = field(default_factory=dict)  # per regime, on top
+    # per regime and payload row label, on top of both (a payload row's codec and link delays)
+    payload_extra: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     batch_cells: int = 1  # cells of one (regime, paces, split) simulated side by side per task
     executor: Executor = "local"
     ray_address: str | None = None  # None: a local Ray with ``jobs`` CPUs
 
     def overrides_for(self, cell: Cell) -> dict[str, Any]:
-        return {**self.extra, **self.regime_extra.get(cell.regime, {})}
+        payload = self.payload_extra.get(cell.regime, {}).get(cell.payload, {})
+        return {**self.extra, **self.regime_extra.get(cell.regime, {}), **payload}
 
 
 def _init_worker() -> None:

@@ -77,6 +77,7 @@ class RunSummary:
     weight_shares: list[float] = field(default_factory=list)
     goodput: float | None = None  # accepted rounds' compute / (workers × simulated seconds)
     payload: str = "dense"  # what the workers sent (heloco.codecs; shardmeter.quality reads it)
+    codec: str = "fp32"  # a dense payload's uplink codec (fp32, bf16, int8; shardmeter.quality)
     schema_version: int = SCHEMA_VERSION
 
 

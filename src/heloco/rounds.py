@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from heloco.codecs import ErrorFeedback
+from heloco.codecs import Compressor
 from heloco.handoff import keep
 from heloco.types import Dispatch, Params, RoundResult
 from shardmeter.errors import UserInputError
@@ -165,7 +165,7 @@ class Rounds:
         optimizer: torch.optim.Optimizer | None = None,
         reset_optimizer: bool = True,
         data: DataPosition | None = None,
-        feedback: ErrorFeedback | None = None,
+        feedback: Compressor | None = None,
     ) -> None:
         self.worker = worker
         self.model = model

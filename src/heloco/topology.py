@@ -11,9 +11,9 @@ server at the hub and pull the model back. The simulator runs a small model, so 
 
 so that simulated time × scale is the predicted wall-clock of the same schedule on the real
 topology. Every method in the simulator exchanges through one server, so T_comm,i is
-HeLoCo's own exchange in ShardMeter's async mode: a push of N·q/8 bytes and a pull of the fp32
-model (N·32/8 bytes: the server dispatches fp32), each RTT_i + its bytes from TCP's initial
-window at the path's rate (+ host copies; ``heloco_exchange_s``),
+HeLoCo's own exchange in ShardMeter's async mode: a push of N·q/8 bytes and a pull of θ in
+fp32 (N·4 bytes), each RTT_i + its bytes from TCP's initial window at the path's rate (+ host
+copies; ``heloco_exchange_s``),
 zero for the hub island (design doc C.9); server overload is not modelled here.
 """
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from heloco.codecs import ErrorFeedback
+from heloco.codecs import Compressor
 from heloco.data.packed import PackedStream
 from heloco.data.seeding import derive_seed
 from heloco.data.stream import TokenStream
@@ -131,7 +131,7 @@ class Worker:
         seed: int,
         loss_fn: LossFn = token_cross_entropy,
         on_step: Callable[[int], None] | None = None,
-        feedback: ErrorFeedback | None = None,
+        feedback: Compressor | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.model = model

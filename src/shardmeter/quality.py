@@ -19,7 +19,9 @@ Maths and data only (no argparse, no terminal): the `--quality-from` flags live 
 A run whose summary names a compressed `payload` (top-k, sign: `heloco.codecs`) counts as its
 own method, `METHOD@PAYLOAD`, against the dense sync reference; a plan that sends that payload
 (`--payload`, or the topology's) takes the q of those runs, so it ranks by time to the target
-loss, not by bytes. A folder with no compressed runs gives every payload the dense q.
+loss, not by bytes. A folder with no compressed runs gives every payload the dense q. A dense
+run whose summary names an uplink `codec` other than fp32 (the simulator's int8 or bf16) is
+listed as `METHOD@CODEC` and never stands for the dense method.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ REFERENCE_METHOD = "sync"
 DEFAULT_ASYNC_METHOD = "heloco"
 LossKey = Literal["loss", "cycle_loss"]
 LOSS_KEYS: tuple[str, ...] = ("loss", "cycle_loss")
+CODECS = ("bf16", "int8")  # dense uplink codecs a run may name (summary.json `codec`)
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class RunCurve:
     tokens: tuple[float, ...]
     losses: tuple[float, ...]
     payload: str = "dense"
+    codec: str = "fp32"  # a dense payload's uplink codec (fp32, bf16, int8)
 
     @property
     def best_loss(self) -> float:
@@ -58,12 +62,11 @@ class RunCurve:
 
     @property
     def name(self) -> str:
-        """The method, or `METHOD@PAYLOAD` for a compressed payload (module docstring)."""
-        return (
-            self.method
-            if payload_spec(self.payload).kind == "dense"
-            else f"{self.method}@{self.payload}"
-        )
+        """The method, `METHOD@PAYLOAD` for a compressed payload (module docstring), or
+        `METHOD@CODEC` for a dense one sent as bf16 or int8 (listed, never a payload's q)."""
+        if payload_spec(self.payload).kind != "dense":
+            return f"{self.method}@{self.payload}"
+        return self.method if self.codec == "fp32" else f"{self.method}@{self.codec}"
 
 
 def payload_spec(text: str) -> PayloadSpec:
@@ -114,7 +117,7 @@ class QualityFactors:
         name = (method or DEFAULT_ASYNC_METHOD) if mode == "async" else self.reference
         if payload is None or payload.kind == "dense" or "@" in name:
             return name
-        compressed = [m for m in self.names() if "@" in m]
+        compressed = [m for m in self.names() if "@" in m and m.partition("@")[2] not in CODECS]
         if not compressed:
             return name  # no compressed runs here: the dense q stands for every payload
         for m in compressed:
@@ -154,6 +157,9 @@ def read_run(run_dir: Path, loss_key: LossKey = "loss") -> RunCurve:
     if not isinstance(payload, str):
         raise UserInputError(str(run_dir / SUMMARY_FILE), payload, "a payload name (text)")
     payload_spec(payload)
+    codec = summary.get("codec", "fp32")
+    if codec not in ("fp32", *CODECS):
+        raise UserInputError(str(run_dir / SUMMARY_FILE), codec, "codec fp32, bf16 or int8")
     tokens: list[float] = []
     losses: list[float] = []
     try:
@@ -173,7 +179,7 @@ def read_run(run_dir: Path, loss_key: LossKey = "loss") -> RunCurve:
         losses.append(float(event[loss_key]))
     if not losses:
         raise UserInputError(str(run_dir), "no eval events", "a run with evaluations")
-    return RunCurve(method, run_dir, tuple(tokens), tuple(losses), payload)
+    return RunCurve(method, run_dir, tuple(tokens), tuple(losses), payload, codec)
 
 
 def find_runs(run_dir: str | Path, loss_key: LossKey = "loss") -> list[RunCurve]:

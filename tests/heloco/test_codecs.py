@@ -153,6 +153,71 @@ def test_push_bytes_match_the_planners_payload_model(payload: str) -> None:
     assert coded.nbytes == per_tensor
 
 
+def _push_body() -> dict[str, Any]:
+    """A push's body as a worker's link sends it (heloco/net/link.py)."""
+    return {
+        "worker": 3,
+        "incarnation": f"{time.time_ns():020d}-{'ab' * 4}",
+        "round_id": 17,
+        "base_revision": 123,
+        "steps": 20,
+        "tokens": 5120,
+        "mean_loss": 3.2871234567891234,
+        "compute_s": 1.2345678901234567,
+    }
+
+
+def _whole_push(params: Any, codec: str = "fp32") -> int:
+    return wire.wire_bytes(wire.encode(wire.make("push", _push_body(), params, codec), SECRET))
+
+
+@pytest.mark.parametrize("payload", ["topk:fraction=0.01", "sign", "int8", "fp32"])
+def test_the_planner_prices_a_tiny_models_whole_push_within_2_percent(payload: str) -> None:
+    """The README's tiny model (137K parameters, 29 tensors), where the JSON header is a third
+    of a top-1% push: ShardMeter's push bytes (frames, header entries, envelope, tag) for the
+    same tensors are within 2% of the real message, and so is its dispatch of θ."""
+    from heloco.modelspec import build_model
+    from shardmeter.estimate.payload import dispatch_bytes, push_bytes
+    from shardmeter.specs.topology import PayloadSpec
+
+    model = build_model("tiny", 256, 64, 0, "cpu")
+    named = {n: p.detach().clone() for n, p in model.named_parameters()}
+    tensors = [(n, tuple(t.shape)) for n, t in named.items()]
+    delta = {n: 1e-3 * torch.randn_like(t) for n, t in named.items()}
+    if payload in compress.CODECS:
+        measured = _whole_push(delta, payload)
+        bits = {"fp32": 32, "int8": 8}[payload]
+        planned = push_bytes(PayloadSpec(kind="dense"), tensors, bits)
+    else:
+        measured = _whole_push(ErrorFeedback(payload).compress(delta))
+        planned = push_bytes(parse_payload(payload), tensors)
+        frames_only = resolve_payload(parse_payload(payload), 16, SPEC).bits_per_param
+        assert abs(measured / (frames_only * 136_960 / 8) - 1) > 0.02  # the old model's miss
+    assert abs(measured / planned - 1) < 0.02, (measured, planned)
+    body = {"revision": 123, "steps": 20, "round_id": 17}
+    sent = wire.make("dispatch", body, named, re="f" * 32)
+    down = wire.wire_bytes(wire.encode(sent, SECRET))
+    assert abs(down / dispatch_bytes(tensors) - 1) < 0.02, (down, dispatch_bytes(tensors))
+
+
+@pytest.mark.parametrize("payload", ["topk:fraction=0.01", "sign"])
+def test_the_planners_plan_prices_an_18m_model_push_within_2_percent(payload: str) -> None:
+    """A plan's bytes per push for an 18M-parameter model (``resolve_payload``: bits per
+    parameter × N / 8 plus the message overhead) against the real codec and wire encoder on
+    tensors of the planner's names and shapes."""
+    from shardmeter.estimate.payload import model_tensors
+
+    spec = parse_payload(payload)
+    plan = resolve_payload(spec, 16, SPEC)
+    g = torch.Generator().manual_seed(5)
+    delta = {n: torch.randn(*shape, generator=g) for n, shape in model_tensors(SPEC)}
+    measured = _whole_push(ErrorFeedback(spec).compress(delta))
+    planned = plan.bits_per_param * SPEC.params_total / 8 + plan.push_overhead_bytes
+    assert SPEC.params_total > 18e6
+    assert abs(measured / planned - 1) < 0.02, (measured, planned)
+    assert abs(measured / planned - 1) < 0.002  # the header is counted, not just tolerated
+
+
 # -- the wire --------------------------------------------------------------------------------------
 def _roundtrip(msg: wire.Message) -> wire.Message:
     return wire.decode(wire.encode(msg, SECRET), SECRET)
@@ -382,6 +447,41 @@ def test_simulated_runs_with_a_payload_are_deterministic(payload: str, one_threa
     assert first != dense
 
 
+def test_the_simulators_int8_uplink_is_what_the_server_decodes(one_thread: None) -> None:
+    """``codec = "int8"``: every tensor of Δ becomes the transport's int8 round trip (the
+    values a server reads from a real push), no residual kept; a run records its codec, and a
+    compressed payload with a dense codec is a one-line error."""
+    from heloco.net.compress import WireRoundTrip
+    from heloco.sim import parse_sim_config, run_simulation
+    from heloco.types import RoundResult
+
+    torch.manual_seed(4)
+    delta = {"w": torch.randn(70, 90), "b": torch.randn(7)}
+    out = WireRoundTrip("int8").compress_result(RoundResult(0, delta, 2, 64, 1.0, 0, 1))
+    for name, t in delta.items():
+        want = compress.decode(compress.encode(t, "int8"))
+        assert torch.equal(out.delta[name], want) and not torch.equal(out.delta[name], t)
+        assert (out.delta[name] - t).abs().max() <= compress.int8_error_bound(t).max()
+    assert WireRoundTrip("bf16").state_dict() == {"meta": {"codec": "bf16"}, "tensors": {}}
+    values = {
+        "workers": 2,
+        "paces": [1.0, 2.0],
+        "inner_steps": 2,
+        "token_budget": 768,
+        "eval_windows": 2,
+        "eval_batch_size": 4,
+        "data": {"synthetic_chars_per_language": 4000, "val_chars_per_language": 1000},
+        "inner": {"batch_size": 2, "seq_len": 32},
+    }
+    int8 = run_simulation(parse_sim_config(values | {"codec": "int8"}))
+    fp32 = run_simulation(parse_sim_config(values))
+    assert int8.summary.codec == "int8" and fp32.summary.codec == "fp32"
+    assert int8.losses != fp32.losses
+    assert max(abs(a - b) for a, b in zip(int8.losses, fp32.losses, strict=True)) < 0.05
+    with pytest.raises(UserInputError, match="codec"):
+        parse_sim_config(values | {"codec": "int8", "payload": "sign"})
+
+
 # -- `heloco launch --payload`: real processes ------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.timeout(200)
@@ -390,11 +490,13 @@ def test_launch_with_a_payload_sends_the_planned_frames(
     tmp_path: Path, tiny_net_values: Any, payload: str, shards: int
 ) -> None:
     """Two worker processes push compressed Δ (to one server, or staged on two shards): every
-    push is the codec's frames plus headers and tags; every accepted push is one update
-    (none lost, none doubled)."""
+    push is the codec's frames plus headers and tags, and to one server within 2% of what
+    ShardMeter's ``push_bytes`` plans for the model's tensors; every accepted push is one
+    update (none lost, none doubled)."""
     from heloco.cli import main
     from heloco.config import save_config
     from heloco.sim import build_run, parse_sim_config
+    from shardmeter.estimate.payload import push_bytes
 
     values = tiny_net_values(method="async-nesterov", workers=2, token_budget=12 * 128)
     save_config(parse_sim_config(values), tmp_path / "run.toml")
@@ -404,8 +506,10 @@ def test_launch_with_a_payload_sends_the_planned_frames(
     assert main([*argv, *flags]) == 0
     cfg = parse_sim_config(json.loads((out / "config.json").read_text()))
     assert cfg.payload == payload
-    shapes = [p.numel() for p in build_run(cfg).model.parameters()]
+    named = list(build_run(cfg).model.named_parameters())
+    shapes = [p.numel() for _, p in named]
     frames = sum(codecs.expected_nbytes(parse_payload(cfg.payload), n) for n in shapes)
+    planned = push_bytes(parse_payload(cfg.payload), [(n, tuple(p.shape)) for n, p in named])
     header_cap = 200 * len(shapes) + 1000  # names, shapes, k and the push body, as JSON
     summary = json.loads((out / "summary.json").read_text())
     accepted = 0
@@ -414,6 +518,8 @@ def test_launch_with_a_payload_sends_the_planned_frames(
         assert report["push_bytes"] and report["retries"] == 0
         for sent in report["push_bytes"]:
             assert frames + auth.TAG_BYTES < sent < frames + auth.TAG_BYTES + header_cap
+            if shards == 1:
+                assert abs(sent / planned - 1) < 0.02, (sent, planned)
         accepted += len(report["acked"])
     assert summary["updates"] == accepted
 

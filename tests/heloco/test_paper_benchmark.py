@@ -69,3 +69,27 @@ def test_paper_scale_preset_is_the_authors_setup() -> None:
     assert cfg.inner_steps == 20 and cfg.inner.lr == 2e-4
     steps = cfg.token_budget // (cfg.inner.batch_size * cfg.inner.seq_len)  # type: ignore[operator]
     assert steps == 10_000
+
+
+def test_payload_rows_are_set_against_their_own_methods_fp32(bench: ModuleType) -> None:
+    """A payload row's change is per seed against the same method's fp32 row, never another
+    method's; its cells live side by side in one folder (what --quality-from reads)."""
+    from dataclasses import replace
+
+    from heloco.experiments import Cell
+
+    rows = [
+        replace(_row([1, 2], m, s, loss), payload=p)
+        for m, base in (("sync", 2.0), ("heloco", 4.0))
+        for s in (0, 1)
+        for p, loss in (("fp32", base), ("sign", base * (1.1 if s == 0 else 1.3)))
+    ]
+    change = bench.payload_change(rows, "heloco", "sign", "loss_at_tokens")
+    assert change.n == 2 and change.mean == pytest.approx(0.2)
+    assert bench.payload_change(rows, "sync", "int8", "loss_at_tokens").n == 0
+    table = "\n".join(bench.codec_lines(rows))
+    assert "| heloco | sign | 2 | 4.8000 ± 0.5657 |" in table and "20.00 ± 14.14%" in table
+    sign = Cell("converged", (1.0, 2.0), "heloco+ab", 0, payload="topk:fraction=0.01")
+    plain = Cell("converged", (1.0, 2.0), "heloco+ab", 0)
+    assert sign.key == "converged/p1-2/language/heloco_ab@topk-fraction0.01-s0"
+    assert plain.key == "converged/p1-2/language/heloco_ab/s0"

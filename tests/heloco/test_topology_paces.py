@@ -92,18 +92,16 @@ def test_comm_delay_is_the_push_pull_time_over_the_spoke() -> None:
     hub, spoke = pm.islands
     assert hub.comm_s == 0.0 and hub.comm_delay == 0.0 and hub.wan_bytes_per_round == 0.0
     nbytes = pm.n_params * 8 / 8  # 8-bit pseudo-gradient
-    model = pm.n_params * 32 / 8  # the server dispatches the fp32 model
-    # HeLoCo's exchange: a push of Δ and a pull of the model, each RTT + its bytes from TCP's
-    # initial window, at one stream's rate: Linux's default window per 40 ms round trip,
-    # below the 10 Gbit/s link
+    pull = pm.n_params * 4  # θ comes back in fp32 (the runtime's dispatch)
+    # HeLoCo's exchange: a push and a pull, each RTT + its bytes from TCP's initial window, at
+    # one stream's rate: Linux's default window per 40 ms round trip, below the 10 Gbit/s link
     rate = min(10e9 / 8, DEFAULT_WINDOW_BYTES / 0.040)
     assert rate < 10e9 / 8
-    push = 0.040 + float(slow_start_s(nbytes, rate, 0.040))
-    pull = 0.040 + float(slow_start_s(model, rate, 0.040))
-    assert spoke.comm_s == pytest.approx(push + pull)
+    push_s, pull_s = (float(slow_start_s(m, rate, 0.040)) for m in (nbytes, pull))
+    assert spoke.comm_s == pytest.approx(2 * 0.040 + push_s + pull_s)
     assert spoke.comm_delay == pytest.approx(spoke.comm_s / pm.scale)
-    assert spoke.wan_bytes_per_round == pytest.approx(nbytes + model)  # push + pull
-    assert pm.egress_usd_per_round[1] == pytest.approx((nbytes + model) * 0.05 / 1e9)
+    assert spoke.wan_bytes_per_round == pytest.approx(nbytes + pull)  # push + pull
+    assert pm.egress_usd_per_round[1] == pytest.approx((nbytes + pull) * 0.05 / 1e9)
     slower = pace_map(topology_from_dict(two_islands(bandwidth_gbit=0.2)))  # below the window
     assert slower.islands[1].comm_s > spoke.comm_s
     assert pace_map(topology_from_dict(two_islands()), bits=16).islands[1].comm_s > spoke.comm_s

@@ -93,13 +93,16 @@ def test_async_never_waits_and_server_caps_the_total() -> None:
     np.testing.assert_allclose(rnd.straggler_s, 0.0)
     # staleness of island 2 (40 s rounds): 40/10 + 40/20 = 6 updates from the others
     assert rnd.staleness[2] == pytest.approx(6.0)
-    capped = WanPaths(**{**wan.__dict__, "server_Bps": 0.05e9})  # 2 GB per round each
+    capped = WanPaths(**{**wan.__dict__, "server_Bps": 0.05e9})  # 2 GB up, 4 GB down
     rc = outer_round("async", inner, capped, 1e9, inner_steps=10, bits=16)
-    # remote demand 2e9/20 + 2e9/40 = 0.15 GB/s against 0.05: the link saturates, and the
-    # two exchanges in flight share it equally (processor sharing, each 40 s alone): 80 s
-    # each, 2 × 2 GB per 80 s = the link's 0.05 GB/s
-    np.testing.assert_allclose(rc.round_s, [10.0, 80.0, 80.0], rtol=1e-6)
-    assert rc.wan_bytes[1:].sum() / 2 / 80.0 == pytest.approx(0.05e9, rel=1e-6)
+    # the pull is θ in fp32 (4 GB) and the push 2 GB: duplex moves the larger, 80 s alone
+    # over the server's 0.05 GB/s; the two exchanges in flight share it equally (processor
+    # sharing): 160 s each, 2 × 4 GB per 160 s = the link's 0.05 GB/s
+    np.testing.assert_allclose(rc.round_s, [10.0, 160.0, 160.0], rtol=1e-6)
+    assert rc.wan_bytes[1] == pytest.approx(6e9)  # push + pull
+    # a pull as large as the push (pull_bytes given): 40 s alone, 80 s shared
+    same = outer_round("async", inner, capped, 1e9, inner_steps=10, bits=16, pull_bytes=2e9)
+    np.testing.assert_allclose(same.round_s, [10.0, 80.0, 80.0], rtol=1e-6)
 
 
 def test_hub_allreduce_two_phases() -> None:

@@ -335,6 +335,25 @@ def test_a_compressed_payload_is_its_own_method_and_ranks_its_plans(tmp_path: Pa
     assert dense_only.for_mode("diloco", None, topk) == 1.0
 
 
+def test_an_int8_run_is_listed_but_never_stands_for_the_dense_method(tmp_path: Path) -> None:
+    """A dense run sent as int8 (summary `codec`) is `sync@int8`: it does not join the dense
+    sync runs' mean nor answer for a compressed payload."""
+    write_run(tmp_path / "a", "sync", [(0, 5.0), (100, 4.0), (200, 3.0)])
+    int8 = write_run(tmp_path / "b", "sync", [(0, 5.0), (400, 3.0)])
+    summary = json.loads((int8 / "summary.json").read_text())
+    (int8 / "summary.json").write_text(json.dumps(summary | {"codec": "int8"}))
+    _with_payload(write_run(tmp_path / "c", "sync", [(0, 5.0), (300, 3.0)]), "sign")
+    q = quality_factors(tmp_path, target_loss=3.0)
+    assert q.names() == ["sync", "sync@int8", "sync@sign"]
+    assert q.factor("sync@int8") == pytest.approx(2.0)
+    sign = load_topology("two-clouds").run.payload.model_validate({"kind": "sign"})
+    assert q.for_mode("diloco", None, sign) == pytest.approx(1.5)
+    bad = write_run(tmp_path / "d", "sync", [(0, 5.0), (300, 3.0)])
+    (bad / "summary.json").write_text(json.dumps(summary | {"codec": "int4"}))
+    with pytest.raises(UserInputError, match="int4"):
+        quality_factors(tmp_path, target_loss=3.0)
+
+
 def test_plan_with_a_payload_ranks_by_its_quality(tmp_path: Path) -> None:
     write_run(tmp_path / "a", "sync", [(0, 5.0), (100, 4.0), (200, 3.0)])
     _with_payload(write_run(tmp_path / "b", "sync", [(0, 5.0), (300, 3.0)]), "topk:fraction=0.01")

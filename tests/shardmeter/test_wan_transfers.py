@@ -234,10 +234,10 @@ def test_async_round_prices_heloco_exchange_when_asked() -> None:
     m = 1e9 * 16 / 8
     duplex = outer_round("async", np.array([1.0, 1.0]), wan, 1e9, bits=16)
     helo = outer_round("async", np.array([1.0, 1.0]), wan, 1e9, bits=16, exchange="heloco")
-    assert duplex.wan_comm_s[1] == pytest.approx(0.04 + m / 1e8)
-    # a push of the 16-bit Δ, then a pull of the fp32 model (the server dispatches fp32)
-    pull = 1e9 * 32 / 8
+    pull = 1e9 * 4  # θ in fp32, whatever Δ is sent as
+    assert duplex.wan_comm_s[1] == pytest.approx(0.04 + pull / 1e8)
     assert helo.wan_comm_s[1] == pytest.approx(float(heloco_exchange_s(m, 1e8, 0.04, pull)))
+    assert helo.wan_bytes[1] == pytest.approx(m + pull)
     assert helo.wan_comm_s[0] == 0.0 == duplex.wan_comm_s[0]
     assert helo.wan_bytes[1] == pytest.approx(m + pull) and duplex.wan_bytes[1] == 2 * m
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import Literal, get_args
+from dataclasses import dataclass, replace
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ import torch
 from heloco import codecs
 from heloco.codecs import Coded
 from heloco.net.pool import parallel_map
+from heloco.types import RoundResult
 from shardmeter.errors import UserInputError
 
 Codec = Literal["fp32", "bf16", "int8"]
@@ -399,3 +400,34 @@ class Decoded(Mapping[str, torch.Tensor]):
     def shape(self, name: str) -> tuple[int, ...]:
         """Shape of tensor ``name`` without decoding it."""
         return self.encoded[name].shape
+
+
+class WireRoundTrip:
+    """A dense wire codec's effect on Δ, for the simulator: each tensor encoded as a worker
+    sends it (``heloco work --codec``) and decoded as the server reads it, with no residual
+    (the transport's int8/bf16 keep none). The values the server applies are those of a real
+    push, bit for bit (:func:`encode`, then :func:`decode`). A :class:`heloco.codecs.Compressor`.
+    """
+
+    def __init__(self, codec: str, block: int = DEFAULT_BLOCK) -> None:
+        self.codec = check_codec(codec)
+        if self.codec == "fp32":
+            raise UserInputError("codec", codec, "bf16 or int8 (fp32 needs no round trip)")
+        self.block = block
+
+    def compress_result(self, result: RoundResult) -> RoundResult:
+        """``result`` with every tensor of Δ replaced by its decoded wire form (fp32)."""
+        delta = {
+            name: decode(encode(d.detach().to("cpu", torch.float32), self.codec, self.block))
+            .clone()
+            .to(d.device)
+            for name, d in result.delta.items()
+        }
+        return replace(result, delta=delta)
+
+    def state_dict(self) -> dict[str, Any]:
+        """No state: ``{"meta": {"codec": name}, "tensors": {}}``."""
+        return {"meta": {"codec": self.codec}, "tensors": {}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Nothing to restore (a dense codec keeps no residual)."""

@@ -21,10 +21,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from heloco.codecs import feedback_for
+from heloco.codecs import Compressor, feedback_for
 from heloco.data import DataConfig, ValLoss, WorkerData, build_data, derive_seed
 from heloco.model import ModelConfig
 from heloco.modelspec import ModelChoice, build_model, describe, tinygpt_config
+from heloco.net.compress import WireRoundTrip
 from heloco.outer import OuterConfig, build_optimizer, resolve_method
 from heloco.run import Budget
 from heloco.server import Server, ServerConfig
@@ -235,7 +236,9 @@ class WorkerParts:
         from the same stream)."""
         seed = self.cfg.seed if batch_seed is None else batch_seed
         on = self.model if model is None else model
-        feedback = feedback_for(self.cfg.payload)
+        feedback: Compressor | None = feedback_for(self.cfg.payload)
+        if feedback is None and self.cfg.codec != "fp32":
+            feedback = WireRoundTrip(self.cfg.codec)
         return Worker(w, on, self.data.streams[w], self.inner[w], seed, feedback=feedback)
 
     @torch.no_grad()

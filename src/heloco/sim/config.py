@@ -148,6 +148,11 @@ class SimConfig(BaseModel):
         description="what a worker sends, as shardmeter plan --payload spells it: dense, "
         "topk:fraction=0.01, sign (heloco.codecs; error feedback per worker)",
     )
+    codec: Literal["fp32", "bf16", "int8"] = Field(
+        "fp32",
+        description="the dense payload's uplink wire codec (heloco work --codec): Δ encoded and "
+        "decoded as a push is, no residual; fp32 with a compressed payload",
+    )
     data: DataConfig = DataConfig()
     model: ModelChoice = Field(
         "tiny", description="TinyGPT preset or table, {hf = DIR}, or {factory = 'pkg.mod:fn'}"
@@ -189,7 +194,8 @@ class SimConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> SimConfig:
         method = resolve_method(self.method)
-        parse_payload(self.payload)
+        if parse_payload(self.payload).kind != "dense" and self.codec != "fp32":
+            raise UserInputError("codec", self.codec, "fp32 with a compressed payload")
         if self.quorum is not None and not method.spec.quorum:
             raise UserInputError("quorum", self.quorum, "unset unless method is decoupled")
         if self.quorum is not None and self.quorum > self.workers:

@@ -293,4 +293,5 @@ def summarize(
         weight_shares=stats.weight_shares(),
         goodput=traj.goodput(cfg.workers),
         payload=cfg.payload,
+        codec=cfg.codec,
     )

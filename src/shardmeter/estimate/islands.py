@@ -249,6 +249,8 @@ def _round(
         bandwidth_scale=bandwidth_scale,
         balance=outer.balance_steps,
         exchange=outer.exchange,
+        push_overhead_bytes=payload.push_overhead_bytes,
+        pull_bytes=payload.pull_bytes,
     )
 
 

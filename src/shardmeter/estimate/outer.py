@@ -15,6 +15,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from shardmeter.estimate.payload import DISPATCH_BITS
 from shardmeter.estimate.schedule import Schedule, even_schedule, round_stall_s
 from shardmeter.estimate.wan import WanPaths, heloco_exchange_s, hub_allreduce_s, slow_start_s
 
@@ -28,11 +29,6 @@ Reduce = Literal["ring", "hub", "bucket"]
 Exchange = Literal["duplex", "blocking", "overlapped", "heloco"]
 EXCHANGES: tuple[str, ...] = ("duplex", "blocking", "overlapped")
 MODES: tuple[str, ...] = ("sync", "diloco", "streaming", "async")
-
-# Bits per parameter of the model a HeLoCo server dispatches: always fp32, whatever the
-# push's codec (heloco/net/coordinator.py: the dispatch is the model itself, not a delta, so no
-# error feedback could absorb its rounding).
-HELOCO_DISPATCH_BITS = 32.0
 
 # Bytes an outer Nesterov step touches per parameter: read+write fp32 params and momentum,
 # read the fp32 pseudo-gradient (DiLoCo, Douillard et al. 2023, Alg. 1; 5 × 4 bytes).
@@ -197,6 +193,8 @@ def outer_round(
     bandwidth_scale: ArrayLike = 1.0,
     balance: bool = False,
     exchange: Exchange = "duplex",
+    push_overhead_bytes: ArrayLike = 0.0,
+    pull_bytes: ArrayLike | None = None,
 ) -> OuterRound:
     """Compose per-island inner step times into one outer round of `mode`.
 
@@ -215,14 +213,18 @@ def outer_round(
       2025) hidden behind the next round (τ = H), then the slowest outer-optimizer step.
     - streaming: P fragments synced at offsets round(k·H/P) (or `schedule`), each may take τ
       inner steps, τ = H with `overlap` (Douillard et al. 2025, arXiv 2501.18512).
-    - async: parameter server at `wan.center`; islands never wait for each other. With
-      `exchange = "duplex"` island i's round is max(H·T_i, X_i), X_i = RTT_i + M/W_i (one
-      delta up and one model down at once, hidden behind the next round). HeLoCo's runtime
-      sends one push of M, then one pull of the fp32 model (N·32/8 bytes), each a request and
-      its reply from TCP's initial window (X_i = `heloco_exchange_s`); `exchange = "blocking"` (its worker loop: pull, H steps,
-      push, wait for the ack) pays it between rounds, H·T_i + X_i, and `"overlapped"` (or
-      `"heloco"`) runs it behind the next round, max(H·T_i, X_i). Remote rounds then
-      stretch by the server's overload Σ_i (M/round_i)/W_server when above 1 (design doc C.9).
+    - async: parameter server at `wan.center`; islands never wait for each other. The push is
+      M = N·bits/8 + `push_overhead_bytes` (HeLoCo's header and tag, `payload.push_bytes`); the
+      pull is the model, `pull_bytes` (default N · 32/8: HeLoCo dispatches θ in fp32 whatever Δ
+      is sent as, docs/network.md), never the compressed payload. With `exchange = "duplex"`
+      island i's round is max(H·T_i, X_i), X_i = RTT_i + max(M, pull)/W_i (the delta up and the
+      model down at once, hidden behind the next round). HeLoCo's runtime sends the push, then
+      the pull, each a request and its reply from TCP's initial window (X_i =
+      `heloco_exchange_s`); `exchange = "blocking"` (its worker loop: pull, H steps, push, wait
+      for the ack) pays it between rounds, H·T_i + X_i, and `"overlapped"` (or `"heloco"`) runs
+      it behind the next round, max(H·T_i, X_i). A shared server link is a processor-sharing
+      station (`_share_server`); remote rounds then stretch by the server's overload, the
+      busier direction's Σ_i (bytes/round_i)/W_server when above 1 (design doc C.9).
     `balance` (diloco, streaming) lets faster islands run more inner steps per round.
     """
     inner = np.asarray(inner_s, dtype=np.float64)
@@ -250,7 +252,14 @@ def outer_round(
     if mode == "async":
         if exchange not in (*EXCHANGES, "heloco"):
             raise ValueError(f"exchange {exchange!r}: one of {', '.join(EXCHANGES)}")
-        return _async_round(inner, wan, nbytes, h, scale, exchange, n_params)
+        up = nbytes + np.asarray(push_overhead_bytes, dtype=np.float64)
+        down = np.broadcast_to(
+            n_params * DISPATCH_BITS / 8.0
+            if pull_bytes is None
+            else np.asarray(pull_bytes, dtype=np.float64),
+            shape,
+        )
+        return _async_round(inner, wan, up, down, h, scale, exchange)
 
     coll = collective(nbytes, wan, reduce, gathered=gathered, rounds=collective_rounds, scale=scale)
     window = _pacing(np.asarray(backward_s, dtype=np.float64), inner)
@@ -306,30 +315,28 @@ def outer_round(
 def _async_round(
     inner: FloatArray,
     wan: WanPaths,
-    nbytes: FloatArray,
+    up_bytes: FloatArray,
+    down_bytes: FloatArray,
     h: FloatArray,
     scale: FloatArray,
     exchange_pattern: Exchange = "duplex",
-    n_params: float = 0.0,
 ) -> OuterRound:
-    """Parameter server at `wan.center` (design doc C.9, asynchronous). HeLoCo's exchanges
-    pull the fp32 model (`n_params` · HELOCO_DISPATCH_BITS / 8 bytes); duplex moves M both ways."""
+    """Parameter server at `wan.center` (design doc C.9, asynchronous): a push of
+    `up_bytes`, a pull of `down_bytes` per round, in the exchange mode `exchange_pattern`."""
     n = inner.shape[-1]
     c = wan.center
     remote = np.arange(n) != c
     path_bw = wan.bandwidth_Bps[:, c] * scale[..., None]
-    m = nbytes[..., None]
-    host = 2.0 * m / wan.host_copy_Bps
+    up, down = up_bytes[..., None], down_bytes[..., None]
+    host = (up + down) / wan.host_copy_Bps
     rtt = wan.rtt_s[:, c]
     if exchange_pattern == "duplex":
-        down = m
-        exchange = np.where(remote, rtt + m / path_bw + host, 0.0)
-        legs: tuple[tuple[FloatArray, FloatArray], ...] = ((m, m / path_bw),)
+        both = np.maximum(up, down)
+        exchange = np.where(remote, rtt + both / path_bw + host, 0.0)
+        legs: tuple[tuple[FloatArray, FloatArray], ...] = ((both, both / path_bw),)
     else:
-        down = np.broadcast_to(n_params * HELOCO_DISPATCH_BITS / 8.0, m.shape)
-        host = (m + down) / wan.host_copy_Bps
-        exchange = np.where(remote, heloco_exchange_s(m, path_bw, rtt, down) + host, 0.0)
-        legs = tuple((b, slow_start_s(b, path_bw, rtt)) for b in (m, down))
+        exchange = np.where(remote, heloco_exchange_s(up, path_bw, rtt, down) + host, 0.0)
+        legs = tuple((b, slow_start_s(b, path_bw, rtt)) for b in (up, down))
     busy = h[..., None] * inner
     # blocking: pull → H steps → push and its ack, in turn; else behind the next round
     blocking = exchange_pattern == "blocking"
@@ -337,11 +344,13 @@ def _async_round(
     if np.isfinite(wan.server_Bps):
         exchange = _share_server(exchange, legs, busy, blocking, server, remote)
     round_s = busy + exchange if blocking else np.maximum(busy, exchange)
-    demand = np.where(remote, np.maximum(m, down) / round_s, 0.0).sum(axis=-1, keepdims=True)
-    overload = np.maximum(1.0, demand / server)
+    # the server's link, each direction on its own (full duplex): the busier one limits
+    inflow = np.where(remote, up / round_s, 0.0).sum(axis=-1, keepdims=True)
+    outflow = np.where(remote, down / round_s, 0.0).sum(axis=-1, keepdims=True)
+    overload = np.maximum(1.0, np.maximum(inflow, outflow) / server)
     round_s = np.where(remote, round_s * overload, round_s)
     rate = 1.0 / round_s
-    moved = np.where(remote, m + down, 0.0)
+    moved = np.where(remote, up + down, 0.0)
     return OuterRound(
         round_s=round_s,
         busy_s=busy,

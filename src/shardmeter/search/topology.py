@@ -358,6 +358,8 @@ def compose_block(
         buckets=cb.buckets[:, None, :],
         balance=run.balance_steps,
         exchange=run.exchange,
+        push_overhead_bytes=payload.push_overhead_bytes,
+        pull_bytes=payload.pull_bytes,
     )
     gpus = cb.gpus[:, None, :]
     run_s = compose_arrays(
