@@ -153,6 +153,7 @@ ROWS: list[Row] = [
     Row("overlap_eager", 0.0, {"exchange": "overlapped"}),
     Row("inner_steps", 3),
     Row("payload", "topk:fraction=0.05"),
+    Row("codec", "int8"),
     Row("quorum", 3, {"method": "decoupled"}),
     Row("failures", [{"worker": 2, "at": 1.0, "down": 2.0}]),
     Row("outer.lr", 0.3),

@@ -20,9 +20,10 @@ import math
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
 from shardmeter.estimate.churn import island_mtbf_s
 from shardmeter.estimate.islands import (
@@ -34,7 +35,7 @@ from shardmeter.estimate.islands import (
     schedule_of,
 )
 from shardmeter.estimate.outer import outer_opt_seconds, outer_round
-from shardmeter.estimate.payload import Payload
+from shardmeter.estimate.payload import Payload, resolve_payload
 from shardmeter.estimate.result import StepEstimate
 from shardmeter.estimate.step import estimate_step
 from shardmeter.estimate.wan import WanPaths, wan_paths
@@ -320,6 +321,16 @@ def combos(
     )
 
 
+def dense_overheads(run: OuterSpec, model: TransformerSpec, bits: NDArray[Any]) -> FloatArray:
+    """Bytes of HeLoCo's push beyond N·q/8 (header, tag) for a dense payload of each `bits`:
+    the codec, and so the header, changes with q (`payload.push_bytes`)."""
+    if run.payload.kind != "dense":
+        return np.zeros(len(bits))
+    return np.array(
+        [resolve_payload(run.payload, float(b), model).push_overhead_bytes for b in bits]
+    )
+
+
 def compose_block(
     cb: Combos,
     wan: WanPaths,
@@ -329,13 +340,16 @@ def compose_block(
     grid: OuterGrid,
     tokens: float,
     payload: Payload,
+    grid_overheads: FloatArray,
 ) -> Block:
     """Every GPU-count combination under every setting in `grid`, composed, priced and charged
     for failures by `estimate.islands.compose_arrays`, the formula `compose` evaluates for one
-    topology (C.9, C.10). A dense payload takes the grid's bits."""
+    topology (C.9, C.10). A dense payload takes the grid's bits, and `grid_overheads` (bytes,
+    one per grid bits: `dense_overheads`) its message overhead at each."""
     outer_mode = "sync" if mode == "single" else mode
     dense = payload.kind == "dense"
     bits = grid.bits[None, :] if dense else payload.bits_per_param
+    overhead: ArrayLike = grid_overheads[None, :] if dense else payload.push_overhead_bytes
     if outer_mode == "sync" and dense:
         bits = float(run.grad_bits)
     window = cb.backward_s if run.backward_overlap else 0.0 * cb.backward_s
@@ -358,7 +372,7 @@ def compose_block(
         buckets=cb.buckets[:, None, :],
         balance=run.balance_steps,
         exchange=run.exchange,
-        push_overhead_bytes=payload.push_overhead_bytes,
+        push_overhead_bytes=overhead,
         pull_bytes=payload.pull_bytes,
     )
     gpus = cb.gpus[:, None, :]
@@ -528,6 +542,7 @@ def search_topology(
     n_isl = len(islands)
     grids = {mode: outer_grid(mode, topo.run, outer) for mode in ("single", *outer.modes)}
     payload = run_payload(topo.run, model)
+    overheads = {m: dense_overheads(topo.run, model, g.bits) for m, g in grids.items()}
     for size in range(1, n_isl + 1):
         for members in itertools.combinations(range(n_isl), size):
             wan = wan_all.subset(list(members))
@@ -540,7 +555,15 @@ def search_topology(
                     if grids[mode].inner_steps.size:
                         blocks.append(
                             compose_block(
-                                cb, wan, model, topo.run, mode, grids[mode], budget_tokens, payload
+                                cb,
+                                wan,
+                                model,
+                                topo.run,
+                                mode,
+                                grids[mode],
+                                budget_tokens,
+                                payload,
+                                overheads[mode],
                             )
                         )
     return _topology_result(
