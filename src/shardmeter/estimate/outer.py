@@ -25,7 +25,7 @@ Mode = Literal["sync", "diloco", "streaming", "async"]
 Reduce = Literal["ring", "hub", "bucket"]
 # The async mode's exchange (see outer_round): "duplex" (one delta up and one model down at
 # once, hidden behind the next round), HeLoCo's runtime "blocking" (between rounds) or
-# "overlapped" (behind the next round); "heloco" is the older name of "overlapped".
+# "overlapped" (behind the next round); "heloco" prices the same as "overlapped".
 Exchange = Literal["duplex", "blocking", "overlapped", "heloco"]
 EXCHANGES: tuple[str, ...] = ("duplex", "blocking", "overlapped")
 MODES: tuple[str, ...] = ("sync", "diloco", "streaming", "async")
