@@ -459,8 +459,6 @@ MUTATIONS: tuple[Mutation, ...] = (
              "overhead: ArrayLike = grid_overheads[None, :] if dense else payload.push_overhead_bytes",
              "overhead: ArrayLike = payload.push_overhead_bytes",
              "tests/shardmeter/test_search.py::test_topology_search_agrees_with_compose"),
-    Mutation("async pull's own bytes ignored on the server link", "outer.py",
-             "np.maximum(inflow, outflow)", "inflow", "tests/shardmeter/test_outer.py"),
     Mutation("simulated int8 uplink not applied", "heloco/sim/build.py",
              "feedback = WireRoundTrip(self.cfg.codec)", "feedback = None", SIM_CODEC_TESTS),
     Mutation("quality: an int8 run counted as the dense method", "shardmeter/quality.py",
