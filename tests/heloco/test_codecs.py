@@ -420,26 +420,25 @@ def test_coded_tensor_properties() -> None:
     assert c.numel == 6 and c.k == 2 and c.nbytes == 2 * 2 + 2 * 4
 
 
+# Two workers at paces 1 and 2 training TinyGPT for 768 tokens on the synthetic corpus.
+SMALL_RUN: dict[str, Any] = {
+    "workers": 2,
+    "paces": [1.0, 2.0],
+    "inner_steps": 2,
+    "token_budget": 768,
+    "eval_windows": 2,
+    "eval_batch_size": 4,
+    "data": {"synthetic_chars_per_language": 4000, "val_chars_per_language": 1000},
+    "inner": {"batch_size": 2, "seq_len": 32},
+}
+
+
 # -- the simulator uses the same code, deterministically -------------------------------------------
 @pytest.mark.parametrize("payload", ["topk:fraction=0.05", "sign"])
 def test_simulated_runs_with_a_payload_are_deterministic(payload: str, one_thread: None) -> None:
     from heloco.sim import parse_sim_config, run_simulation
 
-    values = {
-        "workers": 2,
-        "paces": [1.0, 2.0],
-        "inner_steps": 2,
-        "token_budget": 768,
-        "eval_windows": 2,
-        "eval_batch_size": 4,
-        "data": {
-            "synthetic_chars_per_language": 4000,
-            "val_chars_per_language": 1000,
-            "seq_len": 32,
-        },
-        "inner": {"batch_size": 2, "seq_len": 32},
-        "payload": payload,
-    }
+    values = SMALL_RUN | {"data": {**SMALL_RUN["data"], "seq_len": 32}, "payload": payload}
     first = run_simulation(parse_sim_config(values)).losses
     again = run_simulation(parse_sim_config(values)).losses
     dense = run_simulation(parse_sim_config(values | {"payload": "dense"})).losses
@@ -463,16 +462,7 @@ def test_the_simulators_int8_uplink_is_what_the_server_decodes(one_thread: None)
         assert torch.equal(out.delta[name], want) and not torch.equal(out.delta[name], t)
         assert (out.delta[name] - t).abs().max() <= compress.int8_error_bound(t).max()
     assert WireRoundTrip("bf16").state_dict() == {"meta": {"codec": "bf16"}, "tensors": {}}
-    values = {
-        "workers": 2,
-        "paces": [1.0, 2.0],
-        "inner_steps": 2,
-        "token_budget": 768,
-        "eval_windows": 2,
-        "eval_batch_size": 4,
-        "data": {"synthetic_chars_per_language": 4000, "val_chars_per_language": 1000},
-        "inner": {"batch_size": 2, "seq_len": 32},
-    }
+    values = SMALL_RUN
     int8 = run_simulation(parse_sim_config(values | {"codec": "int8"}))
     fp32 = run_simulation(parse_sim_config(values))
     assert int8.summary.codec == "int8" and fp32.summary.codec == "fp32"
