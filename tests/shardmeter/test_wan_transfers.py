@@ -257,7 +257,7 @@ def test_async_blocking_exchange_adds_to_the_round_and_overlapped_hides_under_it
     assert over.round_s[1] == pytest.approx(max(5.0, x))
     assert block.utilization[1] == pytest.approx(5.0 / (5.0 + x))
     assert block.round_s[0] == pytest.approx(10.0) == over.round_s[0]  # the server's island
-    # the older name of the overlapped exchange prices the same round
+    # "heloco" names the overlapped exchange: the same round
     old = outer_round("async", inner, wan, 1e8, exchange="heloco", **kw)
     np.testing.assert_allclose(old.round_s, over.round_s)
     with pytest.raises(ValueError, match="exchange 'eager'"):
