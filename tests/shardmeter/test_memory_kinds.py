@@ -29,11 +29,8 @@ from shardmeter.estimate.memory import (
     OFFLOAD_FETCH_BYTES,
     OFFLOAD_STEP_BYTES,
     PCIE_BYTES_PER_S,
-    ROUND_WASTE,
-    SAVED_TENSORS,
     UNSHARDED_GRAD_BYTES,
     activation_bytes_per_layer,
-    fragmentation_bytes,
     largest_parameter,
     memory_breakdown,
     nccl_buffer_bytes,
@@ -115,15 +112,6 @@ def test_nccl_buffers_closed_form() -> None:
     assert float(nccl_buffer_bytes(_plans())) == 0.0
     assert float(nccl_buffer_bytes(_plans(dp=8))) == pytest.approx(per_comm)
     assert float(nccl_buffer_bytes(_plans(dp=2, tp=2, pp=2))) == pytest.approx(3 * per_comm)
-
-
-def test_fragmentation_closed_form() -> None:
-    plans = _plans(recompute="full")
-    got = float(fragmentation_bytes(plans, 0.0, 10.0, 4.0, 7.0))
-    assert got == pytest.approx(ROUND_WASTE * (SAVED_TENSORS[2] * 10.0 + 5.0 * 7.0 * 4.0))
-    none = _plans(master_weights="none")
-    got = float(fragmentation_bytes(none, 0.0, 2.0, 4.0, 7.0))
-    assert got == pytest.approx(ROUND_WASTE * (SAVED_TENSORS[0] * 2.0 + 4.0 * 7.0 * 4.0))
 
 
 def test_three_kinds_add_up() -> None:
@@ -315,10 +303,6 @@ def test_recompute_every_flops_and_blocks() -> None:
     extra_full = float(full.hardware_flops_per_step) - model_flops
     extra_half = float(half.hardware_flops_per_step) - model_flops
     assert extra_half == pytest.approx(0.5 * extra_full)
-    plans = _plans(recompute="full", recompute_every=2)
-    got = float(fragmentation_bytes(plans, 0.0, 2.0, 0.0, 7.0))
-    saved = 0.5 * SAVED_TENSORS[2] + 0.5 * SAVED_TENSORS[0]
-    assert got == pytest.approx(ROUND_WASTE * saved * 2.0)
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ import numpy as np
 from shardmeter.estimate._xp import (
     Num,
     as_float,
+    ceil,
     floor,
     full_like,
     logical_not,
@@ -66,6 +67,12 @@ FUSED_LOGITS_BYTES = 2.0  # fused cross-entropy writes the gradient over the bf1
 # live at the loss backward (the bf16 logits are deleted before backward, torchtitan train.py
 # `del pred`)
 EAGER_FP32_LOGITS_BYTES = 12.0
+# The same eager fp32 loss on vocabulary-sharded logits (tp > 1: torchtitan's loss_parallel,
+# on whenever TP is, `disable_loss_parallel = false`): DTensor's loss_parallel
+# (torch/distributed/tensor/parallel/loss.py) runs its own backward,
+# `(grad_input + torch.exp(x)) * grad_output` with grad_input = zeros_like(x), so the saved
+# fp32 log-softmax x, grad_input, exp(x) and their sum are live at once: 4 + 4 + 4 + 4
+LOSS_PARALLEL_LOGITS_BYTES = 16.0
 # Its reserved extra: the freed 2-B bf16 logits block is smaller than the 4-B fp32 requests
 # that follow, so the caching allocator opens a new segment rather than reuse it
 # (CUDACachingAllocator.cpp: a request takes a cached block only if one is at least its size;
@@ -498,24 +505,23 @@ class MemoryArrays:
         )
 
 
-# PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp): every block is rounded
-# to kMinBlockSize = 512 B; blocks over kSmallSize = 1 MiB are "large", rounded up to
-# kRoundLarge = 2 MiB and carved from segments of kLargeBuffer = 20 MiB (requests under
-# kMinLargeAlloc = 10 MiB) or of their own rounded size. A live large tensor wastes half a
-# rounding unit on average: 1 MiB.
+# PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp, kMinBlockSize,
+# kSmallSize, kMinLargeAlloc, kRoundLarge): requests up to kSmallSize = 1 MiB are packed into
+# 2 MiB segments, those from 1 to 10 MiB (kMinLargeAlloc) are carved from shared 20 MiB
+# segments, both rounded only to 512 B; a request of at least 10 MiB gets a segment of its
+# size rounded up to kRoundLarge = 2 MiB, the rest of which it keeps or leaves as a sliver.
 ROUND_LARGE = 2.0 * MIB
-ROUND_WASTE = ROUND_LARGE / 2.0
-# Freed blocks stay cached in their segments; a later request that is larger than every free
-# block, or that must not split a block of another stream, opens a new segment while the
-# cached ones sit partly empty. That slack scales with the bytes freed and re-requested each
-# step (activations, gathered weights, logits), not with the persistent states. Fitted once on
-# the reserved rows of the memory data (benchmarks/memory_fit.py); one physical parameter of
-# the allocator, the same for every framework.
-ALLOCATOR_SLACK = 0.0
-# Saved tensors per layer and micro-batch by recompute mode (none, selective, full): the
-# lists in `_activation_sets` (two norm inputs, Q, K, V, attention output, softmax LSE, MLP
-# inputs and intermediates), the layer input alone under full recompute.
-SAVED_TENSORS = (10.0, 8.0, 1.0)
+MIN_LARGE_ALLOC = 10.0 * MIB
+
+
+def rounding_waste(nbytes: Num) -> Num:
+    """Bytes the caching allocator reserves beyond one live tensor of `nbytes`: the round-up
+    of a request of at least MIN_LARGE_ALLOC to ROUND_LARGE (the 512-B rounding of smaller
+    requests, packed into shared segments, is left out). Bytes."""
+    rounded = ceil(nbytes / ROUND_LARGE) * ROUND_LARGE
+    return where(nbytes >= MIN_LARGE_ALLOC, rounded - nbytes, 0.0 * nbytes)
+
+
 # CUDA context and the kernels of the loaded modules: 1,343 MB measured on a V100 by
 # nvidia-smi after one tiny tensor (Hugging Face Transformers docs, "Model training
 # anatomy": "the kernels alone take up 1.3GB of GPU memory").
@@ -538,31 +544,82 @@ def nccl_buffer_bytes(plans: PlanArrays) -> Num:
     return groups * NCCL_CHANNELS * NCCL_RING_PEERS * NCCL_BUFFSIZE
 
 
+def _layer_tensor_bytes(model: TransformerSpec, plans: PlanArrays) -> tuple[list[Num], list[Num]]:
+    """Bytes of each tensor one layer keeps on one GPU: (saved activations of one micro-batch,
+    in the order of `_activation_sets`: the two norm inputs and two GEMM inputs, Q, K, V, the
+    attention output, the MLP tensors; weight matrices before sharding: Q, K, V, O and the
+    MLP's). Activations 2 B per element; matrices in elements."""
+    tp = as_float(plans.tp)
+    tokens = plans.micro_batch * model.seq_len / as_float(plans.cp)
+    norm_tokens = where(plans.sp, tokens / tp, tokens)
+    q_l = model.q_dim / tp
+    kv_l = maximum(model.kv_heads / tp, 1.0) * model.dim_head
+    width = model.expert_ffn if model.moe is not None else model.dense_ffn
+    per_width = 3 if model.mlp == "swiglu" else 2
+    row = ACT_BYTES * model.hidden * norm_tokens
+    saved = [row, row, row, row, ACT_BYTES * tokens * q_l, ACT_BYTES * tokens * kv_l,
+             ACT_BYTES * tokens * kv_l, ACT_BYTES * tokens * q_l]  # fmt: skip
+    saved += [ACT_BYTES * tokens * width / tp] * per_width
+    h = model.hidden
+    matrices = [h * q_l, h * kv_l, h * kv_l, q_l * h] + [h * width / tp] * model.mlp_matrices
+    return saved, matrices
+
+
 def fragmentation_bytes(
-    plans: PlanArrays, transient: Num, held_layers: Num, local_layers: Num, matrices: float
+    model: TransformerSpec, plans: PlanArrays, held_layers: Num, local_layers: Num
 ) -> Num:
-    """reserved − allocated: ROUND_WASTE per live large block (SAVED_TENSORS per
-    layer-micro-batch held, and per local weight matrix its weight, gradient and optimizer
-    tensors) plus ALLOCATOR_SLACK × the transient bytes. Bytes."""
-    code = plans.recompute
+    """reserved − allocated from rounding: `rounding_waste` of every live tensor, i.e. of each
+    saved activation of the `held_layers` layer-micro-batches (all of them without recompute;
+    selective drops the attention output and the activation-function output; full recompute
+    keeps the layer input; `recompute_every` mixes the two), and of each weight matrix's
+    weight, gradient, master copy and optimizer states on the GPU for the `local_layers`
+    layers, each sharded over the sharding group where its ZeRO stage shards it. Bytes."""
+    saved, matrices = _layer_tensor_bytes(model, plans)
+    waste = [rounding_waste(b) for b in saved]
+    every = sum(waste, 0.0 * as_float(plans.tp))
+    selective = every - waste[7] - waste[-1]
     share = recompute_share(plans)  # recompute_every: the other layers keep everything
-    full = share * SAVED_TENSORS[2] + (1.0 - share) * SAVED_TENSORS[0]
-    saved = where(
+    full = share * waste[0] + (1.0 - share) * every
+    code = plans.recompute
+    per_layer = where(
         code == RECOMPUTE_CODES["full"], full,
-        where(code == RECOMPUTE_CODES["selective"], SAVED_TENSORS[1], SAVED_TENSORS[0]),
+        where(code == RECOMPUTE_CODES["selective"], selective, every),
     )  # fmt: skip
-    # per matrix: w, g, m, v (+ master), each only where it lives on the GPU (offload moves the
-    # states, ZeRO-Offload also the gradients, params+optimizer all of them to the host)
+    # per matrix: w, g, master, m, v, each only where it lives on the GPU (offload moves the
+    # states, ZeRO-Offload also the gradients, params+optimizer all of them to the host),
+    # each /d where its stage shards it (ZeRO stage 1 the states, 2 the gradients, 3 weights)
     host_states = plans.offload >= OFFLOAD_CODES["optimizer"]
     host_params = plans.offload == OFFLOAD_CODES["params+optimizer"]
     host_grads = host_params | (plans.offload == OFFLOAD_CODES["grads+optimizer"])
-    optimizer_tensors = where(plans.master == MASTER_CODES["none"], 2.0, 3.0)
-    state_tensors = (
-        where(host_params, 0.0, 1.0) + where(host_grads, 0.0, 1.0)
-        + where(host_states, 0.0, optimizer_tensors)
+    d, _ = shard_divisors(plans)
+    stage = plans.sharding
+    state_dtype = where(plans.master == MASTER_CODES["none"], WEIGHT_BYTES, 4.0)
+    master = where(
+        plans.master == MASTER_CODES["fp32"], MASTER_BYTES["fp32"],
+        where(plans.master == MASTER_CODES["remainder"], MASTER_BYTES["remainder"], 0.0),
     )  # fmt: skip
-    blocks = saved * held_layers + state_tensors * matrices * local_layers
-    return ROUND_WASTE * blocks + ALLOCATOR_SLACK * transient
+    weight = where(plans.params_fp32, 4.0, WEIGHT_BYTES)
+    grad = where(plans.grad_fp32, FP32_GRAD_BYTES, GRAD_BYTES)
+    # state tensors on the allocator and bytes per element (`optimizer_state_bytes`; paged
+    # states live in unified memory, Adafactor's factored moments are small)
+    code_opt, codes = plans.optimizer, OPTIMIZER_CODES
+    one_state = (code_opt == codes["sgd"]) | (code_opt == codes["muon"])
+    each = where(
+        code_opt == codes["adamw"], state_dtype,
+        where(code_opt == codes["adamw8bit"], 1.0,
+              where(code_opt == codes["adamw4bit"], 0.5, where(one_state, state_dtype, 0.0))),
+    )  # fmt: skip
+    n_states = where(one_state, 1.0, 2.0)
+    states = 0.0 * as_float(plans.tp)
+    for elements in matrices:
+        w_el = elements / where(stage >= 3, d, 1.0)
+        g_el = elements / where(stage >= 2, d, 1.0)
+        o_el = elements / where(stage >= 1, d, 1.0)
+        on_gpu = where(host_params, 0.0, rounding_waste(weight * w_el))
+        on_gpu = on_gpu + where(host_grads, 0.0, rounding_waste(grad * g_el))
+        optimizer = rounding_waste(master * o_el) + n_states * rounding_waste(each * o_el)
+        states = states + on_gpu + where(host_states, 0.0, optimizer)
+    return per_layer * held_layers + states * local_layers
 
 
 def _gather_unit_params(model: TransformerSpec, plans: PlanArrays, layer: Num) -> Num:
@@ -658,7 +715,7 @@ def _shared(model: TransformerSpec, plans: PlanArrays, layer: Num) -> _Shared:
 
 def _stage_memory(
     cluster: Cluster, shared: _Shared, params: LocalParams, in_flight: Num, logits: Num,
-    plans: PlanArrays, layers: Num, matrices: float, cached: Num = 0.0,
+    plans: PlanArrays, layers: Num, model: TransformerSpec, cached: Num = 0.0,
 ) -> MemoryArrays:  # fmt: skip
     """Memory of one stage kind: its states, `in_flight` layer-micro-batches of activations,
     the full-recompute working layer, the ZeRO-3 prefetch buffer and `logits`; then the
@@ -701,9 +758,7 @@ def _stage_memory(
         nccl = 0.0 * activations
     else:
         fragmentation = (
-            fragmentation_bytes(plans, activations + buffers, in_flight, layers, matrices)
-            + cached
-            + logits_cached
+            fragmentation_bytes(model, plans, in_flight, layers) + cached + logits_cached
         )  # `cached`: the eager fp32 loss's unusable bf16 block (memory_breakdown)
         context = full_like(activations, CUDA_CONTEXT_BYTES)
         nccl = nccl_buffer_bytes(plans) + 0.0 * activations
@@ -738,7 +793,8 @@ def memory_breakdown(
     per_logit = where(
         plans.fused_ce, FUSED_LOGITS_BYTES,
         where(plans.ce_compiled, COMPILED_LOGITS_BYTES,
-              where(plans.ce_eager, EAGER_FP32_LOGITS_BYTES, LOGITS_BYTES)),
+              where(plans.ce_eager, where(plans.tp > 1, LOSS_PARALLEL_LOGITS_BYTES,
+                                          EAGER_FP32_LOGITS_BYTES), LOGITS_BYTES)),
     )  # fmt: skip
     local_logits = tokens * model.vocab / as_float(plans.tp)
     logits = local_logits * per_logit
@@ -761,23 +817,21 @@ def memory_breakdown(
         chunks' layers (`pp_end_chunks`), else the stage's layers spread over v chunks."""
         return where(plans.pp_end_chunks & (layers < fullest), fullest / v, layers / v)
 
-    matrices = model.mlp_matrices + 4.0  # Q, K, V, O and the MLP's matrices
-
     first = _stage_memory(
         cluster, shared, params_of(counts.first, tables),
         in_flight_layers(plans, 0.0, counts.first, chunk(counts.first), last=False),
-        where(single, logits, 0.0), plans, counts.first, matrices, where(single, cached, 0.0),
+        where(single, logits, 0.0), plans, counts.first, model, where(single, cached, 0.0),
     )  # fmt: skip
     last = _stage_memory(
         cluster, shared, params_of(counts.last, tables),
         in_flight_layers(plans, as_float(plans.pp) - 1.0, counts.last, chunk(counts.last),
                          last=True),
-        logits, plans, counts.last, matrices, cached,
+        logits, plans, counts.last, model, cached,
     )  # fmt: skip
     mid = _stage_memory(
         cluster, shared, params_of(counts.mid, 0.0),
         in_flight_layers(plans, 1.0, counts.mid, counts.mid / v, last=False), 0.0,
-        plans, counts.mid, matrices,
+        plans, counts.mid, model,
     )  # fmt: skip
     totals = [first.total, where(plans.pp > 2, mid.total, 0.0), where(single, 0.0, last.total)]
     pick_mid = (totals[1] > totals[0]) & (totals[1] >= totals[2])

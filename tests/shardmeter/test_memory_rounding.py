@@ -1,0 +1,130 @@
+"""Closed-form checks of the caching allocator's per-tensor rounding (reserved − allocated)
+and of the loss on vocabulary-sharded logits (DTensor loss_parallel)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from shardmeter.estimate.memory import (
+    EAGER_FP32_LOGITS_BYTES,
+    LOSS_PARALLEL_LOGITS_BYTES,
+    MIB,
+    fragmentation_bytes,
+    memory_breakdown,
+    rounding_waste,
+)
+from shardmeter.estimate.plan_arrays import PlanArrays
+from shardmeter.specs.loader import load_cluster
+from shardmeter.specs.model import TransformerSpec
+from shardmeter.specs.plan import Plan
+
+# h = 3000 and F = 8000: no tensor of this model is a whole multiple of 2 MiB
+ODD = TransformerSpec(n_layers=2, hidden=3000, n_heads=24, ffn=8000, vocab=1000, seq_len=2048)
+# BERT-large's shapes: every matrix and activation a whole multiple of 2 MiB (or under 10 MiB)
+WHOLE = TransformerSpec(n_layers=2, hidden=1024, n_heads=16, ffn=4096, vocab=1000, seq_len=512)
+
+
+def _plans(**kw: object) -> PlanArrays:
+    return PlanArrays.scalar(Plan(**kw))  # type: ignore[arg-type]
+
+
+def _waste(nbytes: float) -> float:
+    """CUDACachingAllocator: requests of 10 MiB or more get a segment rounded up to 2 MiB."""
+    if nbytes < 10 * 2**20:
+        return 0.0
+    return math.ceil(nbytes / 2**21) * 2**21 - nbytes
+
+
+def _odd_sets() -> tuple[float, float, float, float, float]:
+    """(row, mlp) activation waste and (bf16, fp32 weight, fp32 MLP) matrix waste of ODD."""
+    row = _waste(2.0 * 2048 * 3000)  # tokens × h × 2 B (also Q, K, V and attention output)
+    mlp = _waste(2.0 * 2048 * 8000)  # tokens × F × 2 B
+    return row, mlp, _waste(2.0 * 3000 * 3000), _waste(4.0 * 3000 * 3000), _waste(4.0 * 3000 * 8000)
+
+
+def test_rounding_waste_closed_form() -> None:
+    """Under 10 MiB (kMinLargeAlloc) a request shares a segment: no waste; from 10 MiB on it
+    gets a segment rounded up to 2 MiB (kRoundLarge)."""
+    assert float(rounding_waste(9.9 * MIB)) == 0.0
+    assert float(rounding_waste(10.0 * MIB)) == 0.0
+    assert float(rounding_waste(10.0 * MIB + 1.0)) == pytest.approx(2.0 * MIB - 1.0)
+    assert float(rounding_waste(11.0 * MIB)) == pytest.approx(1.0 * MIB)
+    assert float(rounding_waste(12_288_000.0)) == pytest.approx(294_912.0)
+
+
+def test_rounding_counts_every_tensor() -> None:
+    """No recompute, one GPU, AdamW with an fp32 master: each layer-micro-batch keeps the two
+    norm inputs, the two GEMM inputs, Q, K, V and the attention output (tokens × h each here)
+    and the GELU MLP's two tensors; each matrix keeps w and g (bf16), master, m, v (fp32)."""
+    row, mlp, w16, w32, _ = _odd_sets()
+    mlp16, mlp32 = _waste(2.0 * 3000 * 8000), _waste(4.0 * 3000 * 8000)
+    got = float(fragmentation_bytes(ODD, _plans(), held_layers=3.0, local_layers=2.0))
+    saved = 8 * row + 2 * mlp
+    per_matrix = 4 * (2 * w16 + 3 * w32) + 2 * (2 * mlp16 + 3 * mlp32)
+    assert row > 0 and mlp > 0 and w16 > 0
+    assert got == pytest.approx(3.0 * saved + 2.0 * per_matrix)
+
+
+def test_rounding_by_recompute_mode() -> None:
+    """Selective drops the attention output and the activation-function output; full recompute
+    keeps the layer input; recompute_every = 2 keeps everything in half the layers."""
+    row, mlp, *_ = _odd_sets()
+    states = float(fragmentation_bytes(ODD, _plans(), 0.0, 1.0))
+    sel = float(fragmentation_bytes(ODD, _plans(recompute="selective"), 1.0, 1.0)) - states
+    full = float(fragmentation_bytes(ODD, _plans(recompute="full"), 1.0, 1.0)) - states
+    every = _plans(recompute="full", recompute_every=2)
+    half = float(fragmentation_bytes(ODD, every, 1.0, 1.0)) - states
+    assert sel == pytest.approx(7 * row + mlp)
+    assert full == pytest.approx(row)
+    assert half == pytest.approx(0.5 * row + 0.5 * (8 * row + 2 * mlp))
+
+
+@pytest.mark.parametrize(
+    ("offload", "kept"),
+    [("none", "wgo"), ("optimizer", "wg"), ("grads+optimizer", "w"), ("params+optimizer", "")],
+)
+def test_rounding_counts_only_gpu_resident_state_tensors(offload: str, kept: str) -> None:
+    """Offload moves the states (and with ZeRO-Offload the gradients, with the parameters all
+    of them) to the host, where the CUDA allocator does not round them."""
+    _, _, w16, w32, _ = _odd_sets()
+    mlp16, mlp32 = _waste(2.0 * 3000 * 8000), _waste(4.0 * 3000 * 8000)
+    plans = _plans(offload=offload, sharding="zero3" if offload == "params+optimizer" else "none")
+    got = float(fragmentation_bytes(ODD, plans, 0.0, 1.0))
+    attn = ("w" in kept) * w16 + ("g" in kept) * w16 + ("o" in kept) * 3 * w32
+    ffn = ("w" in kept) * mlp16 + ("g" in kept) * mlp16 + ("o" in kept) * 3 * mlp32
+    assert got == pytest.approx(4 * attn + 2 * ffn)
+
+
+def test_rounding_of_sharded_states() -> None:
+    """Under ZeRO-3 over 4 GPUs every state tensor is a quarter matrix (FSDP2 shards each
+    parameter on dim 0), rounded on its own."""
+    got = float(fragmentation_bytes(ODD, _plans(dp=4, sharding="zero3"), 0.0, 1.0))
+    attn = 2 * _waste(2.0 * 9e6 / 4) + 3 * _waste(4.0 * 9e6 / 4)
+    ffn = 2 * _waste(2.0 * 24e6 / 4) + 3 * _waste(4.0 * 24e6 / 4)
+    assert got == pytest.approx(4 * attn + 2 * ffn)
+    # ZeRO-1 shards only the master and the states
+    z1 = float(fragmentation_bytes(ODD, _plans(dp=4, sharding="zero1"), 0.0, 1.0))
+    attn1 = 2 * _waste(2.0 * 9e6) + 3 * _waste(4.0 * 9e6 / 4)
+    ffn1 = 2 * _waste(2.0 * 24e6) + 3 * _waste(4.0 * 24e6 / 4)
+    assert z1 == pytest.approx(4 * attn1 + 2 * ffn1)
+
+
+def test_whole_multiples_waste_nothing() -> None:
+    """BERT-large's 1024 × 1024 and 1024 × 4096 matrices (bf16 and fp32) and its 512-token
+    activations are whole multiples of 2 MiB or under 10 MiB: no rounding at all."""
+    assert float(fragmentation_bytes(WHOLE, _plans(), 4.0, 2.0)) == 0.0
+
+
+def test_loss_parallel_holds_sixteen_bytes_per_local_logit() -> None:
+    """The eager fp32 loss on logits sharded over tp (DTensor loss_parallel): saved
+    log-softmax, zeros_like grad, exp and their sum, 16 B per local logit; 12 B without TP."""
+    cluster = load_cluster("dgx-h100")
+    model = ODD.model_copy(update={"vocab": 64_000})
+    one = memory_breakdown(model, cluster, _plans(ce_upcast="eager"))
+    two = memory_breakdown(model, cluster, _plans(tp=2, ce_upcast="eager"))
+    logits = model.seq_len * model.vocab
+    assert LOSS_PARALLEL_LOGITS_BYTES == 16.0 and EAGER_FP32_LOGITS_BYTES == 12.0
+    assert float(one.buffers) == pytest.approx(12.0 * logits)
+    assert float(two.buffers) == pytest.approx(16.0 * logits / 2)
