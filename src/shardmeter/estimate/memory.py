@@ -553,7 +553,7 @@ def _layer_tensor_bytes(model: TransformerSpec, plans: PlanArrays) -> tuple[list
     tokens = plans.micro_batch * model.seq_len / as_float(plans.cp)
     norm_tokens = where(plans.sp, tokens / tp, tokens)
     q_l = model.q_dim / tp
-    kv_l = maximum(model.kv_heads / tp, 1.0) * model.dim_head
+    kv_l = model.dim_head * maximum(model.kv_heads / tp, 1.0)
     width = model.expert_ffn if model.moe is not None else model.dense_ffn
     per_width = 3 if model.mlp == "swiglu" else 2
     row = ACT_BYTES * model.hidden * norm_tokens
@@ -593,12 +593,12 @@ def fragmentation_bytes(
     host_grads = host_params | (plans.offload == OFFLOAD_CODES["grads+optimizer"])
     d, _ = shard_divisors(plans)
     stage = plans.sharding
-    state_dtype = where(plans.master == MASTER_CODES["none"], WEIGHT_BYTES, 4.0)
+    state_dtype = where(plans.master != MASTER_CODES["none"], 4.0, WEIGHT_BYTES)
     master = where(
         plans.master == MASTER_CODES["fp32"], MASTER_BYTES["fp32"],
         where(plans.master == MASTER_CODES["remainder"], MASTER_BYTES["remainder"], 0.0),
     )  # fmt: skip
-    weight = where(plans.params_fp32, 4.0, WEIGHT_BYTES)
+    weight = gathered_weight_bytes(plans)
     grad = where(plans.grad_fp32, FP32_GRAD_BYTES, GRAD_BYTES)
     # state tensors on the allocator and bytes per element (`optimizer_state_bytes`; paged
     # states live in unified memory, Adafactor's factored moments are small)
@@ -607,7 +607,7 @@ def fragmentation_bytes(
     each = where(
         code_opt == codes["adamw"], state_dtype,
         where(code_opt == codes["adamw8bit"], 1.0,
-              where(code_opt == codes["adamw4bit"], 0.5, where(one_state, state_dtype, 0.0))),
+              where(code_opt == codes["adamw4bit"], 0.5, where(one_state, 1.0, 0.0) * state_dtype)),
     )  # fmt: skip
     n_states = where(one_state, 1.0, 2.0)
     states = 0.0 * as_float(plans.tp)
