@@ -1,5 +1,6 @@
 """Closed-form checks of the caching allocator's per-tensor rounding (reserved − allocated)
-and of the loss on vocabulary-sharded logits (DTensor loss_parallel)."""
+and of the loss on vocabulary-sharded logits (DTensor loss_parallel) and the GEMM inputs DTensor
+sequence parallelism saves."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from shardmeter.estimate.memory import (
     EAGER_FP32_LOGITS_BYTES,
     LOSS_PARALLEL_LOGITS_BYTES,
     MIB,
+    activation_bytes_per_layer,
     fragmentation_bytes,
     memory_breakdown,
     rounding_waste,
@@ -128,3 +130,36 @@ def test_loss_parallel_holds_sixteen_bytes_per_local_logit() -> None:
     assert LOSS_PARALLEL_LOGITS_BYTES == 16.0 and EAGER_FP32_LOGITS_BYTES == 12.0
     assert float(one.buffers) == pytest.approx(12.0 * logits)
     assert float(two.buffers) == pytest.approx(16.0 * logits / 2)
+
+
+def test_dtensor_sp_saves_the_gathered_gemm_inputs() -> None:
+    """With sequence parallelism over tp = 4, Megatron saves the sequence shard of the QKV and
+    MLP GEMM inputs (all-gathered again in backward); DTensor SP saves the all-gathered,
+    full-sequence input: 2 × h × s × (1 − 1/tp) × 2 B more per layer, and nothing without SP."""
+    shard = activation_bytes_per_layer(ODD, _plans(tp=4, sp=True))
+    gathered = activation_bytes_per_layer(ODD, _plans(tp=4, sp=True, sp_gathered_inputs=True))
+    extra = 2.0 * ODD.hidden * ODD.seq_len * (1.0 - 1.0 / 4.0) * 2.0
+    assert float(gathered - shard) == pytest.approx(extra)
+    no_sp = _plans(tp=4, sp=False, sp_gathered_inputs=True)
+    assert float(activation_bytes_per_layer(ODD, no_sp)) == pytest.approx(
+        float(activation_bytes_per_layer(ODD, _plans(tp=4, sp=False)))
+    )
+    # torchtitan's default with TP; Megatron-style frameworks keep the shard
+    assert Plan(framework="torchtitan", tp=2).sp_gathered_inputs
+    assert not Plan(framework="torchtitan").sp_gathered_inputs
+    assert not Plan(framework="megatron-lm", tp=2).sp_gathered_inputs
+
+
+def test_predict_cli_sp_gathered_inputs(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from shardmeter.cli import main
+
+    args = ["predict", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8",
+            "--tp", "8", "--sp", "--json"]  # fmt: skip
+    assert main([*args, "--no-sp-gathered-inputs"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*args, "--sp-gathered-inputs"]) == 0
+    flagged = json.loads(capsys.readouterr().out)
+    assert flagged["plan"]["sp_gathered_inputs"] is True
+    assert flagged["memory_bytes"] > plain["memory_bytes"]

@@ -21,7 +21,7 @@ from shardmeter.specs.plan import (
 MEMORY_FLAGS = (
     "optimizer", "master_weights", "offload", "fp8_recipe", "reshard_after_forward", "fused_ce",
     "recompute_every", "selective_policy", "ce_upcast", "grad_accum_dtype",
-    "optimizer_in_backward",
+    "optimizer_in_backward", "sp_gathered_inputs",
 )  # fmt: skip
 
 
@@ -71,6 +71,10 @@ def add_memory_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--optimizer-in-backward", action=argparse.BooleanOptionalAction, default=None,
         help="optimizer step fused into backward: one gradient live at a time (torchtune)",
+    )  # fmt: skip
+    group.add_argument(
+        "--sp-gathered-inputs", action=argparse.BooleanOptionalAction, default=None,
+        help="with SP the GEMMs save their all-gathered input (DTensor SP, torchtitan)",
     )  # fmt: skip
 
 

@@ -296,7 +296,11 @@ def _activation_sets(model: TransformerSpec, plans: PlanArrays) -> tuple[Num, Nu
         active = model.moe.top_k + model.moe.shared_experts
         mlp_width = mlp_width + moe_share * active * model.expert_ffn / tp
         mlp_copies = moe_share * model.moe.top_k * model.hidden
-    replicated = 4.0 * model.hidden * norm_tokens  # two norm inputs, QKV and MLP inputs
+    # two norm inputs, QKV and MLP inputs; with DTensor SP (`sp_gathered_inputs`) the QKV and
+    # MLP GEMMs save the all-gathered full-sequence input, Megatron the shard (Korthikanti
+    # et al. 2022 §4.2.2: it all-gathers the input again in backward)
+    gemm_tokens = where(plans.sp_gathered_inputs, tokens, norm_tokens)
+    replicated = 2.0 * model.hidden * (norm_tokens + gemm_tokens)
     split = tokens * (q_l + 2.0 * kv_l + q_l + per_width * mlp_width + mlp_copies)
     # FP8 GEMMs save their inputs as the 1-byte FP8 casts (Transformer Engine keeps them for
     # the weight gradient): the two norm outputs, the routed token copies entering the experts
@@ -304,7 +308,7 @@ def _activation_sets(model: TransformerSpec, plans: PlanArrays) -> tuple[Num, Nu
     # torchao's float8 (fp8_recipe "torchao") saves them in bf16, as without FP8.
     fp8_saved = (plans.precision == PRECISION_CODES["fp8"]) & plans.fp8_te
     fp8_half = where(fp8_saved, 0.5 * ACT_BYTES, 0.0)
-    gemm_inputs = fp8_half * (2.0 * model.hidden * norm_tokens + tokens * mlp_copies)
+    gemm_inputs = fp8_half * (2.0 * model.hidden * gemm_tokens + tokens * mlp_copies)
     full_set = ACT_BYTES * (replicated + split) - gemm_inputs - fp8_half * tokens * mlp_width
     selective_set = ACT_BYTES * (replicated + split - tokens * (q_l + mlp_width)) - gemm_inputs
     # Recomputed in backward from what is kept, so not saved: the activation-function output
@@ -312,7 +316,7 @@ def _activation_sets(model: TransformerSpec, plans: PlanArrays) -> tuple[Num, Nu
     # the QKV and MLP GEMM inputs, from the norm inputs (Megatron-Core recompute_modules
     # "layernorm"; DeepSeek-V3 §3.2.3). Selective recompute already drops the former.
     act_out = (ACT_BYTES - fp8_half) * tokens * mlp_width
-    norm_out = (ACT_BYTES - fp8_half) * 2.0 * model.hidden * norm_tokens
+    norm_out = (ACT_BYTES - fp8_half) * 2.0 * model.hidden * gemm_tokens
     dropped_norm = where(plans.recompute_norm, norm_out, 0.0)
     full_set = full_set - where(plans.recompute_act, act_out, 0.0) - dropped_norm
     selective_set = selective_set - dropped_norm
@@ -557,7 +561,8 @@ def _layer_tensor_bytes(model: TransformerSpec, plans: PlanArrays) -> tuple[list
     width = model.expert_ffn if model.moe is not None else model.dense_ffn
     per_width = 3 if model.mlp == "swiglu" else 2
     row = ACT_BYTES * model.hidden * norm_tokens
-    saved = [row, row, row, row, ACT_BYTES * tokens * q_l, ACT_BYTES * tokens * kv_l,
+    gemm = ACT_BYTES * model.hidden * where(plans.sp_gathered_inputs, tokens, norm_tokens)
+    saved = [row, row, gemm, gemm, ACT_BYTES * tokens * q_l, ACT_BYTES * tokens * kv_l,
              ACT_BYTES * tokens * kv_l, ACT_BYTES * tokens * q_l]  # fmt: skip
     saved += [ACT_BYTES * tokens * width / tp] * per_width
     h = model.hidden

@@ -37,7 +37,7 @@ _BOOL_FIELDS = (
     "overlap_ep", "ep_fp8", "ep_dedup", "graphs", "master_remainder", "compiled",
     "fused_elementwise", "params_fp32", "pp_end_chunks", "recompute_act", "recompute_norm",
     "recompute_qkv", "reshard_after_forward", "fp8_te", "op_sac", "ce_eager", "ce_compiled",
-    "grad_fp32", "optimizer_in_backward",
+    "grad_fp32", "optimizer_in_backward", "sp_gathered_inputs",
 )  # fmt: skip
 
 
@@ -129,6 +129,7 @@ class PlanArrays:
     ce_compiled: Any = False  # loss upcasts the logits to fp32 in one compiled kernel
     grad_fp32: Any = False  # gradients accumulate in an fp32 buffer (Megatron main_grad)
     optimizer_in_backward: Any = False  # step fused into backward: one gradient live at a time
+    sp_gathered_inputs: Any = False  # with sp: the GEMMs save their all-gathered input
 
     @property
     def chunk_group(self) -> Num:

@@ -60,6 +60,8 @@ class Framework(BaseModel):
     # with PP, FSDP keeps each stage's gathered weights between micro-batches
     # (reshard_after_forward = False) and accumulates unsharded gradients until the last one
     pp_keeps_gathered: bool = False
+    # with SP, the QKV and MLP GEMMs save their all-gathered full-sequence input (DTensor SP)
+    sp_gathered_inputs: bool = False
     # FP8 training library: Transformer Engine keeps the GEMM inputs it saves as 1-byte FP8
     # casts; torchao's float8 keeps them in bf16 and casts again in backward
     fp8_recipe: Literal["te", "torchao"] = "te"
@@ -170,6 +172,7 @@ FRAMEWORKS: dict[str, Framework] = {
             fused_elementwise=False,
             compile_with_fp8=True,
             pp_keeps_gathered=True,
+            sp_gathered_inputs=True,
             fp8_recipe="torchao",
             selective_policy="torchtitan_op",
             ce_upcast="eager",
@@ -378,6 +381,7 @@ def framework_defaults(framework: Framework, given: dict[str, Any]) -> dict[str,
         "fp8_recipe": framework.fp8_recipe,
         "selective_policy": framework.selective_policy,
         "ce_upcast": framework.ce_upcast,
+        "sp_gathered_inputs": framework.sp_gathered_inputs and tp > 1,
     }
     if pp > 1:
         defaults["vpp"] = framework.vpp

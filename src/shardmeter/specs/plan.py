@@ -138,6 +138,11 @@ class Plan(BaseModel):
     # buffer (--accumulate-allreduce-grads-in-fp32, forced on with --bf16), 4 B per parameter,
     # which ZeRO-1's distributed optimizer does not shard; "bf16" the parameters' dtype
     grad_accum_dtype: GradAccumDtype = "bf16"
+    # with sp: the column-parallel GEMMs save their all-gathered, full-sequence input (DTensor
+    # sequence parallelism, torchtitan: the Shard(1) -> Replicate redistribute feeds the
+    # matmul, which saves it) instead of the sequence shard Megatron saves and gathers again
+    # in backward (Korthikanti et al. 2022 §4.2.2)
+    sp_gathered_inputs: bool = False
     # the optimizer step runs inside backward, parameter by parameter, and frees each
     # gradient once applied (torchtune optimizer_in_bwd; PyTorch's
     # register_post_accumulate_grad_hook recipe): at most one parameter's gradient is live
