@@ -675,6 +675,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("loss_parallel holds 12 B per local logit", "memory.py",
              "LOSS_PARALLEL_LOGITS_BYTES = 16.0", "LOSS_PARALLEL_LOGITS_BYTES = 12.0",
              tests="tests/shardmeter/test_memory_rounding.py::test_loss_parallel_holds_sixteen_bytes_per_local_logit"),
+    Mutation("DTensor SP saves the GEMM inputs' sequence shard", "memory.py",
+             "gemm_tokens = where(plans.sp_gathered_inputs, tokens, norm_tokens)",
+             "gemm_tokens = norm_tokens + 0.0 * tokens",
+             tests="tests/shardmeter/test_memory_rounding.py::test_dtensor_sp_saves_the_gathered_gemm_inputs"),
+    Mutation("torchtitan's gathered GEMM inputs without TP too", "shardmeter/specs/framework.py",
+             '"sp_gathered_inputs": framework.sp_gathered_inputs and tp > 1,',
+             '"sp_gathered_inputs": framework.sp_gathered_inputs,',
+             tests="tests/shardmeter/test_memory_rounding.py::test_dtensor_sp_saves_the_gathered_gemm_inputs"),
 )  # fmt: skip
 
 
