@@ -683,6 +683,17 @@ MUTATIONS: tuple[Mutation, ...] = (
              '"sp_gathered_inputs": framework.sp_gathered_inputs and tp > 1,',
              '"sp_gathered_inputs": framework.sp_gathered_inputs,',
              tests="tests/shardmeter/test_memory_rounding.py::test_dtensor_sp_saves_the_gathered_gemm_inputs"),
+    Mutation("pipeline stage outputs not kept", "memory.py",
+             "activations = activations + outputs", "activations = activations + 0.0 * outputs",
+             tests="tests/shardmeter/test_memory_rounding.py::test_torch_pipelining_keeps_stage_outputs"),
+    Mutation("pipeline stage outputs kept without PP", "memory.py",
+             "return where(plans.pp_keeps_outputs & (plans.pp > 1), shared.layer_input * held, 0.0)",
+             "return where(plans.pp_keeps_outputs, shared.layer_input * held, 0.0)",
+             tests="tests/shardmeter/test_memory_rounding.py::test_torch_pipelining_keeps_stage_outputs"),
+    Mutation("torchtitan's stage outputs not kept by default", "shardmeter/specs/framework.py",
+             'defaults["pp_keeps_outputs"] = framework.pp_keeps_outputs',
+             'defaults["pp_keeps_outputs"] = False',
+             tests="tests/shardmeter/test_memory_rounding.py::test_torch_pipelining_keeps_stage_outputs"),
 )  # fmt: skip
 
 

@@ -163,3 +163,21 @@ def test_predict_cli_sp_gathered_inputs(capsys: pytest.CaptureFixture[str]) -> N
     flagged = json.loads(capsys.readouterr().out)
     assert flagged["plan"]["sp_gathered_inputs"] is True
     assert flagged["memory_bytes"] > plain["memory_bytes"]
+
+
+def test_torch_pipelining_keeps_stage_outputs() -> None:
+    """1F1B over pp = 4 with 8 micro-batches: the first stage has min(p, m) = 4 micro-batches
+    in flight and, with pp_keeps_outputs, keeps its output (one layer input) of each."""
+    model = ODD.model_copy(update={"n_layers": 8})
+    cluster = load_cluster("dgx-h100")
+    base = {"pp": 4, "micro_batch": 1, "global_batch": 8, "recompute": "full"}
+    plain = memory_breakdown(model, cluster, _plans(**base))
+    kept = memory_breakdown(model, cluster, _plans(**base, pp_keeps_outputs=True))
+    layer_input = 2.0 * model.hidden * model.seq_len
+    assert float(kept.activations - plain.activations) == pytest.approx(4 * layer_input)
+    one = {"micro_batch": 1, "global_batch": 8, "recompute": "full"}
+    assert float(memory_breakdown(model, cluster, _plans(**one, pp_keeps_outputs=True)).total) == (
+        pytest.approx(float(memory_breakdown(model, cluster, _plans(**one)).total))
+    )
+    assert Plan(framework="torchtitan", pp=2).pp_keeps_outputs
+    assert not Plan(framework="megatron-lm", pp=2).pp_keeps_outputs

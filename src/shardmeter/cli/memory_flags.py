@@ -21,7 +21,7 @@ from shardmeter.specs.plan import (
 MEMORY_FLAGS = (
     "optimizer", "master_weights", "offload", "fp8_recipe", "reshard_after_forward", "fused_ce",
     "recompute_every", "selective_policy", "ce_upcast", "grad_accum_dtype",
-    "optimizer_in_backward", "sp_gathered_inputs",
+    "optimizer_in_backward", "sp_gathered_inputs", "pp_keeps_outputs",
 )  # fmt: skip
 
 
@@ -75,6 +75,10 @@ def add_memory_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--sp-gathered-inputs", action=argparse.BooleanOptionalAction, default=None,
         help="with SP the GEMMs save their all-gathered input (DTensor SP, torchtitan)",
+    )  # fmt: skip
+    group.add_argument(
+        "--pp-keeps-outputs", action=argparse.BooleanOptionalAction, default=None,
+        help="with PP each stage keeps its output per micro-batch (torch pipelining)",
     )  # fmt: skip
 
 

@@ -657,6 +657,7 @@ class _Shared:
     host_dense: Num = 0.0  # host bytes per dense parameter (offloaded or paged states)
     host_expert: Num = 0.0
     fused_step_grads: Num = 0.0  # gradient bytes live with optimizer_in_backward
+    layer_input: Num = 0.0  # bytes of one layer's input (= a stage's output) per micro-batch
 
 
 def largest_parameter(model: TransformerSpec, plans: PlanArrays) -> Num:
@@ -688,6 +689,7 @@ def _shared(model: TransformerSpec, plans: PlanArrays, layer: Num) -> _Shared:
     sharded = plans.sharding >= SHARDING_CODES["zero1"]
     return _Shared(
         per_layer=_saved_per_layer(plans, full_set, selective_set, layer_input),
+        layer_input=layer_input,
         # Under full recompute one layer's activations are rebuilt at a time during backward.
         working=where(plans.recompute == RECOMPUTE_CODES["full"], full_set, 0.0),
         dense=model_state_bytes(
@@ -721,6 +723,7 @@ def _shared(model: TransformerSpec, plans: PlanArrays, layer: Num) -> _Shared:
 def _stage_memory(
     cluster: Cluster, shared: _Shared, params: LocalParams, in_flight: Num, logits: Num,
     plans: PlanArrays, layers: Num, model: TransformerSpec, cached: Num = 0.0,
+    outputs: Num = 0.0,
 ) -> MemoryArrays:  # fmt: skip
     """Memory of one stage kind: its states, `in_flight` layer-micro-batches of activations,
     the full-recompute working layer, the ZeRO-3 prefetch buffer and `logits`; then the
@@ -732,6 +735,7 @@ def _stage_memory(
     # logits (autograd runs the loss backward first), so the two never coexist: the working set
     # counts only where it exceeds the logits
     activations = shared.per_layer * in_flight + maximum(shared.working - logits, 0.0)
+    activations = activations + outputs  # stage outputs kept for backward (pp_keeps_outputs)
     unit_bytes = shared.unit_weight_bytes * minimum(2.0 * shared.unit, params.total)
     missing = (dense * shared.missing_dense + expert * shared.missing_expert) / maximum(
         params.total, 1e-30
@@ -822,10 +826,19 @@ def memory_breakdown(
         chunks' layers (`pp_end_chunks`), else the stage's layers spread over v chunks."""
         return where(plans.pp_end_chunks & (layers < fullest), fullest / v, layers / v)
 
+    def outputs_of(in_flight: Num, layers: Num) -> Num:
+        """Stage outputs kept until their backward (`pp_keeps_outputs`): one layer input per
+        chunk-micro-batch in flight, in_flight / (layers / v) of them; on a stage that is not
+        the last (the last stage's output is the logits)."""
+        held = in_flight * v / maximum(layers, 1.0)
+        return where(plans.pp_keeps_outputs & (plans.pp > 1), shared.layer_input * held, 0.0)
+
+    in_first = in_flight_layers(plans, 0.0, counts.first, chunk(counts.first), last=False)
+    in_mid = in_flight_layers(plans, 1.0, counts.mid, counts.mid / v, last=False)
     first = _stage_memory(
-        cluster, shared, params_of(counts.first, tables),
-        in_flight_layers(plans, 0.0, counts.first, chunk(counts.first), last=False),
+        cluster, shared, params_of(counts.first, tables), in_first,
         where(single, logits, 0.0), plans, counts.first, model, where(single, cached, 0.0),
+        outputs_of(in_first, counts.first),
     )  # fmt: skip
     last = _stage_memory(
         cluster, shared, params_of(counts.last, tables),
@@ -834,9 +847,8 @@ def memory_breakdown(
         logits, plans, counts.last, model, cached,
     )  # fmt: skip
     mid = _stage_memory(
-        cluster, shared, params_of(counts.mid, 0.0),
-        in_flight_layers(plans, 1.0, counts.mid, counts.mid / v, last=False), 0.0,
-        plans, counts.mid, model,
+        cluster, shared, params_of(counts.mid, 0.0), in_mid, 0.0, plans, counts.mid, model,
+        0.0, outputs_of(in_mid, counts.mid),
     )  # fmt: skip
     totals = [first.total, where(plans.pp > 2, mid.total, 0.0), where(single, 0.0, last.total)]
     pick_mid = (totals[1] > totals[0]) & (totals[1] >= totals[2])

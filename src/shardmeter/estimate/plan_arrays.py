@@ -37,7 +37,7 @@ _BOOL_FIELDS = (
     "overlap_ep", "ep_fp8", "ep_dedup", "graphs", "master_remainder", "compiled",
     "fused_elementwise", "params_fp32", "pp_end_chunks", "recompute_act", "recompute_norm",
     "recompute_qkv", "reshard_after_forward", "fp8_te", "op_sac", "ce_eager", "ce_compiled",
-    "grad_fp32", "optimizer_in_backward", "sp_gathered_inputs",
+    "grad_fp32", "optimizer_in_backward", "sp_gathered_inputs", "pp_keeps_outputs",
 )  # fmt: skip
 
 
@@ -130,6 +130,7 @@ class PlanArrays:
     grad_fp32: Any = False  # gradients accumulate in an fp32 buffer (Megatron main_grad)
     optimizer_in_backward: Any = False  # step fused into backward: one gradient live at a time
     sp_gathered_inputs: Any = False  # with sp: the GEMMs save their all-gathered input
+    pp_keeps_outputs: Any = False  # each stage keeps its output per micro-batch in flight
 
     @property
     def chunk_group(self) -> Num:

@@ -62,6 +62,8 @@ class Framework(BaseModel):
     pp_keeps_gathered: bool = False
     # with SP, the QKV and MLP GEMMs save their all-gathered full-sequence input (DTensor SP)
     sp_gathered_inputs: bool = False
+    # with PP, each stage keeps its output per micro-batch in flight until its backward
+    pp_keeps_outputs: bool = False
     # FP8 training library: Transformer Engine keeps the GEMM inputs it saves as 1-byte FP8
     # casts; torchao's float8 keeps them in bf16 and casts again in backward
     fp8_recipe: Literal["te", "torchao"] = "te"
@@ -173,6 +175,7 @@ FRAMEWORKS: dict[str, Framework] = {
             compile_with_fp8=True,
             pp_keeps_gathered=True,
             sp_gathered_inputs=True,
+            pp_keeps_outputs=True,
             fp8_recipe="torchao",
             selective_policy="torchtitan_op",
             ce_upcast="eager",
@@ -387,4 +390,5 @@ def framework_defaults(framework: Framework, given: dict[str, Any]) -> dict[str,
         defaults["vpp"] = framework.vpp
         defaults["pp_end_chunks"] = framework.pp_end_chunks
         defaults["reshard_after_forward"] = not framework.pp_keeps_gathered
+        defaults["pp_keeps_outputs"] = framework.pp_keeps_outputs
     return {k: v for k, v in defaults.items() if given.get(k) is None}

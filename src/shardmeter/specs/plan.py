@@ -143,6 +143,12 @@ class Plan(BaseModel):
     # matmul, which saves it) instead of the sequence shard Megatron saves and gathers again
     # in backward (Korthikanti et al. 2022 §4.2.2)
     sp_gathered_inputs: bool = False
+    # with PP: each stage keeps its output of every micro-batch in flight until that
+    # micro-batch's backward (torch.distributed.pipelining stage.py forward_one_chunk:
+    # `fwd_cache[chunk] = (output_tuple, inputs)`, torchtitan), where Megatron-LM frees the
+    # output's data once sent (schedules.py deallocate_output_tensor; arguments.py sets
+    # deallocate_pipeline_outputs = True)
+    pp_keeps_outputs: bool = False
     # the optimizer step runs inside backward, parameter by parameter, and frees each
     # gradient once applied (torchtune optimizer_in_bwd; PyTorch's
     # register_post_accumulate_grad_hook recipe): at most one parameter's gradient is live
