@@ -694,6 +694,10 @@ MUTATIONS: tuple[Mutation, ...] = (
              'defaults["pp_keeps_outputs"] = framework.pp_keeps_outputs',
              'defaults["pp_keeps_outputs"] = False',
              tests="tests/shardmeter/test_memory_rounding.py::test_torch_pipelining_keeps_stage_outputs"),
+    Mutation("selective recompute rebuilds nothing in backward", "memory.py",
+             'where(plans.recompute == RECOMPUTE_CODES["selective"], full_set - selective_set, 0.0)',
+             'where(plans.recompute == RECOMPUTE_CODES["selective"], 0.0 * full_set, 0.0)',
+             tests="tests/shardmeter/test_memory_rounding.py::test_selective_recompute_rebuilds_what_it_left_out"),
 )  # fmt: skip
 
 

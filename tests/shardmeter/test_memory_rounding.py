@@ -181,3 +181,19 @@ def test_torch_pipelining_keeps_stage_outputs() -> None:
     )
     assert Plan(framework="torchtitan", pp=2).pp_keeps_outputs
     assert not Plan(framework="megatron-lm", pp=2).pp_keeps_outputs
+
+
+def test_selective_recompute_rebuilds_what_it_left_out() -> None:
+    """During a selectively checkpointed layer's backward, the tensors the selective set left
+    out are recomputed beside everything kept: allocated = L × selective set + max(everything
+    − selective set − logits, 0) + logits (the loss backward frees the logits first)."""
+    cluster = load_cluster("dgx-h100")
+    for policy in ("megatron", "torchtitan_op"):
+        plans = _plans(recompute="selective", selective_policy=policy)
+        mem = memory_breakdown(ODD, cluster, plans)
+        kept = float(activation_bytes_per_layer(ODD, plans))
+        everything = float(activation_bytes_per_layer(ODD, _plans()))
+        logits = 6.0 * ODD.seq_len * ODD.vocab
+        assert everything - kept > logits  # the rebuilt tensors outweigh the logits here
+        expected = ODD.n_layers * kept + everything - kept - logits
+        assert float(mem.activations) == pytest.approx(expected)

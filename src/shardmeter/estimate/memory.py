@@ -690,8 +690,15 @@ def _shared(model: TransformerSpec, plans: PlanArrays, layer: Num) -> _Shared:
     return _Shared(
         per_layer=_saved_per_layer(plans, full_set, selective_set, layer_input),
         layer_input=layer_input,
-        # Under full recompute one layer's activations are rebuilt at a time during backward.
-        working=where(plans.recompute == RECOMPUTE_CODES["full"], full_set, 0.0),
+        # Under recompute one layer's recomputed tensors are rebuilt at a time during its
+        # backward, beside what it kept: the whole layer under full recompute, what the
+        # selective set leaves out under selective (torch.utils.checkpoint re-runs the forward
+        # of the layer whose backward is next)
+        working=where(
+            plans.recompute == RECOMPUTE_CODES["full"],
+            full_set,
+            where(plans.recompute == RECOMPUTE_CODES["selective"], full_set - selective_set, 0.0),
+        ),
         dense=model_state_bytes(
             1.0, d_dense, plans.sharding, remainder, state, host_states, host_params, grad_bytes
         ),
