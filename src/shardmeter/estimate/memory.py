@@ -836,7 +836,7 @@ def memory_breakdown(
     def outputs_of(in_flight: Num, layers: Num) -> Num:
         """Stage outputs kept until their backward (`pp_keeps_outputs`): one layer input per
         chunk-micro-batch in flight, in_flight / (layers / v) of them; on a stage that is not
-        the last (the last stage's output is the logits)."""
+        the last (the last stage's output is the logits). Bytes."""
         held = in_flight * v / maximum(layers, 1.0)
         return where(plans.pp_keeps_outputs & (plans.pp > 1), shared.layer_input * held, 0.0)
 
