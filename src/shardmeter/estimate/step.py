@@ -344,11 +344,12 @@ def estimate_step_arrays(
     )
     one_table = local_params(model, plans, 0.0, 1.0, layer_params)
     table_sync = _per_micro_batch(_sync(model, one_table, cluster, plans, shards), once_per_step)
+    table_bwd_gathers = where(kept, 0.0, 1.0)
     head_fsdp, head_dp, head_fsdp_hidden, head_dp_hidden = _unit_sharded_comm(
-        table_sync, units.head_forward_s, units.head_backward_s, plans, u
+        table_sync, units.head_forward_s, units.head_backward_s, plans, u, table_bwd_gathers
     )
     embed_fsdp, embed_dp, embed_fsdp_hidden, embed_dp_hidden = _unit_sharded_comm(
-        table_sync, units.embed_forward_s, units.embed_backward_s, plans, u
+        table_sync, units.embed_forward_s, units.embed_backward_s, plans, u, table_bwd_gathers
     )
     # The first unit's gather of every micro-batch has nothing to hide behind.
     first_gather = where(plans.sharding == SHARDING_CODES["zero3"], layer_sync.ag / matrices, 0.0)
