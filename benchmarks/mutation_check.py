@@ -35,6 +35,13 @@ FP8_CAST_TESTS = (
     "tests/shardmeter/test_closed_form.py::test_fp8_operand_casts_outside_a_compiled_graph"
 )
 SLOWEST_GPU_TESTS = "tests/shardmeter/test_closed_form.py::test_step_waits_for_the_slowest_gpu"
+KEPT_GATHERED_TESTS = (
+    "tests/shardmeter/test_closed_form.py::test_zero3_kept_gathered_skips_the_backward_gather"
+)
+ONCE_PER_STEP_TESTS = (
+    "tests/shardmeter/test_closed_form.py::"
+    "test_zero3_kept_gathered_under_pipeline_gathers_once_per_step"
+)
 PLANNED_PUSH_TESTS = (  # a whole push and dispatch against the planner's (tiny and 18M models)
     "tests/heloco/test_codecs.py::test_the_planner_prices_a_tiny_models_whole_push_within_2_percent"
     " tests/heloco/test_codecs.py::test_the_planners_plan_prices_an_18m_model_push_within_2_percent"
@@ -634,6 +641,24 @@ MUTATIONS: tuple[Mutation, ...] = (
              "out[batch.index] = np.asarray(", "out[batch.index[::-1]] = np.asarray(",
              "tests/shardmeter/test_calibrate.py::"
              "test_predictions_batch_runs_sharing_a_model_and_cluster_exactly"),
+    # FSDP kept gathered (reshard_after_forward false) and, under PP, once per step.
+    Mutation("kept-gathered FSDP layers gather again in backward", "step.py",
+             "where(kept, 0.0, where(regather, 2.0, 1.0)),", "where(regather, 2.0, 1.0),",
+             KEPT_GATHERED_TESTS),
+    Mutation("kept-gathered FSDP tables gather again in backward", "step.py",
+             "table_bwd_gathers = where(kept, 0.0, 1.0)", "table_bwd_gathers = 1.0",
+             KEPT_GATHERED_TESTS),
+    Mutation("FSDP under PP still gathers every micro-batch", "step.py",
+             "layer_sync = _per_micro_batch(layer_sync, once_per_step)", "layer_sync = layer_sync",
+             ONCE_PER_STEP_TESTS),
+    Mutation("FSDP under PP: the once-per-step reduce-scatter left out", "step.py",
+             'where((stage == SHARDING_CODES["zero1"]) | zero3_once, stage_sync.rs, 0.0)',
+             'where(stage == SHARDING_CODES["zero1"], stage_sync.rs, 0.0)', ONCE_PER_STEP_TESTS),
+    Mutation("FSDP under PP: the once-per-step gather left out", "step.py",
+             "(logical_not(zero3) | zero3_once)", "logical_not(zero3)", ONCE_PER_STEP_TESTS),
+    Mutation("FSDP under PP: bytes still counted per micro-batch", "step.py",
+             "where(zero3_once, 1.0, where(kept, 1.0, 2.0) * m)", "where(kept, 1.0, 2.0) * m",
+             ONCE_PER_STEP_TESTS),
     # Component configs and the coordinator an endpoint builds.
     Mutation("heloco: an endpoint's coordinator copies every dispatch", "heloco/net/coordinator.py",
              "d = self.server.dispatch(w, copy=self.storage is None)",

@@ -208,6 +208,17 @@ def test_zero3_without_overlap() -> None:
     check(est.step_time_s, 2 * (STAGE_WORK + per_mb))
 
 
+def test_zero3_kept_gathered_skips_the_backward_gather() -> None:
+    """ZeRO-3 with reshard_after_forward false (FSDP2), no pipeline, overlap off: each unit
+    gathers forward every micro-batch and keeps the weights for its backward, which only
+    reduce-scatters: 2 collectives per unit and micro-batch instead of 3."""
+    plan = _zero_plan("zero3", False).model_copy(update={"reshard_after_forward": False})
+    est = estimate_step(MODEL, CLUSTER, plan)
+    ag_l, ag_t = ring(4, 2 * LAYER_PARAMS, W_NV), ring(4, 2 * TABLE_PARAMS, W_NV)
+    per_mb = LAYERS * 2 * ag_l + 2 * 2 * ag_t + ag_l
+    check(est.step_time_s, 2 * (STAGE_WORK + per_mb))
+
+
 def test_ddp_gradient_all_reduce_across_nodes_with_step_syncs() -> None:
     """DDP over 8 GPUs in 2 NVLink domains of 4 with 5 µs latency: the hierarchical
     all-reduce RS_nvlink(M, 4) + AR_ib(M/4, 2) + AG_nvlink(M, 4) once per step, exposed; and
@@ -282,6 +293,28 @@ def test_pipeline_1f1b() -> None:
     check(est.step_time_s, 4 * last + first + sends + ar)
     memory = states(stage_params, 1, 0) + 2 * HALF * activations(T1) + OVERHEAD
     check(est.memory_bytes, memory)
+
+
+def test_zero3_kept_gathered_under_pipeline_gathers_once_per_step() -> None:
+    """pp 2, dp 4, ZeRO-3 with the weights kept gathered (reshard_after_forward false, as
+    torchtitan sets under PP) and overlap off, m = 4: torch.distributed.pipelining keeps them
+    through every backward but the last and syncs gradients only then, so each stage gathers
+    its weights once and reduce-scatters its gradients once per step, not per micro-batch;
+    both are exposed on the stage holding the most parameters (both stages hold 4 layers and
+    one table)."""
+    plan = Plan(dp=4, pp=2, sharding="zero3", micro_batch=1, global_batch=16, overlap_dp=False,
+                overlap_param_gather=False, reshard_after_forward=False)  # fmt: skip
+    est = estimate_step(MODEL, CLUSTER, plan)
+    last = HALF * layer_fwd_bwd(T1) + 3 * head_s(T1)
+    first = HALF * layer_fwd_bwd(T1)
+    sends = 2 * 4 * (T1 * H * 2 / W_IB)
+    stage_params = HALF * LAYER_PARAMS + TABLE_PARAMS
+    once = ring(4, 2 * stage_params, W_NV)
+    check(est.time_breakdown["fsdp_comm"], once)
+    check(est.time_breakdown["dp_comm"], once)
+    check(est.step_time_s, 4 * last + first + sends + 2 * once)
+    check(est.comm_bytes["fsdp"], 2 * stage_params)  # one gather of bf16 weights
+    check(est.comm_bytes["dp"], 2 * stage_params)  # one reduce-scatter of bf16 grads
 
 
 def test_pipeline_interleaved() -> None:

@@ -221,6 +221,12 @@ def _sync(
     return _Sync(rs, ag, ar)
 
 
+def _per_micro_batch(sync: _Sync, once_per_step: Num) -> _Sync:
+    """The collectives a unit runs every micro-batch: none of its gather and reduce-scatter
+    where they run once per step instead (the replica all-reduce is per step anyway)."""
+    return _Sync(where(once_per_step, 0.0, sync.rs), where(once_per_step, 0.0, sync.ag), sync.ar)
+
+
 def _unit_sharded_comm(
     sync: _Sync, fwd_window: Num, bwd_window: Num, plans: PlanArrays, u: float,
     backward_gathers: Num = 1.0,
@@ -320,21 +326,30 @@ def estimate_step_arrays(
     # forward: the pre-forward hook gathers, the post-forward hook releases, then the backward
     # hook gathers (DeepSpeed stage3 PartitionedParameterCoordinator); FSDP units keep them.
     regather = plans.gather_matrix & full
+    # Weights kept gathered (reshard_after_forward = False): the backward gathers nothing.
+    # With PP as well, torch.distributed.pipelining also keeps them through every backward but
+    # the last and skips the gradient sync until it (set_reshard_after_backward(False),
+    # set_requires_gradient_sync(False): stage.py backward_maybe_with_nosync), so each unit
+    # gathers once and reduce-scatters once per step, charged below with the per-step syncs.
+    kept = logical_not(plans.reshard_after_forward)
+    once_per_step = kept & (pp > 1) & (plans.sharding == SHARDING_CODES["zero3"])
+    layer_sync = _per_micro_batch(layer_sync, once_per_step)
     layer_fsdp, layer_dp, layer_fsdp_hidden, layer_dp_hidden = _unit_sharded_comm(
         layer_sync,
         units.layer_forward_s,
         units.layer_backward_s + units.layer_recompute_s,
         plans,
         u,
-        where(regather, 2.0, 1.0),
+        where(kept, 0.0, where(regather, 2.0, 1.0)),
     )
     one_table = local_params(model, plans, 0.0, 1.0, layer_params)
-    table_sync = _sync(model, one_table, cluster, plans, shards)
+    table_sync = _per_micro_batch(_sync(model, one_table, cluster, plans, shards), once_per_step)
+    table_bwd_gathers = where(kept, 0.0, 1.0)
     head_fsdp, head_dp, head_fsdp_hidden, head_dp_hidden = _unit_sharded_comm(
-        table_sync, units.head_forward_s, units.head_backward_s, plans, u
+        table_sync, units.head_forward_s, units.head_backward_s, plans, u, table_bwd_gathers
     )
     embed_fsdp, embed_dp, embed_fsdp_hidden, embed_dp_hidden = _unit_sharded_comm(
-        table_sync, units.embed_forward_s, units.embed_backward_s, plans, u
+        table_sync, units.embed_forward_s, units.embed_backward_s, plans, u, table_bwd_gathers
     )
     # The first unit's gather of every micro-batch has nothing to hide behind.
     first_gather = where(plans.sharding == SHARDING_CODES["zero3"], layer_sync.ag / matrices, 0.0)
@@ -411,11 +426,17 @@ def estimate_step_arrays(
     stage_sync = _sync(model, heaviest, cluster, plans, shards)
     stage = plans.sharding
     zero3 = stage == SHARDING_CODES["zero3"]
-    grad_once = where(stage == SHARDING_CODES["zero1"], stage_sync.rs, 0.0) + stage_sync.ar
+    # ZeRO-3 kept gathered under PP: one reduce-scatter and one all-gather per step as well
+    zero3_once = once_per_step
+    grad_once = (
+        where((stage == SHARDING_CODES["zero1"]) | zero3_once, stage_sync.rs, 0.0) + stage_sync.ar
+    )
     bwd_window = on_critical("backward")  # the last micro-batch's backward + recompute
     dp_once_ov = _overlap(grad_once, where(plans.overlap_dp, bwd_window, 0.0), u)
     dp_once = dp_once_ov.cost
-    ag_once = where((stage >= SHARDING_CODES["zero1"]) & logical_not(zero3), stage_sync.ag, 0.0)
+    ag_once = where(
+        (stage >= SHARDING_CODES["zero1"]) & (logical_not(zero3) | zero3_once), stage_sync.ag, 0.0
+    )
     fwd_window = where(plans.overlap_param_gather, on_critical("forward"), 0.0)
     fsdp_once_ov = _overlap(ag_once, fwd_window, u)
     fsdp_once = fsdp_once_ov.cost
@@ -478,8 +499,11 @@ def estimate_step_arrays(
     comm_bytes = {
         "tp": m * layers_crit * tp_count * tp_msg * 2.0 * (tp - 1.0) / tp,
         "pp": pp_sends * pp_msg,
-        "dp": where(stage >= SHARDING_CODES["zero2"], m, 1.0) * grad_bytes,
-        "fsdp": where(zero3, 2.0 * m, where(stage >= 1, 1.0, 0.0))
+        "dp": where((stage >= SHARDING_CODES["zero2"]) & logical_not(zero3_once), m, 1.0)
+        * grad_bytes,
+        "fsdp": where(
+            zero3, where(zero3_once, 1.0, where(kept, 1.0, 2.0) * m), where(stage >= 1, 1.0, 0.0)
+        )
         * heaviest.total
         * gathered_weight_bytes(plans),
         "cp": m * layers_crit * 3.0 * kv_block * (cp - 1.0),
