@@ -22,9 +22,10 @@ import torch
 from torch import nn
 
 from heloco.codecs import Compressor, feedback_for
+from heloco.config import ModelChoice
 from heloco.data import DataConfig, ValLoss, WorkerData, build_data, derive_seed
 from heloco.model import ModelConfig
-from heloco.modelspec import ModelChoice, build_model, describe, tinygpt_config
+from heloco.modelspec import build_model, describe, tinygpt_config
 from heloco.net.compress import WireRoundTrip
 from heloco.outer import OuterConfig, build_optimizer, resolve_method
 from heloco.run import Budget
