@@ -264,6 +264,11 @@ class InnerConfig:
                 "inner.grad_clip", self.grad_clip, "a number > 0, or None to disable"
             )
 
+    @property
+    def tokens_per_step(self) -> int:
+        """Training tokens of one inner step: batch size × sequence length."""
+        return self.batch_size * self.seq_len
+
 
 # -- [outer] ----------------------------------------------------------------------------------
 RhoMode = Literal["sqrt_k", "delay", "none"]
