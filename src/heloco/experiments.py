@@ -35,11 +35,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from heloco.config import RunConfig, atomic_write_text, load_config
+from heloco.config import RunConfig, atomic_write_text, load_config, method_policy
 from heloco.curve import value_at
 from heloco.executors import Executor, run_tasks
 from heloco.metrics import EvalPoint, atomic_write_json
-from heloco.outer import resolve_method
 from heloco.runfolder import CONFIG_FILE
 from heloco.sim import RunResult
 from shardmeter.errors import UserInputError
@@ -268,7 +267,7 @@ def summarize_cell(cell: Cell, cfg: RunConfig, result: RunResult) -> CellResult:
     assert cfg.token_budget is not None
     s = result.summary
     tbud = time_budget_for(cfg.token_budget, cell.paces, cfg.inner.tokens_per_step)
-    synchronous = resolve_method(cell.method).spec.synchronous
+    synchronous = method_policy(cell.method).synchronous
     cyc = cycle_seconds(cfg.inner_steps, cell.paces)
     return CellResult(
         regime=cell.regime,

@@ -37,21 +37,6 @@ class MethodSpec:
     policy: MethodPolicy
     description: str = ""
 
-    @property
-    def synchronous(self) -> bool:
-        """The server waits for every worker each round."""
-        return self.policy.synchronous
-
-    @property
-    def dylu(self) -> bool:
-        """DyLU inner steps unless the run file sets ``dylu``."""
-        return self.policy.dylu
-
-    @property
-    def quorum(self) -> bool:
-        """Decoupled DiLoCo: buffered rounds merged once a quorum has one."""
-        return self.policy.quorum
-
 
 def _nesterov(p: Params, c: OuterConfig, k: int, lr: float, rho: Rho) -> OuterOptimizer:
     return Nesterov(p, lr=lr, momentum=c.momentum, rho=rho, n_workers=k)

@@ -22,12 +22,12 @@ import torch
 from torch import nn
 
 from heloco.codecs import Compressor, feedback_for
-from heloco.config import ModelChoice, RunConfig
+from heloco.config import ModelChoice, RunConfig, method_policy
 from heloco.data import DataConfig, ValLoss, WorkerData, build_data, derive_seed
 from heloco.model import ModelConfig
 from heloco.modelspec import build_model, describe, tinygpt_config
 from heloco.net.compress import WireRoundTrip
-from heloco.outer import OuterConfig, build_optimizer, resolve_method
+from heloco.outer import OuterConfig, build_optimizer
 from heloco.run import Budget
 from heloco.server import Server, ServerConfig
 from heloco.sim.clock import (
@@ -136,7 +136,7 @@ class ServerSetup:
         server = ServerConfig(
             n_workers=cfg.workers,
             inner_steps=cfg.inner_steps,
-            synchronous=resolve_method(cfg.method).spec.synchronous,
+            synchronous=method_policy(cfg.method).synchronous,
             dylu=cfg.use_dylu(),
             dylu_reference=cfg.dylu_reference,
             dylu_quantile=cfg.dylu_quantile,

@@ -14,9 +14,8 @@ from typing import Literal
 import numpy as np
 
 from heloco.codecs import expected_nbytes, parse_payload
-from heloco.config import PaceDistribution, RunConfig
+from heloco.config import PaceDistribution, RunConfig, method_policy
 from heloco.data import derive_seed
-from heloco.outer import resolve_method
 from heloco.server import DyluReference, dylu_steps, quantile_speed
 from heloco.sim.config import PACE_KEY, component_of
 from heloco.types import RoundTiming
@@ -96,7 +95,7 @@ class InnerSetup:
     @classmethod
     def of(cls, cfg: RunConfig) -> InnerSetup:
         """The inner-loop component of ``cfg``."""
-        synchronous = resolve_method(cfg.method).spec.synchronous
+        synchronous = method_policy(cfg.method).synchronous
         return component_of(cls, cfg, dylu=cfg.use_dylu(), synchronous=synchronous)
 
 
