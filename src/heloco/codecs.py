@@ -1,6 +1,7 @@
 """Compressed pseudo-gradient payloads with error feedback: the planner's payload families run.
 
-A payload is named as ShardMeter names it (``shardmeter plan --payload``, docs/islands.md):
+A payload is named as ShardMeter names it (``shardmeter plan --payload``, docs/islands.md), and
+read by :func:`heloco.config.parse_payload`, where the run file checks it:
 
 - ``dense``: no codec here (the transport's fp32/bf16/int8 apply, :mod:`heloco.net.compress`);
 - ``topk:fraction=f``: per tensor the ``k = ceil(f·n)`` entries of largest magnitude, their

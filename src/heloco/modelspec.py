@@ -1,6 +1,7 @@
 """Which model a run trains: the built-in TinyGPT, a Hugging Face architecture, or a factory.
 
-The ``model`` key of a run config takes one of
+The ``model`` key of a run config (its type, :data:`heloco.config.ModelChoice`, is defined with
+the run file; this module builds it) takes one of
 
 - a TinyGPT preset name (``"tiny"``, ``"small"``, ...) or a TinyGPT table (``[model]`` with
   ``n_layer``, ``d_model``, ...): the built-in default, sized to the data's vocabulary;
