@@ -232,7 +232,7 @@ def run_dir_result(run: Run, out: Path) -> RunResult:
     from heloco.net.wan import choose_mtu
 
     cfg = load_config(out / "launch-config.toml", None, {})
-    tokens_per_step = float(cfg.inner.batch_size * cfg.inner.seq_len)
+    tokens_per_step = float(cfg.inner.tokens_per_step)
     events = read_events(out)
     workers = tuple(
         measure_worker(

@@ -99,10 +99,6 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
         "plan_to_target ranks a plan search by time to a target loss (an import inside the "
         "function); the maths of quality.py sits below the search"
     ),
-    ("heloco.config", "heloco.sim"): (
-        "the run file is parsed into the simulator's SimConfig; config.py becomes a leaf of "
-        "per-component configs"
-    ),
     ("heloco.sim.loop", "heloco.metrics"): "the simulator writes events with MetricsWriter",
     ("heloco.sim.run", "heloco.metrics"): "the simulator writes events with MetricsWriter",
     ("heloco.sim.recorder", "heloco.metrics"): "the simulator records EvalPoint/RunSummary",

@@ -5,7 +5,8 @@ deterministic simulated clock (`sim/`) or by real processes over ZeroMQ (`net/`)
 
 The public API (imported lazily, so `heloco --help` does not pay for torch):
 
-- `SimConfig`, `run_simulation(cfg)` -> `RunResult`; `load_config(path, preset, overrides)`;
+- `load_config(path, preset, overrides)` -> `RunConfig` (the run file; `SimConfig` is the
+  same class), `run_simulation(cfg)` -> `RunResult`;
 - `Server`, `build_optimizer(method, ...)`, `method_names()`;
 - `Worker`, `InnerConfig`, `TinyGPT`, `ModelConfig`, `DataConfig`, `build_data(...)`;
 - your own training loop: `OuterLoop(model, optimizer, link)` around it, with
@@ -26,6 +27,7 @@ _EXPORTS: dict[str, str] = {
     "RunResult": "heloco.sim",
     "run_simulation": "heloco.sim",
     "load_config": "heloco.config",
+    "RunConfig": "heloco.config",
     "Server": "heloco.server",
     "ServerConfig": "heloco.server",
     "build_optimizer": "heloco.outer.registry",

@@ -1,6 +1,7 @@
 """Compressed pseudo-gradient payloads with error feedback: the planner's payload families run.
 
-A payload is named as ShardMeter names it (``shardmeter plan --payload``, docs/islands.md):
+A payload is named as ShardMeter names it (``shardmeter plan --payload``, docs/islands.md), and
+read by :func:`heloco.config.parse_payload`, where the run file checks it:
 
 - ``dense``: no codec here (the transport's fp32/bf16/int8 apply, :mod:`heloco.net.compress`);
 - ``topk:fraction=f``: per tensor the ``k = ceil(f·n)`` entries of largest magnitude, their
@@ -37,50 +38,15 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
-from pydantic import ValidationError
 
+from heloco.config import INDEX_BITS, parse_payload
 from heloco.types import Params, RoundResult
-from shardmeter.errors import UserInputError, from_pydantic
-from shardmeter.specs.topology import PayloadSpec, parse_settings
+from shardmeter.errors import UserInputError
+from shardmeter.specs.topology import PayloadSpec
 
 Kind = Literal["topk", "sign"]
-RUNTIME_KINDS = ("dense", "topk", "sign")  # planner families the runtime can send
-INDEX_BITS = 32  # flat int32 index of a kept top-k value (the planner's default, topk)
 MAX_INDEX = 2**31 - 1  # int32: a tensor with more elements cannot be sent as top-k
 _FLOATS = {16: torch.bfloat16, 32: torch.float32}
-
-
-def parse_payload(text: str | PayloadSpec) -> PayloadSpec:
-    """A payload as ``shardmeter plan --payload`` spells it ('topk:fraction=0.01', 'sign',
-    'sign:group=64'), validated by the planner's own model; a family the runtime cannot send
-    (lowrank, dct_topk) or a value or scale width other than 16 or 32 bits is a one-line error.
-    """
-    if isinstance(text, PayloadSpec):
-        spec = text
-    else:
-        kind, _, rest = str(text).partition(":")
-        try:
-            spec = PayloadSpec.model_validate(
-                {"kind": kind.strip(), **parse_settings(rest, "payload")}
-            )
-        except ValidationError as exc:
-            raise from_pydantic(exc, prefix="payload") from None
-    if spec.kind not in RUNTIME_KINDS:
-        raise UserInputError("payload", text, f"one of {', '.join(RUNTIME_KINDS)} (the runtime's)")
-    if spec.kind == "topk":
-        if spec.value_bits not in _FLOATS:
-            raise UserInputError("payload.value_bits", spec.value_bits, "16 (bf16) or 32 (fp32)")
-        if spec.index_bits not in (None, INDEX_BITS):
-            raise UserInputError("payload.index_bits", spec.index_bits, "32 (int32 flat indices)")
-    if spec.kind == "sign" and spec.scale_bits not in _FLOATS:
-        raise UserInputError("payload.scale_bits", spec.scale_bits, "16 (bf16) or 32 (fp32)")
-    if spec.kind != "dense" and not spec.error_feedback:
-        raise UserInputError(
-            "payload.error_feedback",
-            False,
-            "true: the runtime's compressed payloads keep a residual",
-        )
-    return spec
 
 
 def payload_name(spec: PayloadSpec) -> str:

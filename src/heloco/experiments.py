@@ -35,12 +35,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from heloco.config import atomic_write_text, load_config
+from heloco.config import RunConfig, atomic_write_text, load_config, method_policy
 from heloco.curve import value_at
 from heloco.executors import Executor, run_tasks
 from heloco.metrics import EvalPoint, atomic_write_json
-from heloco.outer import resolve_method
-from heloco.sim import CONFIG_FILE, RunResult, SimConfig
+from heloco.runfolder import CONFIG_FILE
+from heloco.sim import RunResult
 from shardmeter.errors import UserInputError
 
 CELL_FILE = "cell.json"
@@ -144,11 +144,6 @@ CSV_COLUMNS = (
 
 
 # -- budgets and curve readings -------------------------------------------------------------
-def tokens_per_step(cfg: SimConfig) -> int:
-    """Training tokens of one inner step: batch size × sequence length."""
-    return cfg.inner.batch_size * cfg.inner.seq_len
-
-
 def time_budget_for(token_budget: int, paces: Sequence[float], step_tokens: int) -> float:
     """S = T / (b · Σ 1/p_i): when asynchronous workers have trained on T tokens (seconds)."""
     return token_budget / (step_tokens * sum(1.0 / p for p in paces))
@@ -204,10 +199,10 @@ def language_losses_at(
     }
 
 
-def cycle_seconds(cfg: SimConfig, paces: Sequence[float]) -> float:
+def cycle_seconds(inner_steps: int, paces: Sequence[float]) -> float:
     """W = H · max_i p_i: one round of the slowest worker without DyLU (same for every method
     of a setting, so windows are comparable)."""
-    return cfg.inner_steps * max(paces)
+    return inner_steps * max(paces)
 
 
 def readings(
@@ -259,21 +254,21 @@ def cell_overrides(cell: Cell, data_dir: Path | None) -> dict[str, Any]:
 
 def cell_config(
     cell: Cell, out_root: Path, data_dir: Path | None, extra: Mapping[str, Any] | None = None
-) -> SimConfig:
-    """The SimConfig of a cell (regime preset + cell overrides + extra overrides)."""
+) -> RunConfig:
+    """The run config of a cell (regime preset + cell overrides + extra overrides)."""
     values = {**cell_overrides(cell, data_dir), **(extra or {})}
     values["out_dir"] = str(out_root / "runs" / cell.key)
     values["time_budget"] = "null"
     return load_config(preset=cell.regime, overrides=values)
 
 
-def summarize_cell(cell: Cell, cfg: SimConfig, result: RunResult) -> CellResult:
+def summarize_cell(cell: Cell, cfg: RunConfig, result: RunResult) -> CellResult:
     """Budget readings and diagnostics of a finished run."""
     assert cfg.token_budget is not None
     s = result.summary
-    tbud = time_budget_for(cfg.token_budget, cell.paces, tokens_per_step(cfg))
-    synchronous = resolve_method(cell.method).spec.synchronous
-    cyc = cycle_seconds(cfg, cell.paces)
+    tbud = time_budget_for(cfg.token_budget, cell.paces, cfg.inner.tokens_per_step)
+    synchronous = method_policy(cell.method).synchronous
+    cyc = cycle_seconds(cfg.inner_steps, cell.paces)
     return CellResult(
         regime=cell.regime,
         paces=list(cell.paces),
@@ -311,7 +306,7 @@ def run_cells(
 
     extras = extras or [{}] * len(cells)
     outcomes: list[CellResult | Exception] = [ValueError("not run")] * len(cells)
-    todo: list[tuple[int, SimConfig]] = []
+    todo: list[tuple[int, RunConfig]] = []
     for i, (cell, extra) in enumerate(zip(cells, extras, strict=True)):
         try:
             cfg = cell_config(cell, out_root, data_dir, extra)
@@ -350,7 +345,7 @@ def load_cell_result(path: Path) -> CellResult:
     return CellResult(**json.loads(path.read_text(encoding="utf-8")))
 
 
-def done_result(cell: Cell, out_root: Path, cfg: SimConfig | None = None) -> CellResult | None:
+def done_result(cell: Cell, out_root: Path, cfg: RunConfig | None = None) -> CellResult | None:
     """The stored result of a finished cell, or None. With ``cfg`` (the config the cell would
     run now), a cell run with another config is refused in one line: a grid folder holds one
     grid, so its results never mix runs of different settings."""
@@ -372,7 +367,7 @@ def done_result(cell: Cell, out_root: Path, cfg: SimConfig | None = None) -> Cel
     return load_cell_result(path)
 
 
-def _json(cfg: SimConfig, key: str) -> Any:
+def _json(cfg: RunConfig, key: str) -> Any:
     """One key of ``cfg`` as its config.json holds it."""
     return json.loads(json.dumps(cfg.model_dump(mode="json")[key]))
 

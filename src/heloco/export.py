@@ -25,12 +25,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from heloco.config import ModelChoice, RunConfig, parse_run_config
 from heloco.data.build import DataConfig
 from heloco.data.tokenizer import ByteTokenizer, FileTokenizer, Tokenizer, to_hf
 from heloco.model import ModelConfig
 from heloco.modelspec import HFModel, build_model, describe
 from heloco.net import checkpoint
-from heloco.sim import CONFIG_FILE, SimConfig, parse_sim_config
+from heloco.runfolder import CONFIG_FILE
 from heloco.sim.build import ModelSetup
 from heloco.types import Params
 from shardmeter.errors import UserInputError
@@ -48,7 +49,7 @@ class Exported:
     tokenizer: bool
 
 
-def read_run(run_dir: Path) -> SimConfig:
+def read_run(run_dir: Path) -> RunConfig:
     """The run config saved in ``run_dir/config.json``."""
     path = run_dir / CONFIG_FILE
     if not run_dir.is_dir() or not path.is_file():
@@ -57,7 +58,7 @@ def read_run(run_dir: Path) -> SimConfig:
         values = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise UserInputError("RUN_DIR", str(path), f"valid JSON ({exc})") from None
-    return parse_sim_config(values)
+    return parse_run_config(values)
 
 
 def checkpoint_params(run_dir: Path, revision: int | None = None) -> tuple[Params, int]:
@@ -115,13 +116,14 @@ def run_tokenizer(data: DataConfig) -> Tokenizer | None:
     return make_tokenizer(data, splits)
 
 
-def _vocab_size(cfg: SimConfig, params: Params, tokenizer: Tokenizer | None) -> int:
-    if "tok_emb.weight" in params and isinstance(cfg.model, str | ModelConfig):
+def _vocab_size(
+    model: ModelChoice, data: DataConfig, params: Params, tokenizer: Tokenizer | None
+) -> int:
+    """TinyGPT's from its embedding; any other model's from the run's tokenizer."""
+    if "tok_emb.weight" in params and isinstance(model, str | ModelConfig):
         return int(params["tok_emb.weight"].shape[0])
     if tokenizer is None:
-        raise UserInputError(
-            "data.tokenizer", cfg.data.tokenizer, "a tokenizer this run can rebuild"
-        )
+        raise UserInputError("data.tokenizer", data.tokenizer, "a tokenizer this run can rebuild")
     return tokenizer.vocab_size
 
 
@@ -161,7 +163,7 @@ def hf_model(setup: ModelSetup, params: Params, vocab_size: int) -> nn.Module:
 
 
 def export_params(
-    cfg: SimConfig, params: Params, out_dir: Path, tokenizer: Tokenizer | None = None
+    cfg: RunConfig, params: Params, out_dir: Path, tokenizer: Tokenizer | None = None
 ) -> Exported:
     """Write ``params`` of a run of ``cfg`` to ``out_dir`` in ``save_pretrained`` layout.
 
@@ -171,7 +173,8 @@ def export_params(
     if out_dir.exists() and any(out_dir.iterdir()):
         raise UserInputError("--out", str(out_dir), "a new or empty folder")
     tok = tokenizer if tokenizer is not None else run_tokenizer(cfg.data)
-    model = hf_model(ModelSetup.of(cfg), params, _vocab_size(cfg, params, tok))
+    setup = ModelSetup.of(cfg)
+    model = hf_model(setup, params, _vocab_size(setup.model, cfg.data, params, tok))
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:

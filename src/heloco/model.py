@@ -13,41 +13,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ValidationError
 from torch import nn
 
+from heloco.config import ModelConfig
 from shardmeter.errors import UserInputError, from_pydantic
 
 INIT_STD = 0.02  # GPT-2 initialisation (Radford et al. 2019, §2.3; nanoGPT `_init_weights`)
-
-
-class ModelConfig(BaseModel):
-    """Shape of a TinyGPT. ``seq_len`` is the longest context (size of the position table)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-    vocab_size: int = Field(ge=2, le=1_000_000)
-    seq_len: int = Field(ge=1, le=1_000_000)
-    n_layer: int = Field(ge=1, le=1024)
-    n_head: int = Field(ge=1, le=1024)
-    d_model: int = Field(ge=1, le=65_536)
-
-    @model_validator(mode="after")
-    def _heads_divide_width(self) -> ModelConfig:
-        if self.d_model % self.n_head:
-            raise UserInputError("d_model", self.d_model, f"a multiple of n_head ({self.n_head})")
-        return self
-
-    def param_count(self) -> int:
-        """Number of parameters (elements), embeddings and head included.
-
-        Per block (nanoGPT layout): 2 LayerNorms (4d) + QKV (3d²+3d) + attention output
-        (d²+d) + MLP (4d²+4d, 4d²+d) = 12d² + 13d. Total = V·d (tokens) + T·d (positions)
-        + L·(12d² + 13d) + 2d (final LayerNorm) + d·V (untied head, no bias).
-        """
-        d, v = self.d_model, self.vocab_size
-        per_block = 12 * d * d + 13 * d
-        return v * d + self.seq_len * d + self.n_layer * per_block + 2 * d + d * v
 
 
 PRESETS: dict[str, ModelConfig] = {

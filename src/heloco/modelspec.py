@@ -1,6 +1,7 @@
 """Which model a run trains: the built-in TinyGPT, a Hugging Face architecture, or a factory.
 
-The ``model`` key of a run config takes one of
+The ``model`` key of a run config (its type, :data:`heloco.config.ModelChoice`, is defined with
+the run file; this module builds it) takes one of
 
 - a TinyGPT preset name (``"tiny"``, ``"small"``, ...) or a TinyGPT table (``[model]`` with
   ``n_layer``, ``d_model``, ...): the built-in default, sized to the data's vocabulary;
@@ -19,59 +20,14 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 from torch import nn
 
+from heloco.config import FactoryModel, HFModel
 from heloco.model import ModelConfig, TinyGPT, preset_config
 from shardmeter.errors import UserInputError
-
-
-class HFModel(BaseModel):
-    """A Hugging Face causal LM from a local folder holding ``config.json``."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    hf: Path = Field(description="local folder with config.json (as save_pretrained writes)")
-    weights: Path | None = Field(
-        None, description="local .safetensors file, or a folder of them; None: seeded init"
-    )
-
-
-class FactoryModel(BaseModel):
-    """Any module: ``factory = "package.module:callable"`` called with ``kwargs``."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    factory: str = Field(description="package.module:callable returning an nn.Module")
-    kwargs: dict[str, Any] = Field(default_factory=dict)
-
-
-def _model_kind(value: Any) -> str:
-    """The union branch of a ``model`` value, chosen by its keys (so errors name the branch
-    the user meant): ``hf`` -> HFModel, ``factory`` -> FactoryModel, a name -> preset."""
-    if isinstance(value, str):
-        return "preset"
-    if isinstance(value, BaseModel):
-        return type(value).__name__
-    if isinstance(value, dict) and "hf" in value:
-        return "HFModel"
-    if isinstance(value, dict) and "factory" in value:
-        return "FactoryModel"
-    return "ModelConfig"
-
-
-ModelChoice = Annotated[
-    Annotated[str, Tag("preset")]
-    | Annotated[ModelConfig, Tag("ModelConfig")]
-    | Annotated[HFModel, Tag("HFModel")]
-    | Annotated[FactoryModel, Tag("FactoryModel")],
-    Discriminator(_model_kind),
-]
-"""The ``model`` key of a run config (see the module docstring)."""
 
 
 def describe(choice: str | ModelConfig | HFModel | FactoryModel) -> str:

@@ -19,11 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from heloco.curve import value_at
 from heloco.metrics import EVENTS_FILE, SUMMARY_FILE, EvalPoint
-from heloco.runfolder import run_ids
+from heloco.runfolder import CONFIG_FILE, run_ids
 from shardmeter.errors import UserInputError, from_pydantic
 from shardmeter.io import atomic_path
 
-CONFIG_FILE = "config.json"
 PLOT_FORMATS = ("png", "svg")
 REPORT_FILES = ("report.json", "table.md")  # what `heloco report` writes into its --out
 

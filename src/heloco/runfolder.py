@@ -16,12 +16,13 @@ from pathlib import Path
 from shardmeter.errors import UserInputError
 
 RUN_ID_FIELD = "run"  # the key of the run id in every event of events.jsonl
+CONFIG_FILE = "config.json"  # the run file, as JSON (heloco.config.RunConfig), of every run
 
 # What a server (and a simulated run) writes into its run folder.
 SERVER_FILES = (
     "events.jsonl",
     "summary.json",
-    "config.json",
+    CONFIG_FILE,
     "config.toml",
     "status.json",
     "address.txt",

@@ -33,12 +33,12 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from heloco.config import DyluReference
 from heloco.outer.base import Arrival, OptimizerState, OuterOptimizer, StepStats
 from heloco.types import Delta, Dispatch, Params, RoundResult, clone_params
 
 __all__ = ["Dispatch", "Server", "ServerConfig", "SubmissionRejected", "UpdateRecord"]
 
-DyluReference = Literal["max", "quantile"]
 RejectReason = Literal[
     "duplicate", "superseded", "unknown", "evicted", "revision_mismatch", "bad_worker", "bad_delta"
 ]

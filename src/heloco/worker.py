@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 from torch import nn
 
 from heloco.codecs import Compressor
+from heloco.config import InnerConfig
 from heloco.data.packed import PackedStream
 from heloco.data.seeding import derive_seed
 from heloco.data.stream import TokenStream
@@ -41,58 +42,6 @@ def check_device(device: str) -> None:
         raise UserInputError("device", device, "a torch device such as cpu or cuda:0") from None
     if kind == "cuda" and not torch.cuda.is_available():
         raise UserInputError("device", device, "cpu (no CUDA device is available here)")
-
-
-@dataclass(frozen=True)
-class InnerConfig:
-    """Inner optimiser and batch shape. Defaults: the authors' prototype (spec §1.8, §3):
-    AdamW lr 2e-4, betas (0.9, 0.999), weight decay 1e-2, cosine decay to 1e-6, batch 2 × 128.
-
-    ``total_steps`` is the length of one worker's cosine schedule (its inner steps over the
-    whole run); after it the rate stays at ``min_lr``. ``grad_clip`` None disables clipping.
-    ``fused`` picks torch's fused AdamW kernel where the device has one, else foreach.
-    """
-
-    lr: float = 2e-4
-    weight_decay: float = 1e-2
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    warmup_steps: int = 0
-    min_lr: float = 1e-6
-    total_steps: int = 2000
-    batch_size: int = 2
-    seq_len: int = 128
-    grad_clip: float | None = None
-    reset_each_round: bool = True
-    fused: bool = True
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise UserInputError("inner.lr", self.lr, "a finite number > 0")
-        if not 0 <= self.min_lr <= self.lr:
-            raise UserInputError("inner.min_lr", self.min_lr, f"a number in [0, lr={self.lr}]")
-        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
-            raise UserInputError("inner.weight_decay", self.weight_decay, "a finite number >= 0")
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise UserInputError("inner.betas", self.betas, "two numbers in [0, 1)")
-        if not self.eps > 0:
-            raise UserInputError("inner.eps", self.eps, "a number > 0")
-        if self.total_steps < 1:
-            raise UserInputError("inner.total_steps", self.total_steps, "an integer >= 1")
-        if not 0 <= self.warmup_steps <= self.total_steps:
-            raise UserInputError(
-                "inner.warmup_steps",
-                self.warmup_steps,
-                f"an integer in [0, total_steps={self.total_steps}]",
-            )
-        if self.batch_size < 1:
-            raise UserInputError("inner.batch_size", self.batch_size, "an integer >= 1")
-        if self.seq_len < 1:
-            raise UserInputError("inner.seq_len", self.seq_len, "an integer >= 1")
-        if self.grad_clip is not None and not self.grad_clip > 0:
-            raise UserInputError(
-                "inner.grad_clip", self.grad_clip, "a number > 0, or None to disable"
-            )
 
 
 def cosine_lr(step: int, cfg: InnerConfig) -> float:

@@ -82,14 +82,28 @@ def test_malformed_toml(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # a fresh interpreter
-def test_the_config_module_imports_no_simulator() -> None:
-    """``heloco.config`` (TOML, presets, overrides) loads the run config's schema only: none
-    of the simulator's loop, builders or runs."""
+def test_the_config_module_is_a_leaf() -> None:
+    """``heloco.config`` (the run file's schema, TOML, presets, overrides) loads no other part
+    of heloco, and no torch: the layers above build from it, never the reverse."""
     code = (
         "import sys, heloco.config; "
-        "print(sorted(m for m in sys.modules if m.startswith('heloco.sim')))"
+        "print(sorted(m for m in sys.modules if m.startswith('heloco')), 'torch' in sys.modules)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
-    assert out.strip() == "['heloco.sim', 'heloco.sim.config']"
+    assert out.strip() == "['heloco', 'heloco.config'] False"
+
+
+def test_every_method_policy_has_one_builder() -> None:
+    """The run file checks method names against ``METHOD_POLICIES``; the registry builds each
+    with the same policy, so the two cannot drift apart."""
+    from heloco.config import METHOD_POLICIES, method_names
+    from heloco.outer.registry import METHODS, resolve_method
+
+    assert list(METHODS) == list(METHOD_POLICIES)
+    for name in method_names():
+        spec = resolve_method(name).spec
+        assert spec.policy is METHOD_POLICIES[name.removesuffix("+ab")]
+    with pytest.raises(UserInputError, match="one of sync, async-nesterov"):
+        resolve_method("sync+ab")

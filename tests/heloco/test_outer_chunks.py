@@ -79,7 +79,7 @@ def _run(
     params = _model(0)
     n_workers = 3
     opt = build_optimizer(method, params, OuterConfig(), n_workers)
-    sync = resolve_method(method).spec.synchronous
+    sync = resolve_method(method).spec.policy.synchronous
     stats = []
     for step in range(4):
         deltas = _deltas(10 + step, n_workers if sync else 1)

@@ -77,7 +77,7 @@ def test_state_dict_round_trip_gives_identical_updates(
     method: str, grads: list[list[float]], split: int
 ) -> None:
     k = 2
-    sync = resolve_method(method).spec.synchronous
+    sync = resolve_method(method).spec.policy.synchronous
     batch = k if sync else 1
     split = min(split, len(grads) // batch - 1) * batch if len(grads) >= 2 * batch else 0
     arrivals = [Arrival({"w": torch.tensor(g)}, i % k, i % 3) for i, g in enumerate(grads)]

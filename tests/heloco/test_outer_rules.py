@@ -226,8 +226,8 @@ def test_registry_defaults_and_names() -> None:
     assert build_optimizer("heloco", p, OuterConfig(), 4).lr == 0.7  # type: ignore[attr-defined]
     assert build_optimizer("heloco", p, OuterConfig(lr=0.3), 4).lr == 0.3  # type: ignore[attr-defined]
     assert isinstance(build_optimizer("heloco+ab", p, OuterConfig(), 4), ArrivalBalanced)
-    assert resolve_method("sync").spec.synchronous
-    assert resolve_method("dn-dylu").spec.dylu
+    assert resolve_method("sync").spec.policy.synchronous
+    assert resolve_method("dn-dylu").spec.policy.dylu
     for bad in ("sync+ab", "adam", "heloco+ab+ab"):
         with pytest.raises(UserInputError):
             resolve_method(bad)

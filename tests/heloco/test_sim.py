@@ -62,8 +62,8 @@ def fake_server(method: str, k: int, h: int = 1, grace: float = 0.0) -> Server:
         ServerConfig(
             n_workers=k,
             inner_steps=h,
-            synchronous=spec.synchronous,
-            dylu=spec.dylu,
+            synchronous=spec.policy.synchronous,
+            dylu=spec.policy.dylu,
             grace_window=grace,
         ),
     )

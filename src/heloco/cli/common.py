@@ -12,8 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from heloco.config import load_config, parse_assignment, preset_names
-from heloco.sim import PACE_RULE, SimConfig
+from heloco.config import PACE_RULE, RunConfig, load_config, parse_assignment, preset_names
 from shardmeter.errors import UserInputError
 
 
@@ -67,7 +66,7 @@ def set_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return dict(parse_assignment(item) for item in args.set)
 
 
-def load_run_config(args: argparse.Namespace, overrides: dict[str, Any] | None = None) -> SimConfig:
+def load_run_config(args: argparse.Namespace, overrides: dict[str, Any] | None = None) -> RunConfig:
     """The run config of ``--config``/``--preset`` with ``overrides`` (default: ``--set``).
 
     A misspelt key is a one-line error with suggestions (``heloco.config.load_config``).

@@ -34,12 +34,12 @@ from heloco.cli.common import (
     set_overrides,
 )
 from heloco.cli.netargs import check_folder
-from heloco.config import save_config
+from heloco.config import RunConfig, save_config
 from heloco.metrics import EVENTS_FILE, SUMMARY_FILE
 from heloco.net import wan as wan_mod
 from heloco.net.endpoint import MAX_SHARDS
 from heloco.net.launcher import TORCH_PRELOAD, LaunchConfig, LaunchResult, LocalCluster, launch
-from heloco.sim import InnerSetup, SimConfig, resolve_paces
+from heloco.sim import InnerSetup, resolve_paces
 from shardmeter.clikit import bounded
 from shardmeter.errors import UserInputError
 
@@ -126,7 +126,7 @@ def add_parser(sub: Any) -> None:
     )
 
 
-def run_config(args: argparse.Namespace) -> SimConfig:
+def run_config(args: argparse.Namespace) -> RunConfig:
     """The run config: file or preset, then ``--set``, then ``--workers``/``--paces``."""
     overrides = set_overrides(args)
     if getattr(args, "topology", None) is not None:
@@ -246,7 +246,7 @@ class EventWatch:
     """Follows a run's ``events.jsonl`` as the server appends to it: tokens, updates, loss."""
 
     path: Path
-    cfg: SimConfig
+    cfg: RunConfig
     tokens: int = 0
     updates: int = 0
     loss: float | None = None

@@ -27,13 +27,14 @@ from heloco.cli.common import (
     set_overrides,
 )
 from heloco.config import (
+    RunConfig,
     atomic_write_text,
     config_to_toml,
 )
 from heloco.metrics import EvalPoint
 from heloco.outer import resolve_method
 from heloco.outer.registry import method_names
-from heloco.sim import RunResult, SimConfig, run_simulation
+from heloco.sim import RunResult, run_simulation
 from shardmeter.clikit import nonneg_int, positive_float, positive_int
 from shardmeter.report.terminal import add_wide_flag, console_for, key_value_table, si, sig3
 
@@ -138,7 +139,7 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def build_config(args: argparse.Namespace) -> SimConfig:
+def build_config(args: argparse.Namespace) -> RunConfig:
     overrides = topology_flags.apply(args, overrides_from_args(args))
     return load_run_config(args, overrides)
 
@@ -161,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_with_progress(cfg: SimConfig, quiet: bool = False) -> RunResult:
+def run_with_progress(cfg: RunConfig, quiet: bool = False) -> RunResult:
     """Run with a rich progress bar over the token (or time) budget. The bar appears at the
     first evaluation, so errors while building data or model stay one line."""
     if quiet:

@@ -4,22 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
     ValidationError,
-    field_validator,
-    model_validator,
 )
 
+from heloco.config import DataConfig
 from heloco.data.corpus import Corpus, LanguageSplit, load_corpus, sources_corpus, split_language
 from heloco.data.packed import PackedStream
-from heloco.data.partition import Assignment, partition
+from heloco.data.partition import partition
 from heloco.data.seeding import derive_seed
 from heloco.data.stream import TokenStream
 from heloco.data.streamed import build_streamed
@@ -37,49 +33,6 @@ from shardmeter.errors import UserInputError, from_pydantic
 MAX_WORKERS = 1024
 PARTITION_KEY = 0  # derive_seed key of the Dirichlet partition
 STREAM_KEY = 1  # derive_seed key of the per-worker streams
-
-
-class DataConfig(BaseModel):
-    """Where the text comes from, how it is tokenised and how it is split across workers."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-    data_dir: Path | None = None  # None: the built-in synthetic multilingual corpus
-    tokenizer: str = Field(
-        default="byte", description="byte, bpe (trained locally), or a local tokenizer.json path"
-    )
-    bpe_vocab_size: int = Field(default=4096, ge=257, le=1 << 20)
-    cache_dir: Path | None = None  # trained BPE tokenizers and BPE ids (None: ~/.cache/heloco)
-    assignment: Assignment = "language"
-    dirichlet_alpha: float = Field(default=0.5, gt=0, allow_inf_nan=False)
-    val_chars_per_language: int = Field(default=40_000, ge=1)  # spec §3: 40,000 chars each
-    train_fraction: float = Field(default=1.0, gt=0, le=1)
-    seq_len: int = Field(default=128, ge=1)
-    synthetic_chars_per_language: int = Field(default=400_000, ge=1000, le=100_000_000)
-    sampling: Literal["windows", "stream"] = Field(
-        default="windows",
-        description="windows: random stride-1 windows over the corpus in memory (the paper); "
-        "stream: shards read in order, packed to seq_len, never held whole",
-    )
-    text_field: str = Field(default="text", min_length=1, description="JSONL key / Parquet column")
-    sources: dict[str, list[str]] | None = Field(
-        default=None, description="name -> glob patterns of shards (instead of data_dir)"
-    )
-
-    @model_validator(mode="after")
-    def _one_place(self) -> DataConfig:
-        if self.sources is not None and self.data_dir is not None:
-            raise UserInputError(
-                "sources", list(self.sources), "either data_dir or sources, not both"
-            )
-        return self
-
-    @field_validator("tokenizer")
-    @classmethod
-    def _tokenizer_kind(cls, value: str) -> str:
-        if value in ("byte", "bpe") or "/" in value or value.endswith(".json"):
-            return value
-        raise ValueError("byte, bpe, or a path to a local tokenizer.json (or its folder)")
 
 
 def parse_data_config(values: dict[str, Any]) -> DataConfig:

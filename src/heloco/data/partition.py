@@ -9,13 +9,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 
 from shardmeter.errors import UserInputError
 
-Assignment = Literal["language", "dirichlet", "iid"]
 ASSIGNMENTS: tuple[str, ...] = ("language", "dirichlet", "iid")
 
 

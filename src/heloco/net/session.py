@@ -17,7 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from heloco.config import save_config
+from heloco.config import RunConfig, save_config
 from heloco.metrics import (
     EvalPoint,
     MetricsWriter,
@@ -27,12 +27,11 @@ from heloco.metrics import (
 )
 from heloco.net.coordinator import Coordinator, UpdateEvent
 from heloco.net.endpoint import Endpoint, EndpointConfig
+from heloco.runfolder import CONFIG_FILE
 from heloco.sim import (
-    CONFIG_FILE,
     BudgetSetup,
     Recorder,
     RunParts,
-    SimConfig,
     build_run,
     round_seconds,
     summarize,
@@ -70,7 +69,7 @@ class Session:
 
     def __init__(
         self,
-        cfg: SimConfig,
+        cfg: RunConfig,
         secret: bytes,
         endpoint: EndpointConfig,
         liveness: Liveness = Liveness(),
@@ -106,7 +105,7 @@ class Session:
             on_update=self._on_update,
             on_round=self.rec.record_round,
             on_event=self.writer.event,
-            max_tokens_per_step=cfg.inner.batch_size * cfg.inner.seq_len * MAX_ISLAND_RANKS,
+            max_tokens_per_step=cfg.inner.tokens_per_step * MAX_ISLAND_RANKS,
             wait_for_workers_s=liveness.wait_for_workers_s,
         )
         self.endpoint = Endpoint(build, secret, endpoint, self._extra, _evals_of)

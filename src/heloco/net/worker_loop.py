@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from heloco.config import PACE_RULE, parse_run_config
 from heloco.data.seeding import derive_seed
 from heloco.island import (
     Island,
@@ -33,7 +34,7 @@ from heloco.net.compress import Codec
 from heloco.net.link import NetLink, Replaced
 from heloco.outer_loop import OuterLoop
 from heloco.overlap import EXCHANGES
-from heloco.sim import PACE_RULE, build_worker_parts, parse_sim_config
+from heloco.sim import build_worker_parts
 from heloco.types import PushOutcome, RoundResult
 from heloco.worker import Worker, check_device
 from shardmeter.errors import UserInputError
@@ -148,7 +149,7 @@ class NetWorker:
     def _setup(self, welcome: dict[str, Any]) -> Worker:
         """Build the worker from the run config the server sent (its data, model and
         schedule; no server)."""
-        cfg = parse_sim_config(welcome["run"])
+        cfg = parse_run_config(welcome["run"])
         self.exchange, self.eager = cfg.exchange, cfg.overlap_eager
         if self.opts.exchange is not None:
             if self.opts.exchange == "overlapped" and cfg.exchange != "overlapped":

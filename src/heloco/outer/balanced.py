@@ -33,15 +33,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Literal
 
 import numpy as np
 
+from heloco.config import Normalize
 from heloco.outer.base import Arrival, BlockRunner, OptimizerState, OuterOptimizer, StepStats
 from heloco.types import Params
 from shardmeter.errors import UserInputError
 
-Normalize = Literal["max", "clip", "mean"]
 OVERLAP_REG = 1e-6  # λ: prefers, among equally balanced data mixes, the one closest to s
 QP_ITERATIONS = 500
 

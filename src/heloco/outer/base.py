@@ -28,15 +28,15 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import torch
 
+from heloco.config import RhoMode
 from heloco.types import Delta, Params, clone_params
 from shardmeter.errors import UserInputError
 
 CHUNK_ELEMENTS = 1 << 19  # elements per chunk: 2 MiB of fp32 per tensor, in cache together
-RhoMode = Literal["sqrt_k", "delay", "none"]
 Rho = RhoMode | float
 T = TypeVar("T")
 

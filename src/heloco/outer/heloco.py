@@ -25,45 +25,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from heloco.config import CorrectionConfig
 from heloco.outer.base import Rho, block_dots, block_norms
 from heloco.outer.lookahead import BlockGeometry, BlockUpdate, MomentumLookAhead, uncorrected
 from heloco.types import Params
-from shardmeter.errors import UserInputError
-
-
-class CorrectionConfig(BaseModel):
-    """Hyperparameters of the block correction (defaults: spec 1.8, authors' code)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    c_ok: float = Field(0.2, description="keep threshold on the cosine")
-    k_s: float = Field(0.5, ge=0, description="shrink strength")
-    beta_max: float = Field(0.5, ge=0, lt=1, description="shrink cap, in [0, 1)")
-    k_d: float = Field(1.0, ge=0, description="rotation strength")
-    kappa: float = Field(3.0, ge=0, description="momentum weight in the confidence")
-    c_bad: float = Field(-0.2, description="lower anchor of the normalized λ (< c_ok)")
-    eps: float = Field(1e-8, gt=0)
-    lambda_form: Literal["normalized", "published"] = Field(
-        "normalized",
-        description="normalized: the paper prototype's λ and ε placement; published: Eq. 14 "
-        "and the production code's",
-    )
-    scope: Literal["tensor", "model"] = Field(
-        "tensor", description="one decision per parameter tensor, or one for the whole model"
-    )
-    shrink_when_negative: bool = Field(
-        True, description="shrink anti-aligned blocks; if false they are rotated instead"
-    )
-
-    @model_validator(mode="after")
-    def _check(self) -> CorrectionConfig:
-        if not self.c_bad < self.c_ok:
-            raise UserInputError(
-                "correction.c_bad", self.c_bad, f"a number below c_ok = {self.c_ok}"
-            )
-        return self
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,14 @@ worker id. Sync methods wait for the slowest worker every round. Training is rea
 workers run their inner loops in process); only the clock is simulated, so the same config and
 seed give bit-identical losses. The server and the outer optimizers are the product's own.
 
-Modules, one job each: ``config`` (SimConfig, the run file's schema), ``clock`` (paces, steps,
-schedules: the inner-loop component, :class:`InnerSetup`), ``recorder`` (trajectory
-bookkeeping), ``loop`` (the event loop), ``build`` (the other components' configs, each with
-``build()``, and a run's parts from them),
-``run`` (runs end to end, one or side by side), ``pool`` (the rounds of runs side by side,
-each distinct round computed once), ``evalcache`` (evaluations shared by identical
-parameters), ``stacked`` and ``batch`` (rounds of many TinyGPT workers in one batched kernel).
+Modules, one job each: ``config`` (the simulator's names for the run file, whose schema is
+:class:`heloco.config.RunConfig`: ``SimConfig`` is that class; random-stream keys),
+``clock`` (paces, steps, schedules: the inner-loop component, :class:`InnerSetup`),
+``recorder`` (trajectory bookkeeping), ``loop`` (the event loop), ``build`` (the other
+components' configs, each with ``build()``, and a run's parts from them), ``run`` (runs end
+to end, one or side by side), ``pool`` (the rounds of runs side by side, each distinct round
+computed once), ``evalcache`` (evaluations shared by identical parameters), ``stacked`` and
+``batch`` (rounds of many TinyGPT workers in one batched kernel).
 """
 
 from __future__ import annotations

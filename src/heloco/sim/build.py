@@ -22,11 +22,12 @@ import torch
 from torch import nn
 
 from heloco.codecs import Compressor, feedback_for
+from heloco.config import ModelChoice, RunConfig, method_policy
 from heloco.data import DataConfig, ValLoss, WorkerData, build_data, derive_seed
 from heloco.model import ModelConfig
-from heloco.modelspec import ModelChoice, build_model, describe, tinygpt_config
+from heloco.modelspec import build_model, describe, tinygpt_config
 from heloco.net.compress import WireRoundTrip
-from heloco.outer import OuterConfig, build_optimizer, resolve_method
+from heloco.outer import OuterConfig, build_optimizer
 from heloco.run import Budget
 from heloco.server import Server, ServerConfig
 from heloco.sim.clock import (
@@ -40,7 +41,7 @@ from heloco.sim.clock import (
     round_steps,
     worker_inner_configs,
 )
-from heloco.sim.config import MODEL_KEY, SimConfig, component_of
+from heloco.sim.config import MODEL_KEY, component_of
 from heloco.types import Params
 from heloco.worker import InnerConfig, Worker, check_device
 from shardmeter.errors import UserInputError
@@ -76,7 +77,7 @@ class ModelSetup:
     device: str = "cpu"
 
     @classmethod
-    def of(cls, cfg: SimConfig) -> ModelSetup:
+    def of(cls, cfg: RunConfig) -> ModelSetup:
         """The model component of ``cfg``."""
         return component_of(cls, cfg, seq_len=max(cfg.inner.seq_len, cfg.data.seq_len))
 
@@ -107,7 +108,7 @@ class DataSetup:
     seed: int
 
     @classmethod
-    def of(cls, cfg: SimConfig) -> DataSetup:
+    def of(cls, cfg: RunConfig) -> DataSetup:
         """The data component of ``cfg``."""
         return component_of(cls, cfg)
 
@@ -130,12 +131,12 @@ class ServerSetup:
     server: ServerConfig
 
     @classmethod
-    def of(cls, cfg: SimConfig) -> ServerSetup:
+    def of(cls, cfg: RunConfig) -> ServerSetup:
         """The outer/server component of ``cfg``."""
         server = ServerConfig(
             n_workers=cfg.workers,
             inner_steps=cfg.inner_steps,
-            synchronous=resolve_method(cfg.method).spec.synchronous,
+            synchronous=method_policy(cfg.method).synchronous,
             dylu=cfg.use_dylu(),
             dylu_reference=cfg.dylu_reference,
             dylu_quantile=cfg.dylu_quantile,
@@ -163,7 +164,7 @@ class BudgetSetup:
     time_budget: float | None
 
     @classmethod
-    def of(cls, cfg: SimConfig) -> BudgetSetup:
+    def of(cls, cfg: RunConfig) -> BudgetSetup:
         """The budget component of ``cfg``."""
         return component_of(cls, cfg)
 
@@ -187,7 +188,7 @@ class ClockSetup:
     overlap_eager: float  # overlapped: λ of start = θ − λ·Δ (heloco.overlap)
 
     @classmethod
-    def of(cls, cfg: SimConfig) -> ClockSetup:
+    def of(cls, cfg: RunConfig) -> ClockSetup:
         """The simulated clock's component of ``cfg``."""
         failures = tuple((f.worker, f.at, f.down) for f in cfg.failures)
         return component_of(cls, cfg, budget=BudgetSetup.of(cfg), failures=failures)
@@ -219,7 +220,7 @@ class WorkerParts:
     network server and every network worker (same seeds, data split, initial model): no
     server, so a worker process holds none."""
 
-    cfg: SimConfig
+    cfg: RunConfig
     data: WorkerData
     model: nn.Module  # initial model; the simulator's workers and evaluator share it
     paces: list[float]  # configured seconds per inner step
@@ -260,7 +261,7 @@ class RunParts(WorkerParts):
 
 
 def build_worker_parts(
-    cfg: SimConfig, device: torch.device | str | None = None, data: WorkerData | None = None
+    cfg: RunConfig, device: torch.device | str | None = None, data: WorkerData | None = None
 ) -> WorkerParts:
     """Seed, then build the data (or take ``data``, built by an equal :class:`DataSetup`),
     the initial model (on ``device``, default ``cfg.device``) and the per-worker schedules of
@@ -283,7 +284,7 @@ def build_worker_parts(
 
 
 def build_run(
-    cfg: SimConfig, device: torch.device | str | None = None, data: WorkerData | None = None
+    cfg: RunConfig, device: torch.device | str | None = None, data: WorkerData | None = None
 ) -> RunParts:
     """The workers' parts of ``cfg`` (:func:`build_worker_parts`) and its server
     (:class:`ServerSetup`), which starts from the initial model and expects each worker's

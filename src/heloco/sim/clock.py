@@ -14,10 +14,10 @@ from typing import Literal
 import numpy as np
 
 from heloco.codecs import expected_nbytes, parse_payload
+from heloco.config import PaceDistribution, RunConfig, method_policy
 from heloco.data import derive_seed
-from heloco.outer import resolve_method
 from heloco.server import DyluReference, dylu_steps, quantile_speed
-from heloco.sim.config import PACE_KEY, PaceDistribution, SimConfig, component_of
+from heloco.sim.config import PACE_KEY, component_of
 from heloco.types import RoundTiming
 from heloco.worker import InnerConfig
 
@@ -93,9 +93,9 @@ class InnerSetup:
     server_link_mbit: float | None
 
     @classmethod
-    def of(cls, cfg: SimConfig) -> InnerSetup:
+    def of(cls, cfg: RunConfig) -> InnerSetup:
         """The inner-loop component of ``cfg``."""
-        synchronous = resolve_method(cfg.method).spec.synchronous
+        synchronous = method_policy(cfg.method).synchronous
         return component_of(cls, cfg, dylu=cfg.use_dylu(), synchronous=synchronous)
 
 
@@ -217,10 +217,9 @@ def expected_worker_steps(
     """
     k = len(paces)
     round_s = round_seconds(steps, paces, comm, cfg.exchange == "overlapped")
-    tokens_per_step = cfg.inner.batch_size * cfg.inner.seq_len
     limits: list[list[float]] = []
     if cfg.token_budget is not None:
-        total = math.ceil(cfg.token_budget / tokens_per_step)
+        total = math.ceil(cfg.token_budget / cfg.inner.tokens_per_step)
         if synchronous:
             limits.append([total * steps[w] / sum(steps) for w in range(k)])
         else:

@@ -8,6 +8,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
+from heloco.config import RunConfig
 from heloco.data import WorkerData
 from heloco.metrics import (
     EvalPoint,
@@ -18,9 +19,9 @@ from heloco.metrics import (
     loss_at,
 )
 from heloco.model import TinyGPT
+from heloco.runfolder import CONFIG_FILE
 from heloco.sim.batch import BatchEngine
 from heloco.sim.build import ClockSetup, DataSetup, RunParts, build_run, torch_threads
-from heloco.sim.config import SimConfig
 from heloco.sim.evalcache import EvalCache
 from heloco.sim.loop import DirectRounds, Loop, RoundSource, simulation
 from heloco.sim.pool import PooledRounds, RoundPool
@@ -28,14 +29,12 @@ from heloco.sim.recorder import Trajectory
 from heloco.sim.stacked import supports
 from heloco.types import Params
 
-CONFIG_FILE = "config.json"
-
 
 @dataclass(frozen=True)
 class RunResult:
     """Result of :func:`run_simulation`: eval curve, summary, final server parameters."""
 
-    config: SimConfig
+    config: RunConfig
     evals: list[EvalPoint]
     summary: RunSummary
     params: Params
@@ -50,7 +49,7 @@ class RunResult:
 Progress = Callable[[EvalPoint], None]
 
 
-def run_simulation(cfg: SimConfig, progress: Progress | None = None) -> RunResult:
+def run_simulation(cfg: RunConfig, progress: Progress | None = None) -> RunResult:
     """Build the run's parts from ``cfg``; run on the simulated clock; write metrics; summarise.
 
     Runs with ``cfg.threads`` torch threads and restores the caller's count afterwards."""
@@ -61,7 +60,7 @@ def run_simulation(cfg: SimConfig, progress: Progress | None = None) -> RunResul
 
 
 def run_simulations(
-    cfgs: Sequence[SimConfig], progress: Sequence[Progress | None] | None = None
+    cfgs: Sequence[RunConfig], progress: Sequence[Progress | None] | None = None
 ) -> list[RunResult | Exception]:
     """Simulate several runs side by side in this process (e.g. the methods and seeds of one
     grid setting); a run that fails gives its exception and the others go on.
@@ -83,7 +82,7 @@ def run_simulations(
 class _Run:
     """One run in progress."""
 
-    cfg: SimConfig
+    cfg: RunConfig
     parts: RunParts
     rounds: RoundSource
     stats: RunStats
@@ -93,7 +92,7 @@ class _Run:
 
 
 def _simulate_side_by_side(
-    cfgs: list[SimConfig], progress: list[Progress | None]
+    cfgs: list[RunConfig], progress: list[Progress | None]
 ) -> list[RunResult | Exception]:
     wall0 = time.perf_counter()
     outcomes: list[RunResult | Exception | _Run] = []
@@ -200,9 +199,8 @@ def batching_pays(parts: RunParts) -> bool:
     that per-call overhead, not arithmetic, dominates."""
     if parts.cfg.device != "cpu" and not parts.cfg.device.startswith("cpu:"):
         return True
-    tokens = parts.cfg.inner.batch_size * parts.cfg.inner.seq_len
     n = sum(p.numel() for p in parts.model.parameters())
-    return 6 * n * tokens < BATCH_FLOP_LIMIT
+    return 6 * n * parts.cfg.inner.tokens_per_step < BATCH_FLOP_LIMIT
 
 
 def _drive(runs: list[_Run], outcomes: list[RunResult | Exception | _Run]) -> None:
@@ -231,7 +229,7 @@ def _drive(runs: list[_Run], outcomes: list[RunResult | Exception | _Run]) -> No
         live = waiting
 
 
-def _prepare_out(cfg: SimConfig) -> Path | None:
+def _prepare_out(cfg: RunConfig) -> Path | None:
     """Create the run folder and write its config.json (None: nothing is written)."""
     if cfg.out_dir is not None:
         cfg.out_dir.mkdir(parents=True, exist_ok=True)
@@ -263,7 +261,7 @@ def loss_at_time_budget(time_budget: float | None, traj: Trajectory) -> float | 
 
 
 def summarize(
-    cfg: SimConfig, traj: Trajectory, stats: RunStats, paces: list[float], wall: float
+    cfg: RunConfig, traj: Trajectory, stats: RunStats, paces: list[float], wall: float
 ) -> RunSummary:
     """The summary.json of a finished run."""
     last = traj.evals[-1] if traj.evals else None
