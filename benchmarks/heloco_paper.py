@@ -32,7 +32,7 @@ seed-mean improvement is largest ("up to"):
     python benchmarks/heloco_paper.py                      # the full grid
     python benchmarks/heloco_paper.py --check              # generalisation settings
     python benchmarks/heloco_paper.py --codecs             # payload codecs against fp32
-    python benchmarks/heloco_paper.py --report-only        # tables from what is done
+    python benchmarks/heloco_paper.py --report-only        # tables from runs/ or results.jsonl
     python benchmarks/heloco_paper.py --executor ray --ray-address HOST:6379   # on a cluster
     bash benchmarks/heloco_paper_gpu.sh                    # the authors' scale, on a GPU
 """
@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -973,7 +974,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         report = _progress(t0, len(cells))
         run_grid(cells, grid, on_result=on_result)
-    rows = read_results(out)
+    rows = finished_rows(out)
     if args.codecs:
         wall = None if args.report_only else time.perf_counter() - t0
         text = render_codecs(rows, cells, command, wall)
@@ -982,7 +983,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(text)
         print(f"results: {out}  markdown: {markdown}  plots: {', '.join(map(str, plots))}")
         return 0
-    grid_rows = read_results(here / "heloco_paper") if args.check else []
+    grid_rows = finished_rows(here / "heloco_paper") if args.check else []
     note = args.note or (previous_note(markdown) if args.report_only else "")
     text = render_markdown(
         rows,
@@ -1001,6 +1002,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def finished_rows(folder: Path) -> list[CellResult]:
+    """The finished cells of a results folder: its ``runs/`` cell files, or, where ``runs/`` is
+    absent (a fresh clone holds only the committed ``results.jsonl``), that file's rows."""
+    if (folder / "runs").is_dir():
+        return read_results(folder)
+    jsonl = folder / "results.jsonl"
+    if not jsonl.is_file():
+        return []
+    lines = jsonl.read_text(encoding="utf-8").splitlines()
+    return [CellResult(**json.loads(line)) for line in lines if line.strip()]
 
 
 def previous_note(markdown: Path) -> str:

@@ -46,6 +46,7 @@ PLANNED_PUSH_TESTS = (  # a whole push and dispatch against the planner's (tiny 
     "tests/heloco/test_codecs.py::test_the_planner_prices_a_tiny_models_whole_push_within_2_percent"
     " tests/heloco/test_codecs.py::test_the_planners_plan_prices_an_18m_model_push_within_2_percent"
 )
+AB_DEFAULT_TESTS = "tests/heloco/test_config_keys.py tests/heloco/test_outer_balanced.py"
 SIM_CODEC_TESTS = (
     "tests/heloco/test_codecs.py::test_the_simulators_int8_uplink_is_what_the_server_decodes"
 )
@@ -724,6 +725,17 @@ MUTATIONS: tuple[Mutation, ...] = (
              'where(plans.recompute == RECOMPUTE_CODES["selective"], full_set - selective_set, 0.0)',
              'where(plans.recompute == RECOMPUTE_CODES["selective"], 0.0 * full_set, 0.0)',
              tests="tests/shardmeter/test_memory_rounding.py::test_selective_recompute_rebuilds_what_it_left_out"),
+    # --- what moved the committed --check rows: same-time arrivals and +ab's default ---
+    Mutation("same-time arrivals: a worker re-dispatched before the others at its time apply",
+             "heloco/sim/loop.py", "if ready and (not heap or heap[0][0] > t):", "if ready:",
+             "tests/heloco/test_outer_fidelity.py::test_arrivals_at_one_time_are_all_applied_before_anyone_is_dispatched"
+             " tests/heloco/test_sim.py::test_events_follow_finish_time_with_ties_by_worker_id"),
+    Mutation("+ab's run-config default scales stale slow workers up ('mean')",
+             "heloco/outer/registry.py", 'ab_normalize: Normalize = Field(\n        "clip",',
+             'ab_normalize: Normalize = Field(\n        "mean",', AB_DEFAULT_TESTS),
+    Mutation("HeLoCo shrink: ε added to ‖m‖², not to ‖m‖ as the prototype does",
+             "heloco/outer/heloco.py", "-beta * dot / (nm + eps).square()",
+             "-beta * dot / (nm.square() + eps)", "tests/heloco/test_outer_fidelity.py"),
 )  # fmt: skip
 
 
