@@ -731,7 +731,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              "tests/heloco/test_outer_fidelity.py::test_arrivals_at_one_time_are_all_applied_before_anyone_is_dispatched"
              " tests/heloco/test_sim.py::test_events_follow_finish_time_with_ties_by_worker_id"),
     Mutation("+ab's run-config default scales stale slow workers up ('mean')",
-             "heloco/outer/registry.py", 'ab_normalize: Normalize = Field(\n        "clip",',
+             "heloco/config.py", 'ab_normalize: Normalize = Field(\n        "clip",',
              'ab_normalize: Normalize = Field(\n        "mean",', AB_DEFAULT_TESTS),
     Mutation("HeLoCo shrink: ε added to ‖m‖², not to ‖m‖ as the prototype does",
              "heloco/outer/heloco.py", "-beta * dot / (nm + eps).square()",
