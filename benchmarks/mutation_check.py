@@ -654,6 +654,12 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("heloco: the model's window ignores the data's", "heloco/sim/build.py",
              "seq_len=max(cfg.inner.seq_len, cfg.data.seq_len)", "seq_len=cfg.inner.seq_len",
              "tests/heloco/test_sim.py"),
+    # --- WAN fidelity: the link clock's leg is a request and its reply ---
+    Mutation("link clock: a leg waits for no reply", "heloco/sim/clock.py",
+             "return link_seconds(nbytes, mbit, latency) + latency",
+             "return link_seconds(nbytes, mbit, latency)",
+             "tests/heloco/test_overlap.py::test_a_leg_is_a_request_and_its_reply "
+             "tests/heloco/test_overlap.py::test_links_charge_payload_up_and_dispatch_down"),
 )  # fmt: skip
 
 

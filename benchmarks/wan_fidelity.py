@@ -646,6 +646,10 @@ def main() -> None:
         "--time-to-loss", action="store_true", help="also the end-to-end time-to-loss check"
     )
     parser.add_argument("--keep", type=Path, help="keep the run folders here")
+    parser.add_argument(
+        "--runs",
+        help="only these runs, comma-separated names (e.g. 'shared server,unequal'; default: all)",
+    )
     args = parser.parse_args()
     if args.load is not None:
         reprint(args.load)
@@ -659,13 +663,21 @@ def main() -> None:
     for m in modes:
         if m not in ("blocking", "overlapped"):
             raise SystemExit(f"wan_fidelity: --exchange: got {m!r}; blocking or overlapped")
+    bases = QUICK if args.quick else RUNS
+    if args.runs:
+        names = [n.strip() for n in args.runs.split(",") if n.strip()]
+        known = [r.name for r in (*RUNS, *QUICK)]
+        for n in names:
+            if n not in known:
+                raise SystemExit(f"wan_fidelity: --runs: got {n!r}; one of {', '.join(known)}")
+        bases = tuple(r for r in (*RUNS, *QUICK) if r.name in names)
     work = args.keep or Path(tempfile.mkdtemp(prefix="wan_fidelity-"))
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     extra: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                              "uptime": [uptime]}  # fmt: skip
     results: list[RunResult] = []
     try:
-        for base in QUICK if args.quick else RUNS:
+        for base in bases:
             for mode in modes:
                 run = Run(**{**asdict(base), "links": base.links, "exchange": mode})
                 results.append(launch(run, work / f"{base.name}-{mode}".replace(" ", "-")))
