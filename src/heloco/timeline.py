@@ -519,6 +519,10 @@ def plot_timeline(chart: GanttChart, out_dir: Path, stem: str) -> list[Path]:
             dots = ":" if rate.direction != "receive" else "-."
             lx.axhline(rate.bytes_per_s / 1e6, linestyle=dots, linewidth=1.2, color=color,
                        label=rate.label)  # fmt: skip
+        if chart.set_rates:  # headroom above the set rates for the legend
+            top = max([r.bytes_per_s for r in chart.set_rates]
+                      + [x for u in chart.link for x in u.rates]) / 1e6  # fmt: skip
+            lx.set_ylim(0, 1.6 * top)
         lx.set_ylabel("link use (MB/s)")
         lx.grid(alpha=0.3)
         lx.legend(fontsize="x-small", ncol=4)
