@@ -55,7 +55,6 @@ def test_a_workers_round_comes_from_its_push_arrivals_and_report(bench: ModuleTy
         bench.measure_worker(0, events(0, [2.0, 4.0], True), REPORT, 256.0)
 
 
-
 def test_a_warm_up_is_left_out_while_three_rounds_remain(bench: ModuleType) -> None:
     # a start-up of 4 s rounds, then 2 s rounds: measured from the first arrival after 10 s
     times = [4.0, 8.0, 12.0, 14.0, 16.0, 18.0]
