@@ -736,6 +736,25 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("HeLoCo shrink: ε added to ‖m‖², not to ‖m‖ as the prototype does",
              "heloco/outer/heloco.py", "-beta * dot / (nm + eps).square()",
              "-beta * dot / (nm.square() + eps)", "tests/heloco/test_outer_fidelity.py"),
+    # --- WAN fidelity: the link clock's leg is a request and its reply ---
+    Mutation("link clock: a leg waits for no reply", "heloco/sim/clock.py",
+             "return link_seconds(nbytes, mbit, latency) + latency",
+             "return link_seconds(nbytes, mbit, latency)",
+             "tests/heloco/test_overlap.py::test_a_leg_is_a_request_and_its_reply "
+             "tests/heloco/test_overlap.py::test_links_charge_payload_up_and_dispatch_down"),
+    Mutation("set rate: a path ignores the server's end", "heloco/net/wanfile.py",
+             "rate = min((r for r in ends if r is not None), default=math.inf)",
+             "rate = ends[0] if ends[0] is not None else math.inf",
+             "tests/heloco/test_timeline.py::test_set_rates_are_each_paths_slower_end_in_bytes"),
+    Mutation("set rate: drawn in bits, not bytes", "heloco/timeline.py",
+             "out.append(SetRate(worker, \"both\", send / 8.0))",
+             "out.append(SetRate(worker, \"both\", send))",
+             "tests/heloco/test_timeline.py::test_set_rates_are_each_paths_slower_end_in_bytes "
+             "tests/heloco/test_timeline.py::test_the_link_charts_draw_the_set_rate"),
+    Mutation("set rate: the report never reads wan.json", "heloco/timeline.py",
+             "chart = gantt_chart(run.label, workers, read_settings(run.path))",
+             "chart = gantt_chart(run.label, workers)",
+             "tests/heloco/test_timeline.py::test_heloco_report_draws_a_shaped_runs_set_rate"),
 )  # fmt: skip
 
 

@@ -16,7 +16,8 @@ the workers share nothing but the server's CPU. Every worker is one row:
   fields, in blocking runs; idle = the rest of the period) and its payload (bytes per push). Utilization = compute per round /
   round period; rounds/s = 1 / period; tokens/s = steps per round · tokens per step / period.
   The period is the mean spacing of the worker's push arrivals (steady state: the first push,
-  which includes start-up, only opens the first interval).
+  which includes start-up, only opens the first interval; a run with ``warmup_s`` counts
+  from its first arrival after that many seconds, as the shared-link run does).
 * predicted, by ShardMeter's async round (``shardmeter.estimate.outer.outer_round``, the core
   of ``shardmeter predict --topology``) for a topology built from the same run: the server
   island as the hub of a star, each worker an island whose step time is its MEASURED step time
@@ -77,6 +78,7 @@ class Run:
     exchange: str = "blocking"
     server_bps: float | None = None  # the server's own (shared) link; None: unshaped
     seconds: float = 30.0  # the run's wall-clock budget (time_budget)
+    warmup_s: float = 0.0  # measure from the first push arrival after this (run seconds)
 
     @property
     def workers(self) -> int:
@@ -91,8 +93,12 @@ RUNS = (
     Run("fp32 sweep", SWEEP, (PACE,) * 5),
     Run("int8 sweep", SWEEP_INT8, (PACE,) * 5, codec="int8"),
     Run("unequal", UNEQUAL, (PACE, 1.5 * PACE, 2.5 * PACE), seconds=40.0),
-    Run("shared server", (Link(20 * MBIT, 0.02),) * 3, (PACE,) * 3, server_bps=10 * MBIT),
-)
+    # The three workers start together, so their first exchanges collide on the shared link
+    # (3 s rounds) until they drift apart (2.0-2.3 s rounds after about 20 s); the planner
+    # predicts the steady state, so this run measures its last 60 s.
+    Run("shared server", (Link(20 * MBIT, 0.02),) * 3, (PACE,) * 3, server_bps=10 * MBIT,
+        seconds=90.0, warmup_s=30.0),
+)  # fmt: skip
 QUICK = (
     Run(
         "quick", (Link(30 * MBIT), Link(6 * MBIT), Link(3 * MBIT, 0.04)), (PACE,) * 3, seconds=25.0
@@ -168,15 +174,19 @@ def measure_worker(
     report: dict[str, Any],
     tokens_per_step: float,
     spans: bool = True,
+    warmup_s: float = 0.0,
 ) -> Measured:
     """One worker's steady-state round from its ``round`` events and its report: compute per
     round is the worker's own (``compute_s / rounds``); receive and send are the events'
     per-round timing fields where they exist and ``spans`` (they describe a blocking round:
-    heloco/net/coordinator.py ``measured_timing``)."""
+    heloco/net/coordinator.py ``measured_timing``). Rounds that arrive before ``warmup_s``
+    (run seconds) are left out, as long as 3 remain."""
     rounds = sorted(
         (e for e in events if e.get("type") == "round" and e.get("worker") == worker),
         key=lambda e: float(e["time"]),
     )
+    steady = [e for e in rounds if float(e["time"]) >= warmup_s]
+    rounds = steady if len(steady) >= 3 else rounds
     if len(rounds) < 3:
         raise ValueError(f"worker {worker}: {len(rounds)} rounds; a period needs at least 3")
     times = [float(e["time"]) for e in rounds]
@@ -241,6 +251,7 @@ def run_dir_result(run: Run, out: Path) -> RunResult:
             json.loads((out / "workers" / f"worker{w}.json").read_text()),
             tokens_per_step,
             spans=run.exchange == "blocking",
+            warmup_s=run.warmup_s,
         )
         for w in range(run.workers)
     )
@@ -646,6 +657,10 @@ def main() -> None:
         "--time-to-loss", action="store_true", help="also the end-to-end time-to-loss check"
     )
     parser.add_argument("--keep", type=Path, help="keep the run folders here")
+    parser.add_argument(
+        "--runs",
+        help="only these runs, comma-separated names (e.g. 'shared server,unequal'; default: all)",
+    )
     args = parser.parse_args()
     if args.load is not None:
         reprint(args.load)
@@ -659,13 +674,21 @@ def main() -> None:
     for m in modes:
         if m not in ("blocking", "overlapped"):
             raise SystemExit(f"wan_fidelity: --exchange: got {m!r}; blocking or overlapped")
+    bases = QUICK if args.quick else RUNS
+    if args.runs:
+        names = [n.strip() for n in args.runs.split(",") if n.strip()]
+        known = [r.name for r in (*RUNS, *QUICK)]
+        for n in names:
+            if n not in known:
+                raise SystemExit(f"wan_fidelity: --runs: got {n!r}; one of {', '.join(known)}")
+        bases = tuple(r for r in (*RUNS, *QUICK) if r.name in names)
     work = args.keep or Path(tempfile.mkdtemp(prefix="wan_fidelity-"))
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     extra: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                              "uptime": [uptime]}  # fmt: skip
     results: list[RunResult] = []
     try:
-        for base in QUICK if args.quick else RUNS:
+        for base in bases:
             for mode in modes:
                 run = Run(**{**asdict(base), "links": base.links, "exchange": mode})
                 results.append(launch(run, work / f"{base.name}-{mode}".replace(" ", "-")))

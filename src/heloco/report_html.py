@@ -3,7 +3,7 @@
 A view of the run folders `heloco.report` reads: loss vs tokens and vs time per run and per
 language, the comparison table, and per run a timeline of each worker's rounds (receive,
 compute, send, idle) with the staleness of each arrival, each worker's link use where the
-rounds carry bytes, the correction statistics over time and the run's config (collapsed).
+rounds carry bytes (beside each link's set rate, for a shaped run's ``wan.json``), the correction statistics over time and the run's config (collapsed).
 The timelines come from ``events.jsonl`` through :mod:`heloco.timeline` (measured times
 where the round events carry them, else derived from the run's settings), the same data the
 PNG/SVG Gantt chart of `heloco report` draws.
@@ -18,6 +18,7 @@ from typing import Any
 
 from heloco import __version__
 from heloco.metrics import EVENTS_FILE
+from heloco.net.wanfile import read_settings
 from heloco.report import (
     RunData,
     common_budget,
@@ -104,7 +105,8 @@ def timeline_figure(chart: GanttChart) -> dict[str, Any]:
 
 
 def link_figure(label: str, chart: GanttChart) -> dict[str, Any]:
-    """Bytes per second on each worker's link over time, sent (solid) and received (dashed)."""
+    """Bytes per second on each worker's link over time, sent (solid) and received (dashed),
+    and each link's set rate (dotted) for a shaped run."""
     traces = [
         {
             "type": "scatter",
@@ -121,6 +123,23 @@ def link_figure(label: str, chart: GanttChart) -> dict[str, Any]:
             "meta": {"kind": f"link-{use.direction}"},
         }
         for use in chart.link
+    ]
+    span = [min(u.times[0] for u in chart.link), max(u.times[-1] for u in chart.link)]
+    traces += [
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "name": rate.label,
+            "x": span,
+            "y": [rate.bytes_per_s / 1e6] * 2,
+            "line": {
+                "width": 1.2,
+                "color": "#000000" if rate.worker is None else COLORS[rate.worker % len(COLORS)],
+                "dash": "dot" if rate.direction != "receive" else "dashdot",
+            },
+            "meta": {"kind": "set-rate"},
+        }
+        for rate in chart.set_rates
     ]
     return {
         "data": traces,
@@ -340,7 +359,7 @@ def report_page(runs: Sequence[RunData], command: str) -> Page:
             lines.append(f"{stale} arrivals applied in {len(ev.updates)} updates.")
         page.bullets(lines)
         if wts:
-            chart = gantt_chart(run.label, wts)
+            chart = gantt_chart(run.label, wts, read_settings(run.path))
             height = max(300, 140 + 40 * len(chart.lanes))
             page.figure(f"hl-timeline-{n}", timeline_figure(chart), height=height)
             if chart.link:

@@ -30,7 +30,7 @@ SERVER_FILES = (
 )
 SERVER_DIRS = ("checkpoints",)
 # ... and what `heloco launch` adds around it: --overwrite of a launch removes all of these.
-RUN_FILES = (*SERVER_FILES, "launch-config.toml")
+RUN_FILES = (*SERVER_FILES, "launch-config.toml", "wan.json")
 RUN_DIRS = (*SERVER_DIRS, "workers", "logs", "keys")
 
 

@@ -1,5 +1,6 @@
 """Each worker's rounds on the run's clock: receive, compute, send and idle, the staleness of
-each arrival, and the bytes per second on each worker's link.
+each arrival, and the bytes per second on each worker's link (beside each link's set rate,
+for a run over an emulated WAN that saved its settings: ``wan.json``, heloco.net.wanfile).
 
 Read from ``events.jsonl`` as written (docs/heloco-metrics.md): a ``round`` event holds its
 dispatch (``start``) and arrival (``time``) and, where the loop measured them, when it
@@ -39,6 +40,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from heloco.metrics import RunStats
+from heloco.net.wanfile import WanSettings, read_settings
 from heloco.report import RunData, iter_events, save_figure
 from shardmeter.errors import from_pydantic
 
@@ -329,8 +331,51 @@ class LinkUse:
 
 
 @dataclass(frozen=True)
+class SetRate:
+    """A link's set rate (bytes/s) on the link-use panel: worker ``worker``'s path to the
+    server in ``direction`` (its pushes: ``send``; its dispatches: ``receive``), or, with
+    ``worker`` None, the server's own link that every worker shares."""
+
+    worker: int | None
+    direction: Literal["send", "receive", "both"]
+    bytes_per_s: float
+
+    @property
+    def label(self) -> str:
+        who = "server link (shared)" if self.worker is None else f"worker {self.worker}"
+        way = "" if self.direction == "both" else f" {self.direction}"
+        return f"{who}{way} set rate"
+
+
+def set_rates(wan: WanSettings | None, workers: Sequence[int]) -> list[SetRate]:
+    """The set rates of a shaped run's links (``wan.json``, :mod:`heloco.net.wanfile`) for
+    ``workers``: each worker's path one line per direction (one, ``both``, where the two
+    are equal), and the shared server link's; none for an unshaped path or run. Bytes/s =
+    the set bit/s / 8 (the link use is drawn in bytes)."""
+    if wan is None:
+        return []
+    out: list[SetRate] = []
+
+    def add(worker: int | None, send: float | None, receive: float | None) -> None:
+        if send is not None and send == receive:
+            out.append(SetRate(worker, "both", send / 8.0))
+            return
+        for way, bps in (("send", send), ("receive", receive)):
+            if bps is not None:
+                out.append(SetRate(worker, way, bps / 8.0))  # type: ignore[arg-type]
+
+    for w in workers:
+        if 0 <= w < len(wan.workers):
+            add(w, wan.path_bps(w, "send"), wan.path_bps(w, "receive"))
+    if wan.shared:
+        add(None, wan.server_bps("send"), wan.server_bps("receive"))
+    return out
+
+
+@dataclass(frozen=True)
 class GanttChart:
-    """What a timeline chart draws: lanes top to bottom, bars, staleness markers, link use."""
+    """What a timeline chart draws: lanes top to bottom, bars, staleness markers, link use
+    and, for a shaped run, each link's set rate."""
 
     title: str
     lanes: list[str]
@@ -339,6 +384,7 @@ class GanttChart:
     link: list[LinkUse] = field(default_factory=list)
     shown_rounds: int = 0
     total_rounds: int = 0
+    set_rates: list[SetRate] = field(default_factory=list)
 
     def count(self, kind: Kind) -> int:
         """Bars of ``kind``."""
@@ -379,10 +425,13 @@ def link_use(workers: Sequence[WorkerTimeline], until: float = math.inf) -> list
     return out
 
 
-def gantt_chart(label: str, workers: Sequence[WorkerTimeline]) -> GanttChart:
+def gantt_chart(
+    label: str, workers: Sequence[WorkerTimeline], wan: WanSettings | None = None
+) -> GanttChart:
     """The bars, staleness markers and link use of a run's timelines: per worker one lane
     (``worker w``), plus an ``worker w exchange`` lane for its receives and sends where they
-    overlap its compute. At most :data:`MAX_ROUNDS` rounds (the earliest) are drawn."""
+    overlap its compute. At most :data:`MAX_ROUNDS` rounds (the earliest) are drawn. ``wan``
+    (a shaped run's ``wan.json``) adds each link's set rate to the link use."""
     spans = sorted((s for wt in workers for s in wt.rounds), key=lambda s: s.start)
     shown = spans[:MAX_ROUNDS]
     horizon = max((s.arrival for s in shown), default=0.0)
@@ -407,14 +456,16 @@ def gantt_chart(label: str, workers: Sequence[WorkerTimeline]) -> GanttChart:
     if len(spans) > len(shown):
         title += f" (the first {len(shown)} of {len(spans)} rounds)"
     link = link_use(workers, until=horizon)
-    return GanttChart(title, lanes, bars, arrivals, link, len(shown), len(spans))
+    rates = set_rates(wan, [wt.worker for wt in workers]) if link else []
+    return GanttChart(title, lanes, bars, arrivals, link, len(shown), len(spans), rates)
 
 
 # -- the PNG/SVG chart ------------------------------------------------------------------------
 def plot_timeline(chart: GanttChart, out_dir: Path, stem: str) -> list[Path]:
     """``out_dir/stem.png`` and ``.svg``: the Gantt chart (lanes top to bottom, one color per
     segment kind, a triangle with the staleness at each applied arrival) and, where the
-    rounds carry bytes, each worker's link use below it (MB/s sent and received)."""
+    rounds carry bytes, each worker's link use below it (MB/s sent and received), with each
+    link's set rate as a dotted line for a shaped run."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -463,6 +514,15 @@ def plot_timeline(chart: GanttChart, out_dir: Path, stem: str) -> list[Path]:
             lx.step(use.times, [r / 1e6 for r in use.rates], where="post", linestyle=style,
                     linewidth=1, color=f"C{use.worker % 10}",
                     label=f"worker {use.worker} {use.direction}")  # fmt: skip
+        for rate in chart.set_rates:
+            color = "black" if rate.worker is None else f"C{rate.worker % 10}"
+            dots = ":" if rate.direction != "receive" else "-."
+            lx.axhline(rate.bytes_per_s / 1e6, linestyle=dots, linewidth=1.2, color=color,
+                       label=rate.label)  # fmt: skip
+        if chart.set_rates:  # headroom above the set rates for the legend
+            top = max([r.bytes_per_s for r in chart.set_rates]
+                      + [x for u in chart.link for x in u.rates]) / 1e6  # fmt: skip
+            lx.set_ylim(0, 1.6 * top)
         lx.set_ylabel("link use (MB/s)")
         lx.grid(alpha=0.3)
         lx.legend(fontsize="x-small", ncol=4)
@@ -480,8 +540,9 @@ def timeline_stem(label: str) -> str:
 
 
 def plot_timelines(runs: Sequence[RunData], out_dir: Path) -> list[Path]:
-    """Each run's Gantt chart (:func:`plot_timeline`) as ``timeline_<run>.png`` and ``.svg``;
-    a run whose rounds carry no dispatch times has none."""
+    """Each run's Gantt chart (:func:`plot_timeline`) as ``timeline_<run>.png`` and ``.svg``
+    (with the set rates of a shaped run's ``wan.json``); a run whose rounds carry no dispatch
+    times has none."""
     from heloco.metrics import EVENTS_FILE
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -489,6 +550,6 @@ def plot_timelines(runs: Sequence[RunData], out_dir: Path) -> list[Path]:
     for run in runs:
         workers = timelines(run, read_events(run.path / EVENTS_FILE))
         if workers:
-            chart = gantt_chart(run.label, workers)
+            chart = gantt_chart(run.label, workers, read_settings(run.path))
             written += plot_timeline(chart, out_dir, timeline_stem(run.label))
     return written

@@ -22,7 +22,7 @@ from heloco.overlap import eager_start, overlapped_dispatch
 from heloco.server import Server, ServerConfig, SubmissionRejected
 from heloco.sim import build_run, parse_sim_config, run_simulation
 from heloco.sim.build import ClockSetup
-from heloco.sim.clock import InnerSetup, link_seconds, resolve_links
+from heloco.sim.clock import InnerSetup, link_seconds, request_seconds, resolve_links
 from heloco.sim.loop import simulate
 from heloco.types import Dispatch, RoundResult, RoundTiming
 from shardmeter.errors import UserInputError
@@ -61,13 +61,21 @@ def test_link_seconds_is_latency_plus_bytes_over_rate() -> None:
     assert link_seconds(0, 100.0, 0.02) == pytest.approx(0.02)
 
 
+def test_a_leg_is_a_request_and_its_reply() -> None:
+    """Each leg of the exchange waits for a reply (the push for its ack, the pull's request
+    for the dispatch): two one-way latencies per leg, one round trip, as the runtime pays."""
+    assert request_seconds(1_000_000, 8.0, 0.05) == pytest.approx(1.10)
+    assert request_seconds(0, 100.0, 0.02) == pytest.approx(0.04)
+
+
 def test_links_charge_payload_up_and_dispatch_down(values: Callable[..., dict[str, Any]]) -> None:
     v = values(workers=2, link_mbit=[8.0, 16.0], link_latency=[0.1, 0.0])
     n = n_params(v)
     links = resolve_links(InnerSetup.of(parse_sim_config(v)), [n])
     assert links is not None
     assert links.pull_bytes == 4 * n and links.push_bytes == [4 * n, 4 * n]
-    assert links.up[0] == pytest.approx(0.1 + 4 * n / 1e6)
+    assert links.up[0] == pytest.approx(2 * 0.1 + 4 * n / 1e6)  # a round trip + the bytes
+    assert links.down[0] == pytest.approx(2 * 0.1 + 4 * n / 1e6)
     assert links.down[1] == pytest.approx(4 * n / 2e6)
     sign = resolve_links(
         InnerSetup.of(parse_sim_config(values(payload="sign", link_mbit=[8.0]))), [n]

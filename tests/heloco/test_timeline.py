@@ -10,18 +10,24 @@ import pytest
 
 from heloco.cli import main as heloco
 from heloco.metrics import MetricsWriter, round_event
+from heloco.net.wan import EmulatedWan, LinkSpec
+from heloco.net.wanfile import WAN_FILE, LinkSetting, WanSettings, read_settings, write_settings
 from heloco.report import RunData
+from heloco.report_html import link_figure
 from heloco.timeline import (
     RoundEvent,
     RunEvents,
+    SetRate,
     UpdateEvent,
     gantt_chart,
     link_use,
     rate_steps,
+    set_rates,
     timelines,
     uncovered,
 )
 from heloco.types import RoundTiming
+from shardmeter.errors import UserInputError
 
 RUN = RunData(Path("run"), "run", [], {}, {"comm_delays": [9.0, 9.0]})  # measured times win
 
@@ -106,3 +112,74 @@ def test_receive_and_send_are_not_confused(swap: bool) -> None:
     t = [0, 2, 2, 5, 5, 6] if not swap else [0, 1, 1, 4, 4, 6]
     (w,) = timelines(RUN, RunEvents([measured(0, 0, t)], []))
     assert (w.seconds("receive"), w.seconds("send")) == ((2, 1) if not swap else (1, 2))
+
+
+# -- the set rate of a shaped run's links (wan.json) ------------------------------------------
+MBIT = 1e6
+SHAPED = WanSettings(
+    mtu=1500,
+    shared=True,
+    server=LinkSetting(up_bps=10 * MBIT, down_bps=10 * MBIT),
+    workers=[
+        LinkSetting(up_bps=20 * MBIT, down_bps=20 * MBIT, rtt_s=0.02),
+        LinkSetting(up_bps=8 * MBIT, down_bps=16 * MBIT),
+    ],
+)
+
+
+def test_set_rates_are_each_paths_slower_end_in_bytes() -> None:
+    # worker 0: min(20, 10) both ways; worker 1: pushes at its own 8 up, dispatches at the
+    # server's 10 up (its 16 down is faster); the shared server link: 10 both ways.
+    assert set_rates(SHAPED, [0, 1]) == [
+        SetRate(0, "both", 10 * MBIT / 8),
+        SetRate(1, "send", 8 * MBIT / 8),
+        SetRate(1, "receive", 10 * MBIT / 8),
+        SetRate(None, "both", 10 * MBIT / 8),
+    ]
+    unshared = SHAPED.model_copy(update={"shared": False, "server": LinkSetting()})
+    assert set_rates(unshared, [0]) == [SetRate(0, "both", 20 * MBIT / 8)]
+    assert set_rates(None, [0, 1]) == []
+
+
+def test_wan_settings_round_trip_and_a_bad_file_names_its_field(tmp_path: Path) -> None:
+    links = [LinkSpec(), LinkSpec(50 * MBIT, 50 * MBIT, 0.04), LinkSpec(20 * MBIT, 5 * MBIT)]
+    wan = EmulatedWan(["server", "worker0", "worker1"], links)  # not started: no root needed
+    write_settings(tmp_path, wan)
+    got = read_settings(tmp_path)
+    assert got is not None and not got.shared and got.mtu == wan.mtu
+    assert got.workers[0] == LinkSetting(up_bps=50 * MBIT, down_bps=50 * MBIT, rtt_s=0.04)
+    assert (got.path_bps(1, "send"), got.path_bps(1, "receive")) == (20 * MBIT, 5 * MBIT)
+    assert read_settings(tmp_path / "none") is None  # a folder without the file: no set rates
+    doc = json.loads((tmp_path / WAN_FILE).read_text())
+    doc["workers"][0]["up_bps"] = -1
+    (tmp_path / WAN_FILE).write_text(json.dumps(doc))
+    with pytest.raises(UserInputError, match="up_bps"):
+        read_settings(tmp_path)
+
+
+def test_the_link_charts_draw_the_set_rate() -> None:
+    events = RunEvents([measured(0, 0, [0, 1, 1, 3, 3, 5], sent=300, received=400)], [])
+    chart = gantt_chart("run", timelines(RUN, events), SHAPED)
+    assert [r.label for r in chart.set_rates] == [
+        "worker 0 set rate",
+        "server link (shared) set rate",
+    ]
+    fig = link_figure("run", chart)
+    lines = [t for t in fig["data"] if t["meta"]["kind"] == "set-rate"]
+    assert [t["y"] for t in lines] == [[1.25, 1.25], [1.25, 1.25]]  # MB/s
+    assert lines[0]["x"] == [0, 5]  # across the link use drawn
+    assert gantt_chart("run", timelines(RUN, events)).set_rates == []  # old folder: none
+
+
+def test_heloco_report_draws_a_shaped_runs_set_rate(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "a"
+    with MetricsWriter(run) as writer:
+        t = RoundTiming(0, 1, 1, 3, 3, 4, bytes_sent=10, bytes_received=20)
+        writer.event(round_event(0, 0, 2, 64, 3.0, 0, 4, t))
+        writer.event({"type": "eval", "tokens": 64, "time": 5.0, "revision": 1, "loss": 3.0})
+    (run / "config.json").write_text(json.dumps({"paces": [1.0]}))
+    (run / WAN_FILE).write_text(SHAPED.model_dump_json())
+    out = tmp_path / "report"
+    assert heloco(["report", str(run), "--out", str(out)]) == 0
+    svg = (out / "timeline_a.svg").read_text()
+    assert "worker 0 set rate" in svg and "server link (shared) set rate" in svg

@@ -17,6 +17,7 @@ import pytest
 from heloco.cli import main
 from heloco.net import wan
 from heloco.net.wan import EmulatedWan, LinkSpec, parse_link, parse_links, probe
+from heloco.net.wanfile import read_settings
 
 WHY = wan.unavailable(need_tun=True) if sys.platform == "linux" else "not Linux"
 needs_wan = pytest.mark.skipif(WHY is not None, reason=f"emulated WAN unavailable: {WHY}")
@@ -158,6 +159,9 @@ def test_launch_trains_across_shaped_links_and_cleans_up(tmp_path: Path) -> None
     log = (tmp_path / "logs" / "worker1.log").read_text()
     assert "rounds" in log
     assert ours() == before
+    links = read_settings(tmp_path)  # the links as set, for `heloco report`'s set-rate line
+    assert links is not None and links.shared and links.server.up_bps == 100e6
+    assert [(w.up_bps, w.rtt_s) for w in links.workers] == [(50e6, 0.02), (20e6, 0.06)]
 
 
 @needs_wan

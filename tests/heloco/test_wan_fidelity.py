@@ -55,6 +55,17 @@ def test_a_workers_round_comes_from_its_push_arrivals_and_report(bench: ModuleTy
         bench.measure_worker(0, events(0, [2.0, 4.0], True), REPORT, 256.0)
 
 
+def test_a_warm_up_is_left_out_while_three_rounds_remain(bench: ModuleType) -> None:
+    # a start-up of 4 s rounds, then 2 s rounds: measured from the first arrival after 10 s
+    times = [4.0, 8.0, 12.0, 14.0, 16.0, 18.0]
+    m = bench.measure_worker(0, events(0, times, True), REPORT, 256.0, warmup_s=10.0)
+    assert m.period_s == pytest.approx(2.0) and m.rounds == 3
+    whole = bench.measure_worker(0, events(0, times, True), REPORT, 256.0)
+    assert whole.period_s == pytest.approx(14.0 / 5)
+    few = bench.measure_worker(0, events(0, times, True), REPORT, 256.0, warmup_s=15.0)
+    assert few.period_s == whole.period_s  # only 2 left after 15 s: the whole run counts
+
+
 def result(bench: ModuleType, exchange: str, codec: str = "fp32") -> Any:
     link = bench.Link(6e6, 0.04)
     run = bench.Run("t", (link, bench.Link(30e6)), (0.1, 0.1), codec=codec, exchange=exchange)

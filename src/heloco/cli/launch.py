@@ -39,6 +39,7 @@ from heloco.metrics import EVENTS_FILE, SUMMARY_FILE
 from heloco.net import wan as wan_mod
 from heloco.net.endpoint import MAX_SHARDS
 from heloco.net.launcher import TORCH_PRELOAD, LaunchConfig, LaunchResult, LocalCluster, launch
+from heloco.net.wanfile import write_settings
 from heloco.sim import InnerSetup, resolve_paces
 from shardmeter.clikit import bounded
 from shardmeter.errors import UserInputError
@@ -175,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         if wan is not None:
             cfg = start_wan(stack, wan, cfg, args)
+            write_settings(out, wan)  # wan.json: the links as set, for `heloco report`
         if args.quiet:
             result = launch(cfg, main, args.timeout_s, preload=PRELOAD)
         else:

@@ -149,8 +149,21 @@ def link_seconds(nbytes: int, mbit: float, latency: float) -> float:
     return latency + nbytes / (mbit * MBIT)
 
 
+def request_seconds(nbytes: int, mbit: float, latency: float) -> float:
+    """Seconds of one leg of the runtime's exchange: a request of ``nbytes`` bytes and its
+    small reply (the push: Δ, then the server's ack), or a small request and its reply of
+    ``nbytes`` (the pull: a request, then the dispatch); heloco/net/link.py ``NetLink.push``
+    and ``NetLink.pull`` each wait for a reply (heloco/net/client.py ``Client.call``). Two
+    messages, so Hockney's t0 twice: T = 2·L + B / W (Hockney 1994, Eq. 1, per message),
+    one round trip per leg, two per exchange, as ShardMeter's ``heloco_exchange_s`` charges.
+    B bytes, W = mbit · 10⁶ / 8 bytes/s, T and L (one-way) in seconds."""
+    return link_seconds(nbytes, mbit, latency) + latency
+
+
 def resolve_links(cfg: InnerSetup, numels: Sequence[int]) -> LinkTimes | None:
-    """Each worker's push and pull seconds from ``link_mbit`` (None when it is unset).
+    """Each worker's push and pull seconds from ``link_mbit`` (None when it is unset), each
+    leg a request and its reply (:func:`request_seconds`): the push until its ack, the pull
+    from its request until the dispatch is in.
 
     A worker's rate is its own link's, or its fair share of a shared server link when that
     is slower: W_w = min(link_w, server / K) (every one of the K workers sending at once; an
@@ -166,8 +179,8 @@ def resolve_links(cfg: InnerSetup, numels: Sequence[int]) -> LinkTimes | None:
     ]
     push = payload_bytes(cfg.payload, numels)
     pull = 4 * sum(numels)
-    up = [link_seconds(push, rates[w], float(latency[w])) for w in range(k)]
-    down = [link_seconds(pull, rates[w], float(latency[w])) for w in range(k)]
+    up = [request_seconds(push, rates[w], float(latency[w])) for w in range(k)]
+    down = [request_seconds(pull, rates[w], float(latency[w])) for w in range(k)]
     return LinkTimes(up, down, [push] * k, pull)
 
 
