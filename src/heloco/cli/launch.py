@@ -79,9 +79,16 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--exchange",
-        choices=("blocking", "overlapped"),
+        choices=("blocking", "overlapped", "streaming"),
         help="blocking (default): push, pull, then train; overlapped: push and pull in the "
-        "background while the next round trains (the run config's `exchange`; docs/wan.md)",
+        "background while the next round trains; streaming: one of --fragments fragments every "
+        "H/P steps, in the background (the run config's `exchange`; docs/wan.md)",
+    )
+    p.add_argument(
+        "--fragments",
+        type=int,
+        metavar="P",
+        help="streaming: fragments of the model (the run config's `fragments`)",
     )
     p.add_argument(
         "--shards",
@@ -142,6 +149,8 @@ def run_config(args: argparse.Namespace) -> SimConfig:
         overrides["payload"] = args.payload
     if args.exchange is not None:
         overrides["exchange"] = args.exchange
+    if getattr(args, "fragments", None) is not None:
+        overrides["fragments"] = args.fragments
     if args.workers is not None:
         overrides["workers"] = args.workers
         # a preset's paces are for its own K: one second per step unless --paces says more
