@@ -267,6 +267,31 @@ def test_outer_loop_in_process_matches_simulator(
     assert [a.staleness for a in arrivals] == [0] * 8  # one worker: no fragment ages
 
 
+def test_sub_rounds_keep_the_inner_optimizer_until_a_full_dispatch(
+    values: Callable[..., dict[str, Any]],
+) -> None:
+    """The method resets AdamW each round; a streaming sub-round continues the worker's own
+    model, so only a full dispatch resets it."""
+    from heloco.streaming import begin_sub_round, end_sub_round
+
+    parts = build_run(parse_sim_config(values()))
+    worker = parts.worker(0)
+    assert worker.cfg.reset_each_round
+    stream = Stream(parts.server.fragments, 0.5)
+    d0 = parts.server.dispatch(0)
+    stream.reset(d0)
+    begin_sub_round(worker.boundary, stream, 2, full=True)
+    worker.train_round()
+    end_sub_round(worker.boundary, stream, d0)
+    assert worker.optimizer.state
+    begin_sub_round(worker.boundary, stream, 2, full=False)
+    assert worker.optimizer.state  # kept
+    worker.train_round()
+    end_sub_round(worker.boundary, stream, d0)
+    begin_sub_round(worker.boundary, stream, 2, full=True)
+    assert not worker.optimizer.state  # reset
+
+
 def test_outer_loop_restarts_from_a_full_dispatch_mid_stream(
     values: Callable[..., dict[str, Any]],
 ) -> None:
