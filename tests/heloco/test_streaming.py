@@ -382,7 +382,9 @@ def test_dispatch_and_push_carry_the_fragment() -> None:
     assert _wire_push(coord, 1).type == "ack"
     d = coord.handle(wire.make("pull", {"worker": 0, "incarnation": "a"}))
     assert d.body["fragment"] == 0 and list(d.tensors) == ["blocks.1.w"]
-    # a new process of the slot gets every tensor again
+    # a new process of the slot, right after an accepted push, gets every tensor again
+    coord = _coord()
+    assert _wire_push(coord, 1).type == "ack"
     d = coord.handle(wire.make("pull", {"worker": 0, "incarnation": "b"}))
     assert set(d.tensors) == {"blocks.0.w", "blocks.1.w"}
 
