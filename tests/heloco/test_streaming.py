@@ -463,3 +463,19 @@ def test_push_bytes_are_the_fragment_share_shardmeter_charges(
         assert tensor <= size <= tensor + 4096  # one fragment's tensors and a header
         sizes.append(size)
     assert sum(sizes) / p == pytest.approx(charge, rel=0.02)
+
+
+def test_worker_checks_the_dispatch_fragment_too() -> None:
+    """A dispatch reply's fragment is bounded by the message model, then by the worker's P."""
+    from heloco.net import messages
+    from heloco.net.link import ProtocolError, reply_body
+
+    ok = wire.make("dispatch", {"revision": 0, "steps": 2, "round_id": 0, "fragment": 1})
+    assert reply_body(ok, messages.DispatchBody).fragment == 1
+    for bad in (-1, 2**40, True, 1.0, "1"):
+        body = {"revision": 0, "steps": 2, "round_id": 0, "fragment": bad}
+        with pytest.raises(ProtocolError, match="fragment"):
+            reply_body(wire.make("dispatch", body), messages.DispatchBody)
+    stream = Stream([["a"], ["b"]], 0.5)
+    with pytest.raises(UserInputError, match=r"dispatch\.fragment"):
+        stream.fragment_of(Dispatch({}, 0, 2, 0, 0, 5))  # within the wire's bound, not P's
