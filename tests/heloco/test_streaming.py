@@ -479,3 +479,24 @@ def test_worker_checks_the_dispatch_fragment_too() -> None:
     stream = Stream([["a"], ["b"]], 0.5)
     with pytest.raises(UserInputError, match=r"dispatch\.fragment"):
         stream.fragment_of(Dispatch({}, 0, 2, 0, 0, 5))  # within the wire's bound, not P's
+
+
+def test_cli_flags_reach_the_config_and_errors_are_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from heloco.cli import build_parser, main
+    from heloco.cli.launch import run_config
+
+    assert main(["simulate", "--exchange", "streaming", "--fragments", "4", "--print-config"]) == 0
+    out = capsys.readouterr().out
+    assert 'exchange = "streaming"' in out and "fragments = 4" in out
+    assert main(["simulate", "--exchange", "streaming", "--fragments", "3", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "fragments" in err and "inner_steps = 20" in err
+    args = build_parser().parse_args(["launch", "--out", "x", "--exchange", "streaming",
+                                      "--fragments", "4"])  # fmt: skip
+    assert run_config(args).fragments == 4
+    out_dir = str(tmp_path / "run")
+    assert main(["launch", "--out", out_dir, "--exchange", "streaming", "--shards", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--shards" in err

@@ -166,6 +166,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.timeout_s > 0:
         raise UserInputError("--timeout-s", args.timeout_s, "a number of seconds > 0")
     run_cfg = run_config(args)
+    if run_cfg.exchange == "streaming" and args.shards > 1:  # the server would refuse it
+        raise UserInputError("--shards", args.shards, "1 with exchange = 'streaming'")
     wan = wan_links(args, run_cfg.workers)
     out.mkdir(parents=True, exist_ok=True)
     resolved = out / "launch-config.toml"
