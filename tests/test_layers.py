@@ -66,6 +66,7 @@ HELOCO_LAYERS: tuple[tuple[str, ...], ...] = (
         "heloco.worker",
         "heloco.rounds",
         "heloco.overlap",
+        "heloco.streaming",
         "heloco.worker_state",
         "heloco.codecs",
         "heloco.outer",

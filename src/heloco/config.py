@@ -474,10 +474,26 @@ class RunConfig(BaseModel):
         allow_inf_nan=False,
         description="Mbit/s of the server's own link, shared by every worker (needs link_mbit)",
     )
-    exchange: Literal["blocking", "overlapped"] = Field(
+    exchange: Literal["blocking", "overlapped", "streaming"] = Field(
         "blocking",
         description="blocking: push, pull, then train; overlapped: push and pull in the "
-        "background while the next round trains (heloco.overlap)",
+        "background while the next round trains (heloco.overlap); streaming: one of "
+        "`fragments` fragments every H/P steps, in the background (heloco.streaming)",
+    )
+    fragments: int = Field(
+        2,
+        ge=2,
+        le=1024,
+        description="streaming: P fragments of the model, one pushed every H/P inner steps "
+        "(inner_steps must be a multiple of it)",
+    )
+    stream_alpha: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="streaming: merge weight α of the worker's own fragment, θ ← α·θ_local + "
+        "(1 − α)·θ_global (Streaming DiLoCo; 0: take the global value)",
     )
     overlap_eager: float = Field(
         1.0,
@@ -604,6 +620,9 @@ class RunConfig(BaseModel):
                 raise UserInputError("link_latency", self.link_latency, "finite seconds >= 0")
 
     def _check_exchange(self, synchronous: bool, quorum: bool) -> None:
+        if self.exchange == "streaming":
+            self._check_streaming(synchronous, quorum)
+            return
         if self.exchange != "overlapped":
             return
         if synchronous:
@@ -615,6 +634,31 @@ class RunConfig(BaseModel):
                 "exchange",
                 self.exchange,
                 "'blocking' with grace_window > 0 (the window holds the worker; overlap cannot)",
+            )
+
+    def _check_streaming(self, synchronous: bool, quorum: bool) -> None:
+        """Streaming runs on the plain asynchronous server: one arrival per outer step, the
+        outer rule's state per tensor, a dense payload (heloco.streaming)."""
+        base = self.method.removesuffix("+ab")
+        if synchronous or quorum or base in ("dn", "dn-dylu"):
+            raise UserInputError(
+                "exchange",
+                self.exchange,
+                f"'blocking' or 'overlapped' for method {self.method!r} (streaming needs an "
+                "asynchronous method with per-tensor state: async-nesterov, mla, heloco, "
+                "heloco-uncorrected)",
+            )
+        if self.grace_window > 0:
+            raise UserInputError(
+                "exchange", self.exchange, "'blocking' or 'overlapped' with grace_window > 0"
+            )
+        if parse_payload(self.payload).kind != "dense":
+            raise UserInputError("payload", self.payload, "dense with exchange = 'streaming'")
+        if self.inner_steps % self.fragments != 0:
+            raise UserInputError(
+                "fragments",
+                self.fragments,
+                f"a divisor of inner_steps = {self.inner_steps} (H/P steps per fragment)",
             )
 
     def server_quorum(self) -> int:

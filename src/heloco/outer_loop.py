@@ -22,7 +22,10 @@ uses the link; it broadcasts every dispatch to the other ranks (:class:`heloco.i
 
 With ``exchange="overlapped"`` the push and the next pull run in a background thread while
 the next round trains from the newest dispatch with the worker's own Δ applied eagerly
-(:mod:`heloco.overlap` defines the scheme; the simulator runs the same one).
+(:mod:`heloco.overlap` defines the scheme; the simulator runs the same one). With
+``exchange="streaming"`` each round is a sub-round of H/P steps whose push carries one
+fragment's Δ, in the background, and the returned fragment is merged with ``alpha``
+(:mod:`heloco.streaming`; the simulator drives the same :class:`~heloco.streaming.Stream`).
 
 A :class:`Link` is how the worker reaches its server: :class:`heloco.net.link.NetLink` over
 ZeroMQ (what ``heloco work`` uses) or :class:`LocalLink` to a :class:`heloco.server.Server` in
@@ -47,6 +50,7 @@ from heloco.island import Island, IslandMode
 from heloco.overlap import EXCHANGES, overlapped_dispatch
 from heloco.rounds import DataPosition, Rounds, StateDict
 from heloco.server import Server, SubmissionRejected
+from heloco.streaming import Stream, begin_sub_round, end_sub_round, fragments_of
 from heloco.types import Dispatch, PushOutcome, RoundResult
 from heloco.worker_state import load_states, pick_state, save_states
 from shardmeter.errors import UserInputError
@@ -189,7 +193,10 @@ class OuterLoop:
     when ``rounds`` is given (that object's own payload applies). ``exchange``: ``"blocking"``
     (push, pull, then train) or ``"overlapped"`` (push and pull in the background while the
     next round trains from the newest dispatch minus ``eager`` times this worker's own last Δ;
-    :mod:`heloco.overlap`; the server must run with ``exchange = "overlapped"``).
+    :mod:`heloco.overlap`; the server must run with ``exchange = "overlapped"``) or
+    ``"streaming"`` (sub-rounds of H/P steps, each pushing one of ``fragments`` fragments in the
+    background and merging the one returned with weight ``alpha``; :mod:`heloco.streaming`;
+    the server must run with ``exchange = "streaming"`` and the same ``fragments``).
     """
 
     def __init__(
@@ -211,9 +218,11 @@ class OuterLoop:
         payload: str | None = None,
         exchange: str = "blocking",
         eager: float = 1.0,
+        fragments: int = 2,
+        alpha: float = 0.5,
     ) -> None:
-        if exchange not in EXCHANGES:
-            raise UserInputError("exchange", exchange, "'blocking' or 'overlapped'")
+        if exchange not in (*EXCHANGES, "streaming"):
+            raise UserInputError("exchange", exchange, "'blocking', 'overlapped' or 'streaming'")
         if not 0.0 <= eager <= 1.0:
             raise UserInputError("eager", eager, "a number in [0, 1]")
         self.overlapped = exchange == "overlapped"
@@ -249,6 +258,18 @@ class OuterLoop:
         self._pending_loss: torch.Tensor | float | None = None
         self._round_t0 = 0.0
         self._like = {n: p.detach() for n, p in self.rounds.named}
+        self.stream: Stream | None = None
+        if exchange == "streaming":
+            if self.island.size > 1:
+                raise UserInputError(
+                    "exchange", exchange, "'blocking' or 'overlapped' in an island of > 1 rank"
+                )
+            if self.rounds.feedback is not None:
+                raise UserInputError("payload", payload, "dense with exchange = 'streaming'")
+            if fragments < 2:
+                raise UserInputError("fragments", fragments, "an integer >= 2")
+            shapes = {n: tuple(p.shape) for n, p in self.rounds.named}
+            self.stream = Stream(fragments_of(shapes, fragments), alpha)
 
     # -- context ----------------------------------------------------------------------------
     def __enter__(self) -> OuterLoop:
@@ -334,6 +355,9 @@ class OuterLoop:
         return not self.done
 
     def _finish_round(self) -> None:
+        if self.stream is not None:
+            self._finish_streaming(self.stream)
+            return
         result = self.rounds.compress(self.island.reduce(self.rounds.end(compress=False)))
         compute_s = time.perf_counter() - self._round_t0
         note = getattr(self.link, "note_round", None)  # a NetLink times the round's push
@@ -397,6 +421,58 @@ class OuterLoop:
             self._inflight = Exchange(self.link, result, compute_s)
         self._begin(overlapped_dispatch(latest, result.delta, self.eager))
 
+    def _finish_streaming(self, stream: Stream) -> None:
+        """The boundary of a streaming sub-round (:mod:`heloco.streaming`): collect the
+        exchange begun at the last boundary (its dispatch D_k, which this sub-round's push
+        answers), measure Δ of the fragment D_k names, merge the fragment D_k carries, start
+        this push and the next pull in the background, and go on training from θ."""
+        compute_s = time.perf_counter() - self._round_t0
+        note = getattr(self.link, "note_round", None)
+        if note is not None:
+            note(self._round_t0, self._round_t0 + compute_s)
+        answers = self._latest
+        if self._exchanging:
+            inflight, self._inflight = self._inflight, None
+            outcome, arrived = inflight.join() if inflight is not None else (None, None)
+            assert self._pushed is not None
+            self._after_push(*self._pushed, outcome, outcome is not None and outcome.accepted)
+            if arrived is None:  # the run is over: this sub-round is never sent
+                self.done = True
+                return
+            if stream.is_full(arrived):
+                # Not the answer to an accepted push (a restart, an eviction, a refused push):
+                # every anchor moved, so this sub-round's Δ would be refused. Start over.
+                self.rounds.end(compress=False, delta=False)
+                self._exchanging = False
+                self._start_stream(arrived)
+                return
+            answers = arrived
+        assert answers is not None
+        result = end_sub_round(self.rounds, stream, answers)
+        if self._exchanging:
+            stream.merge(answers)
+        self._latest = answers
+        self._save_boundary(result)
+        self._exchanging = True
+        self._pushed = (result, compute_s)
+        if self.link is not None:
+            self._inflight = Exchange(self.link, result, compute_s)
+        self._begin_stream(answers.steps, full=False)
+
+    def _start_stream(self, dispatch: Dispatch) -> None:
+        """A full dispatch: load it and begin a first sub-round from it."""
+        assert self.stream is not None
+        self.stream.reset(dispatch)
+        self._latest = dispatch
+        self._begin_stream(dispatch.steps, full=True)
+
+    def _begin_stream(self, steps: int, full: bool) -> None:
+        assert self.stream is not None
+        begin_sub_round(self.rounds, self.stream, steps, full)
+        if self.state_file is not None:
+            self._start_state = self.rounds.state_dict()
+        self._round_t0 = time.perf_counter()
+
     def _save_boundary(self, result: RoundResult) -> None:
         """Keep the states of a restart at this boundary: the round's start (its push is lost)
         and its end (its push was accepted), by the accepted-step count each belongs to."""
@@ -428,6 +504,9 @@ class OuterLoop:
         dispatch = self.island.broadcast_dispatch(dispatch, self._like)
         if dispatch is None:
             self.done = True
+            return
+        if self.stream is not None:
+            self._start_stream(dispatch)
             return
         if self.overlapped:
             self._latest = dispatch

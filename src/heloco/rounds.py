@@ -186,13 +186,16 @@ class Rounds:
         self._losses = 0
 
     # -- the boundary ---------------------------------------------------------------------
-    def begin(self, dispatch: Dispatch) -> None:
-        """Load ``dispatch.params`` into the model and start counting the round's steps."""
+    def begin(self, dispatch: Dispatch, reset: bool = True) -> None:
+        """Load ``dispatch.params`` into the model and start counting the round's steps.
+
+        ``reset=False`` keeps the inner optimizer's state even when the method resets it each
+        round (a streaming sub-round continues the worker's own model: :mod:`heloco.streaming`)."""
         if dispatch.steps < 0:
             raise UserInputError("steps", dispatch.steps, "an integer >= 0")
         check_params(self.named, dispatch.params)
         load_params(self.named, dispatch.params)
-        if self.reset_optimizer and self.optimizer is not None:
+        if reset and self.reset_optimizer and self.optimizer is not None:
             reset_optimizer_state(self.optimizer)
         self.dispatch = dispatch
         self.steps_done = 0
@@ -221,21 +224,30 @@ class Rounds:
         """The current round has taken the steps its dispatch asked for."""
         return self.dispatch is not None and self.steps_done >= self.dispatch.steps
 
-    def end(self, compress: bool = True) -> RoundResult:
+    @torch.no_grad()
+    def current(self) -> Params:
+        """The model's parameters now: fp32 copies on the CPU, in the model's order."""
+        return {
+            name: full_tensor(p.detach()).to("cpu", torch.float32, copy=True)
+            for name, p in self.named
+        }
+
+    def end(self, compress: bool = True, delta: bool = True) -> RoundResult:
         """Δ of the round (fp32, CPU) and its counts; a round of 0 steps has a zero Δ and a
         NaN mean loss. The one host sync of the round reads the summed loss. With a
         ``feedback`` payload Δ is compressed (``compress=False``: not yet, see
-        :meth:`compress`, for an island that averages its ranks' Δ first)."""
+        :meth:`compress`, for an island that averages its ranks' Δ first). ``delta=False``:
+        the counts only, Δ empty (a streaming sub-round measures its fragment's own)."""
         d = self.dispatch
         if d is None:
             raise RuntimeError("Rounds.end() without a round begun")
-        delta = pseudo_gradient(d.params, self.named)
+        delta_ = pseudo_gradient(d.params, self.named) if delta else {}
         mean_loss = float(self._loss_sum.item()) / self._losses if self._losses else math.nan
         self.dispatch = None
         self.rounds += 1
         result = RoundResult(
             worker=self.worker,
-            delta=delta,
+            delta=delta_,
             steps=self.steps_done,
             tokens=self.tokens,
             mean_loss=mean_loss,

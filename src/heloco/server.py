@@ -35,12 +35,20 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from heloco.config import DyluReference
 from heloco.outer.base import Arrival, OptimizerState, OuterOptimizer, StepStats
+from heloco.streaming import MAX_FRAGMENTS, Anchor, fragment_for_round, fragments_of
 from heloco.types import Delta, Dispatch, Params, RoundResult, clone_params
 
 __all__ = ["Dispatch", "Server", "ServerConfig", "SubmissionRejected", "UpdateRecord"]
 
 RejectReason = Literal[
-    "duplicate", "superseded", "unknown", "evicted", "revision_mismatch", "bad_worker", "bad_delta"
+    "duplicate",
+    "superseded",
+    "unknown",
+    "evicted",
+    "revision_mismatch",
+    "bad_worker",
+    "bad_delta",
+    "bad_fragment",
 ]
 
 
@@ -74,6 +82,13 @@ class ServerConfig(BaseModel):
         description="accept a push based on the worker's dispatch before the outstanding one "
         "(the overlapped exchange, heloco.overlap)",
     )
+    fragments: int = Field(
+        0,
+        ge=0,
+        le=MAX_FRAGMENTS,
+        description="streaming (heloco.streaming): P fragments, each push one fragment's Δ and "
+        "each outer step on its tensors only (0: whole-model rounds)",
+    )
 
 
 @dataclass(frozen=True)
@@ -87,6 +102,7 @@ class ArrivalRecord:
     steps: int
     tokens: int
     train_loss: float
+    fragment: int | None = None  # streaming: the fragment the step updated
 
 
 @dataclass(frozen=True)
@@ -124,6 +140,7 @@ class _Outstanding:
     # overlapped: the worker's dispatch before this one (a push may be based on it)
     prev_revision: int | None = None
     prev_steps: int | None = None
+    fragment: int | None = None  # streaming: the fragment the answering push carries
 
 
 def dylu_steps(
@@ -174,6 +191,15 @@ class Server:
         self._last_dispatch: dict[int, tuple[int, int]] = {}  # overlapped: (revision, steps)
         self._pending: list[tuple[RoundResult, int]] = []
         self._evicted: set[int] = set()
+        # streaming (heloco.streaming): the partition, each fragment's outer-update count,
+        # each worker's anchor per fragment, and the fragment of each worker's last accepted
+        # push (its next dispatch carries that fragment only; anything else gets a full one)
+        p = cfg.fragments
+        shapes = {k: tuple(v.shape) for k, v in self.params.items()}
+        self.fragments: list[list[str]] = fragments_of(shapes, p) if p else []
+        self._fragment_updates = [0] * p
+        self._anchors: dict[int, list[Anchor]] = {}
+        self._answer: dict[int, int] = {}
         # Called before θ is written in place: a transport that sends θ without a copy
         # replaces the tensors still being sent (:meth:`unshare`) first.
         self.before_write: Callable[[], None] | None = None
@@ -212,6 +238,8 @@ class Server:
         round_id = self._next_round[worker]
         self._next_round[worker] += 1
         steps = self.steps_for(worker)
+        if self.fragments:
+            return self._stream_dispatch(worker, round_id, steps, copy)
         prev = self._last_dispatch.get(worker) if self.cfg.overlapped else None
         self._outstanding[worker] = _Outstanding(
             round_id,
@@ -228,6 +256,46 @@ class Server:
         else:
             params = dict(self.params)
         return Dispatch(params, self.revision, steps, round_id, worker)
+
+    def _stream_dispatch(self, worker: int, round_id: int, steps: int, copy: bool) -> Dispatch:
+        """Streaming: a sub-round of max(1, ⌊H_w/P⌋) steps whose push carries fragment
+        (round_id + 1) mod P; the fragment of the worker's last accepted push if it has one
+        (that anchor moves here), else every tensor (every anchor moves here)."""
+        p = len(self.fragments)
+        steps = max(1, steps // p)
+        fragment = fragment_for_round(round_id, p)
+        prev = self._last_dispatch.get(worker)
+        self._outstanding[worker] = _Outstanding(
+            round_id,
+            self.revision,
+            steps,
+            None,
+            None if prev is None else prev[1],
+            fragment,
+        )
+        self._last_dispatch[worker] = (self.revision, steps)
+        self._evicted.discard(worker)
+        answered = self._answer.pop(worker, None)
+        anchors = self._anchors.get(worker)
+        if answered is not None and anchors is not None:
+            names = self.fragments[answered]
+            anchors[answered] = Anchor(self.revision, self._fragment_updates[answered])
+        else:
+            names = list(self.params)
+            self._anchors[worker] = [Anchor(self.revision, u) for u in self._fragment_updates]
+        view = {n: self.params[n] for n in names}
+        if copy or not self.optimizer.dispatches_params():
+            params = self.optimizer.dispatch_params(view)
+        else:
+            params = view
+        return Dispatch(params, self.revision, steps, round_id, worker, fragment)
+
+    def restart(self, worker: int) -> None:
+        """A new process serves ``worker`` (streaming): it holds no fragments, so its next
+        dispatch carries every tensor. Nothing else changes."""
+        self._check_worker(worker)
+        self._answer.pop(worker, None)
+        self._anchors.pop(worker, None)
 
     def unshare(self, names: Iterable[str]) -> None:
         """Give the parameters ``names`` fresh storage (a copy) before θ is next written, so a
@@ -258,11 +326,34 @@ class Server:
             return "evicted" if w in self._evicted else "unknown"
         if rid is not None and rid != out.round_id:
             return "superseded" if rid < out.round_id else "unknown"
+        if self.fragments:
+            return self._check_fragment(result, out, validated)
+        if result.fragment is not None:
+            return "bad_fragment"
         if result.base_revision not in (out.revision, out.prev_revision):
             return "revision_mismatch"
         if not validated and not _valid_delta(self.params, result.delta):
             return "bad_delta"
         return None
+
+    def _check_fragment(
+        self, result: RoundResult, out: _Outstanding, validated: bool
+    ) -> RejectReason | None:
+        """Streaming: the push carries the fragment its dispatch named, based on the
+        revision of that fragment's anchor, with exactly the fragment's tensors."""
+        f = result.fragment
+        if f is None or f != out.fragment:
+            return "bad_fragment"
+        anchors = self._anchors.get(result.worker)
+        if anchors is None or result.base_revision != anchors[f].revision:
+            return "revision_mismatch"
+        if not validated and not _valid_delta(self.fragment_params(f), result.delta):
+            return "bad_delta"
+        return None
+
+    def fragment_params(self, fragment: int) -> Params:
+        """θ's tensors of one fragment (the live tensors, in the model's order)."""
+        return {n: self.params[n] for n in self.fragments[fragment]}
 
     def submit(self, result: RoundResult, validated: bool = False) -> UpdateRecord | None:
         """Accept one round. Returns the update it caused, or None while buffered (sync/grace).
@@ -283,6 +374,8 @@ class Server:
         """
         out = self._outstanding.pop(result.worker)
         self._last_accepted[result.worker] = out.round_id
+        if self.fragments and result.fragment is not None:
+            self._answer[result.worker] = result.fragment
         self._pending.append((result, out.round_id))
         if self.cfg.synchronous:
             return self._apply(self._take_pending()) if self._barrier_full() else None
@@ -327,6 +420,8 @@ class Server:
         self._check_worker(worker)
         self._outstanding.pop(worker, None)
         self._last_dispatch.pop(worker, None)  # its next round starts afresh
+        self._answer.pop(worker, None)  # streaming: from a full dispatch
+        self._anchors.pop(worker, None)
         self._evicted.add(worker)
         if self.cfg.synchronous and self._pending and self._barrier_full():
             return self._apply(self._take_pending())
@@ -372,12 +467,17 @@ class Server:
     ) -> UpdateRecord:
         ws = weights if weights is not None else [1.0] * len(items)
         arrivals = [
-            Arrival(r.delta, r.worker, self.revision - r.base_revision, w)
+            Arrival(r.delta, r.worker, self._staleness(r), w)
             for (r, _), w in zip(items, ws, strict=True)
         ]
         if self.before_write is not None:
             self.before_write()
-        stats = self.optimizer.step(self.params, arrivals)
+        fragment = items[0][0].fragment if self.fragments else None
+        if fragment is None:
+            stats = self.optimizer.step(self.params, arrivals)
+        else:  # streaming: one arrival, the outer step on its fragment's tensors only
+            stats = self.optimizer.step(self.fragment_params(fragment), arrivals)
+            self._fragment_updates[fragment] += 1
         records = tuple(
             ArrivalRecord(
                 worker=r.worker,
@@ -387,6 +487,7 @@ class Server:
                 steps=r.steps,
                 tokens=r.tokens,
                 train_loss=r.mean_loss,
+                fragment=r.fragment if self.fragments else None,
             )
             for (r, rid), a in zip(items, arrivals, strict=True)
         )
@@ -394,6 +495,14 @@ class Server:
         record = UpdateRecord(self.revision, records, stats)
         self.log.append(record)
         return record
+
+    def _staleness(self, r: RoundResult) -> int:
+        """τ of an arrival: revisions since its base; streaming: updates of its fragment since
+        the worker's anchor of it (heloco.streaming, "Base and staleness")."""
+        if not self.fragments or r.fragment is None:
+            return self.revision - r.base_revision
+        anchor = self._anchors[r.worker][r.fragment]
+        return self._fragment_updates[r.fragment] - anchor.updates
 
     def _check_worker(self, worker: int) -> None:
         if not 0 <= worker < self.cfg.n_workers:
@@ -435,6 +544,15 @@ class Server:
             "pending": pending,
             "log": [_record_to_json(r) for r in self.log],
         }
+        if self.fragments:
+            meta["streaming"] = {
+                "updates": list(self._fragment_updates),
+                "anchors": {
+                    str(w): [[a.revision, a.updates] for a in anchors]
+                    for w, anchors in self._anchors.items()
+                },
+                "answer": {str(w): f for w, f in self._answer.items()},
+            }
         return ServerState(tensors, meta)
 
     def load_state_dict(self, state: ServerState) -> None:
@@ -478,6 +596,14 @@ class Server:
             )
             self._pending.append((result, int(p["round_id"])))
         self.log = [_record_from_json(r) for r in meta["log"]]
+        stream = meta.get("streaming")
+        if self.fragments and stream is not None:
+            self._fragment_updates = [int(u) for u in stream["updates"]]
+            self._anchors = {
+                int(w): [Anchor(int(a[0]), int(a[1])) for a in anchors]
+                for w, anchors in stream["anchors"].items()
+            }
+            self._answer = {int(w): int(f) for w, f in stream["answer"].items()}
 
 
 def _valid_delta(params: Params, delta: Delta) -> bool:
@@ -507,8 +633,15 @@ def _float(x: float | None) -> float:
 
 def _record_to_json(r: UpdateRecord) -> dict[str, Any]:
     stats = {k: _json_float(v) for k, v in asdict(r.stats).items()}
-    arrivals = [{**asdict(a), "train_loss": _json_float(a.train_loss)} for a in r.arrivals]
+    arrivals = [_arrival_to_json(a) for a in r.arrivals]
     return {"revision": r.revision, "arrivals": arrivals, "stats": stats}
+
+
+def _arrival_to_json(a: ArrivalRecord) -> dict[str, Any]:
+    out = {**asdict(a), "train_loss": _json_float(a.train_loss)}
+    if out["fragment"] is None:  # whole-model rounds: the record as before streaming
+        del out["fragment"]
+    return out
 
 
 def _record_from_json(d: dict[str, Any]) -> UpdateRecord:

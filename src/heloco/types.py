@@ -34,6 +34,7 @@ class RoundResult:
     mean_loss: float
     base_revision: int
     round_id: int | None = None
+    fragment: int | None = None  # streaming: the one fragment Δ covers (heloco.streaming)
 
 
 def clone_params(params: Params) -> Params:
@@ -48,13 +49,17 @@ def zeros_like_params(params: Params) -> Params:
 
 @dataclass(frozen=True)
 class Dispatch:
-    """What a worker receives: start point, its revision, steps to take and the round's id."""
+    """What a worker receives: start point, its revision, steps to take and the round's id.
+
+    ``fragment`` (streaming, :mod:`heloco.streaming`): the fragment the push answering this
+    dispatch carries; ``params`` then holds every tensor or one fragment's."""
 
     params: Params
     revision: int
     steps: int
     round_id: int
     worker: int
+    fragment: int | None = None
 
 
 @dataclass(frozen=True)

@@ -151,6 +151,8 @@ ROWS: list[Row] = [
     Row("server_link_mbit", 1.0, {"link_mbit": [100.0] * 3}),
     Row("exchange", "overlapped"),
     Row("overlap_eager", 0.0, {"exchange": "overlapped"}),
+    Row("fragments", 4, {"exchange": "streaming", "inner_steps": 4}),
+    Row("stream_alpha", 0.0, {"exchange": "streaming"}),
     Row("inner_steps", 3),
     Row("payload", "topk:fraction=0.05"),
     Row("codec", "int8"),

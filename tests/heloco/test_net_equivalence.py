@@ -171,3 +171,31 @@ def test_overlapped_worker_matches_simulator(
     assert rounds[0]["start"] == rounds[0]["recv_start"]
     assert all(r["start"] == r["compute_start"] for r in rounds[1:])
     assert all(r["recv_start"] < p["send_end"] for p, r in itertools.pairwise(rounds[1:]))
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.0])
+def test_streaming_worker_matches_simulator(
+    tmp_path: Path, config: Callable[..., Any], alpha: float
+) -> None:
+    """Streaming fragments (heloco.streaming): the networked worker drives its Stream through
+    OuterLoop, the simulator through its StreamRounds; same sub-rounds, same fragments, same
+    losses. Each push carries one fragment's tensors, a cycle of P pushes on average the
+    per-fragment payload ShardMeter's streaming mode charges (N·32/8 / P, within 2%)."""
+    from shardmeter.estimate.schedule import even_schedule
+
+    cfg = config(exchange="streaming", inner_steps=4, fragments=2, stream_alpha=alpha)
+    session, reports = networked(cfg, tmp_path)
+    net, sim = curves(session, cfg)
+    assert [t for t, _ in net] == [t for t, _ in sim] == [0, 256, 512, 768]
+    assert max(abs(a - b) for (_, a), (_, b) in zip(net, sim, strict=True)) <= ONE_WORKER_TOL
+    arrivals = [a for r in session.side.server.log for a in r.arrivals]
+    assert [a.fragment for a in arrivals] == [1, 0] * 3 and {a.staleness for a in arrivals} == {0}
+    server = session.side.server
+    sizes = [sum(4 * server.params[n].numel() for n in f) for f in server.fragments]
+    pushes = reports[0].push_bytes
+    assert len(pushes) == 6
+    for i, sent in enumerate(pushes):  # fragment (i + 1) mod 2, plus a header
+        assert sizes[(i + 1) % 2] < sent < sizes[(i + 1) % 2] + 4096
+    n = sum(v.numel() for v in server.params.values())
+    charge = float(even_schedule(4, 2).shares[0]) * n * 32 / 8
+    assert sum(pushes) / len(pushes) == pytest.approx(charge, rel=0.02)

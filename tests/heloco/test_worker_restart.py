@@ -33,12 +33,14 @@ SECRET = b"restart-test-secret-0123456789abcd"
 ROUND_TOKENS = 2 * 2 * 32
 
 
-@pytest.mark.parametrize("exchange", ["blocking", "overlapped"])
+@pytest.mark.parametrize("exchange", ["blocking", "overlapped", "streaming"])
 def test_killed_worker_continues_its_data_exactly(
     tmp_path: Path, tiny_net_values: Callable[..., dict[str, Any]], exchange: str
 ) -> None:
     """Overlapped, the kill comes while a push and the next pull may be in flight: the
-    restarted worker resumes from the state of whichever the server accepted."""
+    restarted worker resumes from the state of whichever the server accepted. Streaming
+    (2 fragments: sub-rounds of 1 step), the new process starts from a full dispatch and
+    every fragment push after it is accepted."""
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for lang in ("en", "de"):
@@ -84,6 +86,11 @@ def test_killed_worker_continues_its_data_exactly(
     assert not server.is_alive()
     accepted = sum(a.steps for r in session.side.server.log for a in r.arrivals)
     assert accepted == 12 * cfg.inner_steps
+    if exchange == "streaming":
+        pushed = [(a.round_id, a.fragment) for r in session.side.server.log for a in r.arrivals]
+        assert len(pushed) == len(set(pushed)) == 24  # one step each, none applied twice
+        assert all(f == (rid + 1) % 2 for rid, f in pushed)
+        assert session.coord.counters.rejected == 0, session.coord.counters
     saved = load_states(state)[accepted]  # the state after the last accepted round
     reference = build_run(cfg).worker(0).sampler
     for _ in range(accepted):

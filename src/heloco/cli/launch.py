@@ -80,9 +80,16 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--exchange",
-        choices=("blocking", "overlapped"),
+        choices=("blocking", "overlapped", "streaming"),
         help="blocking (default): push, pull, then train; overlapped: push and pull in the "
-        "background while the next round trains (the run config's `exchange`; docs/wan.md)",
+        "background while the next round trains; streaming: one of --fragments fragments every "
+        "H/P steps, in the background (the run config's `exchange`; docs/wan.md)",
+    )
+    p.add_argument(
+        "--fragments",
+        type=int,
+        metavar="P",
+        help="streaming: fragments of the model (the run config's `fragments`)",
     )
     p.add_argument(
         "--shards",
@@ -143,6 +150,8 @@ def run_config(args: argparse.Namespace) -> RunConfig:
         overrides["payload"] = args.payload
     if args.exchange is not None:
         overrides["exchange"] = args.exchange
+    if getattr(args, "fragments", None) is not None:
+        overrides["fragments"] = args.fragments
     if args.workers is not None:
         overrides["workers"] = args.workers
         # a preset's paces are for its own K: one second per step unless --paces says more
@@ -158,6 +167,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.timeout_s > 0:
         raise UserInputError("--timeout-s", args.timeout_s, "a number of seconds > 0")
     run_cfg = run_config(args)
+    if run_cfg.exchange == "streaming" and args.shards > 1:  # the server would refuse it
+        raise UserInputError("--shards", args.shards, "1 with exchange = 'streaming'")
     wan = wan_links(args, run_cfg.workers)
     out.mkdir(parents=True, exist_ok=True)
     resolved = out / "launch-config.toml"

@@ -59,6 +59,7 @@ FLAG_KEYS: dict[str, str] = {
     "batch": "batch",
     "payload": "payload",
     "exchange": "exchange",
+    "fragments": "fragments",
 }
 
 
@@ -113,9 +114,16 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--exchange",
-        choices=("blocking", "overlapped"),
+        choices=("blocking", "overlapped", "streaming"),
         help="blocking (default): push, pull, then train; overlapped: push and pull in the "
-        "background while the next round trains (the key `exchange`; docs/wan.md)",
+        "background while the next round trains; streaming: one of --fragments fragments every "
+        "H/P steps, in the background (the key `exchange`; docs/wan.md)",
+    )
+    p.add_argument(
+        "--fragments",
+        type=int,
+        metavar="P",
+        help="streaming: fragments of the model, one pushed every H/P steps (the key `fragments`)",
     )
     p.add_argument("--print-config", action="store_true", help="print the TOML and exit")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")

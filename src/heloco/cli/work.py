@@ -53,9 +53,9 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--exchange",
-        choices=("blocking", "overlapped"),
-        help="default: the run config's `exchange`; blocking also joins an overlapped run "
-        "(docs/wan.md)",
+        choices=("blocking", "overlapped", "streaming"),
+        help="default: the run config's `exchange`; blocking also joins an overlapped run; "
+        "streaming only a streaming one (docs/wan.md)",
     )
     p.add_argument("--report", type=Path, help="write a JSON report of this worker here")
     p.add_argument(

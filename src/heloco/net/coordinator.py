@@ -5,7 +5,8 @@ loop (:mod:`heloco.net.endpoint`) stays a thin shell and the logic is testable i
 Requests (worker → server) and replies:
 
 ``hello``     → ``welcome`` {run, heartbeat_s, revision}   (run: the run config the worker builds)
-``pull``      → ``dispatch`` {revision, steps, round_id} + fp32 params | ``wait`` | ``done``
+``pull``      → ``dispatch`` {revision, steps, round_id[, fragment]} + fp32 params | ``wait``
+              | ``done`` (streaming: the params are every tensor or one fragment's)
 ``push``      → ``ack`` {revision, applied, duplicate, staleness} | ``rejected`` {reason}
               (staleness τ = revision at arrival − base revision, as in the revision log;
               None while the round waits for a barrier or grace window)
@@ -242,6 +243,8 @@ class Coordinator:
             raise WireError("replaced", f"a newer process serves worker {worker}")
         if info.incarnation and incarnation and incarnation != info.incarnation:
             self.counters.rejoins += 1
+            if self.server.fragments:  # streaming: the new process holds no fragments
+                self.server.restart(worker)
             self._emit(
                 {"type": "worker", "event": "replaced", "worker": worker, "time": self.elapsed()}
             )
@@ -395,6 +398,8 @@ class Coordinator:
             del self._dispatch_time[key]
         self._dispatch_time[(w, d.round_id)] = (self.elapsed(), d.revision)
         reply = {"revision": d.revision, "steps": d.steps, "round_id": d.round_id}
+        if d.fragment is not None:
+            reply["fragment"] = d.fragment
         if self._shards is not None:
             self._shards.serve_dispatch(d)
             return wire.make("dispatch", reply, re=msg.id)
@@ -404,6 +409,9 @@ class Coordinator:
         """When the dispatch an accepted round trained from was sent (run seconds): the one
         it answers, or (overlapped) the one before, whose revision it names as its base."""
         own = self._dispatch_time.get((w, body.round_id))
+        if body.fragment is not None:  # streaming: it trained after the dispatch before
+            before_own = self._dispatch_time.get((w, body.round_id - 1))
+            return before_own[0] if before_own is not None else own[0] if own else None
         if own is not None and own[1] == body.base_revision:
             return own[0]
         before = [v for k, v in self._dispatch_time.items() if k[0] == w and k[1] < body.round_id]
@@ -420,7 +428,23 @@ class Coordinator:
             mean_loss=math.nan if body.mean_loss is None else body.mean_loss,
             base_revision=body.base_revision,
             round_id=body.round_id,
+            fragment=body.fragment,
         )
+
+    def _check_fragment(self, body: messages.Push) -> list[str] | None:
+        """Streaming: the tensor names of the push's fragment, after checking its index
+        against the server's P (before any tensor is decoded); None for whole-model pushes,
+        which a streaming server refuses, as a non-streaming one refuses a fragment."""
+        parts = self.server.fragments
+        if not parts:
+            if body.fragment is not None:
+                raise WireError("malformed", "push.fragment: this run does not stream fragments")
+            return None
+        if body.fragment is None:
+            raise WireError("malformed", "push.fragment: required (exchange = 'streaming')")
+        if not body.fragment < len(parts):
+            raise WireError("malformed", f"push.fragment: {body.fragment} not in [0, {len(parts)})")
+        return parts[body.fragment]
 
     def _check_claims(self, w: int, body: messages.Push) -> None:
         """A round's claims are bounded by its dispatch: no more inner steps than it was
@@ -434,26 +458,31 @@ class Coordinator:
                 "malformed", f"push tokens {body.tokens} > {body.steps} steps x {limit} per step"
             )
 
-    def _delta_of(self, msg: Message, worker: int, round_id: int) -> Delta:
+    def _delta_of(
+        self, msg: Message, worker: int, round_id: int, names: list[str] | None = None
+    ) -> Delta:
         """The push's Δ: its own tensors, or (sharded, a push without tensors) the parts the
-        shards have staged; ``unstaged`` until every shard holds its part."""
+        shards have staged; ``unstaged`` until every shard holds its part. ``names``: a
+        streaming push's fragment (its tensors exactly)."""
         shards = self._shards
         if shards is None or msg.tensors:
-            return self._checked_delta(msg)
+            return self._checked_delta(msg, names)
         delta = shards.staged(worker, round_id)
         if delta is None:
             raise WireError("unstaged", f"stage round {round_id} on every shard, then push")
         return delta
 
-    def _checked_delta(self, msg: Message) -> Delta:
+    def _checked_delta(self, msg: Message, names: list[str] | None = None) -> Delta:
         """The pseudo-gradient, decoded as the outer step reads it (:class:`compress.Decoded`);
-        wrong names, wrong shapes or non-finite values raise.
+        wrong names, wrong shapes or non-finite values raise. ``names``: the tensors it must
+        hold (a streaming fragment's; default every parameter).
 
         Finiteness is read from the wire form (:func:`compress.is_finite`), so the server
         need not check the decoded tensors again."""
-        if set(msg.tensors) != set(self._shapes):
-            missing = sorted(set(self._shapes) - set(msg.tensors))[:3]
-            extra = sorted(set(msg.tensors) - set(self._shapes))[:3]
+        want = list(self._shapes) if names is None else names
+        if set(msg.tensors) != set(want):
+            missing = sorted(set(want) - set(msg.tensors))[:3]
+            extra = sorted(set(msg.tensors) - set(want))[:3]
             raise WireError(
                 "bad_update", f"parameter names differ: missing {missing}, extra {extra}"
             )
@@ -462,11 +491,12 @@ class Coordinator:
                 raise WireError("bad_update", f"{name}: shape {enc.shape} != {self._shapes[name]}")
             if not compress.is_finite(enc):
                 raise WireError("bad_update", f"{name}: non-finite values")
-        return compress.Decoded({name: msg.tensors[name] for name in self._shapes})
+        return compress.Decoded({name: msg.tensors[name] for name in want})
 
     def _push(self, msg: Message, body: messages.Push) -> Message:
         w = self._slot(body)
         info = self._seen(w, body.incarnation)
+        names = self._check_fragment(body)
         probe = self._header_result(w, body)
         if self.budget_reached() and not (
             self.server.cfg.synchronous and self.server.pending_workers
@@ -481,7 +511,8 @@ class Coordinator:
             if reason is not None:
                 raise SubmissionRejected(reason, w, probe.round_id)
             self._check_claims(w, body)
-            result = dataclasses.replace(probe, delta=self._delta_of(msg, w, body.round_id))
+            delta = self._delta_of(msg, w, body.round_id, names)
+            result = dataclasses.replace(probe, delta=delta)
             record = self.server.accept(result)  # checked above; nothing changed since
         except SubmissionRejected as exc:
             if exc.reason == "duplicate":
@@ -521,7 +552,9 @@ class Coordinator:
                 tensor_bytes(self.server.params), sent, body.compute_from_s,
             )  # fmt: skip
         shown = 0.0 if start is None else start
-        if timing is not None and result.base_revision != answered_revision:
+        if timing is not None and (
+            result.base_revision != answered_revision or result.fragment is not None
+        ):
             # overlapped: the round began at its boundary, a round after its dispatch came
             shown = timing.compute_start
         if self.on_round is not None:

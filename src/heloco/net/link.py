@@ -170,7 +170,7 @@ class NetLink:
                     *self.received[-1:],
                     (b.round_id, b.revision, sent, time.perf_counter()),
                 ]
-                return Dispatch(params, b.revision, b.steps, b.round_id, self._worker)
+                return Dispatch(params, b.revision, b.steps, b.round_id, self._worker, b.fragment)
             if reply.type == "done":
                 self.finished = True
                 self.over.set()
@@ -222,6 +222,8 @@ class NetLink:
             "mean_loss": result.mean_loss if result.mean_loss == result.mean_loss else None,
             "compute_s": compute_s,
         }
+        if result.fragment is not None:
+            body["fragment"] = result.fragment
         body |= self._timing(result)
         sent = self.client.traffic.sent_bytes
         reply = self._push(body, result)
@@ -253,6 +255,8 @@ class NetLink:
         mine = [r for r in self.received if r[0] == result.round_id]
         base = [r for r in self.received if r[1] == result.base_revision]
         got = mine if mine and mine[-1][1] == result.base_revision else base
+        if result.fragment is not None:  # streaming: it trained after the dispatch before
+            got = [r for r in self.received if r[0] == (result.round_id or 0) - 1] or mine
         if not got:
             return {}
         _, _, pulled, decoded = got[-1]

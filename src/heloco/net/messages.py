@@ -30,6 +30,8 @@ MAX_NAME = 512  # characters of a tensor name
 MAX_SECONDS = 1e7  # measured compute seconds of one round (about 4 months)
 MAX_LOSS = 1e9  # reported mean training loss, in either direction
 MAX_SHARDS = 256  # shards of one server
+MAX_FRAGMENTS = 1024  # streaming fragments of one model (heloco.streaming.MAX_FRAGMENTS)
+Fragment = Annotated[int, Field(ge=0, lt=MAX_FRAGMENTS)]
 
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
@@ -92,6 +94,9 @@ class Push(Ident):
     # From sending that pull until the round's first inner step (an overlapped round starts
     # at its boundary, not when a dispatch is decoded); None: compute ends as the push begins.
     compute_from_s: Annotated[float, Field(ge=0, le=MAX_SECONDS)] | None = None
+    # Streaming (heloco.streaming): the one fragment Δ holds; the server checks it against
+    # its own P and the dispatch's, and the tensors against that fragment's names.
+    fragment: Fragment | None = None
 
 
 class Empty(Strict):
@@ -145,6 +150,9 @@ class DispatchBody(Strict):
     revision: Count
     steps: int = Field(ge=1, le=MAX_STEPS)
     round_id: Count
+    # Streaming: the fragment the push answering this dispatch carries (the tensors are then
+    # every parameter or one fragment's; heloco.streaming).
+    fragment: Fragment | None = None
 
 
 class Staged(Strict):

@@ -36,6 +36,7 @@ from heloco.sim import (
     round_seconds,
     summarize,
 )
+from shardmeter.errors import UserInputError
 
 ADDRESS_FILE = "address.txt"
 STATUS_FILE = "status.json"
@@ -75,6 +76,10 @@ class Session:
         liveness: Liveness = Liveness(),
         out_dir: Path | None = None,
     ) -> None:
+        if cfg.exchange == "streaming" and endpoint.shards > 1:
+            raise UserInputError(
+                "--shards", endpoint.shards, "1 with exchange = 'streaming' (fragments go whole)"
+            )
         self.cfg = cfg
         self.out_dir = out_dir if out_dir is not None else cfg.out_dir
         self.side: RunParts = build_run(cfg)
@@ -82,7 +87,7 @@ class Session:
         self.writer = MetricsWriter(self.out_dir, append=True)
         self.stats = RunStats(cfg.workers, self.side.data.worker_languages)
         # Cycle of the slowest worker, max_w(H_w·pace_w + comm_w), as in the simulator.
-        overlapped = cfg.exchange == "overlapped"
+        overlapped = cfg.exchange != "blocking"  # streaming overlaps its fragments too
         cycle = max(round_seconds(self.side.steps, self.side.paces, self.side.comm, overlapped))
         self.rec = Recorder(
             self.side.server,

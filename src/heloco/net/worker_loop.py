@@ -78,8 +78,10 @@ class WorkerOptions:
         check_device(self.device)
         if self.island_mode not in ("grads", "deltas"):
             raise UserInputError("island_mode", self.island_mode, "'grads' or 'deltas'")
-        if self.exchange is not None and self.exchange not in EXCHANGES:
-            raise UserInputError("--exchange", self.exchange, "'blocking' or 'overlapped'")
+        if self.exchange is not None and self.exchange not in (*EXCHANGES, "streaming"):
+            raise UserInputError(
+                "--exchange", self.exchange, "'blocking', 'overlapped' or 'streaming'"
+            )
 
 
 @dataclass
@@ -145,12 +147,23 @@ class NetWorker:
         self.pacer: Pacer | None = None
         self.exchange = "blocking"
         self.eager = 1.0
+        self.fragments, self.alpha = 2, 0.5
 
     def _setup(self, welcome: dict[str, Any]) -> Worker:
         """Build the worker from the run config the server sent (its data, model and
         schedule; no server)."""
         cfg = parse_run_config(welcome["run"])
         self.exchange, self.eager = cfg.exchange, cfg.overlap_eager
+        self.fragments, self.alpha = cfg.fragments, cfg.stream_alpha
+        streaming = cfg.exchange == "streaming"
+        if self.opts.exchange is not None and (self.opts.exchange == "streaming") != streaming:
+            raise UserInputError(
+                "--exchange",
+                self.opts.exchange,
+                "'streaming', as the run's config says (its server takes fragments only)"
+                if streaming
+                else "'blocking' or 'overlapped', as the run's config has no streaming",
+            )
         if self.opts.exchange is not None:
             if self.opts.exchange == "overlapped" and cfg.exchange != "overlapped":
                 raise UserInputError(
@@ -202,6 +215,8 @@ class NetWorker:
                 state_file=self.opts.state,
                 exchange=self.exchange,
                 eager=self.eager,
+                fragments=self.fragments,
+                alpha=self.alpha,
             )
             tokens = worker.sampler.tokens_per_batch
             worker.model.train()

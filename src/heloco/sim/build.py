@@ -143,6 +143,7 @@ class ServerSetup:
             grace_window=cfg.grace_window,
             quorum=cfg.server_quorum(),
             overlapped=cfg.exchange == "overlapped",
+            fragments=cfg.fragments if cfg.exchange == "streaming" else 0,
         )
         return component_of(cls, cfg, server=server)
 
@@ -184,8 +185,9 @@ class ClockSetup:
     eval_every: int
     eval_unit: Literal["tokens", "steps"]
     failures: tuple[tuple[int, float, float], ...]  # (worker, killed at, seconds down)
-    exchange: Literal["blocking", "overlapped"]
+    exchange: Literal["blocking", "overlapped", "streaming"]
     overlap_eager: float  # overlapped: λ of start = θ − λ·Δ (heloco.overlap)
+    stream_alpha: float  # streaming: α of θ ← α·θ_local + (1 − α)·θ_global (heloco.streaming)
 
     @classmethod
     def of(cls, cfg: RunConfig) -> ClockSetup:
@@ -211,6 +213,9 @@ class ClockSetup:
             eager=self.overlap_eager,
             push_bytes=[] if links is None else links.push_bytes,
             pull_bytes=0 if links is None else links.pull_bytes,
+            stream_alpha=self.stream_alpha,
+            link_Bps=[] if links is None else links.rate_Bps,
+            link_latency=[] if links is None else links.latency,
         )
 
 
@@ -293,7 +298,7 @@ def build_run(
     init = {
         k: v.detach().to("cpu", torch.float32).clone() for k, v in parts.model.named_parameters()
     }
-    overlapped = cfg.exchange == "overlapped"
+    overlapped = cfg.exchange != "blocking"  # streaming overlaps its fragments too
     rates = [1.0 / s for s in round_seconds(parts.steps, parts.paces, parts.comm, overlapped)]
     server = ServerSetup.of(cfg).build(init, rates, parts.data.worker_languages)
     return RunParts(**{f.name: getattr(parts, f.name) for f in fields(WorkerParts)}, server=server)

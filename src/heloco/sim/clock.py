@@ -38,10 +38,22 @@ class Clock:
     # The pull leg of comm_delays (seconds each dispatch takes to reach the worker): empty
     # means 0 (fixed comm_delays charge the whole exchange to the push).
     down_delays: list[float] = field(default_factory=list)
-    exchange: Literal["blocking", "overlapped"] = "blocking"
+    exchange: Literal["blocking", "overlapped", "streaming"] = "blocking"
     eager: float = 1.0  # overlapped: λ of start = θ − λ·Δ (heloco.overlap)
     push_bytes: list[int] = field(default_factory=list)  # wire bytes of each worker's push
     pull_bytes: int = 0  # wire bytes of one dispatch
+    stream_alpha: float = 0.5  # streaming: α of the fragment merge (heloco.streaming)
+    link_Bps: list[float] = field(default_factory=list)  # link clock: bytes/s per worker
+    link_latency: list[float] = field(default_factory=list)  # link clock: one-way seconds
+
+    def leg(self, worker: int, nbytes: int, whole: int) -> float:
+        """Seconds one streaming leg of ``nbytes`` takes over ``worker``'s link: a request and
+        its reply, 2·latency + nbytes / rate on the link clock (:func:`request_seconds`); with
+        fixed ``comm_delays`` the push's share of them, comm_w · nbytes / ``whole`` (the
+        model's fp32 bytes)."""
+        if self.link_Bps:
+            return 2.0 * self.link_latency[worker] + nbytes / self.link_Bps[worker]
+        return self.comm_delays[worker] * nbytes / whole if whole > 0 else 0.0
 
     def down(self, worker: int) -> float:
         """Seconds a dispatch takes to reach ``worker`` (0 without a link clock)."""
@@ -87,7 +99,7 @@ class InnerSetup:
     token_budget: int | None
     time_budget: float | None
     payload: str
-    exchange: Literal["blocking", "overlapped"]
+    exchange: Literal["blocking", "overlapped", "streaming"]
     link_mbit: list[float] | None
     link_latency: list[float] | None
     server_link_mbit: float | None
@@ -128,6 +140,8 @@ class LinkTimes:
     down: list[float]  # pull: the dispatch to the worker
     push_bytes: list[int]
     pull_bytes: int
+    rate_Bps: list[float] = field(default_factory=list)  # each worker's rate, bytes/s
+    latency: list[float] = field(default_factory=list)  # each worker's one-way seconds
 
     @property
     def comm(self) -> list[float]:
@@ -181,7 +195,8 @@ def resolve_links(cfg: InnerSetup, numels: Sequence[int]) -> LinkTimes | None:
     pull = 4 * sum(numels)
     up = [request_seconds(push, rates[w], float(latency[w])) for w in range(k)]
     down = [request_seconds(pull, rates[w], float(latency[w])) for w in range(k)]
-    return LinkTimes(up, down, [push] * k, pull)
+    lat = [float(x) for x in latency]
+    return LinkTimes(up, down, [push] * k, pull, [r * MBIT for r in rates], lat)
 
 
 def round_seconds(
@@ -229,7 +244,7 @@ def expected_worker_steps(
     each worker's cosine schedule, so no worker sits at min_lr for most of the run.
     """
     k = len(paces)
-    round_s = round_seconds(steps, paces, comm, cfg.exchange == "overlapped")
+    round_s = round_seconds(steps, paces, comm, cfg.exchange != "blocking")
     limits: list[list[float]] = []
     if cfg.token_budget is not None:
         total = math.ceil(cfg.token_budget / cfg.inner.tokens_per_step)

@@ -25,7 +25,9 @@ from heloco.server import Server, UpdateRecord
 from heloco.sim.clock import Clock, lump_timing, round_seconds
 from heloco.sim.config import JITTER_KEY
 from heloco.sim.recorder import Evaluator, Recorder, Trajectory
+from heloco.streaming import Stream, begin_sub_round, end_sub_round
 from heloco.types import Delta, Dispatch, Params, RoundResult, RoundTiming, tensor_bytes
+from heloco.worker import Worker
 
 
 class RoundRunner(Protocol):
@@ -65,6 +67,50 @@ class DirectRounds:
     def take(self, worker: int) -> RoundResult:
         d = self.pending.pop(worker)
         return self.workers[worker].run_round(d.params, d.steps, d.revision, d.round_id)
+
+
+class StreamRounds:
+    """Each streaming sub-round computed by its worker when the loop takes it, one at a time,
+    through the worker's :class:`heloco.streaming.Stream` (the networked worker's
+    :class:`heloco.outer_loop.OuterLoop` drives the same object in the same order).
+
+    The loop submits each dispatch the server hands out. A full one begins a sub-round from
+    it; a fragment one (D_{k+1}) is what the sub-round now begun answers, and that sub-round
+    first merges the dispatch before it (D_k, which arrived during the sub-round before) and
+    runs D_k's steps, as the worker does at its boundary."""
+
+    def __init__(self, workers: Sequence[Worker], fragments: list[list[str]], alpha: float):
+        self.workers = workers
+        self.streams = [Stream(fragments, alpha) for _ in workers]
+        self.latest: dict[int, Dispatch] = {}
+        # worker -> (dispatch to load or merge first, full?, steps, the dispatch it answers)
+        self.pending: dict[int, tuple[Dispatch | None, bool, int, Dispatch]] = {}
+
+    def submit(self, dispatch: Dispatch, arrival: float) -> None:
+        w = dispatch.worker
+        stream = self.streams[w]
+        if stream.is_full(dispatch):
+            self.pending[w] = (dispatch, True, dispatch.steps, dispatch)
+        else:
+            prev = self.latest[w]
+            first = None if stream.is_full(prev) else prev
+            self.pending[w] = (first, False, prev.steps, dispatch)
+        self.latest[w] = dispatch
+
+    def ready(self, worker: int) -> bool:
+        return True
+
+    def take(self, worker: int) -> RoundResult:
+        first, full, steps, answers = self.pending.pop(worker)
+        stream, runner = self.streams[worker], self.workers[worker]
+        if full:
+            assert first is not None
+            stream.reset(first)
+        elif first is not None:
+            stream.merge(first)
+        begin_sub_round(runner.boundary, stream, steps, full)
+        runner.train_round()
+        return end_sub_round(runner.boundary, stream, answers)
 
 
 Loop = Generator[None, None, "Trajectory"]
@@ -169,7 +215,9 @@ class _Sim:
         # round starts, the interval over which that dispatch was received)
         pipes: dict[int, tuple[Dispatch, float, tuple[float, float]]] = {}
         overlapped = self.clock.exchange == "overlapped"
-        exact = overlapped or bool(self.clock.push_bytes)  # legs known: link clock or overlap
+        streaming = self.clock.exchange == "streaming"
+        # legs known: link clock or overlap
+        exact = overlapped or streaming or bool(self.clock.push_bytes)
         eager = self.clock.eager
         control = self.control
         # kills and rejoins on the simulated clock: (time, order, worker, is_kill)
@@ -212,11 +260,58 @@ class _Sim:
             heapq.heappush(heap, (arrival, w))
             self.rounds.submit(d, arrival)
 
+        sizes = {k: v.numel() * 4 for k, v in self.server.params.items()}  # fp32 bytes
+        whole = sum(sizes.values())
+        frag_bytes = [sum(sizes[n] for n in names) for names in self.server.fragments]
+
+        def leg(w: int, nbytes: int, up: bool) -> float:
+            """A streaming leg's seconds: the link clock's, or the push's share of the fixed
+            comm_delays (a dispatch then takes none, as in the other exchanges)."""
+            if not up and not self.clock.link_Bps:
+                return 0.0
+            return self.clock.leg(w, nbytes, whole)
+
+        def start_stream(w: int, t: float) -> None:
+            """Streaming (heloco.streaming): a full dispatch at ``t``; the first sub-round
+            trains from it once it arrived and pushes its fragment."""
+            d = self.server.dispatch(w)
+            compute = self.compute_seconds(w, d.steps)
+            sent = frag_bytes[d.fragment or 0]
+            t1 = t + leg(w, tensor_bytes(d.params), False)
+            end = t1 + compute
+            arrival = end + leg(w, sent, True)
+            timing = RoundTiming(t, t1, t1, end, end, arrival, sent, tensor_bytes(d.params))
+            inflight[w] = (d, t1, compute, timing)
+            pipes[w] = (d, end, (t, t1))
+            heapq.heappush(heap, (arrival, w))
+            self.rounds.submit(d, arrival)
+
+        def next_stream(w: int, t: float) -> None:
+            """Streaming: the push that arrived at ``t`` is answered by a fragment dispatch
+            that travels down while the sub-round begun at the boundary trains (the previous
+            dispatch's steps); its push leaves once both are done, as in overlapped."""
+            latest, boundary, recv = pipes[w]
+            answer = self.server.dispatch(w)
+            compute = self.compute_seconds(w, latest.steps)
+            got = t + leg(w, tensor_bytes(answer.params), False)
+            end = max(boundary + compute, got)
+            sent = frag_bytes[answer.fragment or 0]
+            arrival = end + leg(w, sent, True)
+            timing = RoundTiming(
+                recv[0], recv[1], boundary, boundary + compute, end, arrival, sent,
+                tensor_bytes(latest.params),
+            )  # fmt: skip
+            inflight[w] = (replace(answer, steps=latest.steps), boundary, compute, timing)
+            pipes[w] = (answer, end, (t, got))
+            heapq.heappush(heap, (arrival, w))
+            self.rounds.submit(answer, arrival)
+
         def next_time() -> float:
             return heap[0][0] if heap else math.inf
 
+        first = start_stream if streaming else start
         for w in range(len(self.clock.paces)):
-            start(w, 0.0)
+            first(w, 0.0)
         self.eval_now()
         waiting: list[int] = []
         ready: list[int] = []  # applied at time t, dispatched once every arrival at t is in
@@ -242,7 +337,7 @@ class _Sim:
                 elif not kill and w in down:
                     down.discard(w)
                     if w not in inflight:
-                        start(w, t_ev)
+                        first(w, t_ev)
                 continue
             if control.grace_closes_before(heap[0][0] if heap else None):
                 window_end = control.grace_end
@@ -271,7 +366,7 @@ class _Sim:
                 self.server.observe_speed(w, d.steps / compute)
             if overlapped:  # the next round's start, before the server may keep Δ
                 deltas[w] = result.delta
-            start_at = timing.compute_start if overlapped else timing.recv_start
+            start_at = timing.compute_start if overlapped or streaming else timing.recv_start
             self.record_round(result, start_at, t, compute, timing if exact else None)
             self.traj.useful_seconds += compute
             applied = self.server.submit(result)
@@ -293,7 +388,9 @@ class _Sim:
                 break
             if ready and (not heap or heap[0][0] > t):
                 for v in sorted(ready):
-                    if v in pipes:
+                    if streaming:
+                        next_stream(v, t) if v in pipes else start_stream(v, t)
+                    elif v in pipes:
                         start_next(v, t, deltas.pop(v))
                     else:
                         start(v, t)
@@ -382,7 +479,7 @@ def simulation(
         evaluate,
         writer or MetricsWriter(None),
         stats or RunStats(k),
-        max(round_seconds(steps, clock.paces, clock.comm_delays, clock.exchange == "overlapped")),
+        max(round_seconds(steps, clock.paces, clock.comm_delays, clock.exchange != "blocking")),
         clock.eval_every,
         clock.eval_unit,
         progress,
@@ -415,8 +512,9 @@ def simulate(
     if len(workers) != len(clock.paces):
         raise ValueError("clock needs one pace and one comm delay per worker")
     t0 = time.perf_counter()
-    traj = run_to_end(
-        simulation(server, DirectRounds(workers), clock, evaluate, writer, stats, progress)
-    )
+    source: RoundSource = DirectRounds(workers)
+    if clock.exchange == "streaming":
+        source = StreamRounds(workers, server.fragments, clock.stream_alpha)  # type: ignore[arg-type]
+    traj = run_to_end(simulation(server, source, clock, evaluate, writer, stats, progress))
     traj.loop_seconds = time.perf_counter() - t0
     return traj

@@ -23,7 +23,7 @@ from heloco.runfolder import CONFIG_FILE
 from heloco.sim.batch import BatchEngine
 from heloco.sim.build import ClockSetup, DataSetup, RunParts, build_run, torch_threads
 from heloco.sim.evalcache import EvalCache
-from heloco.sim.loop import DirectRounds, Loop, RoundSource, simulation
+from heloco.sim.loop import DirectRounds, Loop, RoundSource, StreamRounds, simulation
 from heloco.sim.pool import PooledRounds, RoundPool
 from heloco.sim.recorder import Trajectory
 from heloco.sim.stacked import supports
@@ -145,6 +145,8 @@ def round_sources(built: Sequence[RunParts | Exception]) -> list[RoundSource | N
     for i, parts in enumerate(built):
         if isinstance(parts, Exception) or parts.cfg.batch == "off" or parts.cfg.failures:
             continue
+        if parts.cfg.exchange == "streaming":  # sub-rounds go through each worker's Stream
+            continue
         model = parts.model
         if isinstance(model, TinyGPT) and supports(model):
             batched = parts.cfg.batch == "on" or batching_pays(parts)
@@ -182,7 +184,12 @@ def round_sources(built: Sequence[RunParts | Exception]) -> list[RoundSource | N
     for i, parts in enumerate(built):
         if out[i] is None and isinstance(parts, RunParts):
             # One model object serves every worker and the evaluator: each round loads its start.
-            out[i] = DirectRounds([parts.worker(w) for w in range(parts.cfg.workers)])
+            workers = [parts.worker(w) for w in range(parts.cfg.workers)]
+            if parts.cfg.exchange == "streaming":
+                server = parts.server
+                out[i] = StreamRounds(workers, server.fragments, parts.cfg.stream_alpha)
+            else:
+                out[i] = DirectRounds(workers)
     return out
 
 
