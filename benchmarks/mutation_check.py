@@ -679,25 +679,6 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("heloco: the model's window ignores the data's", "heloco/sim/build.py",
              "seq_len=max(cfg.inner.seq_len, cfg.data.seq_len)", "seq_len=cfg.inner.seq_len",
              "tests/heloco/test_sim.py"),
-    # Ring attention merged in fp32 on the compute stream (PyTorch context_parallel).
-    Mutation("CP fp32 merge: later blocks' merge left out", "compute.py",
-             "CP_MERGE_FIXED_BYTES + pick(CP_MERGE_STEP_BYTES) * steps",
-             "CP_MERGE_FIXED_BYTES", "tests/shardmeter/test_closed_form.py::test_context_parallel_fp32_merge_on_the_compute_stream"),
-    Mutation("CP fp32 merge: eager merge moves fused bytes", "compute.py",
-             "CP_MERGE_STEP_BYTES = (10.0, 38.0)", "CP_MERGE_STEP_BYTES = (10.0, 10.0)", "tests/shardmeter/test_closed_form.py::test_context_parallel_fp32_merge_on_the_compute_stream"),
-    Mutation("CP fp32 merge: eager K/V concatenation left out", "compute.py",
-             "fwd_bytes = fwd_bytes + e_kv * pick(CP_KV_CAT_BYTES) * steps", "pass", "tests/shardmeter/test_closed_form.py::test_context_parallel_fp32_merge_on_the_compute_stream"),
-    Mutation("CP fp32 merge: backward dQ accumulation left out", "compute.py",
-             "(2.0 * CP_MERGE_BWD_FIXED_BYTES + pick(CP_DQ_STEP_BYTES) * steps)",
-             "(2.0 * CP_MERGE_BWD_FIXED_BYTES)", "tests/shardmeter/test_closed_form.py::test_context_parallel_fp32_merge_on_the_compute_stream"),
-    Mutation("CP fp32 merge: dK/dV accumulated once, not per block", "compute.py",
-             "pick(CP_DKV_STEP_BYTES) * cp)", "pick(CP_DKV_STEP_BYTES))", "tests/shardmeter/test_closed_form.py::test_context_parallel_fp32_merge_on_the_compute_stream"),
-    Mutation("CP fp32 merge: charged without context parallelism", "compute.py",
-             "on = plans.cp_merge_fp32 & (plans.cp > 1)", "on = plans.cp_merge_fp32", "tests/shardmeter/test_closed_form.py::test_context_parallel_fp32_merge_on_the_compute_stream"),
-    Mutation("CP fp32 merge: charged to the backward only", "compute.py",
-             "flash + merge_fwd)", "flash)", "tests/shardmeter/test_closed_form.py::test_context_parallel_fp32_merge_on_the_compute_stream"),
-    Mutation("CP fp32 merge: torchtitan's default not set", "shardmeter/specs/framework.py",
-             "            cp_merge_fp32=True,\n", "", "tests/shardmeter/test_closed_form.py::test_torchtitan_merges_context_parallel_attention_in_fp32"),
 )  # fmt: skip
 
 

@@ -384,38 +384,6 @@ def test_context_parallel_ring() -> None:
     check(est.memory_bytes, memory)
 
 
-@pytest.mark.parametrize(("fused", "step", "kv_cat", "dq", "dkv"),
-                         [(True, 10, 0, 10, 18), (False, 38, 4, 13, 22)])  # fmt: skip
-def test_context_parallel_fp32_merge_on_the_compute_stream(
-    fused: bool, step: float, kv_cat: float, dq: float, dkv: float
-) -> None:
-    """cp 4, PyTorch context_parallel (fp32 merges on the compute stream), 1 TB/s HBM: per
-    layer the forward moves E·(12 + m·3) + E_kv·c·3 bytes more and the backward
-    E·(20 + d·3) + E_kv·(10 + k·4), E = T·h output and E_kv = 2·T·h K/V elements of this
-    GPU's T = 256 tokens; a plan with cp 1 pays nothing for the flag."""
-    world = cluster(hbm_bytes_per_s=1e12)
-    base = Plan(cp=4, micro_batch=1, global_batch=1, overlap_dp=False, fused_elementwise=fused)
-    plain = estimate_step(MODEL, world, base)
-    merged = estimate_step(MODEL, world, base.model_copy(update={"cp_merge_fp32": True}))
-    t = SEQ / 4
-    e_out, e_kv = t * H, 2 * t * H
-    fwd = e_out * (12 + step * 3) + e_kv * kv_cat * 3
-    bwd = e_out * (20 + dq * 3) + e_kv * (10 + dkv * 4)
-    delta = merged.time_breakdown["compute"] - plain.time_breakdown["compute"]
-    check(delta, LAYERS * (fwd + bwd) / 1e12)
-    one = Plan(micro_batch=1, global_batch=1, overlap_dp=False)
-    check(estimate_step(MODEL, world, one.model_copy(update={"cp_merge_fp32": True})).step_time_s,
-          estimate_step(MODEL, world, one).step_time_s)  # fmt: skip
-
-
-def test_torchtitan_merges_context_parallel_attention_in_fp32() -> None:
-    """torchtitan's context parallelism is PyTorch's ring attention with fp32 merges; other
-    frameworks' plans do not set the flag."""
-    assert Plan(framework="torchtitan", cp=2).cp_merge_fp32
-    assert not Plan(framework="megatron-core", cp=2).cp_merge_fp32
-    assert not Plan(cp=2).cp_merge_fp32
-
-
 MOE = MODEL.model_copy(update={"moe": MoESpec(experts=4, top_k=2)})
 EP_CLUSTER = cluster(domain=2)
 

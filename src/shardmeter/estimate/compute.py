@@ -76,27 +76,6 @@ FP32_RESIDUAL_BYTES = 2.0 * (10.0 - 6.0) + 2.0 * 6.0
 # "FP8 formats for deep learning" §4, per-tensor scaled casts). XLA fuses the cast into the
 # producing op (`compiled`), so a compiled step pays none of it.
 FP8_CAST_BYTES = 4.0
-# Ring attention merged on the compute stream with an fp32 running output (PyTorch
-# context_parallel: torch/distributed/tensor/experimental/_attention.py, _SDPAMerger with
-# _cp_options.convert_to_f32 = True; the online-softmax rescaling of Milakov & Gimelshein
-# 2018), HBM bytes per element of the local attention output (T·q) or of the local K and V
-# (2·T·kv), (fused, eager) as NORM_BYTES. Forward: the first block's output upcast (r2 w4) and
-# the final downcast (r4 w2), 12 B; per later block `out − σ(lse_b − lse)·(out − out_b)`:
-# eager the upcast (6), subtraction (12), product (8), subtraction (12) = 38 B, fused one
-# kernel reading 4 + 2 and writing 4 = 10 B (the load-balanced half-blocks' `_partial_update`
-# concatenation, r4 w4 over the whole output, takes the place of the skipped half); eager,
-# each step also concatenates K and V for the rotation, r2 w2 per element, 4 B (with CP_KV).
-CP_MERGE_FIXED_BYTES = 12.0
-CP_MERGE_STEP_BYTES = (10.0, 38.0)
-CP_KV_CAT_BYTES = (0.0, 4.0)
-# Backward per dQ element: fp32 zeros (4), the final downcast (6), and per block the fp32
-# accumulation of the block's bf16 dQ (r4 + 2, w4 = 10) or, for a half block, that over half
-# and the concatenation (5 + 8 = 13), eager; fused 10. Per dK/dV element the same fixed 10 and
-# per block the accumulation (10) and the fp32 concatenation sent to the next rank (r4 w4),
-# plus eager the bf16 K, V concatenation (4).
-CP_MERGE_BWD_FIXED_BYTES = 10.0
-CP_DQ_STEP_BYTES = (10.0, 13.0)
-CP_DKV_STEP_BYTES = (18.0, 22.0)
 NORM_BYTES = (4.0, 36.0)
 ROPE_BYTES = (4.0, 20.0)
 SWIGLU_BYTES = (6.0, 10.0)
@@ -252,38 +231,9 @@ def attention_time(
     bmm = unfused_flops / (acc.peak("bf16") * 1e12 * bmm_eta)
     traffic = memory_time(UNFUSED_SCORE_BYTES * scores, acc)
     unfused = plans.attention == ATTENTION_CODES["unfused"]
-    merge_fwd, merge_bwd = ring_merge_time(plans, acc, sh)
-    forward = where(unfused, bmm + traffic, flash + merge_fwd)
-    backward = where(
-        unfused, BWD_GEMM * bmm + BWD_ELEMENTWISE * traffic, BWD_ATTN * flash + merge_bwd
-    )
+    forward = where(unfused, bmm + traffic, flash)
+    backward = where(unfused, BWD_GEMM * bmm + BWD_ELEMENTWISE * traffic, BWD_ATTN * flash)
     return forward, backward, where(unfused, unfused_flops, flops_causal)
-
-
-def ring_merge_time(plans: PlanArrays, acc: Accelerator, sh: _Shapes) -> tuple[Num, Num]:
-    """(forward s, backward s) of merging ring attention's cp block results in fp32 on the
-    compute stream (`cp_merge_fp32`, PyTorch context_parallel), per layer and micro-batch.
-
-    Output elements E = T·q, K and V elements E_kv = 2·T·kv (this GPU's T = b·s/cp tokens):
-    forward E·(12 + m·(cp − 1)) + E_kv·c·(cp − 1) bytes, backward E·(10 + d·(cp − 1) + 10)
-    + E_kv·(10 + k·cp) bytes, (fused, eager) m = (10, 38), c = (0, 4), d = (10, 13),
-    k = (18, 22) as CP_MERGE_* above; none with cp = 1 or without the flag.
-    """
-    cp = as_float(plans.cp)
-    fused = plans.fused_elementwise
-
-    def pick(pair: tuple[float, float]) -> Num:
-        return where(fused, pair[0], pair[1])
-
-    e_out = sh.tokens * sh.q_local
-    e_kv = 2.0 * sh.tokens * sh.kv_local
-    steps = cp - 1.0
-    fwd_bytes = e_out * (CP_MERGE_FIXED_BYTES + pick(CP_MERGE_STEP_BYTES) * steps)
-    fwd_bytes = fwd_bytes + e_kv * pick(CP_KV_CAT_BYTES) * steps
-    bwd_bytes = e_out * (2.0 * CP_MERGE_BWD_FIXED_BYTES + pick(CP_DQ_STEP_BYTES) * steps)
-    bwd_bytes = bwd_bytes + e_kv * (CP_MERGE_BWD_FIXED_BYTES + pick(CP_DKV_STEP_BYTES) * cp)
-    on = plans.cp_merge_fp32 & (plans.cp > 1)
-    return where(on, memory_time(fwd_bytes, acc), 0.0), where(on, memory_time(bwd_bytes, acc), 0.0)
 
 
 def ep_load_imbalance(tokens: Num, top_k: int, ep: Num) -> Num:

@@ -37,7 +37,7 @@ _BOOL_FIELDS = (
     "overlap_ep", "ep_fp8", "ep_dedup", "graphs", "master_remainder", "compiled",
     "fused_elementwise", "params_fp32", "pp_end_chunks", "recompute_act", "recompute_norm",
     "recompute_qkv", "reshard_after_forward", "fp8_te", "op_sac", "ce_eager", "ce_compiled",
-    "grad_fp32", "optimizer_in_backward", "cp_merge_fp32",
+    "grad_fp32", "optimizer_in_backward",
 )  # fmt: skip
 
 
@@ -128,7 +128,6 @@ class PlanArrays:
     ce_eager: Any = False  # loss upcasts the logits to fp32, eager log-softmax and NLL
     ce_compiled: Any = False  # loss upcasts the logits to fp32 in one compiled kernel
     grad_fp32: Any = False  # gradients accumulate in an fp32 buffer (Megatron main_grad)
-    cp_merge_fp32: Any = False  # ring attention merges block outputs in fp32, eagerly
     optimizer_in_backward: Any = False  # step fused into backward: one gradient live at a time
 
     @property

@@ -67,8 +67,6 @@ class Framework(BaseModel):
     # selective_policy and ce_upcast)
     selective_policy: Literal["megatron", "torchtitan_op"] = "megatron"
     ce_upcast: Literal["none", "eager", "compiled"] = "none"
-    # context parallelism merges block outputs in fp32 on the compute stream (Plan field)
-    cp_merge_fp32: bool = False
     source: str
 
 
@@ -175,7 +173,6 @@ FRAMEWORKS: dict[str, Framework] = {
             fp8_recipe="torchao",
             selective_policy="torchtitan_op",
             ce_upcast="eager",
-            cp_merge_fp32=True,
             source="torchtitan job config defaults (Liang et al. 2024, arXiv:2410.06511): FSDP2, "
             "activation_checkpoint.mode = selective, async TP off, SDPA flash, pipeline "
             "schedule 1F1B, training.compile = false with norm_type = 'rmsnorm' (eager "
@@ -187,9 +184,7 @@ FRAMEWORKS: dict[str, Framework] = {
             "second one, SDPA flash/efficient, aten.max); the loss "
             "cross_entropy(pred.flatten(0, 1).float(), ...) uncompiled in 2024 train.py ('TODO: "
             "compiling loss function causes CUDA errors'); 2025 releases compile it with "
-            "training.compile (state ce_upcast = compiled); context parallelism is PyTorch's "
-            "context_parallel (torch.distributed.tensor.experimental._attention: ring "
-            "attention, _SDPAMerger with convert_to_f32 = True, causal load balancing)",
+            "training.compile (state ce_upcast = compiled)",
         ),
         _fw(
             name="llm-foundry",
@@ -383,7 +378,6 @@ def framework_defaults(framework: Framework, given: dict[str, Any]) -> dict[str,
         "fp8_recipe": framework.fp8_recipe,
         "selective_policy": framework.selective_policy,
         "ce_upcast": framework.ce_upcast,
-        "cp_merge_fp32": framework.cp_merge_fp32,
     }
     if pp > 1:
         defaults["vpp"] = framework.vpp

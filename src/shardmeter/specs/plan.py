@@ -142,12 +142,6 @@ class Plan(BaseModel):
     # gradient once applied (torchtune optimizer_in_bwd; PyTorch's
     # register_post_accumulate_grad_hook recipe): at most one parameter's gradient is live
     optimizer_in_backward: bool = False
-    # context parallelism merges each K/V block's attention output into a running output on
-    # the compute stream, upcast to fp32, and accumulates dQ, dK, dV in fp32 (PyTorch
-    # torch.distributed.tensor.experimental.context_parallel: _SDPAMerger with
-    # _cp_options.convert_to_f32 = True); False: the merge costs nothing extra (Transformer
-    # Engine corrects the outputs on a side stream, behind the next block's kernel)
-    cp_merge_fp32: bool = False
 
     @model_validator(mode="before")
     @classmethod
