@@ -828,6 +828,27 @@ MUTATIONS: tuple[Mutation, ...] = (
              STREAM_TESTS + "::test_dispatch_and_push_carry_the_fragment"),
     Mutation("heloco streaming: the worker's push omits its fragment", "heloco/net/link.py",
              'body["fragment"] = result.fragment', "pass", STREAM_NET_TESTS),
+    # TCP's window kept over an idle connection (Linux tcp_cwnd_restart, RFC 2861)
+    Mutation("restart window: one halving per RTO too many", "wan.py",
+             "np.ceil(idle / rto) - 1.0, 0.0)", "np.ceil(idle / rto), 0.0)",
+             WAN_TESTS + "::test_restart_window_halves_once_per_rto_after_the_first"),
+    Mutation("RTO without Linux's 200 ms floor", "wan.py",
+             "dtype=np.float64) + TCP_RTO_MIN_S", "dtype=np.float64) + 0.0",
+             WAN_TESTS + "::test_rto_is_the_round_trip_plus_linux_floor"),
+    Mutation("slow start ignores the kept window", "wan.py",
+             "    return np.maximum(iw, np.asarray(start_window, dtype=np.float64))",
+             "    return iw", WAN_TESTS + "::test_slow_start_from_a_kept_window"),
+    Mutation("end window one slow-start round short", "wan.py",
+             "w0 * 2.0**k_star)", "w0 * 2.0 ** (k_star - 1.0))",
+             WAN_TESTS + "::test_end_window_is_the_last_slow_start_round"),
+    Mutation("blocking exchange idles as if overlapped", "wan.py",
+             "period = compute + x if blocking else np.maximum(compute, x)",
+             "period = np.maximum(compute, x)",
+             WAN_TESTS + "::test_overlapped_exchange_keeps_the_window_over_a_short_idle"),
+    Mutation("async round prices the HeLoCo legs cold again", "outer.py",
+             "heloco_legs_s(up, path_bw, rtt, down, busy, blocking)",
+             "heloco_legs_s(up, path_bw, rtt, down)",
+             WAN_TESTS + "::test_async_round_prices_each_mode_with_its_idle"),
 )  # fmt: skip
 
 

@@ -20,18 +20,23 @@ from shardmeter.estimate.wan import (
     INITIAL_WINDOW_SEGMENTS,
     LINUX_TCP_RMEM_MAX,
     LINUX_TCP_WMEM_MAX,
+    TCP_RTO_MIN_S,
     TRANSPORT_EFFICIENCY,
     TRANSPORT_HOST_BPS,
     WINDOW_FILL,
     TcpPath,
     WanPaths,
+    end_window,
     gloo_pattern_s,
     gloo_pipeline_s,
     gloo_segments,
     goodput_Bps,
     heloco_exchange_s,
+    heloco_legs_s,
     link_Bps,
     pattern_s,
+    restart_window,
+    rto_s,
     slow_start_s,
     stream_Bps,
 )
@@ -316,3 +321,73 @@ def test_shared_server_link_is_a_processor_sharing_station() -> None:
     lone = dataclasses.replace(uniform(2, 8e8, 0.0), server_Bps=4e8)
     one = outer_round("async", inner[:2], lone, 1e8, inner_steps=10, bits=32, exchange="blocking")
     assert one.wan_comm_s[1] == pytest.approx(2.0)
+
+
+def test_rto_is_the_round_trip_plus_linux_floor() -> None:
+    assert TCP_RTO_MIN_S == 0.2
+    assert rto_s(0.1) == pytest.approx(0.3)
+    assert rto_s(0.0) == pytest.approx(0.2)
+
+
+def test_restart_window_halves_once_per_rto_after_the_first() -> None:
+    w, rtt = 64 * IW, 0.1  # RTO 0.3 s
+    assert restart_window(w, 0.3, rtt) == pytest.approx(w)  # idle ≤ RTO: kept whole
+    assert restart_window(w, 0.31, rtt) == pytest.approx(w / 2)  # ⌈1.03⌉ − 1 = 1
+    assert restart_window(w, 0.6, rtt) == pytest.approx(w / 2)
+    assert restart_window(w, 0.61, rtt) == pytest.approx(w / 4)
+    assert restart_window(w, 1.0, rtt) == pytest.approx(w / 8)
+    assert restart_window(w, 100.0, rtt) == pytest.approx(IW)  # never below the restart window
+    assert restart_window(IW / 2, 100.0, rtt) == pytest.approx(IW)
+
+
+def test_slow_start_from_a_kept_window() -> None:
+    rate, rtt = 16 * IW / 0.1, 0.1  # BDP = 16 IW
+    m = 100 * IW
+    # from 4 IW: 4 + 8 = 12 IW in two round trips, then the rest at the rate
+    kept = slow_start_s(m, rate, rtt, MSS, start_window=4 * IW)
+    assert kept == pytest.approx(2 * rtt + (m - 12 * IW) / rate)
+    assert slow_start_s(m, rate, rtt, MSS) == pytest.approx(4 * rtt + (m - 15 * IW) / rate)
+    # a kept window below IW starts from IW
+    assert slow_start_s(m, rate, rtt, MSS, start_window=IW / 3) == pytest.approx(
+        float(slow_start_s(m, rate, rtt, MSS))
+    )
+
+
+def test_end_window_is_the_last_slow_start_round() -> None:
+    rate, rtt = 16 * IW / 0.1, 0.1
+    assert end_window(100 * IW, rate, rtt, MSS) == pytest.approx(16 * IW)  # IW·2^k*, k* = 4
+    assert end_window(100 * IW, rate, rtt, MSS, start_window=3 * IW) == pytest.approx(24 * IW)
+    assert end_window(3 * IW, rate, rtt, MSS) == pytest.approx(2 * IW)  # ends in round 2
+
+
+# 1 MB/s, 100 ms (BDP 6.9 IW: a cold leg's window reaches 8 IW in three round trips), 500 kB
+EX_RATE, EX_RTT, EX_M = 1e6, 0.1, 5e5
+
+
+def test_overlapped_exchange_keeps_the_window_over_a_short_idle() -> None:
+    cold = 2 * (EX_RTT + 3 * EX_RTT + (EX_M - 7 * IW) / EX_RATE)
+    assert heloco_exchange_s(EX_M, EX_RATE, EX_RTT) == pytest.approx(cold)
+    # overlapped behind 1.5 s of compute: each side idles 1.5 − leg − RTT ≈ 0.79 s, in
+    # (2, 3] RTOs of 0.3 s: the 8 IW window is halved twice, so each leg starts at 2 IW and
+    # sends 2 + 4 IW in two round trips, then the rest at the rate
+    warm = 2 * (EX_RTT + 2 * EX_RTT + (EX_M - 6 * IW) / EX_RATE)
+    kept = heloco_exchange_s(EX_M, EX_RATE, EX_RTT, compute_s=1.5, blocking=False)
+    assert kept == pytest.approx(warm)
+    up, down = heloco_legs_s(EX_M, EX_RATE, EX_RTT, compute_s=1.5, blocking=False)
+    assert up == pytest.approx(2 * EX_RTT + (EX_M - 6 * IW) / EX_RATE) and down == pytest.approx(up)
+    # blocking: the idle holds the compute and the other leg, > 7 RTOs: back to IW
+    blocked = heloco_exchange_s(EX_M, EX_RATE, EX_RTT, compute_s=1.5, blocking=True)
+    assert blocked == pytest.approx(cold)
+
+
+def test_async_round_prices_each_mode_with_its_idle() -> None:
+    wan = uniform(2, EX_RATE, EX_RTT)
+    inner = np.array([0.15, 0.15])
+    params = EX_M / 4  # fp32 push and pull of EX_M bytes
+    kw = dict(inner_steps=10, bits=32)
+    over = outer_round("async", inner, wan, params, exchange="overlapped", **kw)
+    block = outer_round("async", inner, wan, params, exchange="blocking", **kw)
+    warm = float(heloco_exchange_s(EX_M, EX_RATE, EX_RTT, compute_s=1.5, blocking=False))
+    assert over.wan_comm_s[1] == pytest.approx(warm)
+    assert over.round_s[1] == pytest.approx(1.5)  # hidden: X = 1.43 s < H·T
+    assert block.wan_comm_s[1] == pytest.approx(float(heloco_exchange_s(EX_M, EX_RATE, EX_RTT)))

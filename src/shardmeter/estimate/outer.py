@@ -17,7 +17,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from shardmeter.estimate.payload import DISPATCH_BITS
 from shardmeter.estimate.schedule import Schedule, even_schedule, round_stall_s
-from shardmeter.estimate.wan import WanPaths, heloco_exchange_s, hub_allreduce_s, slow_start_s
+from shardmeter.estimate.wan import WanPaths, heloco_legs_s, hub_allreduce_s
 
 FloatArray = NDArray[np.float64]
 
@@ -219,8 +219,11 @@ def outer_round(
       is sent as, docs/network.md), never the compressed payload. With `exchange = "duplex"`
       island i's round is max(H·T_i, X_i), X_i = RTT_i + max(M, pull)/W_i (the delta up and the
       model down at once, hidden behind the next round). HeLoCo's runtime sends the push, then
-      the pull, each a request and its reply from TCP's initial window (X_i =
-      `heloco_exchange_s`); `exchange = "blocking"` (its worker loop: pull, H steps, push, wait
+      the pull, each a request and its reply, each from the congestion window its connection
+      kept over the idle since its previous round (Linux halves it per RTO of idle, RFC 2861:
+      back to the initial window after a blocking round's compute, largely kept when an
+      overlapped exchange keeps the link nearly busy; X_i = `heloco_exchange_s` with the
+      round's compute and mode); `exchange = "blocking"` (its worker loop: pull, H steps, push, wait
       for the ack) pays it between rounds, H·T_i + X_i, and `"overlapped"` (or `"heloco"`) runs
       it behind the next round, max(H·T_i, X_i). A shared server link is a processor-sharing
       station (`_share_server`); remote rounds then stretch by the server's overload, the
@@ -334,12 +337,14 @@ def _async_round(
         both = np.maximum(up, down)
         exchange = np.where(remote, rtt + both / path_bw + host, 0.0)
         legs: tuple[tuple[FloatArray, FloatArray], ...] = ((both, both / path_bw),)
-    else:
-        exchange = np.where(remote, heloco_exchange_s(up, path_bw, rtt, down) + host, 0.0)
-        legs = tuple((b, slow_start_s(b, path_bw, rtt)) for b in (up, down))
     busy = h[..., None] * inner
     # blocking: pull → H steps → push and its ack, in turn; else behind the next round
     blocking = exchange_pattern == "blocking"
+    if exchange_pattern != "duplex":
+        # each leg from the window its connection kept over the round's idle (heloco_legs_s)
+        t_up, t_down = heloco_legs_s(up, path_bw, rtt, down, busy, blocking)
+        exchange = np.where(remote, 2.0 * rtt + t_up + t_down + host, 0.0)
+        legs = ((up, t_up), (down, t_down))
     server = wan.server_Bps * scale[..., None]
     if np.isfinite(wan.server_Bps):
         exchange = _share_server(exchange, legs, busy, blocking, server, remote)

@@ -408,32 +408,94 @@ def stream_Bps(
 
 
 def slow_start_s(
-    nbytes: ArrayLike, rate_Bps: ArrayLike, rtt_s: ArrayLike, mss: ArrayLike = DEFAULT_MTU - 52
+    nbytes: ArrayLike,
+    rate_Bps: ArrayLike,
+    rtt_s: ArrayLike,
+    mss: ArrayLike = DEFAULT_MTU - 52,
+    start_window: ArrayLike | None = None,
 ) -> FloatArray:
     """Seconds from the first byte sent to the last byte sent of a transfer that starts from
     TCP's initial window (a new connection, or one idle longer than its RTO: RFC 5681
     sec. 4.1). The window starts at IW = 10 MSS (RFC 6928; at most the receiver's first
-    advertised window, INITIAL_RWND_BYTES) and doubles every round trip
-    (RFC 5681 sec. 3.1) until it carries rate × RTT; round k sends IW·2^k bytes. Transfers
+    advertised window, INITIAL_RWND_BYTES), or at `start_window` bytes (a window kept across
+    a short idle, `restart_window`; never below IW), and doubles every round trip
+    (RFC 5681 sec. 3.1) until it carries rate × RTT; round k sends W0·2^k bytes. Transfers
     that end inside slow start take (k − 1) round trips plus their last round at the rate;
     longer ones k* round trips, then the rest at the rate (Cardwell, Savage & Anderson 2000,
     sec. 2.1). Add one one-way latency for the last byte to arrive."""
     m = np.asarray(nbytes, dtype=np.float64)
     rate = np.asarray(rate_Bps, dtype=np.float64)
     rtt = np.asarray(rtt_s, dtype=np.float64)
-    iw = np.minimum(INITIAL_WINDOW_SEGMENTS * np.asarray(mss, dtype=np.float64), INITIAL_RWND_BYTES)
+    iw = _start_window(mss, start_window)
     with np.errstate(invalid="ignore", divide="ignore"):  # no round trip: the rate alone
         bdp = rate * rtt
         # rounds until the window carries the BDP, and the bytes sent in them
         k_star = np.ceil(np.log2(np.maximum(bdp / iw, 1.0)))
         sent_ss = iw * (2.0**k_star - 1.0)
-        # rounds a short transfer needs: smallest k with IW·(2^k − 1) >= M
+        # rounds a short transfer needs: smallest k with W0·(2^k − 1) >= M
         k = np.maximum(np.ceil(np.log2(m / iw + 1.0)), 1.0)
         last = m - iw * (2.0 ** (k - 1.0) - 1.0)
         short = (k - 1.0) * rtt + last / rate
         long = k_star * rtt + (m - sent_ss) / rate
         out = np.where(m <= sent_ss, short, long)
     return np.where(rtt > 0, out, m / rate)
+
+
+def _start_window(mss: ArrayLike, start_window: ArrayLike | None) -> FloatArray:
+    """Bytes: IW = min(10 MSS, INITIAL_RWND_BYTES) (RFC 6928), or a kept window, at least IW."""
+    iw = np.minimum(INITIAL_WINDOW_SEGMENTS * np.asarray(mss, dtype=np.float64), INITIAL_RWND_BYTES)
+    if start_window is None:
+        return iw
+    return np.maximum(iw, np.asarray(start_window, dtype=np.float64))
+
+
+def end_window(
+    nbytes: ArrayLike,
+    rate_Bps: ArrayLike,
+    rtt_s: ArrayLike,
+    mss: ArrayLike = DEFAULT_MTU - 52,
+    start_window: ArrayLike | None = None,
+) -> FloatArray:
+    """Congestion window (bytes) a transfer leaves behind under `slow_start_s`'s schedule: the
+    window of its last slow-start round, W0·2^(k−1) for a transfer that ends inside slow start,
+    W0·2^k* once it reached rate × RTT (doubling per round trip, RFC 5681 sec. 3.1; an
+    application-limited sender stops growing it there, RFC 7661 sec. 4.3)."""
+    m = np.asarray(nbytes, dtype=np.float64)
+    w0 = _start_window(mss, start_window)
+    with np.errstate(invalid="ignore", divide="ignore"):  # an unshaped local path: inf · 0
+        bdp = np.asarray(rate_Bps, dtype=np.float64) * np.asarray(rtt_s, dtype=np.float64)
+        k_star = np.ceil(np.log2(np.maximum(bdp / w0, 1.0)))
+        k = np.maximum(np.ceil(np.log2(m / w0 + 1.0)), 1.0)
+        out = np.where(m <= w0 * (2.0**k_star - 1.0), w0 * 2.0 ** (k - 1.0), w0 * 2.0**k_star)
+    return np.asarray(out, dtype=np.float64)
+
+
+# Linux's RTO on a path of steady round trip: SRTT + RTTVAR, where RTTVAR is never below
+# TCP_RTO_MIN (include/net/tcp.h: HZ/5; tcp_input.c, tcp_rtt_estimator and tcp_set_rto), the
+# floor RFC 6298 eq. (2.3) puts on K·RTTVAR (G); seconds.
+TCP_RTO_MIN_S = 0.2
+
+
+def rto_s(rtt_s: ArrayLike) -> FloatArray:
+    """Retransmission timeout (s) of a connection with a steady round trip (variance → 0):
+    RTT + TCP_RTO_MIN (RFC 6298 eq. 2.3, with Linux's 200 ms floor on the variance term)."""
+    return np.asarray(rtt_s, dtype=np.float64) + TCP_RTO_MIN_S
+
+
+def restart_window(
+    window_bytes: ArrayLike, idle_s: ArrayLike, rtt_s: ArrayLike, mss: ArrayLike = DEFAULT_MTU - 52
+) -> FloatArray:
+    """Congestion window (bytes) a connection sends with after `idle_s` seconds without sending
+    anything: Linux with net.ipv4.tcp_slow_start_after_idle = 1 keeps it whole up to one RTO of
+    idle, then halves it once per further RTO, ⌈idle/RTO⌉ − 1 times, never below the restart
+    window min(IW, cwnd) (RFC 2861 sec. 3, congestion window validation; kernel tcp_output.c,
+    tcp_cwnd_restart). RFC 5681 sec. 4.1 would restart from IW after one RTO instead."""
+    w = np.asarray(window_bytes, dtype=np.float64)
+    idle = np.asarray(idle_s, dtype=np.float64)
+    rto = rto_s(rtt_s)
+    # capped at 64: no window is 2^64 bytes, so the floor binds long before
+    halvings = np.minimum(np.where(idle > rto, np.ceil(idle / rto) - 1.0, 0.0), 64.0)
+    return np.maximum(_start_window(mss, None), w / 2.0**halvings)
 
 
 def transfer_s(
@@ -448,18 +510,67 @@ def transfer_s(
     return path.rtt_s / 2.0 + send
 
 
-def heloco_exchange_s(
-    nbytes: ArrayLike, rate_Bps: ArrayLike, rtt_s: ArrayLike, pull_bytes: ArrayLike | None = None
-) -> FloatArray:
-    """HeLoCo's round exchange over one worker's path: a push of Δ (`nbytes`) and a pull of
-    the model (`pull_bytes`, default the same), each a request and its reply (RTT) plus its
-    bytes from TCP's initial window, as a worker that computed in between finds its connection
-    (idle > RTO: RFC 5681 sec. 4.1): (RTT + slow_start_s(M_push)) + (RTT +
-    slow_start_s(M_pull)) (heloco/net/link.py push and pull)."""
+RESTART_ROUNDS = 8  # rounds iterated to the steady window of a connection used once a round
+
+
+def heloco_legs_s(
+    nbytes: ArrayLike,
+    rate_Bps: ArrayLike,
+    rtt_s: ArrayLike,
+    pull_bytes: ArrayLike | None = None,
+    compute_s: ArrayLike | None = None,
+    blocking: bool = True,
+) -> tuple[FloatArray, FloatArray]:
+    """Seconds to send HeLoCo's push (Δ, `nbytes`) and its pull (the model, `pull_bytes`,
+    default the same), first byte to last byte sent, under `slow_start_s`.
+
+    Without `compute_s` each starts from TCP's initial window (RFC 5681 sec. 4.1). With it,
+    each direction of the worker's one connection is used once a round, so it starts from the
+    window its previous round left (`end_window`) after the idle since (`restart_window`):
+    the worker sends the pull request one RTT after its push (within the RTO: no restart)
+    and its next push one period after the last; the server its ack, then the model. From
+    the last byte of a leg to the next send on that side is the period − that leg − one RTT,
+    period = H·T + X (blocking) or max(H·T, X) (overlapped), X = 2·RTT + push + pull. Seconds;
+    the steady state after RESTART_ROUNDS rounds, each from the one before."""
     m = np.asarray(nbytes, dtype=np.float64)
     pull = m if pull_bytes is None else np.asarray(pull_bytes, dtype=np.float64)
     rtt = np.asarray(rtt_s, dtype=np.float64)
-    return (rtt + slow_start_s(m, rate_Bps, rtt)) + (rtt + slow_start_s(pull, rate_Bps, rtt))
+    up = slow_start_s(m, rate_Bps, rtt)
+    down = slow_start_s(pull, rate_Bps, rtt)
+    if compute_s is None:
+        return up, down
+    compute = np.asarray(compute_s, dtype=np.float64)
+    w_up = w_down = None
+    for _ in range(RESTART_ROUNDS):
+        x = 2.0 * rtt + up + down
+        period = compute + x if blocking else np.maximum(compute, x)
+        w_up = restart_window(
+            end_window(m, rate_Bps, rtt, start_window=w_up), period - up - rtt, rtt
+        )
+        w_down = restart_window(
+            end_window(pull, rate_Bps, rtt, start_window=w_down), period - down - rtt, rtt
+        )
+        up = slow_start_s(m, rate_Bps, rtt, start_window=w_up)
+        down = slow_start_s(pull, rate_Bps, rtt, start_window=w_down)
+    return up, down
+
+
+def heloco_exchange_s(
+    nbytes: ArrayLike,
+    rate_Bps: ArrayLike,
+    rtt_s: ArrayLike,
+    pull_bytes: ArrayLike | None = None,
+    compute_s: ArrayLike | None = None,
+    blocking: bool = True,
+) -> FloatArray:
+    """HeLoCo's round exchange over one worker's path: a push of Δ (`nbytes`) and a pull of
+    the model (`pull_bytes`, default the same), each a request and its reply (RTT) plus its
+    bytes (`heloco_legs_s`: from TCP's initial window, or, given the round's `compute_s` and
+    exchange mode, from the window the connection kept over its idle): (RTT + push) +
+    (RTT + pull) (heloco/net/link.py push and pull)."""
+    rtt = np.asarray(rtt_s, dtype=np.float64)
+    up, down = heloco_legs_s(nbytes, rate_Bps, rtt, pull_bytes, compute_s, blocking)
+    return (rtt + up) + (rtt + down)
 
 
 # gloo's own algorithms (torch.distributed's CPU backend; gloo/allreduce.cc, reduce.cc,
