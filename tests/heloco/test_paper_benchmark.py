@@ -116,12 +116,12 @@ def test_report_reads_the_committed_rows_where_no_run_folders_are(
 
 # The committed rows that a change to the simulator must leave as they are (or rerun and
 # recommit): one task of the generalisation check (paces with ties, which the order of same-time
-# arrivals decides; async Nesterov, DN+DyLU and HeLoCo with arrival balancing, which runs the
-# look-ahead and the correction too) and one of the paper grid. The run is bit-identical on one
+# arrivals decides; async Nesterov, and HeLoCo with arrival balancing, which runs the look-ahead
+# and the correction too) and one of the paper grid. The run is bit-identical on one
 # machine; 2e-5 nats leaves room for another CPU's float32 rounding and is far below the 7e-3 to
 # 3e-2 that the same-time arrival order and the stable +ab default moved these check cells by.
 COMMITTED = (
-    ("heloco_paper_check", (1, 2, 3, 1, 5), 3, ("async-nesterov", "dn-dylu", "heloco+ab")),
+    ("heloco_paper_check", (1, 2, 3, 1, 5), 3, ("async-nesterov", "heloco+ab")),
     ("heloco_paper", (1, 1, 1, 2, 2), 0, ("heloco",)),
 )  # fmt: skip
 
