@@ -38,12 +38,12 @@ from shardmeter.estimate.islands import predict_topology
 from shardmeter.paths import missing_shared_reason, shared_path
 from shardmeter.quality import (
     RankedPlan,
-    plan_to_target,
     quality_factors,
     ranked_json,
 )
 from shardmeter.report.quality import render_ranked
 from shardmeter.search import OuterOptions
+from shardmeter.search.to_target import plan_to_target
 from shardmeter.specs.topology import load_topology
 
 METHODS = ("heloco", "async-nesterov", "sync")

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from heloco.config import HFModel
 from heloco.model import ModelConfig
-from heloco.modelspec import HFModel
 from shardmeter.errors import UserInputError
 
 if TYPE_CHECKING:

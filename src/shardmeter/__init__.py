@@ -32,8 +32,9 @@ from shardmeter.estimate.result import StepArrays, StepEstimate
 from shardmeter.estimate.step import estimate_step, estimate_step_arrays
 from shardmeter.estimate.wan import WanPaths, wan_paths
 from shardmeter.predict import predict
-from shardmeter.quality import plan_to_target, quality_factors
+from shardmeter.quality import quality_factors
 from shardmeter.search import Constraints, PlanSearchResult, plan
+from shardmeter.search.to_target import plan_to_target
 from shardmeter.specs import Accelerator, Cluster, Efficiency, Link, MoESpec, Plan, TransformerSpec
 from shardmeter.specs.hf import model_from_hf_config
 from shardmeter.specs.loader import (

@@ -21,7 +21,6 @@ from shardmeter.quality import (
     MethodQuality,
     QualityFactors,
     find_runs,
-    plan_to_target,
     quality_factors,
     rank_by_time_to_target,
     ranked_json,
@@ -29,6 +28,7 @@ from shardmeter.quality import (
 )
 from shardmeter.search import OuterOptions, plan
 from shardmeter.search.result import Candidate, OuterChoice
+from shardmeter.search.to_target import plan_to_target
 from shardmeter.specs.topology import load_topology
 
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from pydantic import (
     ValidationError,
@@ -14,7 +12,6 @@ from pydantic import (
 
 from heloco.config import DataConfig
 from heloco.data.corpus import Corpus, LanguageSplit, load_corpus, sources_corpus, split_language
-from heloco.data.packed import PackedStream
 from heloco.data.partition import partition
 from heloco.data.seeding import derive_seed
 from heloco.data.stream import TokenStream
@@ -25,9 +22,9 @@ from heloco.data.tokenizer import (
     FileTokenizer,
     Tokenizer,
     cached_bpe,
-    cached_encode,
 )
 from heloco.data.validation import ValidationSet
+from heloco.data.worker_data import WorkerData, encode_checked
 from shardmeter.errors import UserInputError, from_pydantic
 
 MAX_WORKERS = 1024
@@ -43,18 +40,6 @@ def parse_data_config(values: dict[str, Any]) -> DataConfig:
         raise from_pydantic(exc, "data") from None
 
 
-@dataclass(frozen=True, eq=False)
-class WorkerData:
-    """Everything the workers and the evaluator need; streams share one token tensor."""
-
-    streams: list[TokenStream] | list[PackedStream]
-    validation: ValidationSet
-    vocab_size: int
-    languages: list[str]
-    worker_languages: list[dict[str, float]]
-    tokenizer: Tokenizer
-
-
 def make_tokenizer(cfg: DataConfig, splits: list[LanguageSplit]) -> Tokenizer:
     """The byte tokenizer, a BPE trained on the training text only (cached), or a file."""
     if cfg.tokenizer == "byte":
@@ -62,21 +47,6 @@ def make_tokenizer(cfg: DataConfig, splits: list[LanguageSplit]) -> Tokenizer:
     if cfg.tokenizer != "bpe":
         return FileTokenizer(Path(cfg.tokenizer).expanduser())
     return cached_bpe([s.train for s in splits], cfg.bpe_vocab_size, cfg.cache_dir)
-
-
-def encode_checked(
-    tokenizer: Tokenizer, text: str, language: str, part: str, cfg: DataConfig
-) -> torch.Tensor:
-    """Tokens of one text as int32, which must hold at least one ``seq_len + 1`` window."""
-    seq_len = cfg.seq_len
-    ids = cached_encode(tokenizer, text, cfg.cache_dir)
-    if ids.size < seq_len + 1:
-        raise UserInputError(
-            f"language {language!r} ({part})",
-            f"{ids.size} tokens",
-            f"at least seq_len + 1 = {seq_len + 1} tokens (more text, or a smaller seq_len)",
-        )
-    return torch.from_numpy(ids.astype(np.int32, copy=False))
 
 
 def corpus_of(cfg: DataConfig) -> Corpus:

@@ -19,10 +19,11 @@ from heloco.data.seeding import derive_seed
 from heloco.data.sources import folder_sources, glob_sources, validation_head
 from heloco.data.tokenizer import ByteTokenizer, FileTokenizer, Tokenizer
 from heloco.data.validation import ValidationSet
+from heloco.data.worker_data import WorkerData, encode_checked
 from shardmeter.errors import UserInputError
 
 if TYPE_CHECKING:
-    from heloco.data.build import DataConfig, WorkerData
+    from heloco.config import DataConfig
 
 PARTITION_KEY = 0  # the same derive_seed keys as the windows path (heloco.data.build)
 STREAM_KEY = 1
@@ -55,8 +56,6 @@ def shares(mixtures: np.ndarray) -> list[tuple[tuple[int, int], ...]]:
 
 def build_streamed(cfg: DataConfig, n_workers: int, seed: int) -> WorkerData:
     """Validation heads and each worker's lazy stream of its share of the sources."""
-    from heloco.data.build import WorkerData, encode_checked
-
     if cfg.sources is not None:
         found = glob_sources(cfg.sources)
     elif cfg.data_dir is not None:

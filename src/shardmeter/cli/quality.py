@@ -15,12 +15,12 @@ from shardmeter.quality import (
     QualityFactors,
     RankedPlan,
     payload_spec,
-    plan_to_target,
     quality_factors,
     ranked_json,
     topology_payload,
 )
 from shardmeter.report.quality import render_ranked
+from shardmeter.search.to_target import plan_to_target
 from shardmeter.specs.topology import PayloadSpec
 
 __all__ = ["add_arguments", "apply", "from_args", "rank_from_args", "ranked_json", "render_ranked"]
