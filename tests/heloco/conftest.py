@@ -1,4 +1,5 @@
-"""Fixtures shared by the HeLoCo tests: one torch thread, and the tiny networked-run config."""
+"""Fixtures shared by the HeLoCo tests: one torch thread, the tiny networked-run config, and a
+simulated run's arrivals checked for rounds applied twice."""
 
 from __future__ import annotations
 
@@ -8,6 +9,13 @@ from typing import Any
 
 import pytest
 import torch
+
+from heloco.config import RunConfig
+from heloco.server import ArrivalRecord
+from heloco.sim import build_run, parse_sim_config
+from heloco.sim.build import ClockSetup
+from heloco.sim.loop import simulate
+from shardmeter.errors import UserInputError
 
 TinyNetValues = Callable[..., dict[str, Any]]
 
@@ -49,3 +57,41 @@ def tiny_net_values() -> TinyNetValues:
         return values
 
     return make
+
+
+@pytest.fixture
+def arrivals_once() -> Callable[[RunConfig], list[ArrivalRecord]]:
+    """Simulate a run and return the arrivals its server applied, in order, after checking
+    that no round was applied twice and that the run's tokens are exactly those rounds'."""
+
+    def run(cfg: RunConfig) -> list[ArrivalRecord]:
+        parts = build_run(cfg)
+        traj = simulate(
+            parts.server,
+            [parts.worker(w) for w in range(cfg.workers)],
+            ClockSetup.of(cfg).build(parts.paces, parts.comm, parts.links),
+            parts.evaluate,
+        )
+        arrivals = [a for r in parts.server.log for a in r.arrivals]
+        seen = [(a.worker, a.round_id) for a in arrivals]
+        assert len(seen) == len(set(seen)), "a round applied twice"
+        assert sum(a.tokens for a in arrivals) == traj.tokens
+        return arrivals
+
+    return run
+
+
+@pytest.fixture
+def refused(
+    values: Callable[..., dict[str, Any]],
+) -> Callable[[list[tuple[dict[str, Any], str]]], None]:
+    """Check that each (overrides, field) run file is refused in one line naming the field."""
+
+    def check(cases: list[tuple[dict[str, Any], str]]) -> None:
+        for over, field in cases:
+            with pytest.raises(UserInputError) as err:
+                parse_sim_config(values(**over))
+            text = str(err.value)
+            assert field in text and "\n" not in text, text
+
+    return check

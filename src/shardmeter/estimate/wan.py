@@ -428,17 +428,25 @@ def slow_start_s(
     rtt = np.asarray(rtt_s, dtype=np.float64)
     iw = _start_window(mss, start_window)
     with np.errstate(invalid="ignore", divide="ignore"):  # no round trip: the rate alone
-        bdp = rate * rtt
-        # rounds until the window carries the BDP, and the bytes sent in them
-        k_star = np.ceil(np.log2(np.maximum(bdp / iw, 1.0)))
-        sent_ss = iw * (2.0**k_star - 1.0)
-        # rounds a short transfer needs: smallest k with W0·(2^k − 1) >= M
-        k = np.maximum(np.ceil(np.log2(m / iw + 1.0)), 1.0)
+        k_star, k = _slow_start_rounds(m, rate * rtt, iw)
+        sent_ss = iw * (2.0**k_star - 1.0)  # bytes sent until the window carries the BDP
         last = m - iw * (2.0 ** (k - 1.0) - 1.0)
         short = (k - 1.0) * rtt + last / rate
         long = k_star * rtt + (m - sent_ss) / rate
         out = np.where(m <= sent_ss, short, long)
     return np.where(rtt > 0, out, m / rate)
+
+
+def _slow_start_rounds(
+    m: FloatArray, bdp: FloatArray, w0: FloatArray
+) -> tuple[FloatArray, FloatArray]:
+    """Slow-start rounds from a window of ``w0`` bytes (doubling per round trip, RFC 5681
+    sec. 3.1): k*, the rounds until the window carries the path's ``bdp`` bytes, and k, the
+    smallest k with W0·(2^k − 1) >= M that a transfer of ``m`` bytes needs (at least 1)."""
+    with np.errstate(invalid="ignore", divide="ignore"):  # an unshaped local path: inf · 0
+        k_star = np.ceil(np.log2(np.maximum(bdp / w0, 1.0)))
+        k = np.maximum(np.ceil(np.log2(m / w0 + 1.0)), 1.0)
+    return k_star, k
 
 
 def _start_window(mss: ArrayLike, start_window: ArrayLike | None) -> FloatArray:
@@ -462,10 +470,10 @@ def end_window(
     application-limited sender stops growing it there, RFC 7661 sec. 4.3)."""
     m = np.asarray(nbytes, dtype=np.float64)
     w0 = _start_window(mss, start_window)
-    with np.errstate(invalid="ignore", divide="ignore"):  # an unshaped local path: inf · 0
+    with np.errstate(invalid="ignore"):  # an unshaped local path: inf · 0
         bdp = np.asarray(rate_Bps, dtype=np.float64) * np.asarray(rtt_s, dtype=np.float64)
-        k_star = np.ceil(np.log2(np.maximum(bdp / w0, 1.0)))
-        k = np.maximum(np.ceil(np.log2(m / w0 + 1.0)), 1.0)
+    k_star, k = _slow_start_rounds(m, bdp, w0)
+    with np.errstate(invalid="ignore", over="ignore"):
         out = np.where(m <= w0 * (2.0**k_star - 1.0), w0 * 2.0 ** (k - 1.0), w0 * 2.0**k_star)
     return np.asarray(out, dtype=np.float64)
 
