@@ -95,3 +95,29 @@ def refused(
             assert field in text and "\n" not in text, text
 
     return check
+
+
+@pytest.fixture
+def outer_loop_run() -> Callable[..., list[ArrivalRecord]]:
+    """Run a one-worker config through OuterLoop over a LocalLink (the background exchange in
+    a thread, no sockets), check that it ends with the simulator's parameters bit for bit,
+    and return the server's arrivals. Keyword arguments go to OuterLoop."""
+    from heloco.outer_loop import LocalLink, OuterLoop
+    from heloco.sim import run_simulation
+
+    def run(cfg: RunConfig, **loop: Any) -> list[ArrivalRecord]:
+        want = run_simulation(cfg).params
+        parts = build_run(cfg)
+        worker = parts.worker(0)
+        link = LocalLink(parts.server, 0, token_budget=cfg.token_budget)
+        outer = OuterLoop(
+            worker.model, worker.optimizer, link, hook=False, rounds=worker.boundary, **loop
+        )
+        with outer:
+            while not outer.done:
+                outer.step(worker.inner_step(), worker.sampler.tokens_per_batch)
+        got = parts.server.params
+        assert all(torch.equal(got[k], want[k]) for k in want)
+        return [a for r in parts.server.log for a in r.arrivals]
+
+    return run

@@ -289,28 +289,15 @@ def test_exchange_flags_reach_the_config(capsys: pytest.CaptureFixture[str]) -> 
 
 @pytest.mark.parametrize("exchange", ["blocking", "overlapped"])
 def test_outer_loop_in_process_matches_simulator(
-    values: Callable[..., dict[str, Any]], exchange: str
+    values: Callable[..., dict[str, Any]],
+    outer_loop_run: Callable[..., list[ArrivalRecord]],
+    exchange: str,
 ) -> None:
     """OuterLoop over a LocalLink (the background exchange in a thread, no sockets) ends with
     the simulator's parameters, bit for bit: one scheme, two drivers."""
-    from heloco.outer_loop import LocalLink, OuterLoop
-
     cfg = parse_sim_config(values(exchange=exchange))
-    want = run_simulation(cfg).params
-    parts = build_run(cfg)
-    worker = parts.worker(0)
-    link = LocalLink(parts.server, 0, token_budget=cfg.token_budget)
-    outer = OuterLoop(
-        worker.model, worker.optimizer, link, hook=False, rounds=worker.boundary,
-        exchange=exchange, eager=cfg.overlap_eager,
-    )  # fmt: skip
-    with outer:
-        while not outer.done:
-            outer.step(worker.inner_step(), worker.sampler.tokens_per_batch)
-    got = parts.server.params
-    assert parts.server.revision == 6
-    assert all(torch.equal(got[k], want[k]) for k in want)
-    staleness = [a.staleness for r in parts.server.log for a in r.arrivals]
+    arrivals = outer_loop_run(cfg, exchange=exchange, eager=cfg.overlap_eager)
+    staleness = [a.staleness for a in arrivals]
     assert staleness == ([0] * 6 if exchange == "blocking" else [0, 1, 1, 1, 1, 1])
 
 

@@ -231,24 +231,14 @@ def test_streaming_kill_applies_every_accepted_push_once(
 # -- one worker logic: OuterLoop in process gives the simulator's parameters ----------------------
 @pytest.mark.parametrize("alpha", [0.5, 0.0])
 def test_outer_loop_in_process_matches_simulator(
-    values: Callable[..., dict[str, Any]], alpha: float
+    values: Callable[..., dict[str, Any]],
+    outer_loop_run: Callable[..., list[ArrivalRecord]],
+    alpha: float,
 ) -> None:
     cfg = parse_sim_config(values(stream_alpha=alpha))
-    want = run_simulation(cfg).params
-    parts = build_run(cfg)
-    worker = parts.worker(0)
-    link = LocalLink(parts.server, 0, token_budget=cfg.token_budget)
-    outer = OuterLoop(
-        worker.model, worker.optimizer, link, hook=False, rounds=worker.boundary,
-        exchange="streaming", fragments=cfg.fragments, alpha=cfg.stream_alpha,
-    )  # fmt: skip
-    with outer:
-        while not outer.done:
-            outer.step(worker.inner_step(), worker.sampler.tokens_per_batch)
-    got = parts.server.params
-    assert parts.server.revision == 8
-    assert all(torch.equal(got[k], want[k]) for k in want)
-    arrivals = [a for r in parts.server.log for a in r.arrivals]
+    arrivals = outer_loop_run(
+        cfg, exchange="streaming", fragments=cfg.fragments, alpha=cfg.stream_alpha
+    )
     assert [a.fragment for a in arrivals] == [1, 0] * 4
     assert [a.staleness for a in arrivals] == [0] * 8  # one worker: no fragment ages
 
