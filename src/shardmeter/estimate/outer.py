@@ -333,14 +333,15 @@ def _async_round(
     up, down = up_bytes[..., None], down_bytes[..., None]
     host = (up + down) / wan.host_copy_Bps
     rtt = wan.rtt_s[:, c]
-    if exchange_pattern == "duplex":
-        both = np.maximum(up, down)
-        exchange = np.where(remote, rtt + both / path_bw + host, 0.0)
-        legs: tuple[tuple[FloatArray, FloatArray], ...] = ((both, both / path_bw),)
     busy = h[..., None] * inner
     # blocking: pull → H steps → push and its ack, in turn; else behind the next round
     blocking = exchange_pattern == "blocking"
-    if exchange_pattern != "duplex":
+    legs: tuple[tuple[FloatArray, FloatArray], ...]
+    if exchange_pattern == "duplex":
+        both = np.maximum(up, down)
+        exchange = np.where(remote, rtt + both / path_bw + host, 0.0)
+        legs = ((both, both / path_bw),)
+    else:
         # each leg from the window its connection kept over the round's idle (heloco_legs_s)
         t_up, t_down = heloco_legs_s(up, path_bw, rtt, down, busy, blocking)
         exchange = np.where(remote, 2.0 * rtt + t_up + t_down + host, 0.0)
