@@ -214,7 +214,7 @@ class ClockSetup:
             push_bytes=[] if links is None else links.push_bytes,
             pull_bytes=0 if links is None else links.pull_bytes,
             stream_alpha=self.stream_alpha,
-            link_Bps=[] if links is None else links.rate_Bps,
+            link_mbit=[] if links is None else links.mbit,
             link_latency=[] if links is None else links.latency,
         )
 

@@ -43,7 +43,7 @@ class Clock:
     push_bytes: list[int] = field(default_factory=list)  # wire bytes of each worker's push
     pull_bytes: int = 0  # wire bytes of one dispatch
     stream_alpha: float = 0.5  # streaming: α of the fragment merge (heloco.streaming)
-    link_Bps: list[float] = field(default_factory=list)  # link clock: bytes/s per worker
+    link_mbit: list[float] = field(default_factory=list)  # link clock: Mbit/s per worker
     link_latency: list[float] = field(default_factory=list)  # link clock: one-way seconds
 
     def leg(self, worker: int, nbytes: int, whole: int) -> float:
@@ -51,8 +51,8 @@ class Clock:
         its reply, 2·latency + nbytes / rate on the link clock (:func:`request_seconds`); with
         fixed ``comm_delays`` the push's share of them, comm_w · nbytes / ``whole`` (the
         model's fp32 bytes)."""
-        if self.link_Bps:
-            return 2.0 * self.link_latency[worker] + nbytes / self.link_Bps[worker]
+        if self.link_mbit:
+            return request_seconds(nbytes, self.link_mbit[worker], self.link_latency[worker])
         return self.comm_delays[worker] * nbytes / whole if whole > 0 else 0.0
 
     def down(self, worker: int) -> float:
@@ -140,7 +140,7 @@ class LinkTimes:
     down: list[float]  # pull: the dispatch to the worker
     push_bytes: list[int]
     pull_bytes: int
-    rate_Bps: list[float] = field(default_factory=list)  # each worker's rate, bytes/s
+    mbit: list[float] = field(default_factory=list)  # each worker's rate, Mbit/s
     latency: list[float] = field(default_factory=list)  # each worker's one-way seconds
 
     @property
@@ -196,7 +196,7 @@ def resolve_links(cfg: InnerSetup, numels: Sequence[int]) -> LinkTimes | None:
     up = [request_seconds(push, rates[w], float(latency[w])) for w in range(k)]
     down = [request_seconds(pull, rates[w], float(latency[w])) for w in range(k)]
     lat = [float(x) for x in latency]
-    return LinkTimes(up, down, [push] * k, pull, [r * MBIT for r in rates], lat)
+    return LinkTimes(up, down, [push] * k, pull, rates, lat)
 
 
 def round_seconds(

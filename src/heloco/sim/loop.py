@@ -267,7 +267,7 @@ class _Sim:
         def leg(w: int, nbytes: int, up: bool) -> float:
             """A streaming leg's seconds: the link clock's, or the push's share of the fixed
             comm_delays (a dispatch then takes none, as in the other exchanges)."""
-            if not up and not self.clock.link_Bps:
+            if not up and not self.clock.link_mbit:
                 return 0.0
             return self.clock.leg(w, nbytes, whole)
 
