@@ -119,10 +119,7 @@ def optimizer_step_bytes(plans: PlanArrays) -> Num:
     14; pure bf16 8-bit AdamW 10. Paged states are read and written in unified memory and
     counted the same. Bytes."""
     on_gpu, paged = optimizer_state_bytes(plans)
-    master = where(
-        plans.master == MASTER_CODES["fp32"], MASTER_BYTES["fp32"],
-        where(plans.master == MASTER_CODES["remainder"], MASTER_BYTES["remainder"], 0.0),
-    )  # fmt: skip
+    master = master_bytes(plans)
     states = on_gpu - master + paged
     no_master = where(plans.master == MASTER_CODES["none"], WEIGHT_BYTES, 0.0)
     read = master + states + GRAD_BYTES + no_master
@@ -162,6 +159,21 @@ ADAM_4BIT_STATE = 0.5 + 4.0 / 128.0  # torchao 4-bit AdamW: 4 bits + one scale p
 MASTER_BYTES = {"fp32": 4.0, "remainder": 2.0, "none": 0.0}  # remainder: 16-bit (apex/TE)
 
 
+def master_bytes(plans: PlanArrays) -> Num:
+    """Bytes per parameter of the master copy: MASTER_BYTES of fp32, a 16-bit remainder
+    (apex/TE) or none."""
+    return where(
+        plans.master == MASTER_CODES["fp32"], MASTER_BYTES["fp32"],
+        where(plans.master == MASTER_CODES["remainder"], MASTER_BYTES["remainder"], 0.0),
+    )  # fmt: skip
+
+
+def state_dtype_bytes(plans: PlanArrays) -> Num:
+    """Bytes per element of a full-precision optimizer state: fp32 beside a master copy, the
+    weights' bf16 without one (pure bf16: torchtune's and litgpt's full fine-tunes)."""
+    return where(plans.master == MASTER_CODES["none"], WEIGHT_BYTES, 4.0)
+
+
 def optimizer_state_bytes(plans: PlanArrays) -> tuple[Num, Num]:
     """(on-allocator, paged) optimizer bytes per parameter: the master copy (MASTER_BYTES) plus
     the states; paged optimizers (bitsandbytes `PagedAdamW*`) keep their states in CUDA
@@ -173,11 +185,8 @@ def optimizer_state_bytes(plans: PlanArrays) -> tuple[Num, Num]:
     cols) per matrix, no first moment: Shazeer & Stern 2018 §3-4); SGD with momentum and Muon
     one state (Muon keeps only the momentum buffer: Jordan et al. 2024). Bytes.
     """
-    master = where(
-        plans.master == MASTER_CODES["fp32"], MASTER_BYTES["fp32"],
-        where(plans.master == MASTER_CODES["remainder"], MASTER_BYTES["remainder"], 0.0),
-    )  # fmt: skip
-    state_dtype = where(plans.master == MASTER_CODES["none"], WEIGHT_BYTES, 4.0)
+    master = master_bytes(plans)
+    state_dtype = state_dtype_bytes(plans)
     code = plans.optimizer
     codes = OPTIMIZER_CODES
     adam = (code == codes["adamw"]) | (code == codes["paged_adamw"])
@@ -598,11 +607,8 @@ def fragmentation_bytes(
     host_grads = host_params | (plans.offload == OFFLOAD_CODES["grads+optimizer"])
     d, _ = shard_divisors(plans)
     stage = plans.sharding
-    state_dtype = where(plans.master != MASTER_CODES["none"], 4.0, WEIGHT_BYTES)
-    master = where(
-        plans.master == MASTER_CODES["fp32"], MASTER_BYTES["fp32"],
-        where(plans.master == MASTER_CODES["remainder"], MASTER_BYTES["remainder"], 0.0),
-    )  # fmt: skip
+    state_dtype = state_dtype_bytes(plans)
+    master = master_bytes(plans)
     weight = gathered_weight_bytes(plans)
     grad = where(plans.grad_fp32, FP32_GRAD_BYTES, GRAD_BYTES)
     # state tensors on the allocator and bytes per element (`optimizer_state_bytes`; paged
