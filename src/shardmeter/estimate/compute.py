@@ -164,11 +164,18 @@ class _Shapes:
     fp8: Num
 
 
+def local_kv_dim(model: TransformerSpec, tp: Num) -> Num:
+    """Width of K (or of V) on one tensor-parallel rank: its share of the KV heads times the
+    head dimension, at least one head (KV heads are replicated when tp > kv_heads, Megatron-LM
+    and torchtitan). Elements."""
+    return maximum(model.kv_heads / tp, 1.0) * model.dim_head
+
+
 def _shapes(model: TransformerSpec, plans: PlanArrays) -> _Shapes:
     tp = as_float(plans.tp)
     tokens = plans.micro_batch * model.seq_len / as_float(plans.cp)
     norm_tokens = where(plans.sp, tokens / tp, tokens)
-    kv_local = maximum(model.kv_heads / tp, 1.0) * model.dim_head  # KV heads replicate if tp > kv
+    kv_local = local_kv_dim(model, tp)
     return _Shapes(
         tokens=tokens,
         norm_tokens=norm_tokens,

@@ -29,7 +29,13 @@ from shardmeter.estimate._xp import (
     minimum,
     where,
 )
-from shardmeter.estimate.compute import ACT_BYTES, StageLayers, recompute_share, stage_layers
+from shardmeter.estimate.compute import (
+    ACT_BYTES,
+    StageLayers,
+    local_kv_dim,
+    recompute_share,
+    stage_layers,
+)
 from shardmeter.estimate.plan_arrays import (
     ATTENTION_CODES,
     MASTER_CODES,
@@ -296,7 +302,7 @@ def _activation_sets(model: TransformerSpec, plans: PlanArrays) -> tuple[Num, Nu
     tokens = plans.micro_batch * model.seq_len / as_float(plans.cp)
     norm_tokens = where(plans.sp, tokens / tp, tokens)
     q_l = model.q_dim / tp
-    kv_l = maximum(model.kv_heads / tp, 1.0) * model.dim_head
+    kv_l = local_kv_dim(model, tp)
     moe_share = model.n_moe_layers / model.n_layers
     per_width = 3.0 if model.mlp == "swiglu" else 2.0
     mlp_width = (1.0 - moe_share) * model.dense_ffn / tp
@@ -372,7 +378,7 @@ def op_sac_set(model: TransformerSpec, plans: PlanArrays, tokens: Num, layer_inp
     bf16, 2 B per element; the softmax LSE (fp32 per head and token) is left out. Bytes."""
     tp = as_float(plans.tp)
     q_l = model.q_dim / tp
-    kv_l = maximum(model.kv_heads / tp, 1.0) * model.dim_head
+    kv_l = local_kv_dim(model, tp)
     width = model.expert_ffn if model.moe is not None else model.dense_ffn
     w2_out = model.hidden if model.mlp == "swiglu" else 0.0
     kept = tokens * (q_l + kv_l + q_l + width / tp + w2_out)
@@ -566,7 +572,7 @@ def _layer_tensor_bytes(model: TransformerSpec, plans: PlanArrays) -> tuple[list
     tokens = plans.micro_batch * model.seq_len / as_float(plans.cp)
     norm_tokens = where(plans.sp, tokens / tp, tokens)
     q_l = model.q_dim / tp
-    kv_l = model.dim_head * maximum(model.kv_heads / tp, 1.0)
+    kv_l = local_kv_dim(model, tp)
     width = model.expert_ffn if model.moe is not None else model.dense_ffn
     per_width = 3 if model.mlp == "swiglu" else 2
     row = ACT_BYTES * model.hidden * norm_tokens

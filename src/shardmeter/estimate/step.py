@@ -37,6 +37,7 @@ from shardmeter.estimate.compute import (
     critical_layers,
     expert_imbalance,
     launch_time,
+    local_kv_dim,
     model_flops_per_token,
     optimizer_time,
     pipeline_times,
@@ -300,7 +301,7 @@ def estimate_step_arrays(
     # Context parallel (ring attention), per layer: c−1 K,V blocks forward, twice that backward
     # (K,V and their gradients), hidden only behind the attention core of the same layer
     # (C.5); the ring runs over the NIC once tp·cp spans NVLink domains.
-    kv_local = maximum(model.kv_heads / tp, 1.0) * model.dim_head
+    kv_local = local_kv_dim(model, tp)
     kv_block = 2.0 * tokens_mb * kv_local * ACT_BYTES
     hop = comm.ring_hop_time(kv_block, cp, tp, cluster) * (cp - 1.0)
     cp_fwd = _overlap(hop * (1.0 + full), units.layer_attention_s * (1.0 + full), u)
