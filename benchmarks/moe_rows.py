@@ -1,0 +1,197 @@
+"""Where the time of the published Mixture-of-Experts runs goes, measured against predicted.
+
+    python benchmarks/moe_rows.py            # both tables, shipped presets, about a second
+
+Table 1: every MoE row of the calibration and holdout files (a row is MoE when it has
+experts), per layer and micro-batch on the stage the schedule waits on: the measured step
+divided by the layer-micro-batches that stage runs, against the prediction split into GPU work
+(forward + backward of one layer), the host launches serialised after the dropless dispatch's
+host sync, the exposed expert all-to-all and the rest (head, pipeline, optimizer, bubble).
+
+Table 2: Megatron-Core's interleaved 1F1B schedule replayed event by event (warm-up
+`2·(p−1−r) + (v−1)·N` forwards on rank r, then one forward and one backward alternately, then
+the cool-down; forwards in the schedule table's order, chunk-major in groups of N micro-batches,
+backwards in the same order with the chunks reversed: Megatron-Core `schedules.py`
+`get_schedule_table`, `get_pp_rank_microbatches`), with a point-to-point hop of `t_p` seconds on
+every edge between ranks (a transfer overlapped with compute, Megatron's `overlap_p2p_comm`):
+how much of each hop the step exposes per chunk-micro-batch, for the plan of H1 run 1016
+(p = 2, v = 24 one-layer chunks, 32 micro-batches) and for deeper pipelines. The model charges
+`2·(p−1)` exposed hops per step (docs/model.md, Communication).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from shardmeter.calibrate import RunSpec, predict_run, read_rows, run_from_row
+from shardmeter.errors import UserInputError
+from shardmeter.estimate.compute import (
+    BWD_ATTN,
+    BWD_ELEMENTWISE,
+    BWD_GEMM,
+    layer_forward,
+    stage_layers,
+)
+from shardmeter.estimate.plan_arrays import PlanArrays
+from shardmeter.paths import shared_path
+
+HOLDOUT = Path(__file__).resolve().parent / "holdout_runs.csv"
+
+
+def moe_runs(paths: Sequence[Path]) -> list[RunSpec]:
+    """The rows of `paths` whose model has routed experts, as ShardMeter inputs."""
+    runs: list[RunSpec] = []
+    for path in paths:
+        for row in read_rows(path):
+            if int(row.get("moe_experts") or 0) <= 0:
+                continue
+            try:
+                runs.append(run_from_row(row))
+            except UserInputError as exc:
+                print(f"skipped {row.get('run_id')}: {exc}", file=sys.stderr)
+    return runs
+
+
+def per_layer_table(runs: Sequence[RunSpec]) -> None:
+    """Table 1: measured and predicted milliseconds per layer-micro-batch of the busiest stage."""
+    print("per layer and micro-batch on the critical stage (ms; predicted split: GPU work of one")
+    print("MoE layer, time it waits on host launches, exposed expert all-to-all, the rest)")
+    head = f"{'run':>5} {'src':4} {'gpu':9} {'plan':24} {'measured':>9} {'predicted':>9}"
+    print(head + f" {'GPU':>6} {'host':>7} {'EP':>6} {'rest':>6} {'error':>7}")
+    for run in runs:
+        est = predict_run(run)
+        plan = run.plan
+        arrays = PlanArrays.scalar(plan)
+        m = plan.global_batch // (plan.dp * plan.micro_batch)
+        split = stage_layers(run.model, arrays)
+        layers = max(float(split.first), float(split.last), float(split.mid))
+        lmb = layers * m
+        measured_step = est.tokens_per_step / (run.measured * est.n_gpus)
+        moe = layer_forward(run.model, arrays, run.cluster.accelerator, moe=True)
+        attn_bwd = (
+            BWD_ATTN * moe.attention_s if moe.attention_bwd_s is None else moe.attention_bwd_s
+        )
+        gpu_bwd = (
+            BWD_GEMM * moe.gemm_s + attn_bwd + BWD_ELEMENTWISE * (moe.elementwise_s + moe.cast_s)
+        )
+        gpu = float(moe.gpu_forward_s) + float(gpu_bwd + moe.quant_bwd_s)
+        host = float(moe.forward_s) + float(moe.backward_s) - gpu  # waiting on launches
+        ep = est.time_breakdown.get("ep_comm", 0.0) / lmb
+        rest = est.step_time_s / lmb - gpu - host - ep
+        name = f"tp{plan.tp} pp{plan.pp} v{plan.vpp} ep{plan.ep} mb{plan.micro_batch} m{m}"
+        err = est.tokens_per_s_per_gpu / run.measured - 1.0
+        print(
+            f"{run.run_id:>5} {run.source_id:4} {run.cluster.accelerator.name[:9]:9} {name:24}"
+            f" {1e3 * measured_step / lmb:9.2f} {1e3 * est.step_time_s / lmb:9.2f}"
+            f" {1e3 * gpu:6.2f} {1e3 * host:7.2f} {1e3 * ep:6.2f} {1e3 * rest:6.2f} {err:+7.1%}"
+        )
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Pipeline ranks p, chunks per rank v, micro-batches m, chunk group N."""
+
+    p: int
+    v: int
+    m: int
+    n: int
+
+
+def interleaved_step(
+    s: Schedule, fwd: Callable[[int, int], float], bwd: Callable[[int, int], float], hop: float
+) -> float:
+    """Seconds of one step of Megatron-Core's interleaved 1F1B schedule: chunk c of rank r
+    takes fwd(r, c) / bwd(r, c); every edge between ranks waits `hop` seconds."""
+    table = [
+        (i, c) for g in range(0, s.m, s.n) for c in range(s.v) for i in range(g, min(g + s.n, s.m))
+    ]
+    total = s.m * s.v
+    orders: list[list[tuple[bool, int, int]]] = []
+    for r in range(s.p):
+        warm = min(2 * (s.p - 1 - r) + (s.v - 1) * s.n, total)
+        fwds = [(True, i, c) for i, c in table]
+        bwds = [(False, i, s.v - 1 - c) for i, c in table]
+        order = fwds[:warm]
+        for k in range(total - warm):
+            order += [fwds[warm + k], bwds[k]]
+        orders.append(order + bwds[total - warm :])
+    done: dict[tuple[bool, int, int, int], float] = {}
+    ptr, clock = [0] * s.p, [0.0] * s.p
+    last = s.p * s.v - 1
+    moved = True
+    while moved:
+        moved = False
+        for r in range(s.p):
+            while ptr[r] < len(orders[r]):
+                is_fwd, i, c = orders[r][ptr[r]]
+                stage = c * s.p + r  # virtual stage: chunk-major over the ranks
+                if is_fwd and stage == 0:
+                    ready = 0.0
+                elif is_fwd or stage != last:
+                    src = stage - 1 if is_fwd else stage + 1
+                    key = (is_fwd, i, src % s.p, src // s.p)
+                    if key not in done:
+                        break
+                    ready = done[key] + (hop if src % s.p != r else 0.0)
+                else:  # the last virtual stage turns its own forward into the backward
+                    key = (True, i, r, c)
+                    if key not in done:
+                        break
+                    ready = done[key]
+                clock[r] = max(clock[r], ready) + (fwd(r, c) if is_fwd else bwd(r, c))
+                done[(is_fwd, i, r, c)] = clock[r]
+                ptr[r] += 1
+                moved = True
+    if any(ptr[r] < len(orders[r]) for r in range(s.p)):
+        raise RuntimeError("the schedule deadlocked")
+    return max(clock)
+
+
+def schedule_table(runs: Sequence[RunSpec]) -> None:
+    """Table 2: the interleaved schedule with and without point-to-point hops."""
+    run = next((r for r in runs if r.run_id == "1016"), None)
+    print("\ninterleaved 1F1B replayed (Megatron-Core order); hop = point-to-point seconds")
+    print(f"{'plan':26} {'hop/chunk':>9} {'step, no hop':>13} {'+ hops':>9} {'exposed/hop':>12}")
+    cases: list[tuple[str, Schedule, float, float, float]] = []
+    if run is not None:
+        est = predict_run(run)
+        arrays = PlanArrays.scalar(run.plan)
+        moe = layer_forward(run.model, arrays, run.cluster.accelerator, moe=True)
+        f, b = float(moe.forward_s), float(moe.backward_s)
+        hop = est.time_hidden.get("pp_comm", 0.0) + est.time_breakdown.get("pp_comm", 0.0)
+        m = run.plan.global_batch // (run.plan.dp * run.plan.micro_batch)
+        sends = 2.0 * m * run.plan.vpp
+        cases.append(("1016: p2 v24 m32 N2", Schedule(2, 24, m, 2), f, b, hop / sends))
+    for p, v, m in ((2, 24, 32), (4, 2, 16), (8, 4, 32), (16, 8, 32)):
+        cases.append((f"unit: p{p} v{v} m{m} N{p}", Schedule(p, v, m, p), 1.0, 2.0, 0.25))
+    for name, sched, f, b, hop in cases:
+
+        def fwd(r: int, c: int, f: float = f) -> float:
+            return f
+
+        def bwd(r: int, c: int, b: float = b) -> float:
+            return b
+
+        base = interleaved_step(sched, fwd, bwd, 0.0)
+        with_hops = interleaved_step(sched, fwd, bwd, hop)
+        chunk_mbs = sched.m * sched.v
+        exposed = (with_hops - base) / chunk_mbs / hop if hop > 0 else 0.0
+        print(f"{name:26} {hop / (f + b):9.3f} {base:13.3f} {with_hops:9.3f} {exposed:12.2f}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.parse_args(argv)
+    shared = shared_path("calibration", "runs.csv")
+    runs = moe_runs([HOLDOUT] if shared is None else [shared, HOLDOUT])
+    per_layer_table(runs)
+    schedule_table(runs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

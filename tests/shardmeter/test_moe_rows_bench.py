@@ -1,0 +1,57 @@
+"""`benchmarks/moe_rows.py`: its replay of Megatron-Core's interleaved 1F1B schedule against
+the closed forms it must reduce to (Narayanan et al. SC'21 §2.2: without hops a step of even
+stages is `m·v` chunk-micro-batches plus a fill and drain of `(p−1)` chunk times), and the
+MoE rows it reads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import ModuleType
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def bench(load_benchmark: Callable[[str], ModuleType]) -> ModuleType:
+    return load_benchmark("moe_rows")
+
+
+def unit(f: float) -> Callable[[int, int], float]:
+    return lambda r, c: f
+
+
+@pytest.mark.parametrize(
+    ("p", "v", "m"), [(1, 1, 8), (4, 1, 8), (2, 24, 32), (4, 2, 16), (8, 4, 32)]
+)
+def test_interleaved_replay_without_hops_is_the_work_plus_fill_and_drain(
+    bench: ModuleType, p: int, v: int, m: int
+) -> None:
+    f, b = 1.0, 2.0
+    step = bench.interleaved_step(bench.Schedule(p, v, m, p), unit(f), unit(b), 0.0)
+    assert step == pytest.approx(m * v * (f + b) + (p - 1) * (f + b))
+
+
+def test_hops_cost_nothing_on_one_rank_and_something_across_ranks(bench: ModuleType) -> None:
+    one = bench.Schedule(1, 4, 8, 1)
+    assert bench.interleaved_step(one, unit(1.0), unit(2.0), 5.0) == pytest.approx(4 * 8 * 3.0)
+    two = bench.Schedule(2, 4, 8, 2)
+    base = bench.interleaved_step(two, unit(1.0), unit(2.0), 0.0)
+    # Four one-way edges of the ring (fill and drain, forward and backward) at the least.
+    assert bench.interleaved_step(two, unit(1.0), unit(2.0), 0.5) >= base + 2 * 0.5
+
+
+def test_a_slow_last_chunk_sets_the_pace_of_its_rank(bench: ModuleType) -> None:
+    """An output head on the last chunk (4 chunk-times more) adds m·(4+8) to that rank's work
+    and the schedule waits on it, as the model's m·max_s(t_s) says."""
+    p, v, m = 2, 24, 32
+    fwd = lambda r, c: 1.0 + (4.0 if (r, c) == (p - 1, v - 1) else 0.0)  # noqa: E731
+    bwd = lambda r, c: 2.0 + (8.0 if (r, c) == (p - 1, v - 1) else 0.0)  # noqa: E731
+    step = bench.interleaved_step(bench.Schedule(p, v, m, p), fwd, bwd, 0.0)
+    busiest = m * (v * 3.0 + 12.0)
+    assert busiest <= step <= busiest * 1.01
+
+
+def test_moe_rows_are_the_runs_with_experts(bench: ModuleType) -> None:
+    runs = bench.moe_runs([bench.HOLDOUT])
+    assert {r.run_id for r in runs} >= {"1016", "1036", "1077"}
+    assert all(r.model.moe is not None for r in runs)
