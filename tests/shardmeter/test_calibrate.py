@@ -91,6 +91,18 @@ def test_plan_defaults_by_framework() -> None:
     assert (deepspeed.gather_unit, deepspeed.attention) == ("matrix", "unfused")
 
 
+def test_maxtext_offloaded_remat_policy_reads_as_selective_with_offload() -> None:
+    """MaxText's remat_policy "minimal_offloaded" keeps the weight-matmul outputs, as
+    "minimal" does, but in host memory: selective recompute with `offload_activations`."""
+    maxtext = {**BASE, "framework": "MaxText (TPU, JAX/XLA)", "gpu": "tpu-v5e", "tp": "16",
+               "dp": "16", "n_gpus": "256", "nvlink_domain": "256"}  # fmt: skip
+    offloaded = plan_from_row({**maxtext, "recompute": "minimal_offloaded"})
+    minimal = plan_from_row({**maxtext, "recompute": "minimal"})
+    assert (offloaded.recompute, offloaded.offload_activations) == ("selective", True)
+    assert (minimal.recompute, minimal.offload_activations) == ("selective", False)
+    assert not plan_from_row({**maxtext, "recompute": "full"}).offload_activations
+
+
 def test_run_from_row_blank_recompute_and_gpu_check() -> None:
     run = run_from_row({**BASE, "model": "Llama 70B", "n_layers": "80", "hidden": "8192",
                         "n_heads": "64", "ffn": "28672", "tp": "1", "dp": "16",
