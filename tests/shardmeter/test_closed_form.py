@@ -855,7 +855,8 @@ def test_activations_offloaded_to_host_and_back() -> None:
     backward and selective recompute), exposed beyond it and costing K of what it hides,
     booked as recompute. Host link 0.5 TB/s: the forward transfer sticks out, the backward
     one hides. With tp = 2 and SP the split widths halve and the two projections' outputs
-    are sequence-sharded; without `host_gbps` the host link is 25 GB/s PCIe."""
+    are sequence-sharded; without `host_gbps` the host link is 25 GB/s PCIe. The chip keeps
+    only each layer's input; the offloaded bytes are host memory."""
     plan = Plan(recompute="selective", micro_batch=1, global_batch=1)
     offload = plan.model_copy(update={"offload_activations": True})
 
@@ -877,6 +878,16 @@ def test_activations_offloaded_to_host_and_back() -> None:
     extra(fast, plan, per_token, 1)
     extra(fast, plan.model_copy(update={"tp": 2, "sp": True}), (3 * H + FFN) / 2 + H, 2)
     extra(CLUSTER, plan, per_token, 1)  # PCIe default
+    # Memory: the chip keeps each layer's input (2 B × h per token), the host the offloaded set
+    # of every layer; the layer in backward holds its whole set, under the logits here.
+    kept = estimate_step(MODEL, fast, offload)
+    check(kept.memory_detail["host"], LAYERS * 2 * T1 * per_token)
+    assert activations(T1) < LOGITS
+    check(kept.memory_breakdown["activations"], LAYERS * 2 * H * T1)
+    # fused cross-entropy keeps 2 B per logit, less than the working layer's whole set
+    fused = estimate_step(MODEL, fast, offload.model_copy(update={"fused_ce": True}))
+    working = activations(T1) - 2 * T1 * VOCAB
+    check(fused.memory_breakdown["activations"], LAYERS * 2 * H * T1 + working)
     # the plan without the flag moves nothing
     check(estimate_step(MODEL, fast, plan).step_time_s,
           estimate_step(MODEL, fast, offload.model_copy(

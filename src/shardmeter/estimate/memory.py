@@ -670,6 +670,7 @@ class _Shared:
     host_expert: Num = 0.0
     fused_step_grads: Num = 0.0  # gradient bytes live with optimizer_in_backward
     layer_input: Num = 0.0  # bytes of one layer's input (= a stage's output) per micro-batch
+    host_activations: Num = 0.0  # bytes per layer-micro-batch offloaded (offload_activations)
 
 
 def largest_parameter(model: TransformerSpec, plans: PlanArrays) -> Num:
@@ -699,15 +700,21 @@ def _shared(model: TransformerSpec, plans: PlanArrays, layer: Num) -> _Shared:
         + where(host_grads, grad_bytes, 0.0)
     )
     sharded = plans.sharding >= SHARDING_CODES["zero1"]
+    # Activations offloaded to host memory (offload_activations): the chip keeps each layer's
+    # input (the scan carry, saved by the checkpointed layer), the host the offloaded set, and
+    # the layer whose backward runs holds its fetched and recomputed tensors, the full set
+    offload = plans.offload_activations
+    kept = _saved_per_layer(plans, full_set, selective_set, layer_input)
     return _Shared(
-        per_layer=_saved_per_layer(plans, full_set, selective_set, layer_input),
+        per_layer=where(offload, layer_input, kept),
         layer_input=layer_input,
+        host_activations=offloaded_activation_bytes(model, plans),
         # Under recompute one layer's recomputed tensors are rebuilt at a time during its
         # backward, beside what it kept: the whole layer under full recompute, what the
         # selective set leaves out under selective (torch.utils.checkpoint re-runs the forward
         # of the layer whose backward is next)
         working=where(
-            plans.recompute == RECOMPUTE_CODES["full"],
+            (plans.recompute == RECOMPUTE_CODES["full"]) | offload,
             full_set,
             where(plans.recompute == RECOMPUTE_CODES["selective"], full_set - selective_set, 0.0),
         ),
@@ -791,6 +798,7 @@ def _stage_memory(
         context = full_like(activations, CUDA_CONTEXT_BYTES)
         nccl = nccl_buffer_bytes(plans) + 0.0 * activations
     host = dense * shared.host_dense + expert * shared.host_expert
+    host = host + shared.host_activations * in_flight
     return MemoryArrays(
         weights=weights,
         gradients=gradients,
