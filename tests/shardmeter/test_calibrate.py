@@ -308,3 +308,23 @@ def test_both_csv_readers_refuse_bad_files_in_one_line(
     short.write_text("run_id\nx\n", encoding="utf-8")
     with pytest.raises(UserInputError, match="missing columns"):
         read(short)
+
+
+def test_predict_cli_offload_activations(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--offload-activations` moves the kept activations to host memory: the chip holds
+    less, the host the rest, and the step pays for the transfers."""
+    import json
+
+    from shardmeter.cli import main
+
+    args = ["predict", "--model", "llama-2-70b", "--cluster", "tpu-v5e-pod", "--gpus", "256",
+            "--tp", "16", "--micro-batch", "16", "--recompute", "selective", "--framework",
+            "maxtext", "--seq-len", "2048", "--json"]  # fmt: skip
+    assert main(args) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*args, "--offload-activations"]) == 0
+    offloaded = json.loads(capsys.readouterr().out)
+    assert offloaded["plan"]["offload_activations"] is True
+    assert offloaded["memory_bytes"] < plain["memory_bytes"]
+    assert offloaded["memory_detail_bytes"]["host"] > plain["memory_detail_bytes"]["host"] == 0
+    assert offloaded["time_breakdown_s"]["recompute"] > plain["time_breakdown_s"]["recompute"]
