@@ -49,6 +49,9 @@ PLANNED_PUSH_TESTS = (  # a whole push and dispatch against the planner's (tiny 
 AB_DEFAULT_TESTS = "tests/heloco/test_config_keys.py tests/heloco/test_outer_balanced.py"
 STREAM_TESTS = "tests/heloco/test_streaming.py"
 STREAM_NET_TESTS = "tests/heloco/test_net_equivalence.py::test_streaming_worker_matches_simulator"
+OFFLOAD_ACT_TESTS = (
+    "tests/shardmeter/test_closed_form.py::test_activations_offloaded_to_host_and_back"
+)
 SIM_CODEC_TESTS = (
     "tests/heloco/test_codecs.py::test_the_simulators_int8_uplink_is_what_the_server_decodes"
 )
@@ -839,6 +842,39 @@ MUTATIONS: tuple[Mutation, ...] = (
              "heloco_legs_s(up, path_bw, rtt, down, busy, blocking)",
              "heloco_legs_s(up, path_bw, rtt, down)",
              WAN_TESTS + "::test_async_round_prices_each_mode_with_its_idle"),
+    # Activations offloaded to host memory (MaxText "minimal_offloaded") over the host link.
+    Mutation("offloaded activations: the output projections left out", "memory.py",
+             "elements = tokens * per_token + 2.0 * model.hidden * norm_tokens",
+             "elements = tokens * per_token", OFFLOAD_ACT_TESTS),
+    Mutation("offloaded activations: the output projections not sequence-sharded", "memory.py",
+             "elements = tokens * per_token + 2.0 * model.hidden * norm_tokens",
+             "elements = tokens * per_token + 2.0 * model.hidden * tokens", OFFLOAD_ACT_TESTS),
+    Mutation("offloaded activations: the MLP up output left out", "memory.py",
+             "per_token = model.q_dim / tp + 2.0 * local_kv_dim(model, tp) + up",
+             "per_token = model.q_dim / tp + 2.0 * local_kv_dim(model, tp) + 0.0 * up",
+             OFFLOAD_ACT_TESTS),
+    Mutation("offloaded activations: the accelerator's host link ignored", "memory.py",
+             "return PCIE_BYTES_PER_S if acc.host_gbps is None else acc.host_gbps * 1e9",
+             "return PCIE_BYTES_PER_S", OFFLOAD_ACT_TESTS),
+    Mutation("offloaded activations: only the forward transfer charged", "step.py",
+             "units.layer_recompute_s + offload_fwd.cost + offload_bwd.cost,",
+             "units.layer_recompute_s + offload_fwd.cost,", OFFLOAD_ACT_TESTS),
+    Mutation("offloaded activations: backward transfer hidden behind the forward", "step.py",
+             "offload_bwd = _overlap(host_s, units.layer_backward_s + units.layer_recompute_s, u)",
+             "offload_bwd = _overlap(host_s, units.layer_forward_s, u)", OFFLOAD_ACT_TESTS),
+    Mutation("offloaded activations: still kept on the chip", "memory.py",
+             "per_layer=where(offload, layer_input, kept),", "per_layer=kept,", OFFLOAD_ACT_TESTS),
+    Mutation("offloaded activations: no whole layer rebuilt in backward", "memory.py",
+             '(plans.recompute == RECOMPUTE_CODES["full"]) | offload,',
+             '(plans.recompute == RECOMPUTE_CODES["full"]),', OFFLOAD_ACT_TESTS),
+    Mutation("offloaded activations: not counted in host memory", "memory.py",
+             "host = host + shared.host_activations * in_flight",
+             "host = host + 0.0 * in_flight", OFFLOAD_ACT_TESTS),
+    Mutation("offloaded activations: MaxText's offloaded remat read as plain selective",
+             "shardmeter/calibrate.py",
+             'stated["offload_activations"] = True', 'stated["offload_activations"] = False',
+             "tests/shardmeter/test_calibrate.py::"
+             "test_maxtext_offloaded_remat_policy_reads_as_selective_with_offload"),
 )  # fmt: skip
 
 

@@ -285,8 +285,12 @@ SHARDING_ALIASES: dict[str, str] = {
 }  # fmt: skip
 RECOMPUTE_ALIASES: dict[str, str] = {
     "sac": "selective", "op": "selective", "partial": "selective", "yes": "full",
-    "block": "full", "no": "none", "off": "none",
+    "block": "full", "no": "none", "off": "none", "minimal": "selective",
+    "minimal_offloaded": "selective",
 }  # fmt: skip
+# MaxText remat policies that offload what they keep to host memory (decoders.py,
+# save_and_offload_only_these_names): the plan's `offload_activations`.
+OFFLOADED_REMAT: frozenset[str] = frozenset({"minimal_offloaded"})
 
 
 def _alias(row: Mapping[str, str], name: str, aliases: Mapping[str, str]) -> str:
@@ -350,6 +354,8 @@ def plan_from_row(row: Mapping[str, str]) -> Plan:
         stated["shard_degree"] = shard_degree
     if _cell(row, "recompute"):
         stated["recompute"] = _alias(row, "recompute", RECOMPUTE_ALIASES)
+        if _cell(row, "recompute").lower() in OFFLOADED_REMAT:
+            stated["offload_activations"] = True
     stated.update(_plan_extras(row))
     try:
         return Plan(**{k: v for k, v in stated.items() if v is not None})

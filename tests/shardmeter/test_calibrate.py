@@ -91,6 +91,18 @@ def test_plan_defaults_by_framework() -> None:
     assert (deepspeed.gather_unit, deepspeed.attention) == ("matrix", "unfused")
 
 
+def test_maxtext_offloaded_remat_policy_reads_as_selective_with_offload() -> None:
+    """MaxText's remat_policy "minimal_offloaded" keeps the weight-matmul outputs, as
+    "minimal" does, but in host memory: selective recompute with `offload_activations`."""
+    maxtext = {**BASE, "framework": "MaxText (TPU, JAX/XLA)", "gpu": "tpu-v5e", "tp": "16",
+               "dp": "16", "n_gpus": "256", "nvlink_domain": "256"}  # fmt: skip
+    offloaded = plan_from_row({**maxtext, "recompute": "minimal_offloaded"})
+    minimal = plan_from_row({**maxtext, "recompute": "minimal"})
+    assert (offloaded.recompute, offloaded.offload_activations) == ("selective", True)
+    assert (minimal.recompute, minimal.offload_activations) == ("selective", False)
+    assert not plan_from_row({**maxtext, "recompute": "full"}).offload_activations
+
+
 def test_run_from_row_blank_recompute_and_gpu_check() -> None:
     run = run_from_row({**BASE, "model": "Llama 70B", "n_layers": "80", "hidden": "8192",
                         "n_heads": "64", "ffn": "28672", "tp": "1", "dp": "16",
@@ -296,3 +308,23 @@ def test_both_csv_readers_refuse_bad_files_in_one_line(
     short.write_text("run_id\nx\n", encoding="utf-8")
     with pytest.raises(UserInputError, match="missing columns"):
         read(short)
+
+
+def test_predict_cli_offload_activations(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--offload-activations` moves the kept activations to host memory: the chip holds
+    less, the host the rest, and the step pays for the transfers."""
+    import json
+
+    from shardmeter.cli import main
+
+    args = ["predict", "--model", "llama-2-70b", "--cluster", "tpu-v5e-pod", "--gpus", "256",
+            "--tp", "16", "--micro-batch", "16", "--recompute", "selective", "--framework",
+            "maxtext", "--seq-len", "2048", "--json"]  # fmt: skip
+    assert main(args) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*args, "--offload-activations"]) == 0
+    offloaded = json.loads(capsys.readouterr().out)
+    assert offloaded["plan"]["offload_activations"] is True
+    assert offloaded["memory_bytes"] < plain["memory_bytes"]
+    assert offloaded["memory_detail_bytes"]["host"] > plain["memory_detail_bytes"]["host"] == 0
+    assert offloaded["time_breakdown_s"]["recompute"] > plain["time_breakdown_s"]["recompute"]

@@ -845,3 +845,50 @@ def test_hidden_seconds_of_tensor_parallel_under_the_layer_gemms() -> None:
     under its forward and backward GEMMs (3G)."""
     est = estimate_step(MODEL, CLUSTER, Plan(tp=2, overlap_tp=True, micro_batch=1, global_batch=1))
     check(est.time_hidden["tp_comm"], LAYERS * min(4 * T1 * H * 2 / W_NV, 3 * gemm_s(T1, 2)))
+
+
+def test_activations_offloaded_to_host_and_back() -> None:
+    """MaxText "minimal_offloaded": each layer's weight-matmul outputs go to host memory in
+    forward and come back for backward over the host link. GELU MLP, tp = 1: Q, K, V (3h),
+    the MLP up output (F), the attention and MLP output projections (2h), 2 B per element per
+    token. Each transfer hides behind its pass (forward: the layer's forward; backward: its
+    backward and selective recompute), exposed beyond it and costing K of what it hides,
+    booked as recompute. Host link 0.5 TB/s: the forward transfer sticks out, the backward
+    one hides. With tp = 2 and SP the split widths halve and the two projections' outputs
+    are sequence-sharded; without `host_gbps` the host link is 25 GB/s PCIe. The chip keeps
+    only each layer's input; the offloaded bytes are host memory."""
+    plan = Plan(recompute="selective", micro_batch=1, global_batch=1)
+    offload = plan.model_copy(update={"offload_activations": True})
+
+    def extra(world: Cluster, p: Plan, per_token: float, tp: int) -> None:
+        link = world.accelerator.host_gbps or 25.0
+        t_host = 2 * T1 * per_token / (link * 1e9)
+        fwd = gemm_s(T1, tp) + attn_s(T1, tp)
+        bwd = layer_bwd(T1, tp) + attn_s(T1, tp)  # backward + selective recompute
+        base = estimate_step(MODEL, world, p).time_breakdown["recompute"]
+        off = estimate_step(MODEL, world, p.model_copy(update={"offload_activations": True}))
+        check(off.time_breakdown["recompute"] - base, LAYERS * (overlap(t_host, fwd)
+              + overlap(t_host, bwd)))  # fmt: skip
+
+    fast = CLUSTER.model_copy(update={"accelerator": CLUSTER.accelerator.model_copy(
+        update={"host_gbps": 500.0})})  # fmt: skip
+    per_token = 3 * H + FFN + 2 * H
+    t_host = 2 * T1 * per_token / 500e9
+    assert gemm_s(T1) + attn_s(T1) < t_host < layer_bwd(T1) + attn_s(T1)
+    extra(fast, plan, per_token, 1)
+    extra(fast, plan.model_copy(update={"tp": 2, "sp": True}), (3 * H + FFN) / 2 + H, 2)
+    extra(CLUSTER, plan, per_token, 1)  # PCIe default
+    # Memory: the chip keeps each layer's input (2 B × h per token), the host the offloaded set
+    # of every layer; the layer in backward holds its whole set, under the logits here.
+    kept = estimate_step(MODEL, fast, offload)
+    check(kept.memory_detail["host"], LAYERS * 2 * T1 * per_token)
+    assert activations(T1) < LOGITS
+    check(kept.memory_breakdown["activations"], LAYERS * 2 * H * T1)
+    # fused cross-entropy keeps 2 B per logit, less than the working layer's whole set
+    fused = estimate_step(MODEL, fast, offload.model_copy(update={"fused_ce": True}))
+    working = activations(T1) - 2 * T1 * VOCAB
+    check(fused.memory_breakdown["activations"], LAYERS * 2 * H * T1 + working)
+    # the plan without the flag moves nothing
+    check(estimate_step(MODEL, fast, plan).step_time_s,
+          estimate_step(MODEL, fast, offload.model_copy(
+              update={"offload_activations": False})).step_time_s)  # fmt: skip

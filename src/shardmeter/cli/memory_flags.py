@@ -21,7 +21,7 @@ from shardmeter.specs.plan import (
 MEMORY_FLAGS = (
     "optimizer", "master_weights", "offload", "fp8_recipe", "reshard_after_forward", "fused_ce",
     "recompute_every", "selective_policy", "ce_upcast", "grad_accum_dtype",
-    "optimizer_in_backward", "sp_gathered_inputs", "pp_keeps_outputs",
+    "optimizer_in_backward", "sp_gathered_inputs", "pp_keeps_outputs", "offload_activations",
 )  # fmt: skip
 
 
@@ -79,6 +79,10 @@ def add_memory_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--pp-keeps-outputs", action=argparse.BooleanOptionalAction, default=None,
         help="with PP each stage keeps its output per micro-batch (torch pipelining)",
+    )  # fmt: skip
+    group.add_argument(
+        "--offload-activations", action=argparse.BooleanOptionalAction, default=None,
+        help="kept activations go to host memory and back (MaxText minimal_offloaded)",
     )  # fmt: skip
 
 

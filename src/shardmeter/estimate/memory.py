@@ -46,7 +46,7 @@ from shardmeter.estimate.plan_arrays import (
     SHARDING_CODES,
     PlanArrays,
 )
-from shardmeter.specs.hardware import Cluster
+from shardmeter.specs.hardware import Accelerator, Cluster
 from shardmeter.specs.model import TransformerSpec
 
 MIB = 2.0**20
@@ -670,6 +670,7 @@ class _Shared:
     host_expert: Num = 0.0
     fused_step_grads: Num = 0.0  # gradient bytes live with optimizer_in_backward
     layer_input: Num = 0.0  # bytes of one layer's input (= a stage's output) per micro-batch
+    host_activations: Num = 0.0  # bytes per layer-micro-batch offloaded (offload_activations)
 
 
 def largest_parameter(model: TransformerSpec, plans: PlanArrays) -> Num:
@@ -699,15 +700,21 @@ def _shared(model: TransformerSpec, plans: PlanArrays, layer: Num) -> _Shared:
         + where(host_grads, grad_bytes, 0.0)
     )
     sharded = plans.sharding >= SHARDING_CODES["zero1"]
+    # Activations offloaded to host memory (offload_activations): the chip keeps each layer's
+    # input (the scan carry, saved by the checkpointed layer), the host the offloaded set, and
+    # the layer whose backward runs holds its fetched and recomputed tensors, the full set
+    offload = plans.offload_activations
+    kept = _saved_per_layer(plans, full_set, selective_set, layer_input)
     return _Shared(
-        per_layer=_saved_per_layer(plans, full_set, selective_set, layer_input),
+        per_layer=where(offload, layer_input, kept),
         layer_input=layer_input,
+        host_activations=offloaded_activation_bytes(model, plans),
         # Under recompute one layer's recomputed tensors are rebuilt at a time during its
         # backward, beside what it kept: the whole layer under full recompute, what the
         # selective set leaves out under selective (torch.utils.checkpoint re-runs the forward
         # of the layer whose backward is next)
         working=where(
-            plans.recompute == RECOMPUTE_CODES["full"],
+            (plans.recompute == RECOMPUTE_CODES["full"]) | offload,
             full_set,
             where(plans.recompute == RECOMPUTE_CODES["selective"], full_set - selective_set, 0.0),
         ),
@@ -791,6 +798,7 @@ def _stage_memory(
         context = full_like(activations, CUDA_CONTEXT_BYTES)
         nccl = nccl_buffer_bytes(plans) + 0.0 * activations
     host = dense * shared.host_dense + expert * shared.host_expert
+    host = host + shared.host_activations * in_flight
     return MemoryArrays(
         weights=weights,
         gradients=gradients,
@@ -894,6 +902,39 @@ ZERO_REDUCE_BUCKET = 5e8  # elements
 # PCIe 4.0 base specification: 16 GT/s × 16 lanes, 128b/130b); 25 GB/s of payload through
 # the host bridge, as the l40s-pcie cluster preset takes it. Bytes/s.
 PCIE_BYTES_PER_S = 25e9
+
+
+def host_link_bytes_per_s(acc: Accelerator) -> float:
+    """Bytes/s per direction of one chip's host link: the accelerator's stated `host_gbps`
+    (TPU v5e/v5p: about 1.5e10 B/s per chip, Austin et al. 2025, "How to Scale Your Model",
+    tpus.md), else PCIE_BYTES_PER_S."""
+    return PCIE_BYTES_PER_S if acc.host_gbps is None else acc.host_gbps * 1e9
+
+
+def offloaded_activation_bytes(model: TransformerSpec, plans: PlanArrays) -> Num:
+    """Bytes of one layer's activations that a plan with `offload_activations` moves to host
+    memory per micro-batch on one chip (and back for the backward): the outputs of the
+    layer's weight matmuls, which MaxText's remat_policy "minimal_offloaded" offloads (its
+    decoders.py: jax.checkpoint_policies.save_and_offload_only_these_names over query_proj,
+    key_proj, value_proj, out_proj, mlpwi_0, mlpwi_1, mlpwo; offload_dst "pinned_host"):
+    Q, K, V (q + 2·kv per token, /tp), the gated MLP's up projections ((m − 1)·F per token,
+    /tp; MoE: per routed and shared expert copy), and the attention and MLP output
+    projections (h per token each, /tp with SP: MaxText shards the activations' embed axis
+    over the tensor axis). 2 B each (bf16); 0 without `offload_activations`."""
+    tp = as_float(plans.tp)
+    tokens = plans.micro_batch * model.seq_len / as_float(plans.cp)
+    norm_tokens = where(plans.sp, tokens / tp, tokens)
+    moe_share = model.n_moe_layers / model.n_layers
+    width = (1.0 - moe_share) * model.dense_ffn
+    if model.moe is not None:
+        copies = model.moe.top_k + model.moe.shared_experts
+        width = width + moe_share * copies * model.expert_ffn
+    up = (model.mlp_matrices - 1) * width / tp
+    per_token = model.q_dim / tp + 2.0 * local_kv_dim(model, tp) + up
+    elements = tokens * per_token + 2.0 * model.hidden * norm_tokens
+    return where(plans.offload_activations, ACT_BYTES * elements, 0.0)
+
+
 OFFLOAD_STEP_BYTES = 4.0  # per owned parameter and step: bf16 gradient down, bf16 weight up
 OFFLOAD_FETCH_BYTES = 4.0  # per owned parameter and micro-batch: the shard up for fwd and bwd
 

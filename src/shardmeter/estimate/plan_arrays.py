@@ -38,6 +38,7 @@ _BOOL_FIELDS = (
     "fused_elementwise", "params_fp32", "pp_end_chunks", "recompute_act", "recompute_norm",
     "recompute_qkv", "reshard_after_forward", "fp8_te", "op_sac", "ce_eager", "ce_compiled",
     "grad_fp32", "optimizer_in_backward", "sp_gathered_inputs", "pp_keeps_outputs",
+    "offload_activations",
 )  # fmt: skip
 
 
@@ -131,6 +132,7 @@ class PlanArrays:
     optimizer_in_backward: Any = False  # step fused into backward: one gradient live at a time
     sp_gathered_inputs: Any = False  # with sp: the GEMMs save their all-gathered input
     pp_keeps_outputs: Any = False  # each stage keeps its output per micro-batch in flight
+    offload_activations: Any = False  # kept activations moved to host memory and back
 
     @property
     def chunk_group(self) -> Num:

@@ -16,7 +16,7 @@ FloatArray = NDArray[np.float64]
 # Names of the step-time components, in report order. Each is exposed (not hidden) time.
 TIME_COMPONENTS: tuple[str, ...] = (
     "compute",  # forward + backward GEMMs, attention and element-wise ops
-    "recompute",  # forward re-run under activation recomputation
+    "recompute",  # forward re-run under activation recomputation, or activations offloaded to host
     "optimizer",  # optimizer step (memory bound)
     "bubble",  # pipeline fill/drain
     "tp_comm",  # exposed tensor/sequence-parallel collectives

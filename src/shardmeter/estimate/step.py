@@ -51,9 +51,11 @@ from shardmeter.estimate.memory import (
     LocalParams,
     end_stage_tables,
     gathered_weight_bytes,
+    host_link_bytes_per_s,
     local_params,
     memory_breakdown,
     offload_transfer_time,
+    offloaded_activation_bytes,
     optimizer_step_bytes,
     per_layer_params,
     shard_divisors,
@@ -352,12 +354,21 @@ def estimate_step_arrays(
     embed_fsdp, embed_dp, embed_fsdp_hidden, embed_dp_hidden = _unit_sharded_comm(
         table_sync, units.embed_forward_s, units.embed_backward_s, plans, u, table_bwd_gathers
     )
+    # Activations offloaded to host memory (`offload_activations`, MaxText "minimal_offloaded"):
+    # each layer's kept activations go down the host link during its forward and come back
+    # for its backward, each transfer hidden behind that pass as any overlapped transfer
+    # (exposed max(0, T − W), interference u/(1−u)·min(T, W)); booked with the recompute it
+    # replaces. T = bytes / host link bytes/s (memory.offloaded_activation_bytes).
+    host_s = offloaded_activation_bytes(model, plans) / host_link_bytes_per_s(acc)
+    offload_fwd = _overlap(host_s, units.layer_forward_s, u)
+    offload_bwd = _overlap(host_s, units.layer_backward_s + units.layer_recompute_s, u)
+
     # The first unit's gather of every micro-batch has nothing to hide behind.
     first_gather = where(plans.sharding == SHARDING_CODES["zero3"], layer_sync.ag / matrices, 0.0)
 
     per_layer = {
         "compute": units.layer_forward_s + units.layer_backward_s,
-        "recompute": units.layer_recompute_s,
+        "recompute": units.layer_recompute_s + offload_fwd.cost + offload_bwd.cost,
         "tp_comm": tp_layer.cost,
         "cp_comm": cp_fwd.cost + cp_bwd.cost,
         "ep_comm": moe_share * ep_layer.cost,

@@ -48,6 +48,9 @@ class Accelerator(BaseModel):
     peak_tflops: dict[Dtype, float]  # dense (no sparsity) TFLOP/s per dtype
     hbm_gb: float = Field(gt=0)
     hbm_gbps: float = Field(gt=0)
+    # host link (PCIe) per chip and direction, GB/s; None: the planner's PCIe default
+    # (estimate/memory.py PCIE_BYTES_PER_S). Carries host offload traffic.
+    host_gbps: float | None = Field(default=None, gt=0)
     tdp_w: float | None = Field(default=None, gt=0)
     efficiency: Efficiency = Efficiency()
     source: str = ""

@@ -107,6 +107,10 @@ class Plan(BaseModel):
     # up-projections"; Megatron-Core recompute_modules "mla_up_proj"); otherwise from the QKV
     # GEMM input, which is kept anyway
     recompute_qkv: bool = False
+    # the activations the recompute mode keeps are moved to host memory in forward and back
+    # in backward over the host link (MaxText remat_policy "minimal_offloaded": JAX
+    # save_and_offload_only_these_names with offload_dst "pinned_host")
+    offload_activations: bool = False
     framework: str | None = None  # identifier whose defaults filled the unstated fields
     # --- memory setups: what the optimizer keeps and where (estimate/memory.py cites each
     # byte count). `master_weights = "none"` (pure bf16) keeps the states in the weights' dtype.
