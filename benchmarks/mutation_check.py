@@ -863,6 +863,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("async streaming: run.fragments never reaches the topology's round",
              "shardmeter/estimate/islands.py", "        fragments=outer.n_fragments,\n", "",
              WAN_TESTS + "::test_topology_streaming_exchange_reaches_the_round"),
+    Mutation("heloco streaming: a sharded server takes a streaming run", "heloco/net/session.py",
+             'if cfg.exchange == "streaming" and endpoint.shards > 1:', "if False:",
+             "tests/heloco/test_streaming.py::test_sharded_server_refuses_streaming_in_one_line"),
 )  # fmt: skip
 
 
