@@ -866,6 +866,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("heloco streaming: a sharded server takes a streaming run", "heloco/net/session.py",
              'if cfg.exchange == "streaming" and endpoint.shards > 1:', "if False:",
              "tests/heloco/test_streaming.py::test_sharded_server_refuses_streaming_in_one_line"),
+    Mutation("heloco streaming: a round event's dispatch bytes are the whole model's",
+             "heloco/net/coordinator.py", "source[2], sent, body.compute_from_s",
+             "tensor_bytes(self.server.params), sent, body.compute_from_s",
+             "tests/heloco/test_net_equivalence.py::test_streaming_worker_matches_simulator"),
 )  # fmt: skip
 
 
