@@ -79,6 +79,7 @@ class Run:
     server_bps: float | None = None  # the server's own (shared) link; None: unshaped
     seconds: float = 30.0  # the run's wall-clock budget (time_budget)
     warmup_s: float = 0.0  # measure from the first push arrival after this (run seconds)
+    fragments: int = 2  # streaming: P fragments, one pushed every H/P inner steps
 
     @property
     def workers(self) -> int:
@@ -120,6 +121,7 @@ class Measured:
     send_s: float | None  # sending the push until its ack (None: not recorded)
     recv_s: float | None  # receiving the dispatch (None: not recorded)
     push_bytes: float  # bytes on the wire per push
+    pull_bytes: float | None = None  # dispatch tensor bytes per push (None: not recorded)
 
     @property
     def step_s(self) -> float:
@@ -202,6 +204,7 @@ def measure_worker(
     compute = float(report["compute_s"]) / max(1, int(report["rounds"]))
     pushes = report.get("push_bytes") or [0]
     sent = [float(e["bytes_sent"]) for e in window if "bytes_sent" in e]
+    received = [float(e["bytes_received"]) for e in window if "bytes_received" in e]
     return Measured(
         worker=worker,
         rounds=len(window),
@@ -212,6 +215,7 @@ def measure_worker(
         send_s=span("send_start", "send_end"),
         recv_s=span("recv_start", "recv_end"),
         push_bytes=statistics.fmean(sent) if sent else statistics.fmean(pushes),
+        pull_bytes=statistics.fmean(received) if received else None,
     )
 
 
@@ -230,6 +234,8 @@ def launch_argv(run: Run, out: Path, extra: list[str] | None = None) -> list[str
     ]  # fmt: skip
     if run.exchange != "blocking":
         argv += ["--set", f"exchange={run.exchange}"]
+    if run.exchange == "streaming":
+        argv += ["--set", f"fragments={run.fragments}"]
     if run.server_bps is not None:
         argv += ["--wan-server", f"bw={run.server_bps / 1e6:g}Mbit"]
     return argv + (extra or [])
@@ -286,6 +292,7 @@ class Predicted:
     compute_s: float
     exchange_s: float  # the whole exchange (push + pull), hidden or not
     exposed_s: float  # the part of the round not computing
+    bytes_per_push: float | None = None  # push + dispatch bytes per push (streaming rows)
 
     @property
     def utilization(self) -> float:
@@ -338,6 +345,9 @@ def topology_of(r: RunResult) -> Any:
 def predict(r: RunResult) -> list[Predicted]:
     """ShardMeter's async round of every worker of a run (the server island's row dropped)."""
     import numpy as np
+
+    if r.run.exchange == "streaming":
+        return predict_streaming(r)
 
     from shardmeter.estimate.outer import outer_round
     from shardmeter.estimate.wan import wan_paths
@@ -453,7 +463,7 @@ def print_table(rows: list[Row]) -> Summary:
           f"{'compute':>7}{'send':>6}{'recv':>6}{'idle':>6}{'wait':>6}{'pred':>6}{'rounds':>7}")  # fmt: skip
     for r in rows:
         m, p = r.measured, r.predicted
-        exch = "block" if r.exchange == "blocking" else "overl"
+        exch = {"blocking": "block", "overlapped": "overl"}.get(r.exchange, "strm")
         print(f"{r.run:<14}{r.worker:>2} {r.link.bps / 1e6:>6g} {r.link.rtt * 1e3:>4g} "
               f"{r.pace:>5g} {r.codec:<5}{exch:<6}"
               f"{m.utilization:>7.1%}{p.utilization:>7.1%}{r.util_error_points:>+6.1f} "
@@ -468,6 +478,79 @@ def print_table(rows: list[Row]) -> Summary:
     for name, b, o in s.overlap_pairs:
         print(f"  {name}: blocking {b:.1%}, overlapped {o:.1%}")
     return s
+
+
+# -- the streaming exchange ---------------------------------------------------------------------
+# Three workers on links from compute-bound to link-bound (one second of compute per round of
+# H = 10 steps), and one long round trip (150 ms), where streaming pays P request pairs a round
+# to overlapped's one; run with --exchange blocking,overlapped,streaming to set them side by side.
+STREAM_RUNS = (
+    Run("streaming sweep", (Link(30 * MBIT), Link(12 * MBIT, 0.02), Link(20 * MBIT, 0.15),
+                            Link(4 * MBIT, 0.04)), (PACE,) * 4, seconds=50.0, fragments=2),
+)  # fmt: skip
+
+
+def predict_streaming(r: RunResult) -> list[Predicted]:
+    """ShardMeter's async round in the streaming exchange (``exchange = "streaming"``,
+    ``fragments = P``: P fragment exchanges, each behind H/P steps; docs/islands.md), per
+    push: the runtime pushes one fragment every H/P steps, so a measured round (push to push)
+    is one P-th of ShardMeter's round of H steps, and so are its compute, exchange and bytes."""
+    import numpy as np
+
+    from shardmeter.estimate.outer import outer_round
+    from shardmeter.estimate.wan import wan_paths
+
+    p = r.run.fragments
+    topo = topology_of(r)
+    topo = topo.model_copy(update={"run": topo.run.model_copy(update={"fragments": p})})
+    wan = wan_paths(topo)
+    steps = [m.step_s for m in r.workers]
+    rnd = outer_round(
+        "async",
+        np.array([min(steps), *steps]),
+        wan,
+        r.n_params,
+        inner_steps=p * np.mean([m.steps for m in r.workers]),  # H: P pushes of H/P steps
+        bits=topo.run.bits,
+        exchange="streaming",
+        fragments=topo.run.n_fragments,
+    )
+    return [
+        Predicted(
+            round_s=float(rnd.round_s[i]) / p,
+            compute_s=float(rnd.busy_s[i]) / p,
+            exchange_s=float(rnd.wan_comm_s[i]) / p,
+            exposed_s=float(rnd.round_s[i] - rnd.busy_s[i]) / p,
+            bytes_per_push=float(rnd.wan_bytes[i]) / p,
+        )
+        for i in range(1, wan.n)
+    ]
+
+
+MODE_ORDER = ("blocking", "overlapped", "streaming")
+
+
+def print_streaming(rows: list[Row]) -> None:
+    """Each streaming worker beside the blocking and overlapped ones on the same link:
+    measured and predicted utilization and tokens/s per mode, and the streaming push's bytes
+    (its fragment plus the fragment dispatch it trained from, tensors as the round events count
+    them) against ShardMeter's (push N·bits/8 and pull N·32/8 of a round, over P)."""
+    streams = [r for r in rows if r.exchange == "streaming"]
+    if not streams:
+        return
+    print(f"\n{'streaming':<16}{'Mbit/s':>7}{'RTT':>5}  {'mode':<11}{'util':>7}{'pred':>7}"
+          f"{'tok/s':>8}{'pred':>8}{'kB/push':>9}{'pred':>8}")  # fmt: skip
+    for s in streams:
+        key = (s.run, s.link, s.pace, s.codec, s.worker)
+        same = [r for r in rows if (r.run, r.link, r.pace, r.codec, r.worker) == key]
+        for r in sorted(same, key=lambda r: MODE_ORDER.index(r.exchange)):
+            m, p = r.measured, r.predicted
+            moved = ""
+            if p.bytes_per_push is not None and m.pull_bytes is not None:
+                moved = f"{(m.push_bytes + m.pull_bytes) / 1e3:>9.0f}{p.bytes_per_push / 1e3:>8.0f}"
+            print(f"{s.run:<16}{s.link.bps / 1e6:>7g}{s.link.rtt * 1e3:>5g}  {r.exchange:<11}"
+                  f"{m.utilization:>7.1%}{p.utilization:>7.1%}{m.tokens_per_s:>8.0f}"
+                  f"{m.tokens_per_s * (1 + r.tokens_error):>8.0f}{moved}")  # fmt: skip
 
 
 # -- saved measurements --------------------------------------------------------------------------
@@ -636,7 +719,9 @@ def reprint(path: Path) -> None:
     """Saved measurements beside today's predictions, and the time-to-loss check."""
     results, extra = load(path)
     print(f"# measured {extra.get('date', '?')}; {load_range(extra.get('uptime', []))}")
-    print_table(compare(results))
+    rows = compare(results)
+    print_table(rows)
+    print_streaming(rows)
     ttl_run = [r for r in results if r.run.name == TTL_RUN.name]
     if extra.get("ttl") and ttl_run:
         print_ttl(repredict_ttl(TimeToLoss(**extra["ttl"]), ttl_run[0]))
@@ -651,7 +736,8 @@ def main() -> None:
     parser.add_argument(
         "--exchange",
         default="blocking",
-        help="exchange modes to run, comma-separated: blocking, overlapped (default blocking)",
+        help="exchange modes to run, comma-separated: blocking, overlapped, streaming "
+        "(default blocking)",
     )
     parser.add_argument(
         "--time-to-loss", action="store_true", help="also the end-to-end time-to-loss check"
@@ -672,16 +758,18 @@ def main() -> None:
         raise SystemExit(f"wan_fidelity: {why}")
     modes = [m.strip() for m in args.exchange.split(",") if m.strip()]
     for m in modes:
-        if m not in ("blocking", "overlapped"):
-            raise SystemExit(f"wan_fidelity: --exchange: got {m!r}; blocking or overlapped")
+        if m not in ("blocking", "overlapped", "streaming"):
+            raise SystemExit(
+                f"wan_fidelity: --exchange: got {m!r}; blocking, overlapped or streaming"
+            )
     bases = QUICK if args.quick else RUNS
     if args.runs:
         names = [n.strip() for n in args.runs.split(",") if n.strip()]
-        known = [r.name for r in (*RUNS, *QUICK)]
+        known = [r.name for r in (*RUNS, *QUICK, *STREAM_RUNS)]
         for n in names:
             if n not in known:
                 raise SystemExit(f"wan_fidelity: --runs: got {n!r}; one of {', '.join(known)}")
-        bases = tuple(r for r in (*RUNS, *QUICK) if r.name in names)
+        bases = tuple(r for r in (*RUNS, *QUICK, *STREAM_RUNS) if r.name in names)
     work = args.keep or Path(tempfile.mkdtemp(prefix="wan_fidelity-"))
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     extra: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -705,7 +793,9 @@ def main() -> None:
             if args.save:
                 save(args.save, results, extra)
         print(f"# {load_range(extra['uptime'])}")
-        print_table(compare(results))
+        rows = compare(results)
+        print_table(rows)
+        print_streaming(rows)
         if ttl is not None:
             print_ttl(ttl)
     finally:

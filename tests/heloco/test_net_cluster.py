@@ -37,6 +37,12 @@ SECRET = b"cluster-test-secret-0123456789abcdef"
 ROUND_TOKENS = 2 * 2 * 32  # inner_steps · batch_size · seq_len
 
 
+def pushes_per_round(exchange: str) -> int:
+    """Outer updates per round of H steps: one, or streaming's P = 2 fragment pushes (the
+    config's default `fragments`), each of H/P steps."""
+    return 2 if exchange == "streaming" else 1
+
+
 @pytest.fixture
 def tiny_config(tiny_net_values: Callable[..., dict[str, Any]]) -> Callable[..., Path]:
     """Writer of a 3-worker async-nesterov run config (12 rounds, no evals); keywords override."""
@@ -74,11 +80,14 @@ def final_state(out: Path) -> dict[str, Any]:
     return checkpoint.load(path).state
 
 
-def assert_consistent(out: Path, workers: int) -> dict[str, Any]:
-    """Revision log vs. counters vs. what workers saw acknowledged."""
+def assert_consistent(out: Path, workers: int, exchange: str = "blocking") -> dict[str, Any]:
+    """Revision log vs. counters vs. what workers saw acknowledged; streaming, every applied
+    push carried one fragment and both fragments were stepped."""
     state = final_state(out)
     server, coord = state["server"], state["coordinator"]
     log = server["log"]
+    fragments = {a.get("fragment") for r in log for a in r["arrivals"]}
+    assert fragments == ({0, 1} if exchange == "streaming" else {None}), fragments
     assert server["revision"] == len(log)
     rounds = [(a["worker"], a["round_id"]) for r in log for a in r["arrivals"]]
     assert len(rounds) == len(set(rounds)), "a round was applied twice"
@@ -159,7 +168,8 @@ def test_sync_run_survives_worker_sigkill_and_replacement(
 
 
 @pytest.mark.parametrize(
-    ("shards", "exchange"), [(1, "blocking"), (2, "blocking"), (1, "overlapped")]
+    ("shards", "exchange"),
+    [(1, "blocking"), (2, "blocking"), (1, "overlapped"), (1, "streaming")],
 )
 def test_async_run_survives_server_sigkill_and_restart(
     tmp_path: Path, tiny_config: Callable[..., Path], shards: int, exchange: str
@@ -177,9 +187,10 @@ def test_async_run_survives_server_sigkill_and_restart(
     finally:
         cluster.stop()
     out = tmp_path / "run"
-    state = assert_consistent(out, 3)
-    # Durable acks: nothing acknowledged was lost, so exactly the budget's 24 rounds were applied.
-    assert state["server"]["revision"] == 24
+    state = assert_consistent(out, 3, exchange)
+    # Durable acks: nothing acknowledged was lost, so exactly the budget's 24 rounds were applied
+    # (48 pushes of one fragment each, streaming).
+    assert state["server"]["revision"] == 24 * pushes_per_round(exchange)
     assert state["coordinator"]["tokens"] == 24 * ROUND_TOKENS
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     restarts = [e for e in events if e["type"] == "restart"]
@@ -300,14 +311,15 @@ def accepted_of(cluster: LocalCluster, w: int) -> int:
 
 
 @pytest.mark.parametrize(
-    ("shards", "exchange"), [(1, "blocking"), (2, "blocking"), (1, "overlapped")]
+    ("shards", "exchange"),
+    [(1, "blocking"), (2, "blocking"), (1, "overlapped"), (1, "streaming")],
 )
 def test_frozen_worker_rejoins_without_double_application(
     tmp_path: Path, tiny_config: Callable[..., Path], shards: int, exchange: str
 ) -> None:
     """Worker 1 is frozen (SIGSTOP) mid-run until the server evicts it, then thawed
     (SIGCONT): it rejoins, its round in flight is applied once, and the run completes.
-    Overlapped, its push and pull were in flight when it froze."""
+    Overlapped or streaming, its push and pull were in flight when it froze."""
     config = tiny_config(tmp_path / "run.toml", token_budget=60 * ROUND_TOKENS, exchange=exchange)
     cluster = start(tmp_path, config, 3, sps=0.25, serve=["--evict-after-s", "2"], shards=shards)
     try:
@@ -323,7 +335,7 @@ def test_frozen_worker_rejoins_without_double_application(
     finally:
         cluster.stop()
     out = tmp_path / "run"
-    assert_consistent(out, 3)
+    assert_consistent(out, 3, exchange)
     assert {"evicted", "rejoined"} <= set(worker_events(out, 1))
 
 
@@ -403,7 +415,8 @@ class Proxy:
 
 
 @pytest.mark.parametrize(
-    ("shards", "exchange"), [(1, "blocking"), (2, "blocking"), (1, "overlapped")]
+    ("shards", "exchange"),
+    [(1, "blocking"), (2, "blocking"), (1, "overlapped"), (1, "streaming")],
 )
 def test_network_partition_through_a_proxy(
     tmp_path: Path, tiny_config: Callable[..., Path], shards: int, exchange: str
@@ -448,12 +461,13 @@ def test_network_partition_through_a_proxy(
         for proxy in proxies:
             proxy.close()
     out = tmp_path / "run"
-    assert_consistent(out, 3)
+    assert_consistent(out, 3, exchange)
     assert {"evicted", "rejoined"} <= set(worker_events(out, 0))
 
 
 @pytest.mark.parametrize(
-    ("shards", "exchange"), [(1, "blocking"), (2, "blocking"), (1, "overlapped")]
+    ("shards", "exchange"),
+    [(1, "blocking"), (2, "blocking"), (1, "overlapped"), (1, "streaming")],
 )
 def test_server_frozen_and_killed_while_workers_push(
     tmp_path: Path, tiny_config: Callable[..., Path], shards: int, exchange: str
@@ -479,7 +493,8 @@ def test_server_frozen_and_killed_while_workers_push(
     finally:
         cluster.stop()
     out = tmp_path / "run"
-    state = assert_consistent(out, 3)
-    assert state["server"]["revision"] == budget  # durable acks: none lost, none doubled
+    state = assert_consistent(out, 3, exchange)
+    # durable acks: none lost, none doubled
+    assert state["server"]["revision"] == budget * pushes_per_round(exchange)
     reports = [json.loads((out / "workers" / f"worker{w}.json").read_text()) for w in range(3)]
     assert sum(r["retries"] for r in reports) >= 1  # some push really was in flight

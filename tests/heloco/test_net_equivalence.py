@@ -199,3 +199,10 @@ def test_streaming_worker_matches_simulator(
     n = sum(v.numel() for v in server.params.values())
     charge = float(even_schedule(4, 2).shares[0]) * n * 32 / 8
     assert sum(pushes) / len(pushes) == pytest.approx(charge, rel=0.02)
+    # each round event's dispatch bytes are those of the dispatch it trained from, as the
+    # simulator's: the whole model twice (the first full dispatch), then the fragment each
+    # fragment dispatch carried (the one the push before it sent)
+    lines = (tmp_path / "events.jsonl").read_text().splitlines()
+    rounds = [e for e in map(json.loads, lines) if e["type"] == "round"]
+    whole = sum(sizes)
+    assert [r["bytes_received"] for r in rounds] == [whole, whole, *[sizes[1], sizes[0]] * 2]

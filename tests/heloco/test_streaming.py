@@ -476,3 +476,17 @@ def test_cli_flags_reach_the_config_and_errors_are_one_line(
     assert main(["launch", "--out", out_dir, "--exchange", "streaming", "--shards", "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--shards" in err
+
+
+def test_sharded_server_refuses_streaming_in_one_line(tmp_path: Path) -> None:
+    """`heloco serve --shards 2` of a streaming run: a fragment push goes whole to one server,
+    so the session refuses it, naming the flag, the value and what is allowed."""
+    from heloco.net.endpoint import EndpointConfig
+    from heloco.net.session import Session
+
+    cfg = parse_sim_config({"exchange": "streaming", "fragments": 2, "inner_steps": 2,
+                            "model": "tiny", "token_budget": 1024, "out_dir": str(tmp_path)})  # fmt: skip
+    with pytest.raises(UserInputError) as err:
+        Session(cfg, b"0" * 32, EndpointConfig(shards=2))
+    assert str(err.value).count("\n") == 0
+    assert "--shards" in str(err.value) and "2" in str(err.value) and "streaming" in str(err.value)

@@ -127,3 +127,38 @@ def test_first_crossing_interpolates_between_evals(bench: ModuleType) -> None:
     assert bench.first_crossing(pts, 3.5) == pytest.approx((15.0, 1500.0))
     assert bench.first_crossing(pts, 2.0) is None
     assert bench.first_crossing(pts, 6.0) == (0.0, 0.0)
+
+
+def test_streaming_prediction_is_per_fragment_push(
+    bench: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A streaming run pushes one of P fragments every H/P steps, so each measured round (5
+    steps of 0.1 s) is compared with one P-th of ShardMeter's streaming round of H = 10 steps:
+    max(H·T/P, X_f), X_f = a round trip and the push of N·32/8/P bytes, then a round trip and
+    the pull of N·32/8/P (windows kept over the sub-round's idle), at the link's goodput."""
+    from shardmeter.estimate.wan import heloco_legs_s
+
+    link = bench.Link(6e6, 0.04)
+    run = bench.Run("t", (link,), (0.1,), exchange="streaming", fragments=2)
+    measured = bench.Measured(0, 5, 1.0, 5.0, 256.0, 0.5, None, None, 274_000.0, 274_000.0)
+    r = bench.RunResult(run, 1500, 136_960, (measured,))
+    (p,) = bench.predict(r)
+    rate = float(goodput_Bps(6e6 / 8, 1500))
+    half = 136_960 * 4 / 2
+    up, down = heloco_legs_s(half, rate, 0.04, half, 0.5, blocking=False)
+    x = 2 * 0.04 + float(up) + float(down)
+    assert p.exchange_s == pytest.approx(x) and p.compute_s == pytest.approx(0.5)
+    assert p.round_s == pytest.approx(max(0.5, x))
+    assert p.bytes_per_push == pytest.approx(2 * half)
+    assert "fragments=2" in bench.launch_argv(run, Path("out"))
+    bench.print_streaming(bench.compare([r]))
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert "streaming" in line and line.split()[-2:] == ["548", "548"]  # kB per push
+
+
+def test_a_streaming_event_counts_its_dispatch_bytes(bench: ModuleType) -> None:
+    rounds = events(0, [2.0, 4.0, 6.0], True)
+    for e, n in zip(rounds, (1000, 300, 500), strict=True):
+        e |= {"bytes_sent": 200, "bytes_received": n}
+    m = bench.measure_worker(0, rounds, REPORT, 256.0, spans=False)
+    assert m.push_bytes == 200 and m.pull_bytes == pytest.approx(400)  # the window's rounds

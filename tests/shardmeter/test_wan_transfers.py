@@ -391,3 +391,60 @@ def test_async_round_prices_each_mode_with_its_idle() -> None:
     assert over.wan_comm_s[1] == pytest.approx(warm)
     assert over.round_s[1] == pytest.approx(1.5)  # hidden: X = 1.43 s < H·T
     assert block.wan_comm_s[1] == pytest.approx(float(heloco_exchange_s(EX_M, EX_RATE, EX_RTT)))
+
+
+# -- HeLoCo's streaming exchange (heloco/streaming.py; Streaming DiLoCo, arXiv 2501.18512) ----
+def test_async_streaming_round_is_p_sub_rounds_each_hiding_a_fragment() -> None:
+    """No round trip (legs = bytes / rate): N = 1e8 fp32 parameters, 4e8 B up and down on a
+    1e8 B/s path, P = 4 fragments: each fragment's exchange is 1 s up + 1 s down = 2 s, hidden
+    behind H/P = 2 inner steps, so a round of H = 8 steps is 4 · max(2·T, 2 s)."""
+    wan = uniform(2, 1e8, 0.0)
+    kw = dict(inner_steps=8, bits=32, exchange="streaming", fragments=4)
+    link = outer_round("async", np.array([0.25, 0.25]), wan, 1e8, **kw)  # type: ignore[arg-type]
+    assert link.round_s[1] == pytest.approx(8.0)  # 4 · max(0.5 s, 2 s): link-bound
+    assert link.wan_comm_s[1] == pytest.approx(8.0)  # four 2 s fragment exchanges
+    assert link.utilization[1] == pytest.approx(0.25)
+    assert link.wan_bytes[1] == pytest.approx(8e8)  # P fragments of M/P each way
+    assert link.inner_steps[1] == 8.0
+    compute = outer_round("async", np.array([2.0, 2.0]), wan, 1e8, **kw)  # type: ignore[arg-type]
+    assert compute.round_s[1] == pytest.approx(16.0)  # 4 · max(4 s, 2 s): hidden
+    assert compute.utilization[1] == pytest.approx(1.0)
+    assert compute.wan_comm_s[0] == 0.0  # the server's own island exchanges nothing
+
+
+def test_async_streaming_pays_a_round_trip_pair_per_fragment() -> None:
+    """With a round trip each fragment's exchange is its own two requests: P · (2·RTT + legs of
+    M/P) per round, legs from the window kept over a sub-round's idle (`heloco_legs_s`); one
+    fragment is the overlapped exchange."""
+    wan = uniform(2, EX_RATE, EX_RTT)
+    inner = np.array([0.15, 0.15])
+    params = EX_M / 4  # fp32: EX_M bytes up and down
+    kw = dict(inner_steps=10, bits=32)
+    p = 5
+    stream = outer_round("async", inner, wan, params, exchange="streaming", fragments=p, **kw)  # type: ignore[arg-type]
+    up, down = heloco_legs_s(EX_M / p, EX_RATE, EX_RTT, EX_M / p, 1.5 / p, blocking=False)
+    x = 2 * EX_RTT + float(up) + float(down)
+    assert stream.wan_comm_s[1] == pytest.approx(p * x)
+    assert stream.round_s[1] == pytest.approx(p * max(1.5 / p, x))
+    over = outer_round("async", inner, wan, params, exchange="overlapped", **kw)  # type: ignore[arg-type]
+    assert stream.round_s[1] > over.round_s[1]  # P round-trip pairs, not one
+    one = outer_round("async", inner, wan, params, exchange="streaming", fragments=1, **kw)  # type: ignore[arg-type]
+    np.testing.assert_allclose(one.round_s, over.round_s)
+    np.testing.assert_allclose(one.wan_comm_s, over.wan_comm_s)
+    with pytest.raises(ValueError, match="fragments"):
+        outer_round("async", inner, wan, params, exchange="streaming", fragments=0, **kw)  # type: ignore[arg-type]
+
+
+def test_topology_streaming_exchange_reaches_the_round() -> None:
+    """`run.exchange = "streaming"` with `run.fragments` P prices P fragment exchanges."""
+    from shardmeter.estimate.islands import predict_topology
+    from shardmeter.specs.topology import load_topology
+
+    topo = load_topology("two-clouds")
+    kw = {"mode": "async", "step_time_s": 1.0, "inner_steps": 100}
+    over = predict_topology(topo, exchange="overlapped", **kw).islands[1]
+    stream = predict_topology(topo, exchange="streaming", fragments=4, **kw).islands[1]
+    x_over = over.wan_exposed_s + over.wan_hidden_s
+    x_stream = stream.wan_exposed_s + stream.wan_hidden_s
+    assert x_stream > x_over  # four round-trip pairs instead of one, fewer bytes in each
+    assert stream.round_s == pytest.approx(max(100.0, x_stream), rel=1e-6)

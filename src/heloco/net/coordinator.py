@@ -177,7 +177,8 @@ class Coordinator:
         )
         self._shapes = {k: tuple(v.shape) for k, v in self.server.params.items()}
         # (worker, round id) -> (run seconds it was dispatched, its revision)
-        self._dispatch_time: dict[tuple[int, int], tuple[float, int]] = {}
+        # (worker, round id) -> (sent at, revision, its tensors' fp32 bytes) of a dispatch
+        self._dispatch_time: dict[tuple[int, int], tuple[float, int, int]] = {}
 
     @property
     def tokens(self) -> int:
@@ -396,7 +397,7 @@ class Coordinator:
         mine = sorted(k for k in self._dispatch_time if k[0] == w)
         for key in mine[:-1]:
             del self._dispatch_time[key]
-        self._dispatch_time[(w, d.round_id)] = (self.elapsed(), d.revision)
+        self._dispatch_time[(w, d.round_id)] = (self.elapsed(), d.revision, tensor_bytes(d.params))
         reply = {"revision": d.revision, "steps": d.steps, "round_id": d.round_id}
         if d.fragment is not None:
             reply["fragment"] = d.fragment
@@ -405,18 +406,19 @@ class Coordinator:
             return wire.make("dispatch", reply, re=msg.id)
         return wire.make("dispatch", reply, d.params, codec="fp32", re=msg.id)
 
-    def _trained_from(self, w: int, body: messages.Push) -> float | None:
-        """When the dispatch an accepted round trained from was sent (run seconds): the one
-        it answers, or (overlapped) the one before, whose revision it names as its base."""
+    def _trained_from(self, w: int, body: messages.Push) -> tuple[float, int, int] | None:
+        """The dispatch an accepted round trained from (when it was sent, in run seconds; its
+        revision; its bytes): the one it answers, or (overlapped) the one before, whose
+        revision it names as its base; streaming, the one before (a fragment's, or the full
+        one of its first sub-round)."""
         own = self._dispatch_time.get((w, body.round_id))
         if body.fragment is not None:  # streaming: it trained after the dispatch before
-            before_own = self._dispatch_time.get((w, body.round_id - 1))
-            return before_own[0] if before_own is not None else own[0] if own else None
+            return self._dispatch_time.get((w, body.round_id - 1), own)
         if own is not None and own[1] == body.base_revision:
-            return own[0]
+            return own
         before = [v for k, v in self._dispatch_time.items() if k[0] == w and k[1] < body.round_id]
         before = [v for v in before if v[1] == body.base_revision]
-        return before[-1][0] if before else None
+        return before[-1] if before else None
 
     def _header_result(self, w: int, body: messages.Push) -> RoundResult:
         """The push's round without its pseudo-gradient (enough for the revision-log check)."""
@@ -542,14 +544,15 @@ class Coordinator:
             self.server.observe_speed(w, result.steps / body.compute_s)
         own = self._dispatch_time.get((w, body.round_id))
         answered_revision = own[1] if own is not None else result.base_revision
-        start = self._trained_from(w, body)
+        source = self._trained_from(w, body)
+        start = None if source is None else source[0]
         end = self.elapsed()
         timing = None
-        if start is not None and body.recv_s is not None and body.lead_s is not None:
+        if source is not None and body.recv_s is not None and body.lead_s is not None:
             sent = sum(enc.nbytes for enc in msg.tensors.values()) or None  # None: staged
             timing = measured_timing(
-                start, end, body.recv_s, body.lead_s, body.compute_s or 0.0,
-                tensor_bytes(self.server.params), sent, body.compute_from_s,
+                source[0], end, body.recv_s, body.lead_s, body.compute_s or 0.0,
+                source[2], sent, body.compute_from_s,
             )  # fmt: skip
         shown = 0.0 if start is None else start
         if timing is not None and (

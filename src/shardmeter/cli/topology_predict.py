@@ -81,9 +81,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--exchange",
-        choices=("duplex", "blocking", "overlapped"),
+        choices=("duplex", "blocking", "overlapped", "streaming"),
         help="async: duplex (delta up and model down at once, hidden), or HeLoCo's push then "
-        "pull between rounds (blocking) or behind the next round (overlapped)",
+        "pull between rounds (blocking), behind the next round (overlapped), or one fragment "
+        "of --fragments P behind each H/P steps (streaming)",
     )
     add(
         "--balance-steps",

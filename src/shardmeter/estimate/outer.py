@@ -24,10 +24,11 @@ FloatArray = NDArray[np.float64]
 Mode = Literal["sync", "diloco", "streaming", "async"]
 Reduce = Literal["ring", "hub", "bucket"]
 # The async mode's exchange (see outer_round): "duplex" (one delta up and one model down at
-# once, hidden behind the next round), HeLoCo's runtime "blocking" (between rounds) or
-# "overlapped" (behind the next round); "heloco" prices the same as "overlapped".
-Exchange = Literal["duplex", "blocking", "overlapped", "heloco"]
-EXCHANGES: tuple[str, ...] = ("duplex", "blocking", "overlapped")
+# once, hidden behind the next round), HeLoCo's runtime "blocking" (between rounds),
+# "overlapped" (behind the next round) or "streaming" (P fragment exchanges, each behind the
+# next H/P steps); "heloco" prices the same as "overlapped".
+Exchange = Literal["duplex", "blocking", "overlapped", "streaming", "heloco"]
+EXCHANGES: tuple[str, ...] = ("duplex", "blocking", "overlapped", "streaming")
 MODES: tuple[str, ...] = ("sync", "diloco", "streaming", "async")
 
 # Bytes an outer Nesterov step touches per parameter: read+write fp32 params and momentum,
@@ -225,7 +226,12 @@ def outer_round(
       overlapped exchange keeps the link nearly busy; X_i = `heloco_exchange_s` with the
       round's compute and mode); `exchange = "blocking"` (its worker loop: pull, H steps, push, wait
       for the ack) pays it between rounds, H·T_i + X_i, and `"overlapped"` (or `"heloco"`) runs
-      it behind the next round, max(H·T_i, X_i). A shared server link is a processor-sharing
+      it behind the next round, max(H·T_i, X_i). `"streaming"` (HeLoCo's streaming exchange,
+      heloco/streaming.py, after Streaming DiLoCo, Douillard et al. 2025, arXiv 2501.18512,
+      Alg. 1 with τ = H/P) runs P sub-rounds of H/P steps, each hiding one fragment's
+      exchange X_i^f = (RTT_i + push of M/P) + (RTT_i + pull of pull/P) (the legs as above,
+      their idle from the sub-round), so island i's round of H steps is
+      P · max(H·T_i/P, X_i^f) seconds and its exchange P · X_i^f. A shared server link is a processor-sharing
       station (`_share_server`); remote rounds then stretch by the server's overload, the
       busier direction's Σ_i (bytes/round_i)/W_server when above 1 (design doc C.9).
     `balance` (diloco, streaming) lets faster islands run more inner steps per round.
@@ -262,7 +268,10 @@ def outer_round(
             else np.asarray(pull_bytes, dtype=np.float64),
             shape,
         )
-        return _async_round(inner, wan, up, down, h, scale, exchange)
+        p = np.broadcast_to(np.asarray(fragments, dtype=np.float64), shape)
+        if exchange == "streaming" and np.any(p < 1):
+            raise ValueError("fragments: the streaming exchange needs P >= 1")
+        return _async_round(inner, wan, up, down, h, scale, exchange, p)
 
     coll = collective(nbytes, wan, reduce, gathered=gathered, rounds=collective_rounds, scale=scale)
     window = _pacing(np.asarray(backward_s, dtype=np.float64), inner)
@@ -323,9 +332,11 @@ def _async_round(
     h: FloatArray,
     scale: FloatArray,
     exchange_pattern: Exchange = "duplex",
+    fragments: FloatArray | None = None,
 ) -> OuterRound:
     """Parameter server at `wan.center` (design doc C.9, asynchronous): a push of
-    `up_bytes`, a pull of `down_bytes` per round, in the exchange mode `exchange_pattern`."""
+    `up_bytes`, a pull of `down_bytes` per round, in the exchange mode `exchange_pattern`
+    (`"streaming"`: in P = `fragments` exchanges of a P-th each, one per H/P steps)."""
     n = inner.shape[-1]
     c = wan.center
     remote = np.arange(n) != c
@@ -337,10 +348,19 @@ def _async_round(
     # blocking: pull → H steps → push and its ack, in turn; else behind the next round
     blocking = exchange_pattern == "blocking"
     legs: tuple[tuple[FloatArray, FloatArray], ...]
+    # p exchanges a round, each hidden behind busy_x of compute (p = 1 but streaming)
+    p = fragments[..., None] if exchange_pattern == "streaming" and fragments is not None else 1.0
+    busy_x = busy / p
     if exchange_pattern == "duplex":
         both = np.maximum(up, down)
         exchange = np.where(remote, rtt + both / path_bw + host, 0.0)
         legs = ((both, both / path_bw),)
+    elif exchange_pattern == "streaming":
+        # one fragment's push (M/P), then its pull (pull/P), each its own request and reply,
+        # from the window kept over a sub-round's idle (Streaming DiLoCo, arXiv 2501.18512)
+        t_up, t_down = heloco_legs_s(up / p, path_bw, rtt, down / p, busy_x, False)
+        exchange = np.where(remote, 2.0 * rtt + t_up + t_down + host / p, 0.0)
+        legs = ((up / p, t_up), (down / p, t_down))
     else:
         # each leg from the window its connection kept over the round's idle (heloco_legs_s)
         t_up, t_down = heloco_legs_s(up, path_bw, rtt, down, busy, blocking)
@@ -348,8 +368,9 @@ def _async_round(
         legs = ((up, t_up), (down, t_down))
     server = wan.server_Bps * scale[..., None]
     if np.isfinite(wan.server_Bps):
-        exchange = _share_server(exchange, legs, busy, blocking, server, remote)
-    round_s = busy + exchange if blocking else np.maximum(busy, exchange)
+        exchange = _share_server(exchange, legs, busy_x, blocking, server, remote)
+    round_s = busy + exchange if blocking else p * np.maximum(busy_x, exchange)
+    exchange = p * exchange  # the round's exchanges, hidden or not
     # the server's link, each direction on its own (full duplex): the busier one limits
     inflow = np.where(remote, up / round_s, 0.0).sum(axis=-1, keepdims=True)
     outflow = np.where(remote, down / round_s, 0.0).sum(axis=-1, keepdims=True)

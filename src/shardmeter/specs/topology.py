@@ -270,7 +270,8 @@ class OuterSpec(BaseModel):
     outer_overlap: bool = False  # DiLoCo: eager/delayed outer step, comm hidden by one round
     # async: "duplex" (delta up and model down at once, hidden behind the next round), or
     # HeLoCo's push-then-pull "blocking" (between rounds) / "overlapped" (behind the next round)
-    exchange: Literal["duplex", "blocking", "overlapped"] = "duplex"
+    # / "streaming" (P = `fragments` fragment exchanges, each behind the next H/P steps)
+    exchange: Literal["duplex", "blocking", "overlapped", "streaming"] = "duplex"
     backward_overlap: bool = True  # the exchange starts during the backward, layer by layer
     balance_steps: bool = False  # DiLoCo/Streaming: faster islands run H_i = ⌊H·T_max/T_i⌋ steps
     fragments: int | list[FragmentSpec] = 1  # Streaming DiLoCo: P, or an explicit schedule
