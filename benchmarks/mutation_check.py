@@ -858,6 +858,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("Bard-Schweitzer: a leg counts its own queue among the others'", "outer.py",
              "others = q.sum(axis=-1, keepdims=True) - q", "others = q.sum(axis=-1, keepdims=True)",
              "tests/shardmeter/test_wan_transfers.py::test_beyond_the_exact_limit_the_approximation_is_kept"),
+    Mutation("exact MVA: every other chunk of configurations left unsolved", "outer.py",
+             "range(0, flat_z.shape[0], EXACT_MVA_CHUNK)", "range(0, flat_z.shape[0], 2 * EXACT_MVA_CHUNK)",
+             "tests/shardmeter/test_wan_transfers.py::test_exact_mva_broadcasts_over_configurations_in_chunks"),
 )  # fmt: skip
 
 

@@ -466,3 +466,24 @@ def test_async_round_prices_each_mode_with_its_idle() -> None:
     assert over.wan_comm_s[1] == pytest.approx(warm)
     assert over.round_s[1] == pytest.approx(1.5)  # hidden: X = 1.43 s < H·T
     assert block.wan_comm_s[1] == pytest.approx(float(heloco_exchange_s(EX_M, EX_RATE, EX_RTT)))
+
+
+def test_exact_mva_broadcasts_over_configurations_in_chunks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Many configurations (leading axes) in one call, solved a chunk at a time: each row is
+    the row solved alone, in both exchange modes."""
+    import dataclasses
+
+    from shardmeter.estimate import outer
+
+    monkeypatch.setattr(outer, "EXACT_MVA_CHUNK", 2)
+    wan = dataclasses.replace(uniform(4, 8e8, 0.02), server_Bps=4e8)
+    inner = np.random.default_rng(1).uniform(0.05, 0.4, (5, 4))
+    for exchange in ("blocking", "overlapped"):
+        many = outer_round("async", inner, wan, 1e8, inner_steps=10, bits=32, exchange=exchange)
+        for k in range(5):
+            one = outer_round(
+                "async", inner[k], wan, 1e8, inner_steps=10, bits=32, exchange=exchange
+            )
+            np.testing.assert_allclose(many.round_s[k], one.round_s, rtol=1e-9)
