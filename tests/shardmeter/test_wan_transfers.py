@@ -303,24 +303,99 @@ def test_topology_run_exchange_reaches_the_async_round() -> None:
 
 def test_shared_server_link_is_a_processor_sharing_station() -> None:
     """Two spokes behind one server link C, blocking exchange (a push, then a pull, each of
-    M = 0.4 GB): each leg sees the other worker's mean queue (mean-value analysis):
-    T = S·(1 + T/round), round = b + 2T with b = H·T_inner and S = M/C = 1 s, so
-    2T² + (b − 3S)·T − S·b = 0."""
+    M = 0.4 GB, S = M/C = 1 s on the server's link, 0.5 s on the path): exact mean-value
+    analysis. Alone a worker cycles through Z = b (compute, b = H·T_inner = 1.9 s), the up
+    station and the down station: X = 1/(b + 2S), Q = S·X at each; with the other worker
+    there, a leg takes R = S·(1 + S/(b + 2S)) (the arrival theorem: it sees the network
+    without itself)."""
     import dataclasses
 
     wan = dataclasses.replace(uniform(3, 8e8, 0.0), server_Bps=4e8)  # each path alone 0.5 s
     inner = np.array([0.19, 0.19, 0.19])  # H = 10: b = 1.9 s of compute
     rnd = outer_round("async", inner, wan, 1e8, inner_steps=10, bits=32, exchange="blocking")
     s, b = 1.0, 1.9
-    t = (-(b - 3 * s) + math.sqrt((b - 3 * s) ** 2 + 8 * s * b)) / 4
-    assert rnd.wan_comm_s[1] == pytest.approx(2 * t, rel=1e-6)
-    assert rnd.wan_comm_s[2] == pytest.approx(2 * t, rel=1e-6)
-    assert rnd.round_s[1] == pytest.approx(b + 2 * t, rel=1e-6)
+    t = s * (1 + s / (b + 2 * s))
+    assert rnd.wan_comm_s[1] == pytest.approx(2 * t, rel=1e-9)
+    assert rnd.wan_comm_s[2] == pytest.approx(2 * t, rel=1e-9)
+    assert rnd.round_s[1] == pytest.approx(b + 2 * t, rel=1e-9)
     # a lone spoke shares with nobody: each leg takes its path (0.5 s) or the server's link
     # (1 s) alone, whichever is slower
     lone = dataclasses.replace(uniform(2, 8e8, 0.0), server_Bps=4e8)
     one = outer_round("async", inner[:2], lone, 1e8, inner_steps=10, bits=32, exchange="blocking")
     assert one.wan_comm_s[1] == pytest.approx(2.0)
+
+
+def test_shared_link_alone_is_the_unshared_exchange() -> None:
+    """One worker (N = 1): the mean-value analysis gives the alone time, round trips and slow
+    start included, whatever the server's link when it is no slower than the path."""
+    import dataclasses
+
+    inner = np.array([0.19, 0.19])
+    free = uniform(2, 4e8, 0.08)
+    capped = dataclasses.replace(free, server_Bps=4e8)
+    for exchange in ("blocking", "overlapped"):
+        a = outer_round("async", inner, free, 1e8, inner_steps=10, bits=32, exchange=exchange)
+        c = outer_round("async", inner, capped, 1e8, inner_steps=10, bits=32, exchange=exchange)
+        assert a.wan_comm_s[1] > 2.0 + 2 * 0.08  # two legs of 1 s, two round trips, slow start
+        assert c.wan_comm_s[1] == pytest.approx(a.wan_comm_s[1], rel=1e-9)
+
+
+def test_three_equal_workers_share_the_link_by_exact_mva() -> None:
+    """Three equal workers, blocking: the exact recurrence over populations of 1, 2, 3
+    (Reiser & Lavenberg 1980), by hand for the symmetric case: R_1 = S, Q_1 = S/(b + 2S);
+    R_2 = S·(1 + Q_1), Q_2 = 2·R_2/(b + 2·R_2); R_3 = S·(1 + Q_2)."""
+    import dataclasses
+
+    wan = dataclasses.replace(uniform(4, 8e8, 0.0), server_Bps=4e8)
+    inner = np.full(4, 0.19)
+    rnd = outer_round("async", inner, wan, 1e8, inner_steps=10, bits=32, exchange="blocking")
+    s, b = 1.0, 1.9
+    q1 = s / (b + 2 * s)
+    r2 = s * (1 + q1)
+    q2 = 2 * r2 / (b + 2 * r2)
+    r3 = s * (1 + q2)
+    np.testing.assert_allclose(rnd.wan_comm_s[1:], 2 * r3, rtol=1e-9)
+
+
+def test_overlapped_workers_behind_a_slow_shared_link_think_zero() -> None:
+    """Overlapped, the link slower than a round: a worker's next push follows its pull at
+    once (round = exchange, no think time). Two workers, two stations of S = 1 s, Z = 0:
+    R_1 = S, Q_1 = 1/2; R_2 = S·(1 + 1/2): the round is 3 s."""
+    import dataclasses
+
+    wan = dataclasses.replace(uniform(3, 8e8, 0.0), server_Bps=4e8)
+    inner = np.full(3, 0.01)  # 0.1 s of compute, far less than an exchange
+    rnd = outer_round("async", inner, wan, 1e8, inner_steps=10, bits=32, exchange="overlapped")
+    np.testing.assert_allclose(rnd.round_s[1:], 3.0, rtol=1e-6)
+    # compute (b = 3.5 s) longer than the exchange: the worker thinks Z = b − X between
+    # exchanges, and X = 2·(1 + 1/(Z + 2)) (R_1 = 1, Q_1 = 1/(Z + 2)), so Z² + 0.5·Z − 1 = 0
+    slow = outer_round(
+        "async", np.full(3, 0.35), wan, 1e8, inner_steps=10, bits=32, exchange="overlapped"
+    )
+    z = (-0.5 + math.sqrt(0.25 + 4.0)) / 2
+    np.testing.assert_allclose(slow.wan_comm_s[1:], 3.5 - z, rtol=1e-6)
+    np.testing.assert_allclose(slow.round_s[1:], 3.5, rtol=1e-9)
+
+
+def test_beyond_the_exact_limit_the_approximation_is_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past EXACT_MVA_MAX_WORKERS the Bard-Schweitzer approximation: a leg sees the other
+    worker's mean queue at the full population, T = S·(1 + T/round), round = b + 2T, so
+    2T² + (b − 3S)·T − S·b = 0 (two workers, S = 1 s, b = 1.9 s)."""
+    import dataclasses
+
+    from shardmeter.estimate import outer
+
+    monkeypatch.setattr(outer, "EXACT_MVA_MAX_WORKERS", 1)
+    wan = dataclasses.replace(uniform(3, 8e8, 0.0), server_Bps=4e8)
+    inner = np.array([0.19, 0.19, 0.19])
+    rnd = outer_round("async", inner, wan, 1e8, inner_steps=10, bits=32, exchange="blocking")
+    s, b = 1.0, 1.9
+    t = (-(b - 3 * s) + math.sqrt((b - 3 * s) ** 2 + 8 * s * b)) / 4
+    assert rnd.wan_comm_s[1] == pytest.approx(2 * t, rel=1e-6)
+    assert outer.EXACT_MVA_MAX_WORKERS == 1
+    assert 2 * t > 2 * s * (1 + s / (b + 2 * s))  # the approximation overstates the wait here
 
 
 def test_rto_is_the_round_trip_plus_linux_floor() -> None:
@@ -448,3 +523,22 @@ def test_topology_streaming_exchange_reaches_the_round() -> None:
     x_stream = stream.wan_exposed_s + stream.wan_hidden_s
     assert x_stream > x_over  # four round-trip pairs instead of one, fewer bytes in each
     assert stream.round_s == pytest.approx(max(100.0, x_stream), rel=1e-6)
+def test_exact_mva_broadcasts_over_configurations_in_chunks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Many configurations (leading axes) in one call, solved a chunk at a time: each row is
+    the row solved alone, in both exchange modes."""
+    import dataclasses
+
+    from shardmeter.estimate import outer
+
+    monkeypatch.setattr(outer, "EXACT_MVA_CHUNK", 2)
+    wan = dataclasses.replace(uniform(4, 8e8, 0.02), server_Bps=4e8)
+    inner = np.random.default_rng(1).uniform(0.05, 0.4, (5, 4))
+    for exchange in ("blocking", "overlapped"):
+        many = outer_round("async", inner, wan, 1e8, inner_steps=10, bits=32, exchange=exchange)
+        for k in range(5):
+            one = outer_round(
+                "async", inner[k], wan, 1e8, inner_steps=10, bits=32, exchange=exchange
+            )
+            np.testing.assert_allclose(many.round_s[k], one.round_s, rtol=1e-9)

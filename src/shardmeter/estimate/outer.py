@@ -9,6 +9,7 @@ evaluate a million configurations in one call. Units: seconds, bytes, bytes/s, U
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -393,6 +394,8 @@ def _async_round(
 
 
 SHARE_ITERATIONS = 40  # damped fixed-point steps of the shared-server mean-value analysis
+EXACT_MVA_MAX_WORKERS = 8  # exact MVA over the 2^N populations up to here; Bard-Schweitzer beyond
+EXACT_MVA_CHUNK = 1 << 14  # configurations (leading axes) solved at once by the exact MVA
 
 
 def _share_server(
@@ -405,25 +408,95 @@ def _share_server(
 ) -> FloatArray:
     """The exchange when every worker's transfers cross the server's one link (per direction).
 
-    Each leg (bytes B_i, alone t_i: push, then pull; or one duplex leg) shares the server's
-    link C with the others' legs in flight. Mean-value analysis of a closed processor-sharing
-    station (Reiser & Lavenberg 1980, JACM 27(2), eq. 3.2: R = S·(1 + Q seen at arrival),
-    the arrival theorem: a leg sees the OTHER workers' mean queue, Q_j = T_j / round_j by
-    Little's law): T_i = max(t_i, B_i/C · (1 + Σ_{j≠i} T_j / round_j)), solved by damped
-    iteration with round_j from the exchange mode. Seconds; the alone time is the floor (a
-    lone leg is limited by its own path)."""
+    A closed queueing network, one customer (worker) per class: each leg (bytes B_i, alone
+    t_i: push, then pull; or one duplex leg) is a processor-sharing station of demand
+    D_i = B_i/C on the server's link C, plus a delay of t_i − D_i (its own path, round trips,
+    slow start); the rest of the round is a delay (think) station: the compute and the fixed
+    part in a blocking round, round − exchange = max(H·T − X, 0) in an overlapped one (solved
+    by damped iteration, the round from the exchange mode). Up to EXACT_MVA_MAX_WORKERS
+    remote workers: exact multi-class mean-value analysis (`_exact_mva`; Reiser & Lavenberg
+    1980, JACM 27(2)), exact for processor-sharing and delay stations whatever the service
+    time distribution (BCMP theorem, Baskett, Chandy, Muntz & Palacios 1975, JACM 22(2)).
+    Beyond: its Bard-Schweitzer approximation (`_schweitzer_mva`). Seconds; a lone leg takes
+    max(t_i, D_i), its path or the server's link alone."""
+    idx = np.flatnonzero(remote)
+    alone = [np.where(remote, np.maximum(t, b / server_Bps), 0.0) for b, t in legs]
     fixed = exchange - np.where(remote, sum(t for _, t in legs), 0.0)
-    times = [np.where(remote, t, 0.0) for _, t in legs]
+    demand = [
+        np.where(remote, np.broadcast_to(b / server_Bps, alone[0].shape), 0.0) for b, _ in legs
+    ]
+    delay = fixed + sum(a - d for a, d in zip(alone, demand, strict=True))
+    solve = _exact_mva if len(idx) <= EXACT_MVA_MAX_WORKERS else _schweitzer_mva
+    total = delay + sum(alone)
+    for _ in range(1 if blocking else SHARE_ITERATIONS):
+        think = busy if blocking else np.maximum(busy - total, 0.0)
+        shared = solve([d[..., idx] for d in demand], (think + delay)[..., idx])
+        new = delay.copy()
+        new[..., idx] += sum(shared)
+        step = np.max(np.abs(new - total), initial=0.0)
+        total = new if blocking else 0.5 * (total + new)
+        if step <= 1e-12 * np.max(np.abs(total), initial=1.0):
+            break
+    return np.asarray(np.where(remote, total, exchange), dtype=np.float64)
+
+
+def _exact_mva(demand: list[FloatArray], think: FloatArray) -> list[FloatArray]:
+    """Exact multi-class mean-value analysis, one customer per class (Reiser & Lavenberg 1980,
+    JACM 27(2), eqs. 3.1-3.3): for each population S (a set of workers, smallest first) and
+    each i in S, R_ik(S) = D_ik·(1 + Q_k(S − i)) at processor-sharing station k (the arrival
+    theorem: i sees the network without itself), X_i(S) = 1 / (Z_i + Σ_k R_ik(S)),
+    Q_k(S) = Σ_{i∈S} X_i(S)·R_ik(S). demand: per station (..., N) seconds; think: (..., N)
+    seconds. Returns R_ik at the full population per station, (..., N) seconds."""
+    n = think.shape[-1]
+    lead = think.shape[:-1]
+    flat_d = [np.broadcast_to(d, think.shape).reshape(-1, n) for d in demand]
+    flat_z = think.reshape(-1, n)
+    out = [np.empty_like(flat_z) for _ in demand]
+    for lo in range(0, flat_z.shape[0], EXACT_MVA_CHUNK):
+        part = slice(lo, lo + EXACT_MVA_CHUNK)
+        d = [x[part] for x in flat_d]
+        z = flat_z[part]
+        empty = np.zeros(z.shape[0])
+        queue = {0: [empty for _ in d]}  # Q_k of the populations one smaller
+        for size in range(1, n + 1):
+            level: dict[int, list[FloatArray]] = {}
+            for mask in _masks(n, size):
+                q = [empty for _ in d]
+                members = [i for i in range(n) if mask >> i & 1]
+                for i in members:
+                    rest = queue[mask & ~(1 << i)]
+                    r = [dk[:, i] * (1.0 + qk) for dk, qk in zip(d, rest, strict=True)]
+                    x = 1.0 / (z[:, i] + sum(r))
+                    q = [qk + x * rk for qk, rk in zip(q, r, strict=True)]
+                    if size == n:
+                        for o, rk in zip(out, r, strict=True):
+                            o[part, i] = rk
+                level[mask] = q
+            queue = level
+    return [o.reshape(*lead, n) for o in out]
+
+
+def _masks(n: int, size: int) -> list[int]:
+    """Every n-bit mask with `size` bits set (the populations of that size)."""
+    return [sum(1 << i for i in c) for c in itertools.combinations(range(n), size)]
+
+
+def _schweitzer_mva(demand: list[FloatArray], think: FloatArray) -> list[FloatArray]:
+    """Bard-Schweitzer approximate MVA (Schweitzer 1979; Reiser & Lavenberg 1980, eq. 3.2 with
+    the arrival theorem approximated at the full population): a leg of i sees the OTHER
+    workers' mean queue, Q_j = R_jk / round_j by Little's law,
+    R_ik = D_ik·(1 + Σ_{j≠i} R_jk / round_j), round_j = Z_j + Σ_k R_jk, solved by damped
+    iteration. Arguments and result as `_exact_mva`."""
+    r = [np.broadcast_to(d, think.shape).copy() for d in demand]
     for _ in range(SHARE_ITERATIONS):
-        total = fixed + sum(times)
-        round_s = busy + total if blocking else np.maximum(busy, total)
+        round_s = think + sum(r)
         new = []
-        for (b, alone), t in zip(legs, times, strict=True):
-            q = t / round_s
+        for dk, rk in zip(demand, r, strict=True):
+            q = rk / round_s
             others = q.sum(axis=-1, keepdims=True) - q
-            new.append(np.where(remote, np.maximum(alone, b / server_Bps * (1.0 + others)), 0.0))
-        times = [0.5 * (t + u) for t, u in zip(times, new, strict=True)]
-    return np.asarray(fixed + sum(times), dtype=np.float64)
+            new.append(dk * (1.0 + others))
+        r = [0.5 * (a + b) for a, b in zip(r, new, strict=True)]
+    return r
 
 
 def outer_opt_seconds(
