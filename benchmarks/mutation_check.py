@@ -49,6 +49,7 @@ PLANNED_PUSH_TESTS = (  # a whole push and dispatch against the planner's (tiny 
 AB_DEFAULT_TESTS = "tests/heloco/test_config_keys.py tests/heloco/test_outer_balanced.py"
 STREAM_TESTS = "tests/heloco/test_streaming.py"
 STREAM_NET_TESTS = "tests/heloco/test_net_equivalence.py::test_streaming_worker_matches_simulator"
+HBM_GATHER_TESTS = "tests/shardmeter/test_closed_form.py::test_zero3_per_matrix_gathers_stream_their_bytes_through_hbm"
 SIM_CODEC_TESTS = (
     "tests/heloco/test_codecs.py::test_the_simulators_int8_uplink_is_what_the_server_decodes"
 )
@@ -848,6 +849,16 @@ MUTATIONS: tuple[Mutation, ...] = (
              '            overlap_tp=False,\n            attention="unfused",\n'
              '            fused_ce=False,\n            gather_unit="matrix",',
              "tests/shardmeter/test_framework.py::test_blank_fields_take_the_framework_defaults_and_stated_ones_win"),
+    Mutation("DeepSpeed list gather: copy-back reads but does not write", "step.py",
+             "COPY_BACK_PASSES = 2.0", "COPY_BACK_PASSES = 1.0", HBM_GATHER_TESTS),
+    Mutation("DeepSpeed list gather: buffer not zero-filled", "step.py",
+             "ZERO_FILL_PASSES = 1.0", "ZERO_FILL_PASSES = 0.0", HBM_GATHER_TESTS),
+    Mutation("DeepSpeed list gather: copy-back added to the host-bound launches too", "step.py",
+             "ag = units * (maximum(gather + back, copies) + fill)",
+             "ag = units * (maximum(gather, copies) + back + fill)", HBM_GATHER_TESTS),
+    Mutation("DeepSpeed list gather: FSDP flat gathers copy back as well", "step.py",
+             "back = where(plans.gather_matrix, memory_time(COPY_BACK_PASSES * piece, acc), 0.0)",
+             "back = memory_time(COPY_BACK_PASSES * piece, acc)", HBM_GATHER_TESTS),
 )  # fmt: skip
 
 
