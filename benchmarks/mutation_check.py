@@ -52,6 +52,7 @@ STREAM_NET_TESTS = "tests/heloco/test_net_equivalence.py::test_streaming_worker_
 OFFLOAD_ACT_TESTS = (
     "tests/shardmeter/test_closed_form.py::test_activations_offloaded_to_host_and_back"
 )
+HBM_GATHER_TESTS = "tests/shardmeter/test_closed_form.py::test_zero3_per_matrix_gathers_stream_their_bytes_through_hbm"
 SIM_CODEC_TESTS = (
     "tests/heloco/test_codecs.py::test_the_simulators_int8_uplink_is_what_the_server_decodes"
 )
@@ -928,6 +929,25 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("exact MVA: every other chunk of configurations left unsolved", "outer.py",
              "range(0, flat_z.shape[0], EXACT_MVA_CHUNK)", "range(0, flat_z.shape[0], 2 * EXACT_MVA_CHUNK)",
              "tests/shardmeter/test_wan_transfers.py::test_exact_mva_broadcasts_over_configurations_in_chunks"),
+    # --- the large-model tail: DeepSpeed 2021 ZeRO-3 and torchtitan long context ---
+    Mutation("DeepSpeed 2021 hides its gradient reduce under backward", "shardmeter/specs/framework.py",
+             'overlap_dp=False,\n            overlap_param_gather=False,\n            sp=False,\n'
+             '            overlap_tp=False,\n            attention="unfused",\n'
+             '            fused_ce=False,\n            gather_unit="matrix",',
+             'overlap_dp=True,\n            overlap_param_gather=False,\n            sp=False,\n'
+             '            overlap_tp=False,\n            attention="unfused",\n'
+             '            fused_ce=False,\n            gather_unit="matrix",',
+             "tests/shardmeter/test_framework.py::test_blank_fields_take_the_framework_defaults_and_stated_ones_win"),
+    Mutation("DeepSpeed list gather: copy-back reads but does not write", "step.py",
+             "COPY_BACK_PASSES = 2.0", "COPY_BACK_PASSES = 1.0", HBM_GATHER_TESTS),
+    Mutation("DeepSpeed list gather: buffer not zero-filled", "step.py",
+             "ZERO_FILL_PASSES = 1.0", "ZERO_FILL_PASSES = 0.0", HBM_GATHER_TESTS),
+    Mutation("DeepSpeed list gather: copy-back added to the host-bound launches too", "step.py",
+             "ag = units * (maximum(gather + back, copies) + fill)",
+             "ag = units * (maximum(gather, copies) + back + fill)", HBM_GATHER_TESTS),
+    Mutation("DeepSpeed list gather: FSDP flat gathers copy back as well", "step.py",
+             "back = where(plans.gather_matrix, memory_time(COPY_BACK_PASSES * piece, acc), 0.0)",
+             "back = memory_time(COPY_BACK_PASSES * piece, acc)", HBM_GATHER_TESTS),
 )  # fmt: skip
 
 

@@ -271,6 +271,33 @@ def test_zero3_per_matrix_gathers_copy_back_and_regather() -> None:
     check(est.time_breakdown["dp_comm"], 2 * rs)
 
 
+def test_zero3_per_matrix_gathers_stream_their_bytes_through_hbm() -> None:
+    """The plan above on a GPU with 100 GB/s of HBM: each list gather also zero-fills its
+    buffer (DeepSpeed 0.3 `_allgather_param`, torch.zeros: 1 pass over the gathered bytes)
+    and copies NCCL's flat output back into the shard views (c10d ProcessGroupNCCL::allgather:
+    read + write, 2 passes) after the ring. A matrix (4.2 MB) takes max(ring + 2 passes,
+    4·20 µs) + 1 pass = max(31 + 84, 80) + 42 µs; the tables (16.8 MB) likewise."""
+    hbm = 100e9
+    world = cluster(launch_us=20.0, hbm_bytes_per_s=hbm)
+    plan = Plan(dp=4, sharding="zero3", micro_batch=1, global_batch=8, overlap_dp=False,
+                overlap_param_gather=False, gather_unit="matrix", recompute="full")  # fmt: skip
+    est = estimate_step(MODEL, world, plan)
+
+    def gather(n_bytes: float) -> float:
+        return max(ring(4, n_bytes, W_NV) + 2 * n_bytes / hbm, 4 * 20e-6) + n_bytes / hbm
+
+    matrix, table = gather(2 * LAYER_PARAMS / 6), gather(2 * TABLE_PARAMS)
+    assert matrix > ring(4, 2 * LAYER_PARAMS / 6, W_NV) + 2 * 2 * LAYER_PARAMS / 6 / hbm
+    per_mb = LAYERS * 3 * 6 * matrix + 2 * 2 * table + matrix
+    check(est.time_breakdown["fsdp_comm"], 2 * per_mb)
+    # FSDP's flat-parameter gathers (gather_unit "layer") copy nothing back: HBM speed does
+    # not change their exposed time
+    flat = plan.model_copy(update={"gather_unit": "layer"})
+    slow_hbm = estimate_step(MODEL, world, flat).time_breakdown["fsdp_comm"]
+    fast_hbm = estimate_step(MODEL, cluster(launch_us=20.0), flat).time_breakdown["fsdp_comm"]
+    check(slow_hbm, fast_hbm)
+
+
 # --- pipelines ------------------------------------------------------------------------------
 HALF = LAYERS // 2
 

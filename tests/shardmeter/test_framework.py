@@ -64,6 +64,13 @@ def test_blank_fields_take_the_framework_defaults_and_stated_ones_win() -> None:
         2, "fp8", True, True,
     )  # fmt: skip
     assert Plan(framework="deepseek-hai-llm").vpp == 1  # interleaving only with pp > 1
+    # DeepSpeed 0.3 ZeRO-3 reduces gradients on the compute stream (overlap_comm off by
+    # default) and synchronizes the device at every fetch: nothing hides the reduce-scatter.
+    deepspeed = Plan(framework="deepspeed-2021", dp=64, global_batch=64)
+    assert (deepspeed.sharding, deepspeed.gather_unit, deepspeed.overlap_dp) == (
+        "zero3", "matrix", False,
+    )  # fmt: skip
+    assert not deepspeed.overlap_param_gather
     assert Plan(framework="maxtext").graphs
     # torchtitan runs eager element-wise ops unless its FP8 recipe compiles; stated wins.
     assert not Plan(framework="torchtitan").fused_elementwise

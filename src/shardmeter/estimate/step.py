@@ -38,6 +38,7 @@ from shardmeter.estimate.compute import (
     expert_imbalance,
     launch_time,
     local_kv_dim,
+    memory_time,
     model_flops_per_token,
     optimizer_time,
     pipeline_times,
@@ -86,6 +87,12 @@ BOTTLENECK_MIN_SHARE = 0.05  # an overhead below 5% of the step is not called th
 COMM_BOUND_SHARE = 0.10  # exposed communication above 10% of the step => communication-bound
 STEP_SYNCS = 2.0  # small all-reduces over every GPU each step: loss and gradient norm (clipping)
 FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128.0  # e4m3 value + one fp32 scale per 128 (DeepSeek-V3 §3.3)
+# HBM passes over the bytes of one DeepSpeed (per-matrix, list) ZeRO-3 gather, beside NCCL's own
+# write: c10d ProcessGroupNCCL::allgather (PyTorch 1.8) copies its flat output back into the d
+# shard views (read + write), and DeepSpeed 0.3 `_allgather_param` allocates the buffer with
+# torch.zeros (one write) and synchronizes the device before the gather. Dimensionless.
+COPY_BACK_PASSES = 2.0
+ZERO_FILL_PASSES = 1.0
 # Time components that scale with the stage's layers and tables, per micro-batch.
 STAGE_COMPONENTS: tuple[str, ...] = (
     "compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "fsdp_comm", "dp_comm",
@@ -209,9 +216,15 @@ def _sync(
     def one(p_count: Num, d: Num, rep: Num, stride: Num) -> tuple[Num, Num, Num]:
         grads = p_count * GRAD_BYTES
         rs = comm.reduce_scatter_time(grads, d, stride, cluster)
-        gather = comm.all_gather_time(p_count * weight_bytes / units, d, stride, cluster)
+        piece = p_count * weight_bytes / units  # bytes one gather assembles on each GPU
+        gather = comm.all_gather_time(piece, d, stride, cluster)
         copies = where(plans.gather_matrix, launch_time(d, plans, acc), 0.0)
-        ag = units * maximum(gather, copies)
+        # DeepSpeed's list gather also streams the gathered bytes through HBM: c10d copies the
+        # flat output back to the shard views after NCCL (read + write) and, before its device
+        # synchronize, `_allgather_param` zero-fills the buffer (torch.zeros, one write).
+        back = where(plans.gather_matrix, memory_time(COPY_BACK_PASSES * piece, acc), 0.0)
+        fill = where(plans.gather_matrix, memory_time(ZERO_FILL_PASSES * piece, acc), 0.0)
+        ag = units * (maximum(gather + back, copies) + fill)
         ar = comm.all_reduce_time(grads / d, rep, stride * d, cluster)
         return rs, ag, ar
 

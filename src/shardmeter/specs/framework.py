@@ -233,7 +233,7 @@ FRAMEWORKS: dict[str, Framework] = {
             era="DeepSpeed ZeRO-3 (2021)",
             sharding="zero3",
             recompute="none",
-            overlap_dp=True,
+            overlap_dp=False,
             overlap_param_gather=False,
             sp=False,
             overlap_tp=False,
@@ -242,6 +242,9 @@ FRAMEWORKS: dict[str, Framework] = {
             gather_unit="matrix",
             source="Narayanan et al. SC'21 Table 2 (ZeRO-3 baseline): parameters fetched on "
             "demand per module (stage3_max_live_parameters 1e9), no prefetch overlap; "
+            "gradients reduced on the compute stream (DeepSpeed 0.3 zero/constants.py "
+            "ZERO_OPTIMIZATION_OVERLAP_COMM_DEFAULT = False: stage3.py reduction_stream = "
+            "current_stream, and every fetch ends in torch.cuda.synchronize()); "
             "unfused attention",
         ),
         _fw(
