@@ -571,11 +571,7 @@ class MemoryArrays:
     def allocated(self) -> Num:
         """`torch.cuda.max_memory_allocated`: the live tensors at the peak."""
         return (
-            self.weights
-            + self.gradients
-            + self.optimizer_states
-            + self.activations
-            + (self.buffers)
+            self.weights + self.gradients + self.optimizer_states + self.activations + self.buffers
         )
 
     @property
@@ -585,15 +581,10 @@ class MemoryArrays:
 
     @property
     def total(self) -> Num:
-        """Device total that decides an OOM: reserved + CUDA context + NCCL buffers."""
-        return (
-            self.weights
-            + self.gradients
-            + self.optimizer_states
-            + self.activations
-            + self.buffers
-            + self.overhead
-        )
+        """Device total that decides an OOM: reserved + CUDA context + NCCL buffers, i.e. the
+        allocated tensors + `overhead` (fragmentation, CUDA context, NCCL buffers), so the tensor
+        kinds are summed in one place (`allocated`)."""
+        return self.allocated + self.overhead
 
 
 # PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp, kMinBlockSize,
