@@ -4,6 +4,8 @@ kinds of memory answer (allocated, reserved, device total), and the memory measu
 from __future__ import annotations
 
 import csv
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -41,8 +43,7 @@ from shardmeter.estimate.memory import (
 from shardmeter.estimate.plan_arrays import PlanArrays
 from shardmeter.estimate.step import estimate_step, estimate_step_arrays
 from shardmeter.memcheck import (
-    DEFAULT_MEMORY_CSV,
-    evaluate_memory_rows,
+    MemoryResult,
     memory_run_from_row,
     read_memory_rows,
     summarize_memory,
@@ -51,11 +52,8 @@ from shardmeter.specs.loader import load_cluster, load_model
 from shardmeter.specs.model import TransformerSpec
 from shardmeter.specs.plan import Plan
 
-TINY = TransformerSpec(n_layers=4, hidden=1024, n_heads=8, ffn=4096, vocab=1000, seq_len=512)
-
-
-def _plans(**kw: object) -> PlanArrays:
-    return PlanArrays.scalar(Plan(**kw))  # type: ignore[arg-type]
+ScalarPlan = Callable[..., PlanArrays]  # the `scalar_plan` fixture (conftest.py)
+PredictJson = Callable[[list[str]], dict[str, Any]]  # the `predict_json` fixture
 
 
 @pytest.mark.parametrize(
@@ -71,8 +69,10 @@ def _plans(**kw: object) -> PlanArrays:
         ("muon", "none", 2.0),  # momentum in bf16
     ],
 )
-def test_optimizer_state_bytes_closed_form(optimizer: str, master: str, expected: float) -> None:
-    on_gpu, paged = optimizer_state_bytes(_plans(optimizer=optimizer, master_weights=master))
+def test_optimizer_state_bytes_closed_form(
+    optimizer: str, master: str, expected: float, scalar_plan: ScalarPlan
+) -> None:
+    on_gpu, paged = optimizer_state_bytes(scalar_plan(optimizer=optimizer, master_weights=master))
     assert float(on_gpu) == pytest.approx(expected)
     assert float(paged) == 0.0
 
@@ -82,19 +82,19 @@ def test_low_bit_state_constants() -> None:
     assert pytest.approx(0.5 + 4.0 / 128.0) == ADAM_4BIT_STATE
 
 
-def test_paged_states_leave_the_allocator() -> None:
+def test_paged_states_leave_the_allocator(scalar_plan: ScalarPlan) -> None:
     on_gpu, paged = optimizer_state_bytes(
-        _plans(optimizer="paged_adamw8bit", master_weights="none")
+        scalar_plan(optimizer="paged_adamw8bit", master_weights="none")
     )
     assert float(on_gpu) == 0.0
     assert float(paged) == pytest.approx(2.0 * ADAM_8BIT_STATE)
 
 
-def test_offload_moves_states_to_host() -> None:
+def test_offload_moves_states_to_host(tiny: TransformerSpec, scalar_plan: ScalarPlan) -> None:
     cluster = load_cluster("dgx-h100")
-    base = memory_breakdown(TINY, cluster, _plans(master_weights="fp32"))
-    opt = memory_breakdown(TINY, cluster, _plans(offload="optimizer"))
-    full = memory_breakdown(TINY, cluster, _plans(offload="params+optimizer"))
+    base = memory_breakdown(tiny, cluster, scalar_plan(master_weights="fp32"))
+    opt = memory_breakdown(tiny, cluster, scalar_plan(offload="optimizer"))
+    full = memory_breakdown(tiny, cluster, scalar_plan(offload="params+optimizer"))
     assert float(opt.optimizer_states) == 0.0
     assert float(opt.host) == pytest.approx(float(base.optimizer_states))
     assert float(opt.weights) == pytest.approx(float(base.weights))
@@ -106,17 +106,17 @@ def test_offload_moves_states_to_host() -> None:
     assert float(full.buffers) > float(base.buffers)  # two units fetched from the host
 
 
-def test_nccl_buffers_closed_form() -> None:
+def test_nccl_buffers_closed_form(scalar_plan: ScalarPlan) -> None:
     per_comm = NCCL_CHANNELS * 2.0 * NCCL_BUFFSIZE
     assert NCCL_BUFFSIZE == 4 * MIB
-    assert float(nccl_buffer_bytes(_plans())) == 0.0
-    assert float(nccl_buffer_bytes(_plans(dp=8))) == pytest.approx(per_comm)
-    assert float(nccl_buffer_bytes(_plans(dp=2, tp=2, pp=2))) == pytest.approx(3 * per_comm)
+    assert float(nccl_buffer_bytes(scalar_plan())) == 0.0
+    assert float(nccl_buffer_bytes(scalar_plan(dp=8))) == pytest.approx(per_comm)
+    assert float(nccl_buffer_bytes(scalar_plan(dp=2, tp=2, pp=2))) == pytest.approx(3 * per_comm)
 
 
-def test_three_kinds_add_up() -> None:
+def test_three_kinds_add_up(tiny: TransformerSpec) -> None:
     est = estimate_step(
-        TINY, load_cluster("dgx-h100"), Plan(dp=8, sharding="zero3", global_batch=8)
+        tiny, load_cluster("dgx-h100"), Plan(dp=8, sharding="zero3", global_batch=8)
     )
     d = est.memory_detail
     assert est.memory_reserved_bytes == pytest.approx(
@@ -130,28 +130,26 @@ def test_three_kinds_add_up() -> None:
     assert est.fits == (est.memory_total_bytes <= est.hbm_bytes)
 
 
-def test_stated_overhead_replaces_the_terms() -> None:
+def test_stated_overhead_replaces_the_terms(tiny: TransformerSpec, scalar_plan: ScalarPlan) -> None:
     cluster = load_cluster("tpu-v5p-pod")
-    mem = memory_breakdown(TINY, cluster, _plans(dp=8))
+    mem = memory_breakdown(tiny, cluster, scalar_plan(dp=8))
     assert float(mem.overhead) == pytest.approx(0.5e9)
     assert float(mem.fragmentation) == 0.0
 
 
-def test_memory_csv_rows_and_sources() -> None:
-    rows = read_memory_rows(DEFAULT_MEMORY_CSV)
-    assert len(rows) >= 40
-    assert len({r["source_id"] for r in rows}) >= 4
-    for r in rows:  # every row names its source and quotes it
+def test_memory_csv_rows_and_sources(memory_rows: list[dict[str, str]]) -> None:
+    assert len(memory_rows) >= 40
+    assert len({r["source_id"] for r in memory_rows}) >= 4
+    for r in memory_rows:  # every row names its source and quotes it
         assert r["source_url"].startswith("https://") and r["quote"]
         assert r["memory_kind"] in ("allocated", "reserved", "total")
 
 
-def test_validate_memory_verdicts_and_breakdown() -> None:
-    results = evaluate_memory_rows(read_memory_rows(DEFAULT_MEMORY_CSV))
-    summary = summarize_memory(results)
+def test_validate_memory_verdicts_and_breakdown(memory_results: list[MemoryResult]) -> None:
+    summary = summarize_memory(memory_results)
     assert summary.verdicts >= 30
     assert summary.verdicts_right == summary.verdicts
-    doc = memory_results_to_dict(results)
+    doc = memory_results_to_dict(memory_results)
     row = next(r for r in doc["rows"] if r["run_id"] == "ao-optim-2")
     assert row["kind"] == "allocated"
     assert row["predicted_bytes"] == pytest.approx(row["allocated_bytes"])
@@ -161,18 +159,20 @@ def test_validate_memory_verdicts_and_breakdown() -> None:
     assert abs(row["ape"]) < 0.05
 
 
-def test_memory_row_errors_name_the_cell(tmp_path: object) -> None:
-    row = dict(read_memory_rows(DEFAULT_MEMORY_CSV)[0])
+def test_memory_row_errors_name_the_cell(
+    tmp_path: object, memory_rows: list[dict[str, str]]
+) -> None:
+    row = dict(memory_rows[0])
     with pytest.raises(UserInputError, match=r"plan\.optimizer"):
         memory_run_from_row({**row, "optimizer": "lion"})
     with pytest.raises(UserInputError, match="memory_unit"):
         memory_run_from_row({**row, "memory_unit": "bytes"})
 
 
-def test_presets_model_default_unchanged() -> None:
+def test_presets_model_default_unchanged(scalar_plan: ScalarPlan) -> None:
     """The default plan (adamw, fp32 master, no offload) keeps the ZeRO 16 B per parameter."""
     model = load_model("llama-3.1-8b")
-    mem = memory_breakdown(model, load_cluster("dgx-h100"), _plans())
+    mem = memory_breakdown(model, load_cluster("dgx-h100"), scalar_plan())
     states = float(mem.weights + mem.gradients + mem.optimizer_states)
     assert states / model.params_total == pytest.approx(16.0)
     assert np.isfinite(states)
@@ -188,20 +188,22 @@ def test_csv_reader_rejects_bad_files(tmp_path: object) -> None:
         read_memory_rows(path)
 
 
-def test_kept_gathered_weights_and_accumulated_grads() -> None:
+def test_kept_gathered_weights_and_accumulated_grads(
+    scalar_plan: ScalarPlan,
+) -> None:
     """reshard_after_forward = False: + 2 B per parameter not held locally (the gathered bf16
     weights) and, with PP, + 4 B per local parameter (unsharded fp32 gradients)."""
     model = load_model("llama-3.1-8b")
     cluster = load_cluster("dgx-h100")
     base = dict(dp=8, pp=2, sharding="zero3", global_batch=16, micro_batch=1)
-    freed = memory_breakdown(model, cluster, _plans(**base))
-    kept = memory_breakdown(model, cluster, _plans(**base, reshard_after_forward=False))
+    freed = memory_breakdown(model, cluster, scalar_plan(**base))
+    kept = memory_breakdown(model, cluster, scalar_plan(**base, reshard_after_forward=False))
     params = float(freed.weights) / 2.0 * 8.0  # local parameters before sharding
     extra = float(kept.buffers - freed.buffers)
     assert extra == pytest.approx(params * (2.0 * (1 - 1 / 8) + UNSHARDED_GRAD_BYTES), rel=1e-6)
     single = dict(dp=8, sharding="zero3", global_batch=16)
-    no_pp = memory_breakdown(model, cluster, _plans(**single, reshard_after_forward=False))
-    ref = memory_breakdown(model, cluster, _plans(**single))
+    no_pp = memory_breakdown(model, cluster, scalar_plan(**single, reshard_after_forward=False))
+    ref = memory_breakdown(model, cluster, scalar_plan(**single))
     local = float(ref.weights) / 2.0 * 8.0
     assert float(no_pp.buffers - ref.buffers) == pytest.approx(local * 2.0 * (1 - 1 / 8), rel=1e-6)
 
@@ -211,29 +213,29 @@ def test_torchtitan_keeps_gathered_weights_with_pp() -> None:
     assert Plan(framework="torchtitan", global_batch=8).reshard_after_forward is True
 
 
-def test_fp8_recipe_torchao_saves_bf16() -> None:
+def test_fp8_recipe_torchao_saves_bf16(scalar_plan: ScalarPlan) -> None:
     """Transformer Engine keeps the GEMM inputs as 1-byte casts; torchao's float8 keeps bf16:
     its activations equal the bf16 run's."""
     model = load_model("llama-3.1-8b")
     cluster = load_cluster("dgx-h100")
-    bf16 = memory_breakdown(model, cluster, _plans(precision="bf16"))
-    te = memory_breakdown(model, cluster, _plans(precision="fp8", fp8_recipe="te"))
-    ao = memory_breakdown(model, cluster, _plans(precision="fp8", fp8_recipe="torchao"))
+    bf16 = memory_breakdown(model, cluster, scalar_plan(precision="bf16"))
+    te = memory_breakdown(model, cluster, scalar_plan(precision="fp8", fp8_recipe="te"))
+    ao = memory_breakdown(model, cluster, scalar_plan(precision="fp8", fp8_recipe="torchao"))
     assert float(ao.activations) == pytest.approx(float(bf16.activations))
     assert float(te.activations) < float(bf16.activations)
     assert Plan(framework="torchtitan", precision="fp8").fp8_recipe == "torchao"
 
 
-def test_offload_pcie_time_closed_form() -> None:
+def test_offload_pcie_time_closed_form(scalar_plan: ScalarPlan) -> None:
     """Optimizer offload: 4 B per owned parameter and step over PCIe at 25 GB/s; with the
     parameters, 4 B more per micro-batch."""
     owned = 1e9
-    opt = offload_transfer_time(owned, _plans(offload="optimizer"))
+    opt = offload_transfer_time(owned, scalar_plan(offload="optimizer"))
     assert float(opt) == pytest.approx(owned * OFFLOAD_STEP_BYTES / PCIE_BYTES_PER_S)
-    both = offload_transfer_time(owned, _plans(offload="params+optimizer", global_batch=4))
+    both = offload_transfer_time(owned, scalar_plan(offload="params+optimizer", global_batch=4))
     expected = owned * (OFFLOAD_STEP_BYTES + 4 * OFFLOAD_FETCH_BYTES) / PCIE_BYTES_PER_S
     assert float(both) == pytest.approx(expected)
-    assert float(offload_transfer_time(owned, _plans())) == 0.0
+    assert float(offload_transfer_time(owned, scalar_plan())) == 0.0
 
 
 def test_offload_charged_in_step_time() -> None:
@@ -248,34 +250,30 @@ def test_offload_charged_in_step_time() -> None:
     assert est.memory_detail["host"] == pytest.approx(12.0 * model.params_total, rel=1e-6)
 
 
-def test_predict_cli_memory_flags(capsys: pytest.CaptureFixture[str]) -> None:
-    import json
-
-    from shardmeter.cli import main
-
-    code = main(
+def test_predict_cli_memory_flags(predict_json: PredictJson) -> None:
+    doc = predict_json(
         [
             "predict", "--model", "llama-3.1-8b", "--gpu", "a100-80gb", "--gpus", "1",
             "--optimizer", "adamw8bit", "--master-weights", "none", "--recompute", "full",
             "--json",
         ]
     )  # fmt: skip
-    doc = json.loads(capsys.readouterr().out)
-    assert code == 0
     assert doc["plan"]["optimizer"] == "adamw8bit"
     assert doc["memory_total_bytes"] == doc["memory_bytes"]
     assert doc["memory_allocated_bytes"] < doc["memory_reserved_bytes"] < doc["memory_bytes"]
 
 
-def test_recompute_every_closed_form() -> None:
+def test_recompute_every_closed_form(scalar_plan: ScalarPlan) -> None:
     """recompute_every = N: 1/N of the layers keep their input, the rest everything; the
     recompute time and FLOPs are 1/N of full recompute's."""
     model = load_model("llama-3.1-8b")
     cluster = load_cluster("dgx-h100")
     base = dict(dp=8, sharding="zero3", global_batch=8)
-    none = memory_breakdown(model, cluster, _plans(**base))
-    full = memory_breakdown(model, cluster, _plans(**base, recompute="full"))
-    half = memory_breakdown(model, cluster, _plans(**base, recompute="full", recompute_every=2))
+    none = memory_breakdown(model, cluster, scalar_plan(**base))
+    full = memory_breakdown(model, cluster, scalar_plan(**base, recompute="full"))
+    half = memory_breakdown(
+        model, cluster, scalar_plan(**base, recompute="full", recompute_every=2)
+    )
     layers = model.n_layers
     kept_none = float(none.activations) / layers
     working = float(full.activations) - layers * 2.0 * model.hidden * model.seq_len
@@ -286,7 +284,7 @@ def test_recompute_every_closed_form() -> None:
     assert t_half.time_breakdown["recompute"] == pytest.approx(
         0.5 * t_full.time_breakdown["recompute"], rel=1e-9
     )
-    assert float(recompute_share(_plans(recompute="full", recompute_every=4))) == 0.25
+    assert float(recompute_share(scalar_plan(recompute="full", recompute_every=4))) == 0.25
 
 
 def test_recompute_every_needs_full() -> None:
@@ -294,11 +292,11 @@ def test_recompute_every_needs_full() -> None:
         Plan(recompute="selective", recompute_every=2)
 
 
-def test_recompute_every_flops_and_blocks() -> None:
+def test_recompute_every_flops_and_blocks(scalar_plan: ScalarPlan) -> None:
     model = load_model("llama-3.1-8b")
     cluster = load_cluster("dgx-h100")
-    full = estimate_step_arrays(model, cluster, _plans(recompute="full"))
-    half = estimate_step_arrays(model, cluster, _plans(recompute="full", recompute_every=2))
+    full = estimate_step_arrays(model, cluster, scalar_plan(recompute="full"))
+    half = estimate_step_arrays(model, cluster, scalar_plan(recompute="full", recompute_every=2))
     model_flops = float(full.model_flops_per_step)
     extra_full = float(full.hardware_flops_per_step) - model_flops
     extra_half = float(half.hardware_flops_per_step) - model_flops
@@ -315,25 +313,29 @@ def test_recompute_every_flops_and_blocks() -> None:
         ({"optimizer": "sgd"}, 20.0),  # read master, momentum, grad; write master, momentum, w
     ],
 )
-def test_optimizer_step_bytes_closed_form(setup: dict[str, str], expected: float) -> None:
-    assert float(optimizer_step_bytes(_plans(**setup))) == pytest.approx(expected)
+def test_optimizer_step_bytes_closed_form(
+    setup: dict[str, str], expected: float, scalar_plan: ScalarPlan
+) -> None:
+    assert float(optimizer_step_bytes(scalar_plan(**setup))) == pytest.approx(expected)
 
 
-def test_optimizer_step_time_follows_the_bytes() -> None:
+def test_optimizer_step_time_follows_the_bytes(scalar_plan: ScalarPlan) -> None:
     model, cluster = load_model("llama-3.1-8b"), load_cluster("dgx-h100")
     base = dict(dp=8, sharding="zero3", global_batch=8)
     adam = estimate_step(model, cluster, Plan(**base)).time_breakdown["optimizer"]
     low = estimate_step(model, cluster, Plan(**base, optimizer="adamw8bit", master_weights="none"))
-    ratio = float(optimizer_step_bytes(_plans(optimizer="adamw8bit", master_weights="none"))) / 28
+    ratio = (
+        float(optimizer_step_bytes(scalar_plan(optimizer="adamw8bit", master_weights="none"))) / 28
+    )
     assert low.time_breakdown["optimizer"] == pytest.approx(adam * ratio, rel=1e-9)
 
 
-def test_eager_elementwise_saves_more() -> None:
+def test_eager_elementwise_saves_more(scalar_plan: ScalarPlan) -> None:
     """Eager RMSNorm keeps an fp32 copy and a normalized bf16 tensor (+4 B per element and
     norm), eager SwiGLU the silu output (+2 B per F element), per layer and token."""
     model, cluster = load_model("llama-3.1-8b"), load_cluster("dgx-h100")
-    fused = memory_breakdown(model, cluster, _plans())
-    eager = memory_breakdown(model, cluster, _plans(fused_elementwise=False))
+    fused = memory_breakdown(model, cluster, scalar_plan())
+    eager = memory_breakdown(model, cluster, scalar_plan(fused_elementwise=False))
     tokens = model.seq_len
     per_layer = (
         EAGER_NORM_EXTRA * 2 * model.hidden * tokens + EAGER_SWIGLU_EXTRA * model.ffn * tokens
@@ -343,41 +345,45 @@ def test_eager_elementwise_saves_more() -> None:
     assert EAGER_NORM_EXTRA == 4.0 and EAGER_SWIGLU_EXTRA == 2.0
     # full recompute keeps the layer input only; the re-run layer holds the eager extras (on
     # the reserved side: the working layer and the logits share the allocated peak)
-    f_fused = memory_breakdown(model, cluster, _plans(recompute="full"))
-    f_eager = memory_breakdown(model, cluster, _plans(recompute="full", fused_elementwise=False))
+    f_fused = memory_breakdown(model, cluster, scalar_plan(recompute="full"))
+    f_eager = memory_breakdown(
+        model, cluster, scalar_plan(recompute="full", fused_elementwise=False)
+    )
     assert float(f_eager.reserved - f_fused.reserved) == pytest.approx(per_layer)
 
 
-def test_torchtitan_op_sac_saved_set_closed_form() -> None:
+def test_torchtitan_op_sac_saved_set_closed_form(
+    tiny: TransformerSpec, scalar_plan: ScalarPlan
+) -> None:
     """torchtitan's per-op selective checkpointing keeps, per layer and token, the layer input
     and the outputs of wq, wv (odd matmuls), SDPA, w1 and w2: h + q + kv + q + F + h, bf16."""
     model = load_model("llama-3.1-8b")
-    plans = _plans(recompute="selective", selective_policy="torchtitan_op")
+    plans = scalar_plan(recompute="selective", selective_policy="torchtitan_op")
     per_token = 2 * model.hidden + 2 * model.q_dim + model.kv_dim + model.ffn
     expected = 2.0 * model.seq_len * per_token
     assert float(activation_bytes_per_layer(model, plans)) == pytest.approx(expected)
     # Megatron's selective set keeps the norm and GEMM inputs, K and the MLP gate and up
-    megatron = float(activation_bytes_per_layer(model, _plans(recompute="selective")))
+    megatron = float(activation_bytes_per_layer(model, scalar_plan(recompute="selective")))
     assert megatron > expected
     # GELU: the 6th matmul (w2) is even, so not kept
-    gelu = TINY.model_copy(update={"mlp": "gelu"})
+    gelu = tiny.model_copy(update={"mlp": "gelu"})
     got = float(activation_bytes_per_layer(gelu, plans))
-    per = TINY.hidden + 2 * TINY.q_dim + TINY.kv_dim + TINY.ffn
-    assert got == pytest.approx(2.0 * TINY.seq_len * per)
+    per = tiny.hidden + 2 * tiny.q_dim + tiny.kv_dim + tiny.ffn
+    assert got == pytest.approx(2.0 * tiny.seq_len * per)
     # the framework's `selective` means its own policy
     assert Plan(framework="torchtitan").selective_policy == "torchtitan_op"
     assert Plan(framework="megatron-core").selective_policy == "megatron"
 
 
-def test_cross_entropy_upcast_logits_closed_form() -> None:
+def test_cross_entropy_upcast_logits_closed_form(scalar_plan: ScalarPlan) -> None:
     """Logits per token and vocabulary entry: eager fp32 upcast 12 B allocated (+2 B reserved
     for the cached bf16 block), compiled 4 B, the default 8 B."""
     model, cluster = load_model("llama-3.1-8b"), load_cluster("dgx-h100")
     logits = model.seq_len * model.vocab
-    base = memory_breakdown(model, cluster, _plans())
-    eager = memory_breakdown(model, cluster, _plans(ce_upcast="eager"))
-    compiled = memory_breakdown(model, cluster, _plans(ce_upcast="compiled"))
-    fused = memory_breakdown(model, cluster, _plans(ce_upcast="eager", fused_ce=True))
+    base = memory_breakdown(model, cluster, scalar_plan())
+    eager = memory_breakdown(model, cluster, scalar_plan(ce_upcast="eager"))
+    compiled = memory_breakdown(model, cluster, scalar_plan(ce_upcast="compiled"))
+    fused = memory_breakdown(model, cluster, scalar_plan(ce_upcast="eager", fused_ce=True))
     assert EAGER_FP32_LOGITS_BYTES == 12.0 and COMPILED_LOGITS_BYTES == 4.0
     assert float(eager.buffers - base.buffers) == pytest.approx(
         (EAGER_FP32_LOGITS_BYTES - LOGITS_BYTES) * logits
@@ -394,31 +400,27 @@ def test_cross_entropy_upcast_logits_closed_form() -> None:
     assert Plan(framework="torchtitan").ce_upcast == "eager"
 
 
-def test_predict_cli_selective_policy_and_ce_flags(capsys: pytest.CaptureFixture[str]) -> None:
-    import json
-
-    from shardmeter.cli import main
-
+def test_predict_cli_selective_policy_and_ce_flags(
+    predict_json: PredictJson,
+) -> None:
     args = ["predict", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8",
             "--dp", "8", "--recompute", "selective", "--json"]  # fmt: skip
-    assert main(args) == 0
-    plain = capsys.readouterr().out
-    assert main([*args, "--selective-policy", "torchtitan_op", "--ce-upcast", "eager"]) == 0
-    flagged = json.loads(capsys.readouterr().out)
+    plain = predict_json(args)
+    flagged = predict_json([*args, "--selective-policy", "torchtitan_op", "--ce-upcast", "eager"])
     assert flagged["plan"]["selective_policy"] == "torchtitan_op"
     assert flagged["plan"]["ce_upcast"] == "eager"
-    assert flagged["memory_bytes"] != json.loads(plain)["memory_bytes"]
+    assert flagged["memory_bytes"] != plain["memory_bytes"]
 
 
-def test_fp32_gradient_buffer_closed_form() -> None:
+def test_fp32_gradient_buffer_closed_form(scalar_plan: ScalarPlan) -> None:
     """An fp32 gradient buffer holds 4 B per parameter: unsharded under ZeRO-1 (Megatron's
     distributed optimizer shards only the states), divided by the group under ZeRO-2."""
     model, cluster = load_model("llama-3.1-8b"), load_cluster("dgx-h100")
     assert FP32_GRAD_BYTES == 4.0 and GRAD_BYTES == 2.0
     for sharding, divisor in (("zero1", 1.0), ("zero2", 8.0)):
-        bf16 = memory_breakdown(model, cluster, _plans(dp=8, sharding=sharding))
+        bf16 = memory_breakdown(model, cluster, scalar_plan(dp=8, sharding=sharding))
         fp32 = memory_breakdown(
-            model, cluster, _plans(dp=8, sharding=sharding, grad_accum_dtype="fp32")
+            model, cluster, scalar_plan(dp=8, sharding=sharding, grad_accum_dtype="fp32")
         )
         assert float(fp32.gradients) == pytest.approx(2.0 * float(bf16.gradients))
         params = float(bf16.gradients) * divisor / GRAD_BYTES
@@ -426,29 +428,30 @@ def test_fp32_gradient_buffer_closed_form() -> None:
         assert float(fp32.weights) == pytest.approx(float(bf16.weights))
 
 
-def test_optimizer_in_backward_keeps_one_gradient() -> None:
+def test_optimizer_in_backward_keeps_one_gradient(scalar_plan: ScalarPlan) -> None:
     """With the step fused into backward only the largest parameter's gradient is live: the
     V·h table for Llama 2 7B (32,000 × 4,096 bf16), sharded under ZeRO-3."""
     model, cluster = load_model("llama-2-7b"), load_cluster("dgx-h100")
-    plans = _plans(master_weights="none", optimizer_in_backward=True)
+    plans = scalar_plan(master_weights="none", optimizer_in_backward=True)
     assert float(largest_parameter(model, plans)) == model.vocab * model.hidden
     fused = memory_breakdown(model, cluster, plans)
     assert float(fused.gradients) == pytest.approx(GRAD_BYTES * model.vocab * model.hidden)
-    plain = memory_breakdown(model, cluster, _plans(master_weights="none"))
+    plain = memory_breakdown(model, cluster, scalar_plan(master_weights="none"))
     assert float(plain.gradients) > 40 * float(fused.gradients)
     assert float(fused.weights) == pytest.approx(float(plain.weights))
     sharded = memory_breakdown(
         model, cluster,
-        _plans(dp=8, sharding="zero3", master_weights="none", optimizer_in_backward=True),
+        scalar_plan(dp=8, sharding="zero3", master_weights="none", optimizer_in_backward=True),
     )  # fmt: skip
     assert float(sharded.gradients) == pytest.approx(float(fused.gradients) / 8)
 
 
-def test_device_total_rows_use_the_stated_fp32_gradients() -> None:
+def test_device_total_rows_use_the_stated_fp32_gradients(
+    memory_results: list[MemoryResult],
+) -> None:
     """The nvidia-smi (pynvml) rows are compared with the device total, and their
     grad_accum_dtype cell is read: torch.amp keeps fp32 gradients, 4 B per parameter."""
-    results = evaluate_memory_rows(read_memory_rows(DEFAULT_MEMORY_CSV))
-    r = next(x for x in results if x.run_id == "hf-bert-amp-gc")
+    r = next(x for x in memory_results if x.run_id == "hf-bert-amp-gc")
     assert r.kind == "total" and r.estimate is not None and r.run is not None
     assert r.run.plan.grad_accum_dtype == "fp32"
     est = r.estimate

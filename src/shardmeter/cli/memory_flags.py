@@ -18,72 +18,63 @@ from shardmeter.specs.plan import (
     SelectivePolicy,
 )
 
-MEMORY_FLAGS = (
-    "optimizer", "master_weights", "offload", "fp8_recipe", "reshard_after_forward", "fused_ce",
-    "recompute_every", "selective_policy", "ce_upcast", "grad_accum_dtype",
-    "optimizer_in_backward", "sp_gathered_inputs", "pp_keeps_outputs", "offload_activations",
-)  # fmt: skip
+# Each memory flag once: plan field -> (kind, help). The kind is the field's Literal type (its
+# values become the choices), `bool` (an on/off pair, --x / --no-x) or `positive_int`. The
+# order is the --help order.
+MEMORY_FLAGS: dict[str, tuple[Any, str]] = {
+    "optimizer": (
+        Optimizer, "optimizer whose states are kept (default adamw; paged_*: bitsandbytes paged)"
+    ),
+    "master_weights": (
+        MasterWeights, "fp32 master copy (default), 16-bit remainder, or none (pure bf16)"
+    ),
+    "offload": (
+        Offload, "keep the optimizer states (and the weights and gradients) in host memory"
+    ),
+    "fp8_recipe": (Fp8Recipe, "FP8 library: te saves 1-byte GEMM inputs, torchao saves bf16"),
+    "reshard_after_forward": (bool, "FSDP frees gathered weights after forward (default yes)"),
+    "recompute_every": (
+        positive_int, "with --recompute full: checkpoint only every N-th layer (torchtitan's 'N')"
+    ),
+    "fused_ce": (bool, "fused or chunked cross-entropy: no fp32 copy of the logits"),
+    "selective_policy": (
+        SelectivePolicy,
+        "what --recompute selective keeps: megatron's set or torchtitan's per-op policy",
+    ),
+    "ce_upcast": (
+        CeUpcast, "the loss upcasts the logits to fp32: eager (12 B per logit) or compiled (4 B)"
+    ),
+    "grad_accum_dtype": (
+        GradAccumDtype, "gradient buffer dtype: fp32 is Megatron's main_grad (4 B per parameter)"
+    ),
+    "optimizer_in_backward": (
+        bool, "optimizer step fused into backward: one gradient live at a time (torchtune)"
+    ),
+    "sp_gathered_inputs": (
+        bool, "with SP the GEMMs save their all-gathered input (DTensor SP, torchtitan)"
+    ),
+    "pp_keeps_outputs": (
+        bool, "with PP each stage keeps its output per micro-batch (torch pipelining)"
+    ),
+    "offload_activations": (
+        bool, "kept activations go to host memory and back (MaxText minimal_offloaded)"
+    ),
+}  # fmt: skip
 
 
 def add_memory_flags(parser: argparse.ArgumentParser) -> None:
-    """The memory-setup group; each flag left out keeps the plan's (or framework's) value."""
+    """The memory-setup group, one flag per MEMORY_FLAGS entry, so that a flag's name, kind
+    and help are written once and `memory_fields` reads the same names; each flag left out
+    keeps the plan's (or framework's) value."""
     group = parser.add_argument_group("memory setup (docs/memory.md)")
-    group.add_argument(
-        "--optimizer", choices=get_args(Optimizer),
-        help="optimizer whose states are kept (default adamw; paged_*: bitsandbytes paged)",
-    )  # fmt: skip
-    group.add_argument(
-        "--master-weights", choices=get_args(MasterWeights),
-        help="fp32 master copy (default), 16-bit remainder, or none (pure bf16)",
-    )  # fmt: skip
-    group.add_argument(
-        "--offload", choices=get_args(Offload),
-        help="keep the optimizer states (and the weights and gradients) in host memory",
-    )  # fmt: skip
-    group.add_argument(
-        "--fp8-recipe", choices=get_args(Fp8Recipe),
-        help="FP8 library: te saves 1-byte GEMM inputs, torchao saves bf16",
-    )  # fmt: skip
-    group.add_argument(
-        "--reshard-after-forward", action=argparse.BooleanOptionalAction, default=None,
-        help="FSDP frees gathered weights after forward (default yes)",
-    )  # fmt: skip
-    group.add_argument(
-        "--recompute-every", type=positive_int, metavar="N",
-        help="with --recompute full: checkpoint only every N-th layer (torchtitan's 'N')",
-    )  # fmt: skip
-    group.add_argument(
-        "--fused-ce", action=argparse.BooleanOptionalAction, default=None,
-        help="fused or chunked cross-entropy: no fp32 copy of the logits",
-    )  # fmt: skip
-    group.add_argument(
-        "--selective-policy", choices=get_args(SelectivePolicy),
-        help="what --recompute selective keeps: megatron's set or torchtitan's per-op policy",
-    )  # fmt: skip
-    group.add_argument(
-        "--ce-upcast", choices=get_args(CeUpcast),
-        help="the loss upcasts the logits to fp32: eager (12 B per logit) or compiled (4 B)",
-    )  # fmt: skip
-    group.add_argument(
-        "--grad-accum-dtype", choices=get_args(GradAccumDtype),
-        help="gradient buffer dtype: fp32 is Megatron's main_grad (4 B per parameter)",
-    )  # fmt: skip
-    group.add_argument(
-        "--optimizer-in-backward", action=argparse.BooleanOptionalAction, default=None,
-        help="optimizer step fused into backward: one gradient live at a time (torchtune)",
-    )  # fmt: skip
-    group.add_argument(
-        "--sp-gathered-inputs", action=argparse.BooleanOptionalAction, default=None,
-        help="with SP the GEMMs save their all-gathered input (DTensor SP, torchtitan)",
-    )  # fmt: skip
-    group.add_argument(
-        "--pp-keeps-outputs", action=argparse.BooleanOptionalAction, default=None,
-        help="with PP each stage keeps its output per micro-batch (torch pipelining)",
-    )  # fmt: skip
-    group.add_argument(
-        "--offload-activations", action=argparse.BooleanOptionalAction, default=None,
-        help="kept activations go to host memory and back (MaxText minimal_offloaded)",
-    )  # fmt: skip
+    for name, (kind, text) in MEMORY_FLAGS.items():
+        flag = f"--{name.replace('_', '-')}"
+        if kind is bool:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
+        elif kind is positive_int:
+            group.add_argument(flag, type=positive_int, metavar="N", help=text)
+        else:
+            group.add_argument(flag, choices=get_args(kind), help=text)
 
 
 def memory_fields(args: argparse.Namespace) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shardmeter.calibrate import (
+    ErrorSummary,
     RowResult,
     evaluate_rows,
     read_rows,
@@ -77,6 +79,25 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
+def only_sources(rows: list[dict[str, str]], sources: list[str] | None) -> list[dict[str, str]]:
+    """The rows whose `source_id` is one of `sources` (all of them when none is named): the one
+    reading of `--source`, for the throughput and the memory CSVs alike."""
+    if not sources:
+        return rows
+    return [r for r in rows if (r.get("source_id") or "").strip() in set(sources)]
+
+
+def ape_table(groups: Sequence[tuple[str, ErrorSummary]]) -> Table:
+    """The absolute-percentage-error summary, one row per (label, summary): n, median, mean and
+    p90 as percentages; `validate` and `validate --memory` print the same table."""
+    table = Table(title="absolute percentage error", title_justify="left")
+    for name in ("rows", "n", "median", "mean", "p90"):
+        table.add_column(name, justify="left" if name == "rows" else "right")
+    for label, s in groups:
+        table.add_row(label, str(s.n), _pct(s.median_ape), _pct(s.mean_ape), _pct(s.p90_ape))
+    return table
+
+
 def render(console: Console, results: list[RowResult]) -> None:
     cols = [
         Col("run"),
@@ -106,12 +127,7 @@ def render(console: Console, results: list[RowResult]) -> None:
     ]
     console.print(fit_table(console, "predicted vs measured tokens/s per GPU", cols, rows))
     overall, per_source = summarize_results(results)
-    summary = Table(title="absolute percentage error", title_justify="left")
-    for name in ("rows", "n", "median", "mean", "p90"):
-        summary.add_column(name, justify="left" if name == "rows" else "right")
-    for label, s in [("all", overall), *per_source.items()]:
-        summary.add_row(label, str(s.n), _pct(s.median_ape), _pct(s.mean_ape), _pct(s.p90_ape))
-    console.print(summary)
+    console.print(ape_table([("all", overall), *per_source.items()]))
     skipped = [r for r in results if r.skipped is not None]
     for r in skipped:
         console.print(f"skipped run {r.run_id} ({r.source_id}): {r.skipped}", markup=False)
@@ -125,10 +141,7 @@ def run(args: argparse.Namespace) -> int:
     path: Path | None = Path(args.runs) if args.runs else shared_path(*DEFAULT_RUNS)
     if path is None:
         raise UserInputError("runs", None, missing_shared_reason(*DEFAULT_RUNS))
-    rows = read_rows(path)
-    if args.source:
-        rows = [r for r in rows if (r.get("source_id") or "").strip() in set(args.source)]
-    results = evaluate_rows(rows)
+    results = evaluate_rows(only_sources(read_rows(path), args.source))
     if args.json:
         print_json(results_to_dict(results))
     else:

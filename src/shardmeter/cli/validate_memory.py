@@ -15,9 +15,9 @@ import sys
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from shardmeter.calibrate import skipped_json
+from shardmeter.cli.validate import ape_table, only_sources
 from shardmeter.memcheck import (
     DEFAULT_MEMORY_CSV,
     MemoryResult,
@@ -107,16 +107,10 @@ def render_memory(console: Console, results: list[MemoryResult]) -> None:
     title = "predicted vs measured memory per GPU (GiB; W G O A B: weights, grads, optimizer, "
     console.print(fit_table(console, title + "activations, buffers)", cols, rows))
     summary = summarize_memory(results)
-    table = Table(title="absolute percentage error", title_justify="left")
-    for name in ("rows", "n", "median", "mean", "p90"):
-        table.add_column(name, justify="left" if name == "rows" else "right")
     groups = [("all", summary.overall)]
     groups += [(f"source {k}", v) for k, v in summary.per_source.items()]
     groups += [(f"kind {k}", v) for k, v in summary.per_kind.items()]
-    for label, s in groups:
-        table.add_row(label, str(s.n), *(f"{100 * x:.1f}%" for x in (
-            s.median_ape, s.mean_ape, s.p90_ape)))  # fmt: skip
-    console.print(table)
+    console.print(ape_table(groups))
     console.print(
         f"OOM verdict right on {summary.verdicts_right} of {summary.verdicts} rows "
         "reporting a fit or an OOM",
@@ -129,10 +123,7 @@ def render_memory(console: Console, results: list[MemoryResult]) -> None:
 
 def run_memory(args: argparse.Namespace) -> int:
     path = args.memory or DEFAULT_MEMORY_CSV
-    rows = read_memory_rows(path)
-    if args.source:
-        rows = [r for r in rows if (r.get("source_id") or "").strip() in set(args.source)]
-    results = evaluate_memory_rows(rows)
+    results = evaluate_memory_rows(only_sources(read_memory_rows(path), args.source))
     if args.json:
         print_json(memory_results_to_dict(results))
     else:

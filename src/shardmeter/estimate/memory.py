@@ -296,27 +296,100 @@ def shard_divisors(plans: PlanArrays) -> tuple[Num, Num]:
     return dense, expert
 
 
-def _activation_sets(model: TransformerSpec, plans: PlanArrays) -> tuple[Num, Num, Num]:
-    """(all saved, saved under selective recompute, layer input) bytes of one layer."""
+@dataclass(frozen=True)
+class LayerShape:
+    """Token counts and per-GPU widths of the tensors one layer saves, one micro-batch."""
+
+    tokens: Num  # micro_batch · seq_len / cp
+    norm_tokens: Num  # tokens of the tensors replicated over tp: tokens / tp under SP
+    gemm_tokens: Num  # tokens of the saved QKV and MLP GEMM inputs
+    q: Num  # width of Q and of the attention output, q_dim / tp (elements per token)
+    kv: Num  # width of K and of V (`local_kv_dim`)
+
+
+def layer_shape(model: TransformerSpec, plans: PlanArrays) -> LayerShape:
+    """The token counts and widths `saved_tensors` sizes one layer's tensors by."""
     tp = as_float(plans.tp)
     tokens = plans.micro_batch * model.seq_len / as_float(plans.cp)
     norm_tokens = where(plans.sp, tokens / tp, tokens)
-    q_l = model.q_dim / tp
-    kv_l = local_kv_dim(model, tp)
+    # with DTensor SP (`sp_gathered_inputs`) the QKV and MLP GEMMs save the all-gathered
+    # full-sequence input, Megatron the shard (Korthikanti et al. 2022 §4.2.2: it all-gathers
+    # the input again in backward)
+    gemm_tokens = where(plans.sp_gathered_inputs, tokens, norm_tokens)
+    return LayerShape(tokens, norm_tokens, gemm_tokens, model.q_dim / tp, local_kv_dim(model, tp))
+
+
+@dataclass(frozen=True)
+class SavedTensor:
+    """One tensor a layer saves for backward: bytes on one GPU for one micro-batch, and whether
+    selective recompute keeps it."""
+
+    nbytes: Num
+    selective: bool = True
+
+
+def saved_tensors(
+    model: TransformerSpec, shape: LayerShape, mlp_width: Num, routed: Num = 0.0
+) -> list[SavedTensor]:
+    """The tensors one layer saves for backward, before FP8 casts, eager extras and per-op
+    recompute flags: the one list `_activation_sets` sums and `fragmentation_bytes` rounds
+    tensor by tensor, so what a recompute mode keeps is written here only.
+
+    Korthikanti et al. 2022 (Table 2), recounted for flash attention (no s² scores), no
+    dropout, GQA and gated MLPs, 2 B per element (ACT_BYTES), in call order: the two norm
+    inputs (replicated over tp unless SP; the first is the layer input, all that full
+    recompute keeps), the QKV and MLP GEMM inputs, Q, K, V, the attention output, the MLP
+    intermediates of `mlp_width` elements per token each (SwiGLU: gate, up, product = 3;
+    GELU: input, output = 2; the last is the activation-function output) and the routed
+    token copies entering the experts (`routed` elements per token). Selective recompute
+    drops the attention output and the activation-function output. Bytes."""
+    tokens = shape.tokens
+    row = ACT_BYTES * model.hidden * shape.norm_tokens
+    gemm = ACT_BYTES * model.hidden * shape.gemm_tokens
+    mlp = ACT_BYTES * tokens * mlp_width
+    per_width = 3 if model.mlp == "swiglu" else 2
+    return [
+        SavedTensor(row),  # attention norm input: the layer input
+        SavedTensor(row),  # MLP norm input
+        SavedTensor(gemm),  # QKV GEMM input (the attention norm's output)
+        SavedTensor(gemm),  # MLP GEMM input (the MLP norm's output)
+        SavedTensor(ACT_BYTES * tokens * shape.q),  # Q
+        SavedTensor(ACT_BYTES * tokens * shape.kv),  # K
+        SavedTensor(ACT_BYTES * tokens * shape.kv),  # V
+        SavedTensor(ACT_BYTES * tokens * shape.q, selective=False),  # attention output
+        *[SavedTensor(mlp)] * (per_width - 1),  # SwiGLU gate and up; GELU input
+        SavedTensor(mlp, selective=False),  # activation-function output
+        SavedTensor(ACT_BYTES * tokens * routed),  # routed token copies (MoE)
+    ]
+
+
+def recompute_sets(sizes: list[Num], saved: list[SavedTensor]) -> tuple[Num, Num, Num]:
+    """(all, selective, layer input) of `sizes`, one per tensor of `saved` (its bytes, or
+    what the allocator wastes on it): all of them, those selective recompute keeps, the
+    first (what full recompute keeps). `_saved_per_layer` picks one by recompute mode."""
+    every = sum(sizes, 0.0 * sizes[0])
+    selective = every
+    for size, tensor in zip(sizes, saved, strict=True):
+        if not tensor.selective:
+            selective = selective - size
+    return every, selective, sizes[0]
+
+
+def _activation_sets(model: TransformerSpec, plans: PlanArrays) -> tuple[Num, Num, Num]:
+    """(all saved, saved under selective recompute, layer input) bytes of one layer."""
+    tp = as_float(plans.tp)
+    shape = layer_shape(model, plans)
+    tokens, norm_tokens, gemm_tokens = shape.tokens, shape.norm_tokens, shape.gemm_tokens
+    q_l, kv_l = shape.q, shape.kv
     moe_share = model.n_moe_layers / model.n_layers
-    per_width = 3.0 if model.mlp == "swiglu" else 2.0
     mlp_width = (1.0 - moe_share) * model.dense_ffn / tp
     mlp_copies = 0.0
     if model.moe is not None:
         active = model.moe.top_k + model.moe.shared_experts
         mlp_width = mlp_width + moe_share * active * model.expert_ffn / tp
         mlp_copies = moe_share * model.moe.top_k * model.hidden
-    # two norm inputs, QKV and MLP inputs; with DTensor SP (`sp_gathered_inputs`) the QKV and
-    # MLP GEMMs save the all-gathered full-sequence input, Megatron the shard (Korthikanti
-    # et al. 2022 §4.2.2: it all-gathers the input again in backward)
-    gemm_tokens = where(plans.sp_gathered_inputs, tokens, norm_tokens)
-    replicated = 2.0 * model.hidden * (norm_tokens + gemm_tokens)
-    split = tokens * (q_l + 2.0 * kv_l + q_l + per_width * mlp_width + mlp_copies)
+    saved = saved_tensors(model, shape, mlp_width, mlp_copies)
+    every, selective, layer_input = recompute_sets([t.nbytes for t in saved], saved)
     # FP8 GEMMs save their inputs as the 1-byte FP8 casts (Transformer Engine keeps them for
     # the weight gradient): the two norm outputs, the routed token copies entering the experts
     # and the activation-function output.
@@ -324,8 +397,8 @@ def _activation_sets(model: TransformerSpec, plans: PlanArrays) -> tuple[Num, Nu
     fp8_saved = (plans.precision == PRECISION_CODES["fp8"]) & plans.fp8_te
     fp8_half = where(fp8_saved, 0.5 * ACT_BYTES, 0.0)
     gemm_inputs = fp8_half * (2.0 * model.hidden * gemm_tokens + tokens * mlp_copies)
-    full_set = ACT_BYTES * (replicated + split) - gemm_inputs - fp8_half * tokens * mlp_width
-    selective_set = ACT_BYTES * (replicated + split - tokens * (q_l + mlp_width)) - gemm_inputs
+    full_set = every - gemm_inputs - fp8_half * tokens * mlp_width
+    selective_set = selective - gemm_inputs
     # Recomputed in backward from what is kept, so not saved: the activation-function output
     # from its input (xformers' fused SwiGLU; DeepSeek-V3 §3.3.2), and the two norm outputs,
     # the QKV and MLP GEMM inputs, from the norm inputs (Megatron-Core recompute_modules
@@ -360,7 +433,6 @@ def _activation_sets(model: TransformerSpec, plans: PlanArrays) -> tuple[Num, Nu
     # recompute exists to drop exactly these.
     scores = tokens * model.seq_len * model.n_heads / tp * UNFUSED_SCORE_STORED
     full_set = full_set + where(plans.attention == ATTENTION_CODES["unfused"], scores, 0.0)
-    layer_input = ACT_BYTES * model.hidden * norm_tokens
     selective_set = where(
         plans.op_sac, op_sac_set(model, plans, tokens, layer_input), selective_set
     )
@@ -499,11 +571,7 @@ class MemoryArrays:
     def allocated(self) -> Num:
         """`torch.cuda.max_memory_allocated`: the live tensors at the peak."""
         return (
-            self.weights
-            + self.gradients
-            + self.optimizer_states
-            + self.activations
-            + (self.buffers)
+            self.weights + self.gradients + self.optimizer_states + self.activations + self.buffers
         )
 
     @property
@@ -513,15 +581,10 @@ class MemoryArrays:
 
     @property
     def total(self) -> Num:
-        """Device total that decides an OOM: reserved + CUDA context + NCCL buffers."""
-        return (
-            self.weights
-            + self.gradients
-            + self.optimizer_states
-            + self.activations
-            + self.buffers
-            + self.overhead
-        )
+        """Device total that decides an OOM: reserved + CUDA context + NCCL buffers, i.e. the
+        allocated tensors + `overhead` (fragmentation, CUDA context, NCCL buffers), so the tensor
+        kinds are summed in one place (`allocated`)."""
+        return self.allocated + self.overhead
 
 
 # PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp, kMinBlockSize,
@@ -563,26 +626,15 @@ def nccl_buffer_bytes(plans: PlanArrays) -> Num:
     return groups * NCCL_CHANNELS * NCCL_RING_PEERS * NCCL_BUFFSIZE
 
 
-def _layer_tensor_bytes(model: TransformerSpec, plans: PlanArrays) -> tuple[list[Num], list[Num]]:
-    """Bytes of each tensor one layer keeps on one GPU: (saved activations of one micro-batch,
-    in the order of `_activation_sets`: the two norm inputs and two GEMM inputs, Q, K, V, the
-    attention output, the MLP tensors; weight matrices before sharding: Q, K, V, O and the
-    MLP's). Activations 2 B per element; matrices in elements."""
+def _layer_matrices(model: TransformerSpec, plans: PlanArrays) -> list[Num]:
+    """Elements of each weight matrix of one layer on one GPU before sharding: Q, K, V, O and
+    the MLP's (one expert's under MoE)."""
     tp = as_float(plans.tp)
-    tokens = plans.micro_batch * model.seq_len / as_float(plans.cp)
-    norm_tokens = where(plans.sp, tokens / tp, tokens)
     q_l = model.q_dim / tp
     kv_l = local_kv_dim(model, tp)
     width = model.expert_ffn if model.moe is not None else model.dense_ffn
-    per_width = 3 if model.mlp == "swiglu" else 2
-    row = ACT_BYTES * model.hidden * norm_tokens
-    gemm = ACT_BYTES * model.hidden * where(plans.sp_gathered_inputs, tokens, norm_tokens)
-    saved = [row, row, gemm, gemm, ACT_BYTES * tokens * q_l, ACT_BYTES * tokens * kv_l,
-             ACT_BYTES * tokens * kv_l, ACT_BYTES * tokens * q_l]  # fmt: skip
-    saved += [ACT_BYTES * tokens * width / tp] * per_width
     h = model.hidden
-    matrices = [h * q_l, h * kv_l, h * kv_l, q_l * h] + [h * width / tp] * model.mlp_matrices
-    return saved, matrices
+    return [h * q_l, h * kv_l, h * kv_l, q_l * h] + [h * width / tp] * model.mlp_matrices
 
 
 def fragmentation_bytes(
@@ -594,17 +646,11 @@ def fragmentation_bytes(
     keeps the layer input; `recompute_every` mixes the two), and of each weight matrix's
     weight, gradient, master copy and optimizer states on the GPU for the `local_layers`
     layers, each sharded over the sharding group where its ZeRO stage shards it. Bytes."""
-    saved, matrices = _layer_tensor_bytes(model, plans)
-    waste = [rounding_waste(b) for b in saved]
-    every = sum(waste, 0.0 * as_float(plans.tp))
-    selective = every - waste[7] - waste[-1]
-    share = recompute_share(plans)  # recompute_every: the other layers keep everything
-    full = share * waste[0] + (1.0 - share) * every
-    code = plans.recompute
-    per_layer = where(
-        code == RECOMPUTE_CODES["full"], full,
-        where(code == RECOMPUTE_CODES["selective"], selective, every),
-    )  # fmt: skip
+    # each saved tensor of one MLP (the dense one's, or one expert's) is one allocation
+    width = model.expert_ffn if model.moe is not None else model.dense_ffn
+    saved = saved_tensors(model, layer_shape(model, plans), width / as_float(plans.tp))
+    waste = [rounding_waste(t.nbytes) for t in saved]
+    per_layer = _saved_per_layer(plans, *recompute_sets(waste, saved))
     # per matrix: w, g, master, m, v, each only where it lives on the GPU (offload moves the
     # states, ZeRO-Offload also the gradients, params+optimizer all of them to the host),
     # each /d where its stage shards it (ZeRO stage 1 the states, 2 the gradients, 3 weights)
@@ -628,7 +674,7 @@ def fragmentation_bytes(
     )  # fmt: skip
     n_states = where(one_state, 1.0, 2.0)
     states = 0.0 * as_float(plans.tp)
-    for elements in matrices:
+    for elements in _layer_matrices(model, plans):
         w_el = elements / where(stage >= 3, d, 1.0)
         g_el = elements / where(stage >= 2, d, 1.0)
         o_el = elements / where(stage >= 1, d, 1.0)
