@@ -55,3 +55,22 @@ def test_moe_rows_are_the_runs_with_experts(bench: ModuleType) -> None:
     runs = bench.moe_runs([bench.HOLDOUT])
     assert {r.run_id for r in runs} >= {"1016", "1036", "1077"}
     assert all(r.model.moe is not None for r in runs)
+
+
+@pytest.mark.parametrize(
+    ("p", "v", "m"), [(2, 2, 8), (2, 24, 32), (4, 2, 16), (4, 3, 12), (8, 4, 32), (16, 2, 16)]
+)
+def test_interleaved_replay_exposes_the_fill_and_drain_hops_the_model_charges(
+    bench: ModuleType, p: int, v: int, m: int
+) -> None:
+    """A hop under a chunk's forward and backward (here 1/6 and 1/12 of them) delays the replayed
+    step by one hop per edge between the p·v virtual stages, each way: 2·(p·v − 1) hops, the
+    count the model charges (`pipeline_exposed_hops`), not 2·(p − 1)."""
+    from shardmeter.estimate.step import pipeline_exposed_hops
+
+    s = bench.Schedule(p, v, m, p)
+    base = bench.interleaved_step(s, unit(1.0), unit(2.0), 0.0)
+    charged = float(pipeline_exposed_hops(float(p), float(v), 2.0 * m * v))
+    for hop in (0.25, 0.5):
+        replayed = (bench.interleaved_step(s, unit(1.0), unit(2.0), hop) - base) / hop
+        assert replayed == pytest.approx(charged)
