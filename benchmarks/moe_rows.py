@@ -103,10 +103,17 @@ class Schedule:
 
 
 def interleaved_step(
-    s: Schedule, fwd: Callable[[int, int], float], bwd: Callable[[int, int], float], hop: float
+    s: Schedule,
+    fwd: Callable[[int, int], float],
+    bwd: Callable[[int, int], float],
+    hop: float,
+    own_sends: bool = False,
 ) -> float:
     """Seconds of one step of Megatron-Core's interleaved 1F1B schedule: chunk c of rank r
-    takes fwd(r, c) / bwd(r, c); every edge between ranks waits `hop` seconds."""
+    takes fwd(r, c) / bwd(r, c); every edge between ranks waits `hop` seconds. With
+    `own_sends`, a rank also waits for its previous send of the same direction to arrive
+    before its next forward (backward): overlap_p2p_comm's `req.wait()` on the send and
+    receive handles before each step."""
     table = [
         (i, c) for g in range(0, s.m, s.n) for c in range(s.v) for i in range(g, min(g + s.n, s.m))
     ]
@@ -122,6 +129,7 @@ def interleaved_step(
         orders.append(order + bwds[total - warm :])
     done: dict[tuple[bool, int, int, int], float] = {}
     ptr, clock = [0] * s.p, [0.0] * s.p
+    sent = [[0.0, 0.0] for _ in range(s.p)]  # per rank: arrival of its last bwd, fwd send
     last = s.p * s.v - 1
     moved = True
     while moved:
@@ -143,8 +151,11 @@ def interleaved_step(
                     if key not in done:
                         break
                     ready = done[key]
-                clock[r] = max(clock[r], ready) + (fwd(r, c) if is_fwd else bwd(r, c))
+                start = max(clock[r], ready, sent[r][is_fwd] if own_sends else 0.0)
+                clock[r] = start + (fwd(r, c) if is_fwd else bwd(r, c))
                 done[(is_fwd, i, r, c)] = clock[r]
+                if (is_fwd and stage != last) or (not is_fwd and stage != 0):
+                    sent[r][is_fwd] = clock[r] + hop
                 ptr[r] += 1
                 moved = True
     if any(ptr[r] < len(orders[r]) for r in range(s.p)):

@@ -65,12 +65,25 @@ def test_interleaved_replay_exposes_the_fill_and_drain_hops_the_model_charges(
 ) -> None:
     """A hop under a chunk's forward and backward (here 1/6 and 1/12 of them) delays the replayed
     step by one hop per edge between the p·v virtual stages, each way: 2·(p·v − 1) hops, the
-    count the model charges (`pipeline_exposed_hops`), not 2·(p − 1)."""
+    count the model charges (`pipeline_exposed_hops`), not 2·(p − 1); also when each rank waits
+    for its own previous send before its next step (overlap_p2p_comm's `req.wait()`)."""
     from shardmeter.estimate.step import pipeline_exposed_hops
 
     s = bench.Schedule(p, v, m, p)
     base = bench.interleaved_step(s, unit(1.0), unit(2.0), 0.0)
     charged = float(pipeline_exposed_hops(float(p), float(v), 2.0 * m * v))
     for hop in (0.25, 0.5):
-        replayed = (bench.interleaved_step(s, unit(1.0), unit(2.0), hop) - base) / hop
-        assert replayed == pytest.approx(charged)
+        for own in (False, True):
+            step = bench.interleaved_step(s, unit(1.0), unit(2.0), hop, own_sends=own)
+            assert (step - base) / hop == pytest.approx(charged)
+
+
+def test_waiting_for_its_own_sends_costs_a_rank_once_a_hop_outlasts_a_forward(
+    bench: ModuleType,
+) -> None:
+    """A hop longer than a chunk's forward (1.5 against 1) is no longer hidden behind the next
+    forward of the warm-up when the rank waits for its own send first."""
+    s = bench.Schedule(4, 2, 16, 4)
+    free = bench.interleaved_step(s, unit(1.0), unit(2.0), 1.5)
+    waits = bench.interleaved_step(s, unit(1.0), unit(2.0), 1.5, own_sends=True)
+    assert waits > free + 1.5
