@@ -16,8 +16,9 @@ backwards in the same order with the chunks reversed: Megatron-Core `schedules.p
 every edge between ranks (a transfer overlapped with compute, Megatron's `overlap_p2p_comm`):
 how much of each hop the step exposes per chunk-micro-batch, for the plan of H1 run 1016
 (p = 2, v = 24 one-layer chunks, 32 micro-batches) and for deeper pipelines. The model charges
-`2·(p·v−1)` exposed hops per step, one per edge between virtual stages each way (docs/model.md,
-Communication).
+`2·(p−1)` exposed hops per step (docs/model.md, Communication); the replay exposes
+`2·(p·v−1)`, one per edge between the `p·v` virtual stages each way, while a hop is shorter than
+a chunk's forward and its backward (m a multiple of p; BENCHMARKS.md, Session 9).
 """
 
 from __future__ import annotations

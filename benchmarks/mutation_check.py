@@ -839,12 +839,6 @@ MUTATIONS: tuple[Mutation, ...] = (
              "heloco_legs_s(up, path_bw, rtt, down, busy, blocking)",
              "heloco_legs_s(up, path_bw, rtt, down)",
              WAN_TESTS + "::test_async_round_prices_each_mode_with_its_idle"),
-    # --- interleaved pipeline fill and drain hops (benchmarks/moe_rows.py replay) ---
-    Mutation("interleaved fill and drain: hops between ranks, not virtual stages", "step.py",
-             "minimum(2.0 * (pp * vpp - 1.0), sends)", "minimum(2.0 * (pp - 1.0), sends)",
-             "tests/shardmeter/test_moe_rows_bench.py::"
-             "test_interleaved_replay_exposes_the_fill_and_drain_hops_the_model_charges"
-             " tests/shardmeter/test_closed_form.py::test_pipeline_interleaved"),
 )  # fmt: skip
 
 

@@ -318,16 +318,15 @@ def test_zero3_kept_gathered_under_pipeline_gathers_once_per_step() -> None:
 
 
 def test_pipeline_interleaved() -> None:
-    """pp 2, v 2 (chunks of 2 layers), m = 4: the bubble shrinks by v; all but the 2(p·v−1)
-    fill/drain sends (one per edge between the p·v virtual stages, each way) hide under
-    compute at U/(1−U); stage 0 holds (p·v + p − 1)/v = 2.5 micro-batches of its layers
-    (Megatron's warm-up)."""
+    """pp 2, v 2 (chunks of 2 layers), m = 4: the bubble shrinks by v; all but the 2(p−1)
+    fill/drain sends hide under compute at U/(1−U); stage 0 holds (p·v + p − 1)/v = 2.5
+    micro-batches of its layers (Megatron's warm-up)."""
     plan = Plan(dp=4, pp=2, vpp=2, micro_batch=1, global_batch=16, overlap_dp=False)
     est = estimate_step(MODEL, CLUSTER, plan)
     last = HALF * layer_fwd_bwd(T1) + 3 * head_s(T1)
     first = HALF * layer_fwd_bwd(T1)
     hop = T1 * H * 2 / W_IB
-    sends = 2 * 3 * hop + K * (2 * 4 * 2 - 6) * hop
+    sends = 2 * 1 * hop + K * (2 * 4 * 2 - 2) * hop
     stage_params = HALF * LAYER_PARAMS + TABLE_PARAMS
     ar = 2 * ring(4, 2 * stage_params, W_NV)
     check(est.time_breakdown["bubble"], first / 2)
@@ -817,10 +816,10 @@ def test_hidden_seconds_of_zero3_split_between_gathers_and_reduce_scatters() -> 
 
 
 def test_hidden_seconds_of_interleaved_pipeline_sends() -> None:
-    """Interleaved 1F1B: all 2·m·v sends but the 2(p·v−1) of fill and drain run under compute."""
+    """Interleaved 1F1B: all 2·m·v sends but the 2(p−1) of fill and drain run under compute."""
     plan = Plan(dp=4, pp=2, vpp=2, micro_batch=1, global_batch=16, overlap_dp=False)
     est = estimate_step(MODEL, CLUSTER, plan)
-    check(est.time_hidden["pp_comm"], (2 * 4 * 2 - 6) * T1 * H * 2 / W_IB)
+    check(est.time_hidden["pp_comm"], (2 * 4 * 2 - 2) * T1 * H * 2 / W_IB)
     plan = Plan(dp=4, pp=2, micro_batch=1, global_batch=16, overlap_dp=False)
     assert estimate_step(MODEL, CLUSTER, plan).time_hidden["pp_comm"] == 0  # 1F1B: all exposed
 

@@ -60,22 +60,19 @@ def test_moe_rows_are_the_runs_with_experts(bench: ModuleType) -> None:
 @pytest.mark.parametrize(
     ("p", "v", "m"), [(2, 2, 8), (2, 24, 32), (4, 2, 16), (4, 3, 12), (8, 4, 32), (16, 2, 16)]
 )
-def test_interleaved_replay_exposes_the_fill_and_drain_hops_the_model_charges(
+def test_interleaved_replay_exposes_one_hop_per_virtual_stage_edge_each_way(
     bench: ModuleType, p: int, v: int, m: int
 ) -> None:
-    """A hop under a chunk's forward and backward (here 1/6 and 1/12 of them) delays the replayed
-    step by one hop per edge between the p·v virtual stages, each way: 2·(p·v − 1) hops, the
-    count the model charges (`pipeline_exposed_hops`), not 2·(p − 1); also when each rank waits
-    for its own previous send before its next step (overlap_p2p_comm's `req.wait()`)."""
-    from shardmeter.estimate.step import pipeline_exposed_hops
-
+    """A hop under a chunk's forward and backward (here 1/12 and 1/6 of them) delays the replayed
+    step by one hop per edge between the p·v virtual stages, each way, at fill and drain:
+    2·(p·v − 1) hops (the model charges 2·(p − 1)); also when each rank waits for its own
+    previous send before its next step (overlap_p2p_comm's `req.wait()`)."""
     s = bench.Schedule(p, v, m, p)
     base = bench.interleaved_step(s, unit(1.0), unit(2.0), 0.0)
-    charged = float(pipeline_exposed_hops(float(p), float(v), 2.0 * m * v))
     for hop in (0.25, 0.5):
         for own in (False, True):
             step = bench.interleaved_step(s, unit(1.0), unit(2.0), hop, own_sends=own)
-            assert (step - base) / hop == pytest.approx(charged)
+            assert (step - base) / hop == pytest.approx(2 * (p * v - 1))
 
 
 def test_waiting_for_its_own_sends_costs_a_rank_once_a_hop_outlasts_a_forward(

@@ -449,7 +449,7 @@ def estimate_step_arrays(
     pp_msg = tokens_mb * model.hidden * ACT_BYTES / where(plans.sp, tp, 1.0)
     pp_hop = comm.send_recv_time(pp_msg, tp * cp * dp, cluster)
     pp_sends = where(pp > 1, 2.0 * m * vpp, 0.0)
-    pp_exposed = pipeline_exposed_hops(pp, vpp, pp_sends) * pp_hop
+    pp_exposed = where(vpp > 1, 2.0 * (pp - 1.0), pp_sends) * pp_hop
     pp_hidden = (pp_sends * pp_hop - pp_exposed) * u / (1.0 - u)
     pp_total = where(pp > 1, pp_exposed + maximum(pp_hidden, 0.0), 0.0)
 
@@ -612,14 +612,6 @@ def view(arrays: StepArrays, index: int, cluster: Cluster, plan: Plan) -> StepEs
         memory_detail={k: at(v) for k, v in arrays.memory_detail.items()},
         time_hidden={k: at(v) for k, v in arrays.hidden.items()},
     )
-
-
-def pipeline_exposed_hops(pp: Num, vpp: Num, sends: Num) -> Num:
-    """Point-to-point hops (count) a step waits on out of its `sends`: interleaved 1F1B with
-    overlap_p2p_comm, one per edge between its p·v virtual stages each way at fill and drain,
-    2·(p·v − 1), while a hop is shorter than a chunk's forward and its backward (Megatron-Core
-    interleaved 1F1B replayed event by event, benchmarks/moe_rows.py); plain 1F1B, all of them."""
-    return where(vpp > 1, minimum(2.0 * (pp * vpp - 1.0), sends), sends)
 
 
 def estimate_step(
