@@ -84,3 +84,17 @@ def test_waiting_for_its_own_sends_costs_a_rank_once_a_hop_outlasts_a_forward(
     free = bench.interleaved_step(s, unit(1.0), unit(2.0), 1.5)
     waits = bench.interleaved_step(s, unit(1.0), unit(2.0), 1.5, own_sends=True)
     assert waits > free + 1.5
+
+
+@pytest.mark.parametrize(("p", "m"), [(1, 4), (2, 8), (3, 8), (4, 16), (8, 64), (16, 32)])
+def test_blocking_1f1b_replay_is_the_work_plus_fill_and_drain_and_its_hops(
+    bench: ModuleType, p: int, m: int
+) -> None:
+    """Without hops `(m + p − 1)·(f + b)` (SC'21 §2.2); each blocking hop under a forward adds
+    `2·m + 2·p − 5` hops from p = 3 (the replay's count: two blocking calls per micro-batch and
+    the fill and drain, `2·(m + p − 1)`, less 3), `m + 1` at p = 2, none at p = 1."""
+    f, b, hop = 1.0, 2.0, 0.1
+    base = bench.blocking_1f1b_step(p, m, f, b, 0.0)
+    assert base == pytest.approx((m + p - 1) * (f + b))
+    hops = (bench.blocking_1f1b_step(p, m, f, b, hop) - base) / hop
+    assert hops == pytest.approx(0 if p == 1 else m + 1 if p == 2 else 2 * m + 2 * p - 5)
