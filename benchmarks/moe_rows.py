@@ -16,7 +16,13 @@ backwards in the same order with the chunks reversed: Megatron-Core `schedules.p
 every edge between ranks (a transfer overlapped with compute, Megatron's `overlap_p2p_comm`):
 how much of each hop the step exposes per chunk-micro-batch, for the plan of H1 run 1016
 (p = 2, v = 24 one-layer chunks, 32 micro-batches) and for deeper pipelines. The model charges
-`2·(p−1)` exposed hops per step (docs/model.md, Communication).
+`2·(p−1)` exposed hops per step (docs/model.md, Communication); the replay exposes
+`2·(p·v−1)`, one per edge between the `p·v` virtual stages each way, while a hop is shorter than
+a chunk's forward and its backward (m a multiple of p; BENCHMARKS.md, Session 9).
+
+Table 3: Megatron-Core's non-interleaved 1F1B with its blocking point-to-point calls replayed
+the same way (a transfer starts when both ranks have posted it): the hops a step exposes,
+against the `2·m` the model charges.
 """
 
 from __future__ import annotations
@@ -102,10 +108,17 @@ class Schedule:
 
 
 def interleaved_step(
-    s: Schedule, fwd: Callable[[int, int], float], bwd: Callable[[int, int], float], hop: float
+    s: Schedule,
+    fwd: Callable[[int, int], float],
+    bwd: Callable[[int, int], float],
+    hop: float,
+    own_sends: bool = False,
 ) -> float:
     """Seconds of one step of Megatron-Core's interleaved 1F1B schedule: chunk c of rank r
-    takes fwd(r, c) / bwd(r, c); every edge between ranks waits `hop` seconds."""
+    takes fwd(r, c) / bwd(r, c); every edge between ranks waits `hop` seconds. With
+    `own_sends`, a rank also waits for its previous send of the same direction to arrive
+    before its next forward (backward): overlap_p2p_comm's `req.wait()` on the send and
+    receive handles before each step."""
     table = [
         (i, c) for g in range(0, s.m, s.n) for c in range(s.v) for i in range(g, min(g + s.n, s.m))
     ]
@@ -121,6 +134,7 @@ def interleaved_step(
         orders.append(order + bwds[total - warm :])
     done: dict[tuple[bool, int, int, int], float] = {}
     ptr, clock = [0] * s.p, [0.0] * s.p
+    sent = [[0.0, 0.0] for _ in range(s.p)]  # per rank: arrival of its last bwd, fwd send
     last = s.p * s.v - 1
     moved = True
     while moved:
@@ -142,11 +156,72 @@ def interleaved_step(
                     if key not in done:
                         break
                     ready = done[key]
-                clock[r] = max(clock[r], ready) + (fwd(r, c) if is_fwd else bwd(r, c))
+                start = max(clock[r], ready, sent[r][is_fwd] if own_sends else 0.0)
+                clock[r] = start + (fwd(r, c) if is_fwd else bwd(r, c))
                 done[(is_fwd, i, r, c)] = clock[r]
+                if (is_fwd and stage != last) or (not is_fwd and stage != 0):
+                    sent[r][is_fwd] = clock[r] + hop
                 ptr[r] += 1
                 moved = True
     if any(ptr[r] < len(orders[r]) for r in range(s.p)):
+        raise RuntimeError("the schedule deadlocked")
+    return max(clock)
+
+
+Transfer = tuple[int, int, str, int]  # sender, receiver, "F"/"B", its number on that edge
+
+
+def blocking_1f1b_step(p: int, m: int, f: float, b: float, hop: float) -> float:
+    """Seconds of one step of Megatron-Core's non-interleaved 1F1B schedule with its blocking
+    point-to-point (`forward_backward_pipelining_without_interleaving`: `p−1−r` warm-up forwards
+    on rank r, each after `recv_forward` and before `send_forward`; then `send_forward_recv_backward`
+    and `send_backward_recv_forward` around each backward; the cool-down's `recv_backward`,
+    backward, `send_backward`). A transfer starts once both ranks have posted it and takes `hop`
+    seconds; a call returns when all of its transfers have arrived."""
+    progs: list[list[tuple[float, list[tuple[str, int, str]]]]] = []
+    for r in range(p):
+        warm, head, tail = min(p - 1 - r, m), r == 0, r == p - 1
+        rf = [] if head else [("recv", r - 1, "F")]
+        sf = [] if tail else [("send", r + 1, "F")]
+        rb = [] if tail else [("recv", r + 1, "B")]
+        sb = [] if head else [("send", r - 1, "B")]
+        prog = [(0.0, rf), (f, sf)] * warm  # (compute seconds, then this call)
+        steady = m - warm
+        if steady > 0:
+            prog.append((0.0, rf))
+        for i in range(steady):
+            prog += [(f, sf + rb), (b, sb + (rf if i < steady - 1 else []))]
+        prog += [(0.0, rb), (b, sb)] * warm
+        progs.append(prog)
+    posted: dict[tuple[Transfer, str], float] = {}
+    counts: dict[tuple[int, str, int, str], int] = {}
+    pending: list[list[Transfer] | None] = [None] * p
+    ptr, clock = [0] * p, [0.0] * p
+    moved = True
+    while moved:
+        moved = False
+        for r in range(p):
+            while ptr[r] < len(progs[r]):
+                compute, calls = progs[r][ptr[r]]
+                if pending[r] is None:
+                    clock[r] += compute
+                    mine: list[Transfer] = []
+                    for side, peer, way in calls:
+                        n = counts.get((r, side, peer, way), 0)
+                        counts[(r, side, peer, way)] = n + 1
+                        key = (r, peer, way, n) if side == "send" else (peer, r, way, n)
+                        posted[(key, side)] = clock[r]
+                        mine.append(key)
+                    pending[r] = mine
+                keys = pending[r] or []
+                if any((k, "send") not in posted or (k, "recv") not in posted for k in keys):
+                    break
+                for k in keys:
+                    clock[r] = max(clock[r], posted[(k, "send")] + hop, posted[(k, "recv")] + hop)
+                pending[r] = None
+                ptr[r] += 1
+                moved = True
+    if any(ptr[r] < len(progs[r]) for r in range(p)):
         raise RuntimeError("the schedule deadlocked")
     return max(clock)
 
@@ -181,6 +256,13 @@ def schedule_table(runs: Sequence[RunSpec]) -> None:
         chunk_mbs = sched.m * sched.v
         exposed = (with_hops - base) / chunk_mbs / hop if hop > 0 else 0.0
         print(f"{name:26} {hop / (f + b):9.3f} {base:13.3f} {with_hops:9.3f} {exposed:12.2f}")
+    print("\nnon-interleaved 1F1B, blocking point-to-point; f = 1, b = 2, hop = 0.25")
+    print(f"{'plan':12} {'step, no hop':>13} {'+ hops':>9} {'hops exposed':>13} {'2m':>5}")
+    for p, m in ((2, 8), (4, 16), (8, 32), (16, 64)):
+        base = blocking_1f1b_step(p, m, 1.0, 2.0, 0.0)
+        with_hops = blocking_1f1b_step(p, m, 1.0, 2.0, 0.25)
+        hops = (with_hops - base) / 0.25
+        print(f"{f'p{p} m{m}':12} {base:13.3f} {with_hops:9.3f} {hops:13.1f} {2 * m:5d}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -55,3 +55,46 @@ def test_moe_rows_are_the_runs_with_experts(bench: ModuleType) -> None:
     runs = bench.moe_runs([bench.HOLDOUT])
     assert {r.run_id for r in runs} >= {"1016", "1036", "1077"}
     assert all(r.model.moe is not None for r in runs)
+
+
+@pytest.mark.parametrize(
+    ("p", "v", "m"), [(2, 2, 8), (2, 24, 32), (4, 2, 16), (4, 3, 12), (8, 4, 32), (16, 2, 16)]
+)
+def test_interleaved_replay_exposes_one_hop_per_virtual_stage_edge_each_way(
+    bench: ModuleType, p: int, v: int, m: int
+) -> None:
+    """A hop under a chunk's forward and backward (here 1/12 and 1/6 of them) delays the replayed
+    step by one hop per edge between the p·v virtual stages, each way, at fill and drain:
+    2·(p·v − 1) hops (the model charges 2·(p − 1)); also when each rank waits for its own
+    previous send before its next step (overlap_p2p_comm's `req.wait()`)."""
+    s = bench.Schedule(p, v, m, p)
+    base = bench.interleaved_step(s, unit(1.0), unit(2.0), 0.0)
+    for hop in (0.25, 0.5):
+        for own in (False, True):
+            step = bench.interleaved_step(s, unit(1.0), unit(2.0), hop, own_sends=own)
+            assert (step - base) / hop == pytest.approx(2 * (p * v - 1))
+
+
+def test_waiting_for_its_own_sends_costs_a_rank_once_a_hop_outlasts_a_forward(
+    bench: ModuleType,
+) -> None:
+    """A hop longer than a chunk's forward (1.5 against 1) is no longer hidden behind the next
+    forward of the warm-up when the rank waits for its own send first."""
+    s = bench.Schedule(4, 2, 16, 4)
+    free = bench.interleaved_step(s, unit(1.0), unit(2.0), 1.5)
+    waits = bench.interleaved_step(s, unit(1.0), unit(2.0), 1.5, own_sends=True)
+    assert waits > free + 1.5
+
+
+@pytest.mark.parametrize(("p", "m"), [(1, 4), (2, 8), (3, 8), (4, 16), (8, 64), (16, 32)])
+def test_blocking_1f1b_replay_is_the_work_plus_fill_and_drain_and_its_hops(
+    bench: ModuleType, p: int, m: int
+) -> None:
+    """Without hops `(m + p − 1)·(f + b)` (SC'21 §2.2); each blocking hop under a forward adds
+    `2·m + 2·p − 5` hops from p = 3 (the replay's count: two blocking calls per micro-batch and
+    the fill and drain, `2·(m + p − 1)`, less 3), `m + 1` at p = 2, none at p = 1."""
+    f, b, hop = 1.0, 2.0, 0.1
+    base = bench.blocking_1f1b_step(p, m, f, b, 0.0)
+    assert base == pytest.approx((m + p - 1) * (f + b))
+    hops = (bench.blocking_1f1b_step(p, m, f, b, hop) - base) / hop
+    assert hops == pytest.approx(0 if p == 1 else m + 1 if p == 2 else 2 * m + 2 * p - 5)
