@@ -118,7 +118,11 @@ def interleaved_step(
     takes fwd(r, c) / bwd(r, c); every edge between ranks waits `hop` seconds. With
     `own_sends`, a rank also waits for its previous send of the same direction to arrive
     before its next forward (backward): overlap_p2p_comm's `req.wait()` on the send and
-    receive handles before each step."""
+    receive handles before each step. The replay orders whole groups of N micro-batches
+    (Megatron-Core's interleaved schedule asked for m divisible by the group size), so it
+    refuses other m rather than replay a schedule that does not exist."""
+    if s.m % s.n:
+        raise ValueError(f"m: got {s.m}; a multiple of the group size N = {s.n}")
     table = [
         (i, c) for g in range(0, s.m, s.n) for c in range(s.v) for i in range(g, min(g + s.n, s.m))
     ]

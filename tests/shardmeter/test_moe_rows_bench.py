@@ -98,3 +98,9 @@ def test_blocking_1f1b_replay_is_the_work_plus_fill_and_drain_and_its_hops(
     assert base == pytest.approx((m + p - 1) * (f + b))
     hops = (bench.blocking_1f1b_step(p, m, f, b, hop) - base) / hop
     assert hops == pytest.approx(0 if p == 1 else m + 1 if p == 2 else 2 * m + 2 * p - 5)
+
+
+def test_interleaved_replay_refuses_a_partial_micro_batch_group(bench: ModuleType) -> None:
+    """m not a multiple of N has no schedule here: one line, naming m and N."""
+    with pytest.raises(ValueError, match=r"m: got 32; a multiple of the group size N = 9"):
+        bench.interleaved_step(bench.Schedule(9, 2, 32, 9), lambda r, c: 1.0, lambda r, c: 2.0, 0.0)
