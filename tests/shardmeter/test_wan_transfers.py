@@ -523,6 +523,8 @@ def test_topology_streaming_exchange_reaches_the_round() -> None:
     x_stream = stream.wan_exposed_s + stream.wan_hidden_s
     assert x_stream > x_over  # four round-trip pairs instead of one, fewer bytes in each
     assert stream.round_s == pytest.approx(max(100.0, x_stream), rel=1e-6)
+
+
 def test_exact_mva_broadcasts_over_configurations_in_chunks(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
