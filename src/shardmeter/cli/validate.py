@@ -11,21 +11,19 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from shardmeter.calibrate import (
-    ErrorSummary,
     RowResult,
     evaluate_rows,
     read_rows,
     skipped_json,
     summarize_results,
 )
+from shardmeter.cli.error_table import ape_table, only_sources, pct
 from shardmeter.errors import UserInputError
 from shardmeter.paths import missing_shared_reason, shared_path
 from shardmeter.report.jsonout import print_json
@@ -75,29 +73,6 @@ def results_to_dict(results: list[RowResult]) -> dict[str, Any]:
     }
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
-
-
-def only_sources(rows: list[dict[str, str]], sources: list[str] | None) -> list[dict[str, str]]:
-    """The rows whose `source_id` is one of `sources` (all of them when none is named): the one
-    reading of `--source`, for the throughput and the memory CSVs alike."""
-    if not sources:
-        return rows
-    return [r for r in rows if (r.get("source_id") or "").strip() in set(sources)]
-
-
-def ape_table(groups: Sequence[tuple[str, ErrorSummary]]) -> Table:
-    """The absolute-percentage-error summary, one row per (label, summary): n, median, mean and
-    p90 as percentages; `validate` and `validate --memory` print the same table."""
-    table = Table(title="absolute percentage error", title_justify="left")
-    for name in ("rows", "n", "median", "mean", "p90"):
-        table.add_column(name, justify="left" if name == "rows" else "right")
-    for label, s in groups:
-        table.add_row(label, str(s.n), _pct(s.median_ape), _pct(s.mean_ape), _pct(s.p90_ape))
-    return table
-
-
 def render(console: Console, results: list[RowResult]) -> None:
     cols = [
         Col("run"),
@@ -120,7 +95,7 @@ def render(console: Console, results: list[RowResult]) -> None:
             si(r.predicted),
             si(r.measured),
             f"{100 * (r.predicted / r.measured - 1):+.1f}%",
-            _pct(r.ape),
+            pct(r.ape),
         ]
         for r in results
         if r.ape is not None and r.predicted is not None and r.measured is not None and r.run

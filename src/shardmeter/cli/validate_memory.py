@@ -17,7 +17,7 @@ from typing import Any
 from rich.console import Console
 
 from shardmeter.calibrate import skipped_json
-from shardmeter.cli.validate import ape_table, only_sources
+from shardmeter.cli.error_table import ape_table, only_sources
 from shardmeter.memcheck import (
     DEFAULT_MEMORY_CSV,
     MemoryResult,
