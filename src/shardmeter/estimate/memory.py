@@ -375,19 +375,27 @@ def recompute_sets(sizes: list[Num], saved: list[SavedTensor]) -> tuple[Num, Num
     return every, selective, sizes[0]
 
 
+def _mlp_widths(model: TransformerSpec, tp: Num) -> tuple[Num, Num]:
+    """Elements per token on one GPU, averaged over the layers: (each MLP intermediate's
+    width: the dense FFN's, or under MoE the top-k routed and the shared experts' together,
+    /tp; the routed token copies entering the experts, h per routed expert)."""
+    moe_share = model.n_moe_layers / model.n_layers
+    width = (1.0 - moe_share) * model.dense_ffn / tp
+    copies = 0.0
+    if model.moe is not None:
+        active = model.moe.top_k + model.moe.shared_experts
+        width = width + moe_share * active * model.expert_ffn / tp
+        copies = moe_share * model.moe.top_k * model.hidden
+    return width, copies
+
+
 def _activation_sets(model: TransformerSpec, plans: PlanArrays) -> tuple[Num, Num, Num]:
     """(all saved, saved under selective recompute, layer input) bytes of one layer."""
     tp = as_float(plans.tp)
     shape = layer_shape(model, plans)
     tokens, norm_tokens, gemm_tokens = shape.tokens, shape.norm_tokens, shape.gemm_tokens
     q_l, kv_l = shape.q, shape.kv
-    moe_share = model.n_moe_layers / model.n_layers
-    mlp_width = (1.0 - moe_share) * model.dense_ffn / tp
-    mlp_copies = 0.0
-    if model.moe is not None:
-        active = model.moe.top_k + model.moe.shared_experts
-        mlp_width = mlp_width + moe_share * active * model.expert_ffn / tp
-        mlp_copies = moe_share * model.moe.top_k * model.hidden
+    mlp_width, mlp_copies = _mlp_widths(model, tp)
     saved = saved_tensors(model, shape, mlp_width, mlp_copies)
     every, selective, layer_input = recompute_sets([t.nbytes for t in saved], saved)
     # FP8 GEMMs save their inputs as the 1-byte FP8 casts (Transformer Engine keeps them for
@@ -967,16 +975,10 @@ def offloaded_activation_bytes(model: TransformerSpec, plans: PlanArrays) -> Num
     /tp; MoE: per routed and shared expert copy), and the attention and MLP output
     projections (h per token each, /tp with SP: MaxText shards the activations' embed axis
     over the tensor axis). 2 B each (bf16); 0 without `offload_activations`."""
-    tp = as_float(plans.tp)
-    tokens = plans.micro_batch * model.seq_len / as_float(plans.cp)
-    norm_tokens = where(plans.sp, tokens / tp, tokens)
-    moe_share = model.n_moe_layers / model.n_layers
-    width = (1.0 - moe_share) * model.dense_ffn
-    if model.moe is not None:
-        copies = model.moe.top_k + model.moe.shared_experts
-        width = width + moe_share * copies * model.expert_ffn
-    up = (model.mlp_matrices - 1) * width / tp
-    per_token = model.q_dim / tp + 2.0 * local_kv_dim(model, tp) + up
+    shape = layer_shape(model, plans)
+    tokens, norm_tokens = shape.tokens, shape.norm_tokens
+    up = (model.mlp_matrices - 1) * _mlp_widths(model, as_float(plans.tp))[0]
+    per_token = shape.q + 2.0 * shape.kv + up
     elements = tokens * per_token + 2.0 * model.hidden * norm_tokens
     return where(plans.offload_activations, ACT_BYTES * elements, 0.0)
 
