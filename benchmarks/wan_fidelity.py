@@ -343,16 +343,21 @@ def topology_of(r: RunResult) -> Any:
 
 
 def predict(r: RunResult) -> list[Predicted]:
-    """ShardMeter's async round of every worker of a run (the server island's row dropped)."""
+    """ShardMeter's async round of every worker of a run (the server island's row dropped).
+    Streaming (``exchange = "streaming"``, ``fragments = P``: P fragment exchanges, each
+    behind H/P steps; docs/islands.md): the runtime pushes one fragment every H/P steps, so
+    a measured round (push to push) is one P-th of ShardMeter's round of H steps, and so are
+    its compute, exchange and bytes (``bytes_per_push``, streaming rows only)."""
     import numpy as np
-
-    if r.run.exchange == "streaming":
-        return predict_streaming(r)
 
     from shardmeter.estimate.outer import outer_round
     from shardmeter.estimate.wan import wan_paths
 
+    streaming = r.run.exchange == "streaming"
+    p = r.run.fragments if streaming else 1
     topo = topology_of(r)
+    if streaming:
+        topo = topo.model_copy(update={"run": topo.run.model_copy(update={"fragments": p})})
     wan = wan_paths(topo)
     steps = [m.step_s for m in r.workers]
     inner = np.array([min(steps), *steps])  # the server island's own row is not compared
@@ -361,16 +366,18 @@ def predict(r: RunResult) -> list[Predicted]:
         inner,
         wan,
         r.n_params,
-        inner_steps=np.mean([m.steps for m in r.workers]),
+        inner_steps=p * np.mean([m.steps for m in r.workers]),  # H: P pushes of H/P steps
         bits=topo.run.bits,
         exchange=topo.run.exchange,
+        fragments=topo.run.n_fragments,
     )
     return [
         Predicted(
-            round_s=float(rnd.round_s[i]),
-            compute_s=float(rnd.busy_s[i]),
-            exchange_s=float(rnd.wan_comm_s[i]),
-            exposed_s=float(rnd.round_s[i] - rnd.busy_s[i]),
+            round_s=float(rnd.round_s[i]) / p,
+            compute_s=float(rnd.busy_s[i]) / p,
+            exchange_s=float(rnd.wan_comm_s[i]) / p,
+            exposed_s=float(rnd.round_s[i] - rnd.busy_s[i]) / p,
+            bytes_per_push=float(rnd.wan_bytes[i]) / p if streaming else None,
         )
         for i in range(1, wan.n)
     ]
@@ -488,43 +495,6 @@ STREAM_RUNS = (
     Run("streaming sweep", (Link(30 * MBIT), Link(12 * MBIT, 0.02), Link(20 * MBIT, 0.15),
                             Link(4 * MBIT, 0.04)), (PACE,) * 4, seconds=50.0, fragments=2),
 )  # fmt: skip
-
-
-def predict_streaming(r: RunResult) -> list[Predicted]:
-    """ShardMeter's async round in the streaming exchange (``exchange = "streaming"``,
-    ``fragments = P``: P fragment exchanges, each behind H/P steps; docs/islands.md), per
-    push: the runtime pushes one fragment every H/P steps, so a measured round (push to push)
-    is one P-th of ShardMeter's round of H steps, and so are its compute, exchange and bytes."""
-    import numpy as np
-
-    from shardmeter.estimate.outer import outer_round
-    from shardmeter.estimate.wan import wan_paths
-
-    p = r.run.fragments
-    topo = topology_of(r)
-    topo = topo.model_copy(update={"run": topo.run.model_copy(update={"fragments": p})})
-    wan = wan_paths(topo)
-    steps = [m.step_s for m in r.workers]
-    rnd = outer_round(
-        "async",
-        np.array([min(steps), *steps]),
-        wan,
-        r.n_params,
-        inner_steps=p * np.mean([m.steps for m in r.workers]),  # H: P pushes of H/P steps
-        bits=topo.run.bits,
-        exchange="streaming",
-        fragments=topo.run.n_fragments,
-    )
-    return [
-        Predicted(
-            round_s=float(rnd.round_s[i]) / p,
-            compute_s=float(rnd.busy_s[i]) / p,
-            exchange_s=float(rnd.wan_comm_s[i]) / p,
-            exposed_s=float(rnd.round_s[i] - rnd.busy_s[i]) / p,
-            bytes_per_push=float(rnd.wan_bytes[i]) / p,
-        )
-        for i in range(1, wan.n)
-    ]
 
 
 MODE_ORDER = ("blocking", "overlapped", "streaming")
