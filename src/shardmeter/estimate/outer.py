@@ -356,17 +356,14 @@ def _async_round(
         both = np.maximum(up, down)
         exchange = np.where(remote, rtt + both / path_bw + host, 0.0)
         legs = ((both, both / path_bw),)
-    elif exchange_pattern == "streaming":
-        # one fragment's push (M/P), then its pull (pull/P), each its own request and reply,
-        # from the window kept over a sub-round's idle (Streaming DiLoCo, arXiv 2501.18512)
-        t_up, t_down = heloco_legs_s(up / p, path_bw, rtt, down / p, busy_x, False)
+    else:
+        # the push, then the pull, each its own request and reply and each from the window its
+        # connection kept over the idle since its last use (heloco_legs_s); streaming: one
+        # fragment's share (M/P, pull/P) behind each sub-round (Streaming DiLoCo, arXiv
+        # 2501.18512)
+        t_up, t_down = heloco_legs_s(up / p, path_bw, rtt, down / p, busy_x, blocking)
         exchange = np.where(remote, 2.0 * rtt + t_up + t_down + host / p, 0.0)
         legs = ((up / p, t_up), (down / p, t_down))
-    else:
-        # each leg from the window its connection kept over the round's idle (heloco_legs_s)
-        t_up, t_down = heloco_legs_s(up, path_bw, rtt, down, busy, blocking)
-        exchange = np.where(remote, 2.0 * rtt + t_up + t_down + host, 0.0)
-        legs = ((up, t_up), (down, t_down))
     server = wan.server_Bps * scale[..., None]
     if np.isfinite(wan.server_Bps):
         exchange = _share_server(exchange, legs, busy_x, blocking, server, remote)
