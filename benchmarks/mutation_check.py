@@ -949,6 +949,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("DeepSpeed list gather: FSDP flat gathers copy back as well", "step.py",
              "back = where(plans.gather_matrix, memory_time(COPY_BACK_PASSES * piece, acc), 0.0)",
              "back = memory_time(COPY_BACK_PASSES * piece, acc)", HBM_GATHER_TESTS),
+    Mutation("one-line errors: a field's own check names the field twice", "shardmeter/errors.py",
+             'own = "" if parts and str(parts[-1]) == cause.field else cause.field',
+             "own = cause.field",
+             "tests/shardmeter/test_islands_spellings.py::test_the_same_mistake_is_the_same_one_line_error_everywhere"),
 )  # fmt: skip
 
 

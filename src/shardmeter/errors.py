@@ -44,7 +44,8 @@ def from_pydantic(
     path = render(parts) if render is not None else ".".join(map(str, parts))
     cause = _cause(first)
     if isinstance(cause, UserInputError):
-        field = ".".join(p for p in (prefix, path, cause.field) if p)
+        own = "" if parts and str(parts[-1]) == cause.field else cause.field  # a field's own check
+        field = ".".join(p for p in (prefix, path, own) if p)
         return UserInputError(field, cause.value, cause.allowed)
     field = ".".join(p for p in (prefix, path) if p) or whole
     msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")

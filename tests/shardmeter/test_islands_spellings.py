@@ -197,6 +197,12 @@ BAD: list[tuple[str, str, dict[str, Any], str]] = [
         "run.fragments: got '1 fragment of 40 layers'; must cover the model's 32 layers exactly",
     ),
     (
+        "mode = 'streaming'\nfragments = 'x'",
+        "--mode streaming --fragments x",
+        {"mode": "streaming", "fragments": "x"},
+        "run.fragments: got 'x'; P, or offset:layers pairs separated by commas",
+    ),
+    (
         "payload = { kind = 'topk', fraction = 1.5 }",
         "--payload topk:fraction=1.5",
         {"payload": {"kind": "topk", "fraction": 1.5}},
