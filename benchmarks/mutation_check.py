@@ -53,6 +53,7 @@ OFFLOAD_ACT_TESTS = (
     "tests/shardmeter/test_closed_form.py::test_activations_offloaded_to_host_and_back"
 )
 HBM_GATHER_TESTS = "tests/shardmeter/test_closed_form.py::test_zero3_per_matrix_gathers_stream_their_bytes_through_hbm"
+COMPILED_FUSION_TESTS = "tests/shardmeter/test_closed_form.py::test_compiled_step_fuses_elementwise_ops_into_the_matmuls"
 SIM_CODEC_TESTS = (
     "tests/heloco/test_codecs.py::test_the_simulators_int8_uplink_is_what_the_server_decodes"
 )
@@ -953,6 +954,19 @@ MUTATIONS: tuple[Mutation, ...] = (
              'own = "" if parts and str(parts[-1]) == cause.field else cause.field',
              "own = cause.field",
              "tests/shardmeter/test_islands_spellings.py::test_the_same_mistake_is_the_same_one_line_error_everywhere"),
+    # A compiled (XLA) step fuses the element-wise ops into the matmuls beside them.
+    Mutation("compiled fusion: the element-wise ops not fused", "compute.py",
+             "elem_bytes = where(plans.compiled, compiled_bytes, elem_bytes) + routing_bytes",
+             "elem_bytes = elem_bytes + routing_bytes", COMPILED_FUSION_TESTS),
+    Mutation("compiled fusion: the norms' statistics reads not charged", "compute.py",
+             "COMPILED_NORM_BYTES = 2.0", "COMPILED_NORM_BYTES = 0.0", COMPILED_FUSION_TESTS),
+    Mutation("compiled fusion: one norm's statistics read, not two", "compute.py",
+             "compiled_bytes = 2.0 * COMPILED_NORM_BYTES * sh.norm_tokens * h",
+             "compiled_bytes = COMPILED_NORM_BYTES * sh.norm_tokens * h", COMPILED_FUSION_TESTS),
+    Mutation("compiled fusion: MoE routing fused away too", "compute.py",
+             "elem_bytes = where(plans.compiled, compiled_bytes, elem_bytes) + routing_bytes",
+             "elem_bytes = where(plans.compiled, compiled_bytes, elem_bytes + routing_bytes)",
+             COMPILED_FUSION_TESTS),
 )  # fmt: skip
 
 

@@ -578,18 +578,52 @@ def test_fp8_operand_casts_outside_a_compiled_graph() -> None:
     inputs of QKV (h), the output projection (q = h), the MLP up (h) and down (F) GEMMs;
     backward: their output gradients, 3h + h + F + h. 1 TB/s HBM, one micro-batch: the eager
     step pays 4 B × T × (3h + F + 5h + F) per layer more than the compiled (XLA) one, and a
-    bf16 plan none."""
+    bf16 plan none. (Both also differ by the compiled graph's fused element-wise ops.)"""
     world = cluster(hbm_bytes_per_s=1e12)
     plan = Plan(micro_batch=1, global_batch=1, precision="fp8")
     eager = estimate_step(MODEL, world, plan)
     compiled = estimate_step(MODEL, world, plan.model_copy(update={"compiled": True}))
     elements = (3 * H + FFN) + (5 * H + FFN)
     delta = eager.time_breakdown["compute"] - compiled.time_breakdown["compute"]
-    check(delta, LAYERS * 4 * T1 * elements / 1e12)
+    fusion = LAYERS * 3 * T1 * fusion_saving(MODEL) / 1e12
+    check(delta, LAYERS * 4 * T1 * elements / 1e12 + fusion)
+    # bf16: no casts either way; the compiled step differs only by its fused element-wise ops
     bf16 = Plan(micro_batch=1, global_batch=1)
-    same = estimate_step(MODEL, world, bf16).time_breakdown["compute"]
-    check(same, estimate_step(MODEL, world, bf16.model_copy(
-        update={"compiled": True})).time_breakdown["compute"])  # fmt: skip
+    fused = estimate_step(MODEL, world, bf16).time_breakdown["compute"]
+    fewer = estimate_step(MODEL, world, bf16.model_copy(update={"compiled": True}))
+    check(fused - fewer.time_breakdown["compute"], LAYERS * 3 * T1 * fusion_saving(MODEL) / 1e12)
+
+
+def fusion_saving(model: TransformerSpec) -> float:
+    """Bytes per token and layer (forward) that one compiled graph does not move: the fused
+    kernels' two norms (4 B), two residual adds (6 B) over h, RoPE (4 B) over q and k and the
+    activation (GELU 4 B, SwiGLU 6 B) over F, less the two norms' statistics reads (2 B)."""
+    act = 6 if model.mlp == "swiglu" else 4
+    fused = 2 * 4 * H + 2 * 6 * H + 4 * (H + H) + act * model.ffn
+    return fused - 2 * 2 * H
+
+
+def test_compiled_step_fuses_elementwise_ops_into_the_matmuls() -> None:
+    """One XLA graph (`compiled`) fuses the norms' scaling, the residual adds, RoPE and the
+    activation into the neighbouring matmuls (a TPU fusion is at most one matmul plus its
+    pointwise VPU ops, Austin et al. 2025, profiling.md); only each norm's statistics read of
+    its bf16 input stays, 2 B per element. SwiGLU, 1 TB/s HBM, one micro-batch: forward and
+    twice backward save T·(2·4h + 2·6h + 4·2h + 6F − 2·2h) B per layer. A MoE layer's token
+    routing (permute, unpermute, router softmax) is no matmul epilogue and stays."""
+    world = cluster(hbm_bytes_per_s=1e12)
+    swiglu = MODEL.model_copy(update={"mlp": "swiglu"})
+    plan = Plan(micro_batch=1, global_batch=1)
+    compiled = plan.model_copy(update={"compiled": True})
+
+    def compute(model: TransformerSpec, p: Plan) -> float:
+        return estimate_step(model, world, p).time_breakdown["compute"]
+
+    saved = LAYERS * 3 * T1 * fusion_saving(swiglu) / 1e12
+    check(compute(swiglu, plan) - compute(swiglu, compiled), saved)
+    # MoE: the routed experts' activation is over k·F per token; routing bytes cancel out
+    moe = swiglu.model_copy(update={"moe": MoESpec(experts=4, top_k=2)})
+    saved_moe = saved + LAYERS * 3 * T1 * 6 * FFN * (2 - 1) / 1e12
+    check(compute(moe, plan) - compute(moe, compiled), saved_moe)
 
 
 def test_step_waits_for_the_slowest_gpu() -> None:

@@ -77,6 +77,13 @@ FP32_RESIDUAL_BYTES = 2.0 * (10.0 - 6.0) + 2.0 * 6.0
 # producing op (`compiled`), so a compiled step pays none of it.
 FP8_CAST_BYTES = 4.0
 NORM_BYTES = (4.0, 36.0)
+# One compiled graph (XLA, `compiled`) fuses the element-wise ops into the matmuls beside them:
+# the norm's scale into the next GEMM's operand, the residual add and RoPE into the epilogue of
+# the GEMM that produces their input, the gated activation into the down projection's operand
+# (XLA operation fusion: producer and consumer fusion into the dot, "kOutput" / "kLoop" fusions
+# of the TPU and GPU backends). What stays in HBM is each norm's row statistics: one read of
+# its bf16 input, 2 B per element, for each of the layer's two norms.
+COMPILED_NORM_BYTES = 2.0
 ROPE_BYTES = (4.0, 20.0)
 SWIGLU_BYTES = (6.0, 10.0)
 
@@ -291,6 +298,7 @@ def layer_forward(
     residual_fp32 = where(plans.params_fp32, FP32_RESIDUAL_BYTES, 0.0)
     elem_bytes = elem_bytes + residual_fp32 * sh.norm_tokens * h
     elem_bytes = elem_bytes + per_element(ROPE_BYTES) * t * (sh.q_local + sh.kv_local)
+    routing_bytes: Num = 0.0
     synced: Num = 0.0
     if moe and model.moe is not None:
         spec = model.moe
@@ -322,7 +330,7 @@ def layer_forward(
         # Router softmax + top-k over fp32 logits (write, read, write T·E·4 B); token permute
         # (read T·h, write T·k·h) and unpermute (read T·k·h, write T·h), bf16 (Megatron-Core
         # moe_utils.permute/unpermute).
-        elem_bytes = elem_bytes + 12.0 * t * spec.experts + 4.0 * t * h * (1.0 + spec.top_k)
+        routing_bytes = 12.0 * t * spec.experts + 4.0 * t * h * (1.0 + spec.top_k)
         synced = launch_time(MOE_SYNCED_KERNELS + KERNELS_PER_EXPERT * local_experts, plans, acc)
     else:
         width = model.dense_ffn / tp
@@ -333,6 +341,10 @@ def layer_forward(
         active_width = width
         mlp_rows = t
     elem_bytes = elem_bytes + act_bytes_per_width * t * active_width
+    # Compiled: only the two norms' statistics passes stay (COMPILED_NORM_BYTES); routing
+    # (gathers and scatters of whole token rows) is not fused into a matmul either way.
+    compiled_bytes = 2.0 * COMPILED_NORM_BYTES * sh.norm_tokens * h
+    elem_bytes = where(plans.compiled, compiled_bytes, elem_bytes) + routing_bytes
     # FP8 operands: forward the inputs of QKV, output projection, MLP up and down; backward
     # the output gradients of the same four GEMMs.
     quant_fwd = t * (h + sh.q_local) + mlp_rows * h + t * active_width
