@@ -228,13 +228,15 @@ def print_cv(
     only: Sequence[str] | None,
     out: Path | None = None,
     start_iterations: int = 0,
+    start: Calibration | None = None,
 ) -> None:
     """Leave-one-source-out table: each source predicted by a fit on all the others. With
     `start_iterations`, every fold starts from a fit on all the runs (that many iterations)
     instead of the shipped starts: the protocol's "from the new all-data fit" for a model
-    change whose refit is not written yet."""
-    start = None
-    if start_iterations > 0:
+    change whose refit is not written yet; `start`, such a fit read back (`read_fit`)."""
+    if start is not None:
+        print("folds start from the given fit")
+    elif start_iterations > 0:
         start, loss = fit(runs, iterations=start_iterations)
         print(f"folds start from an all-data fit ({start_iterations} iterations, loss {loss:.4f})")
     folds = leave_one_source_out(runs, iterations=iterations, only=only, start=start)
@@ -271,6 +273,14 @@ def print_cv(
     shared, floor = identical_input_floor(runs, every)
     print(f"\nnoise floor: {shared} rows repeat another row's inputs; predicted at their "
           f"group's measured median, the all-rows p90 would be {100 * floor:.1f}%")  # fmt: skip
+
+
+def read_fit(path: Path) -> Calibration:
+    """The parameters a `--fit` printout lists ("  name  value  [low, high]" lines)."""
+    pairs = re.findall(r"^\s+(\S+)\s+([0-9.eE+-]+)\s+\[", path.read_text(), flags=re.M)
+    if not pairs:
+        raise UserInputError("cv-start-from", str(path), "the printout of calibration.py --fit")
+    return Calibration.from_values([n for n, _ in pairs], [float(v) for _, v in pairs])
 
 
 def identical_input_floor(runs: Sequence[RunSpec], rows: Sequence[RowResult]) -> tuple[int, float]:
@@ -316,6 +326,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "shipped starts)",
     )
     parser.add_argument(
+        "--cv-start-from", default="", help="--cv: start every fold from this saved --fit printout"
+    )
+    parser.add_argument(
         "--holdout", default=str(HOLDOUT), help="second CSV fitted and cross-validated ('' none)"
     )
     args = parser.parse_args(argv)
@@ -330,7 +343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cv:
         only = args.cv_sources.split(",") if args.cv_sources else None
         out = Path(args.cv_out) if args.cv_out else None
-        print_cv(runs + extra, args.iterations, only, out, args.cv_start_iterations)
+        start = read_fit(Path(args.cv_start_from)) if args.cv_start_from else None
+        print_cv(runs + extra, args.iterations, only, out, args.cv_start_iterations, start)
         return 0
     calibration = None
     fit_runs = runs + extra

@@ -8,6 +8,8 @@ from types import ModuleType
 
 import pytest
 
+from shardmeter.calibrate import SHARED_PARAMETERS
+
 COLUMNS = (
     "run_id,source_id,framework,model,gpu,n_gpus,params_b,seq_len,tp,pp,vpp,cp,dp,ep,experts,"
     "sharding,recompute,precision,micro_batch,measured,predicted,signed_error,global_batch,"
@@ -53,3 +55,27 @@ def test_feature_buckets_give_the_signed_median_per_bucket(
     )
     names = {line[:22].strip() for line in bench.feature_table(bench.read(old))}
     assert "layers/chunk" not in names and "attention kernel" not in names and "pp" in names
+
+
+def test_cv_folds_can_start_from_a_saved_fit_printout(
+    load_benchmark: Callable[[str], ModuleType], tmp_path: Path
+) -> None:
+    """`calibration.py --cv-start-from` reads the parameter lines of a `--fit` printout back
+    into a Calibration (the all-data fit the folds start from); any other file is an error
+    naming the option."""
+    cal = load_benchmark("calibration")
+    fit = tmp_path / "fit.txt"
+    fit.write_text(
+        "fitted on 220 runs (source-weighted mean |log error| 0.0549):\n"
+        "  matmul_max.hopper        0.7713   [0.2, 0.98]\n"
+        + "".join(
+            f"  {b.name:<24} {b.start:.4f}   [{b.low}, {b.high}]\n" for b in SHARED_PARAMETERS
+        )
+        + "  prior matmul_max (families without runs) 0.7664\n"
+    )
+    start = cal.read_fit(fit)
+    assert start.matmul_max == {"hopper": 0.7713}
+    assert start.attention_ratio == pytest.approx(0.4163, abs=1e-4)
+    (tmp_path / "no.txt").write_text("nothing here\n")
+    with pytest.raises(cal.UserInputError, match="cv-start-from"):
+        cal.read_fit(tmp_path / "no.txt")
