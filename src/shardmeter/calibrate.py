@@ -658,8 +658,9 @@ class Bound:
 
 
 # Bounds keep every parameter physically plausible: achieved NCCL bus bandwidth is 60-95% of
-# nominal on NVSwitch and 70-95% on IB/RoCE rails; flash attention reaches 40-100% of the GEMM
-# efficiency (FlashAttention-2 vs -3 on Hopper); FP8 GEMMs gain 1.2-2x; overlapped
+# nominal on NVSwitch and 70-95% on IB/RoCE rails; fused attention with the chip's native
+# instructions (cuDNN, FlashAttention-3) reaches 40-100% of the GEMM efficiency, FlashAttention-2
+# on Hopper `mma_sync_fraction` (2/3) of that; FP8 GEMMs gain 1.2-2x; overlapped
 # communication takes at most a fifth of the SMs (Calculon: 0.15 NVLink, 0.02 IB). The GEMM
 # size at half efficiency is a time at peak (launch, wave quantisation and tail), so faster
 # chips need proportionally bigger GEMMs: F_half = matmul_half_us · peak_bf16.
@@ -712,7 +713,7 @@ class Calibration:
 
     matmul_max: dict[str, float]  # family -> asymptotic fraction of dense peak
     matmul_half_us: float  # GEMM size at half of matmul_max, as seconds·1e-6 at bf16 peak
-    attention_ratio: float  # flash-attention efficiency / matmul efficiency
+    attention_ratio: float  # native fused-attention efficiency / matmul efficiency
     memory: float  # achieved fraction of HBM bandwidth
     fp8_speedup: float  # FP8 over BF16 GEMM time
     nvlink_efficiency: float  # achieved / nominal NVLink bus bandwidth
