@@ -36,11 +36,13 @@ from shardmeter.calibrate import (
     Calibration,
     RowResult,
     RunSpec,
+    apply_corrections,
     families_of,
     fit,
     free_parameters,
     leave_one_source_out,
     predictions,
+    read_corrections,
     read_rows,
     run_from_row,
     summarize,
@@ -54,12 +56,22 @@ from shardmeter.specs.loader import load_accelerator
 DATA = Path(__file__).resolve().parents[1] / "src" / "shardmeter" / "data"
 TAIL_APE = 0.20  # --cv lists the held-out rows above this error
 HOLDOUT = Path(__file__).resolve().parent / "holdout_runs.csv"
+# Plan cells of published runs that the shared CSV leaves blank or to the framework default,
+# set from the run's own published configuration (one quote per cell)
+CORRECTIONS = Path(__file__).resolve().parent / "runs_corrections.csv"
 
 
-def load_runs(path: Path) -> tuple[list[RunSpec], list[RowResult]]:
+def load_runs(
+    path: Path, corrections: Path | None = CORRECTIONS
+) -> tuple[list[RunSpec], list[RowResult]]:
+    """Runs of a calibration CSV, with the cells `corrections` sets from each run's own
+    published configuration (benchmarks/runs_corrections.csv: document and quote per cell)."""
     runs: list[RunSpec] = []
     skipped: list[RowResult] = []
-    for row in read_rows(path):
+    rows = read_rows(path)
+    if corrections is not None:
+        rows, _ = apply_corrections(rows, read_corrections(corrections))
+    for row in rows:
         try:
             runs.append(run_from_row(row))
         except UserInputError as exc:
@@ -183,7 +195,7 @@ def write_presets(cal: Calibration, note: str) -> list[Path]:
 CV_COLUMNS: tuple[str, ...] = (
     "run_id", "source_id", "framework", "model", "gpu", "n_gpus", "params_b", "seq_len", "tp",
     "pp", "vpp", "cp", "dp", "ep", "experts", "sharding", "recompute", "precision", "micro_batch",
-    "measured", "predicted", "signed_error",
+    "measured", "predicted", "signed_error", "global_batch", "n_layers", "attention",
 )  # fmt: skip
 
 
@@ -202,7 +214,8 @@ def write_cv_rows(path: Path, runs: Sequence[RunSpec], rows: Sequence[RowResult]
             plan.pp, plan.vpp, plan.cp, plan.dp, plan.ep,
             run.model.moe.experts if run.model.moe else 0, plan.sharding, plan.recompute,
             plan.precision, plan.micro_batch, f"{row.measured:.6g}", f"{row.predicted:.6g}",
-            f"{row.predicted / row.measured - 1.0:.5f}",
+            f"{row.predicted / row.measured - 1.0:.5f}", plan.global_batch, run.model.n_layers,
+            plan.attention,
         )  # fmt: skip
         lines.append(",".join('"' + str(v).replace('"', "'") + '"' for v in values))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -210,10 +223,23 @@ def write_cv_rows(path: Path, runs: Sequence[RunSpec], rows: Sequence[RowResult]
 
 
 def print_cv(
-    runs: Sequence[RunSpec], iterations: int, only: Sequence[str] | None, out: Path | None = None
+    runs: Sequence[RunSpec],
+    iterations: int,
+    only: Sequence[str] | None,
+    out: Path | None = None,
+    start_iterations: int = 0,
+    start: Calibration | None = None,
 ) -> None:
-    """Leave-one-source-out table: each source predicted by a fit on all the others."""
-    folds = leave_one_source_out(runs, iterations=iterations, only=only)
+    """Leave-one-source-out table: each source predicted by a fit on all the others. With
+    `start_iterations`, every fold starts from a fit on all the runs (that many iterations)
+    instead of the shipped starts: the protocol's "from the new all-data fit" for a model
+    change whose refit is not written yet; `start`, such a fit read back (`read_fit`)."""
+    if start is not None:
+        print("folds start from the given fit")
+    elif start_iterations > 0:
+        start, loss = fit(runs, iterations=start_iterations)
+        print(f"folds start from an all-data fit ({start_iterations} iterations, loss {loss:.4f})")
+    folds = leave_one_source_out(runs, iterations=iterations, only=only, start=start)
     print("leave-one-source-out cross-validation (fit on the other sources, predict this one)")
     print(f"{'held out':<9} {'n':>4} {'median':>8} {'mean':>7} {'p90':>7} {'signed median':>14}")
     every: list[RowResult] = []
@@ -247,6 +273,14 @@ def print_cv(
     shared, floor = identical_input_floor(runs, every)
     print(f"\nnoise floor: {shared} rows repeat another row's inputs; predicted at their "
           f"group's measured median, the all-rows p90 would be {100 * floor:.1f}%")  # fmt: skip
+
+
+def read_fit(path: Path) -> Calibration:
+    """The parameters a `--fit` printout lists ("  name  value  [low, high]" lines)."""
+    pairs = re.findall(r"^\s+(\S+)\s+([0-9.eE+-]+)\s+\[", path.read_text(), flags=re.M)
+    if not pairs:
+        raise UserInputError("cv-start-from", str(path), "the printout of calibration.py --fit")
+    return Calibration.from_values([n for n, _ in pairs], [float(v) for _, v in pairs])
 
 
 def identical_input_floor(runs: Sequence[RunSpec], rows: Sequence[RowResult]) -> tuple[int, float]:
@@ -285,6 +319,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cv-sources", default="", help="only these held-out folds (S1,H4,...)")
     parser.add_argument("--cv-out", default="", help="--cv: write every held-out row to this CSV")
     parser.add_argument(
+        "--cv-start-iterations",
+        type=int,
+        default=0,
+        help="--cv: start every fold from an all-data fit of this many iterations (0: the "
+        "shipped starts)",
+    )
+    parser.add_argument(
+        "--cv-start-from", default="", help="--cv: start every fold from this saved --fit printout"
+    )
+    parser.add_argument(
         "--holdout", default=str(HOLDOUT), help="second CSV fitted and cross-validated ('' none)"
     )
     args = parser.parse_args(argv)
@@ -298,7 +342,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     extra, _ = load_runs(Path(args.holdout)) if args.holdout else ([], [])
     if args.cv:
         only = args.cv_sources.split(",") if args.cv_sources else None
-        print_cv(runs + extra, args.iterations, only, Path(args.cv_out) if args.cv_out else None)
+        out = Path(args.cv_out) if args.cv_out else None
+        start = read_fit(Path(args.cv_start_from)) if args.cv_start_from else None
+        print_cv(runs + extra, args.iterations, only, out, args.cv_start_iterations, start)
         return 0
     calibration = None
     fit_runs = runs + extra

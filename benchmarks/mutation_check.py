@@ -54,6 +54,8 @@ OFFLOAD_ACT_TESTS = (
 )
 HBM_GATHER_TESTS = "tests/shardmeter/test_closed_form.py::test_zero3_per_matrix_gathers_stream_their_bytes_through_hbm"
 COMPILED_FUSION_TESTS = "tests/shardmeter/test_closed_form.py::test_compiled_step_fuses_elementwise_ops_into_the_matmuls"
+KERNEL_TESTS = "tests/shardmeter/test_attention_kernels.py"
+CORRECTION_TESTS = "tests/shardmeter/test_run_corrections.py"
 SIM_CODEC_TESTS = (
     "tests/heloco/test_codecs.py::test_the_simulators_int8_uplink_is_what_the_server_decodes"
 )
@@ -967,6 +969,37 @@ MUTATIONS: tuple[Mutation, ...] = (
              "elem_bytes = where(plans.compiled, compiled_bytes, elem_bytes) + routing_bytes",
              "elem_bytes = where(plans.compiled, compiled_bytes, elem_bytes + routing_bytes)",
              COMPILED_FUSION_TESTS),
+    # --- attention kernel class (FlashAttention-2 at Hopper's mma.sync ceiling vs cuDNN),
+    # the MLP up-projection recompute, and run corrections ---
+    Mutation("attention kernel: FlashAttention-2 at the native kernel's rate", "compute.py",
+             'return where(plans.attention == ATTENTION_CODES["cudnn"], 1.0, acc.mma_sync_fraction)',
+             'return where(plans.attention == ATTENTION_CODES["cudnn"], 1.0, 1.0)', KERNEL_TESTS),
+    Mutation("attention kernel: the ceiling left out of the efficiency", "compute.py",
+             "eta = eff.attention * ceiling * gflop", "eta = eff.attention * gflop", KERNEL_TESTS),
+    Mutation("attention kernel: NeMo defaults to FlashAttention-2", "shardmeter/specs/framework.py",
+             'overlap_tp=True,\n            attention="cudnn",\n            fused_ce=True,\n'
+             '            source="DGX Cloud',
+             'overlap_tp=True,\n            attention="flash",\n            fused_ce=True,\n'
+             '            source="DGX Cloud', KERNEL_TESTS),
+    Mutation("MLP up recompute: the up GEMMs not re-run", "compute.py",
+             'selective = selective + where(plans.recompute_mlp_up, mix("up_s"), 0.0)',
+             'selective = selective + 0.0 * where(plans.recompute_mlp_up, mix("up_s"), 0.0)',
+             KERNEL_TESTS),
+    Mutation("MLP up recompute: the down GEMM counted as the up", "compute.py",
+             "        up_s = mlp_s - down_s\n", "        up_s = down_s\n", KERNEL_TESTS),
+    Mutation("MLP up recompute: its outputs still kept", "memory.py",
+             "up_out = ACT_BYTES * (model.mlp_matrices - 1.0) * tokens * mlp_width",
+             "up_out = 0.0 * tokens * mlp_width", KERNEL_TESTS),
+    Mutation("MLP up recompute: the gate GEMM left out of the hardware FLOPs", "compute.py",
+             "up = (model.mlp_matrices - 1) * model.hidden", "up = model.hidden", KERNEL_TESTS),
+    Mutation("MaxText save_dot_except_mlpwi read as plain selective", "shardmeter/calibrate.py",
+             'MLP_UP_REMAT: frozenset[str] = frozenset({"save_dot_except_mlpwi"})',
+             "MLP_UP_REMAT: frozenset[str] = frozenset()", KERNEL_TESTS),
+    Mutation("run corrections: a range misses its last id", "shardmeter/calibrate.py",
+             "range(int(low), int(high) + 1)", "range(int(low), int(high))", CORRECTION_TESTS),
+    Mutation("run corrections: applied to every source", "shardmeter/calibrate.py",
+             'if _cell(row, "source_id") == c.source_id and _cell(row, "run_id") in c.run_ids:',
+             'if _cell(row, "run_id") in c.run_ids:', CORRECTION_TESTS),
 )  # fmt: skip
 
 

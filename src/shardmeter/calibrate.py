@@ -286,8 +286,11 @@ SHARDING_ALIASES: dict[str, str] = {
 RECOMPUTE_ALIASES: dict[str, str] = {
     "sac": "selective", "op": "selective", "partial": "selective", "yes": "full",
     "block": "full", "no": "none", "off": "none", "minimal": "selective",
-    "minimal_offloaded": "selective",
+    "minimal_offloaded": "selective", "save_dot_except_mlpwi": "selective",
 }  # fmt: skip
+# MaxText remat policies that save every dot but the MLP up projection (`mlpwi`): selective
+# recompute (the attention core and element-wise ops) plus the up GEMMs, `recompute_mlp_up`.
+MLP_UP_REMAT: frozenset[str] = frozenset({"save_dot_except_mlpwi"})
 # MaxText remat policies that offload what they keep to host memory (decoders.py,
 # save_and_offload_only_these_names): the plan's `offload_activations`.
 OFFLOADED_REMAT: frozenset[str] = frozenset({"minimal_offloaded"})
@@ -356,6 +359,8 @@ def plan_from_row(row: Mapping[str, str]) -> Plan:
         stated["recompute"] = _alias(row, "recompute", RECOMPUTE_ALIASES)
         if _cell(row, "recompute").lower() in OFFLOADED_REMAT:
             stated["offload_activations"] = True
+        if _cell(row, "recompute").lower() in MLP_UP_REMAT:
+            stated["recompute_mlp_up"] = True
     stated.update(_plan_extras(row))
     try:
         return Plan(**{k: v for k, v in stated.items() if v is not None})
@@ -461,6 +466,74 @@ def run_from_row(row: Mapping[str, str]) -> RunSpec:
         measured=measured,
         relaxed=relaxed,
     )
+
+
+CORRECTION_COLUMNS = ("source_id", "run_ids", "column", "value", "document", "quote")
+
+
+@dataclass(frozen=True)
+class Correction:
+    """One cell of published runs set from the run's own published configuration: the rows
+    of `source_id` whose run_id is in `run_ids` get `value` in `column`; `document` and
+    `quote` say where the published source states it."""
+
+    source_id: str
+    run_ids: frozenset[str]
+    column: str
+    value: str
+    document: str
+    quote: str
+
+
+def _run_ids(text: str) -> frozenset[str]:
+    """'99-108;120' -> the ids 99..108 and 120 (inclusive ranges of integers, or single ids)."""
+    ids: set[str] = set()
+    for part in (p.strip() for p in text.split(";") if p.strip()):
+        low, sep, high = part.partition("-")
+        if sep and low.isdigit() and high.isdigit() and int(low) <= int(high):
+            ids.update(str(i) for i in range(int(low), int(high) + 1))
+        elif sep:
+            raise UserInputError("run_ids", text, "ids or ranges LOW-HIGH separated by ';'")
+        else:
+            ids.add(part)
+    if not ids:
+        raise UserInputError("run_ids", text, "at least one run id")
+    return frozenset(ids)
+
+
+def read_corrections(path: str | Path) -> list[Correction]:
+    """Corrections CSV (CORRECTION_COLUMNS); each needs its document and quote."""
+    out: list[Correction] = []
+    for row in read_csv_rows(path, CORRECTION_COLUMNS, "corrections CSV"):
+        if not _cell(row, "document") or not _cell(row, "quote"):
+            raise UserInputError("quote", _cell(row, "run_ids"), "a document and a quote per row")
+        out.append(
+            Correction(
+                source_id=_cell(row, "source_id"),
+                run_ids=_run_ids(_cell(row, "run_ids")),
+                column=_cell(row, "column"),
+                value=_cell(row, "value"),
+                document=_cell(row, "document"),
+                quote=_cell(row, "quote"),
+            )
+        )
+    return out
+
+
+def apply_corrections(
+    rows: Sequence[Mapping[str, str]], corrections: Sequence[Correction]
+) -> tuple[list[dict[str, str]], int]:
+    """Copies of `rows` with every matching correction applied, and how many cells changed."""
+    out: list[dict[str, str]] = []
+    changed = 0
+    for row in rows:
+        new = dict(row)
+        for c in corrections:
+            if _cell(row, "source_id") == c.source_id and _cell(row, "run_id") in c.run_ids:
+                changed += new.get(c.column, "") != c.value
+                new[c.column] = c.value
+        out.append(new)
+    return out, changed
 
 
 def read_rows(path: str | Path) -> list[dict[str, str]]:
@@ -585,8 +658,9 @@ class Bound:
 
 
 # Bounds keep every parameter physically plausible: achieved NCCL bus bandwidth is 60-95% of
-# nominal on NVSwitch and 70-95% on IB/RoCE rails; flash attention reaches 40-100% of the GEMM
-# efficiency (FlashAttention-2 vs -3 on Hopper); FP8 GEMMs gain 1.2-2x; overlapped
+# nominal on NVSwitch and 70-95% on IB/RoCE rails; fused attention with the chip's native
+# instructions (cuDNN, FlashAttention-3) reaches 40-100% of the GEMM efficiency, FlashAttention-2
+# on Hopper `mma_sync_fraction` (2/3) of that; FP8 GEMMs gain 1.2-2x; overlapped
 # communication takes at most a fifth of the SMs (Calculon: 0.15 NVLink, 0.02 IB). The GEMM
 # size at half efficiency is a time at peak (launch, wave quantisation and tail), so faster
 # chips need proportionally bigger GEMMs: F_half = matmul_half_us · peak_bf16.
@@ -639,7 +713,7 @@ class Calibration:
 
     matmul_max: dict[str, float]  # family -> asymptotic fraction of dense peak
     matmul_half_us: float  # GEMM size at half of matmul_max, as seconds·1e-6 at bf16 peak
-    attention_ratio: float  # flash-attention efficiency / matmul efficiency
+    attention_ratio: float  # native fused-attention efficiency / matmul efficiency
     memory: float  # achieved fraction of HBM bandwidth
     fp8_speedup: float  # FP8 over BF16 GEMM time
     nvlink_efficiency: float  # achieved / nominal NVLink bus bandwidth

@@ -51,7 +51,7 @@ def test_unknown_framework_is_an_error_not_a_substring_guess(name: str) -> None:
 def test_blank_fields_take_the_framework_defaults_and_stated_ones_win() -> None:
     nemo = Plan(framework="nemo", tp=4, pp=2, dp=2, global_batch=16)
     assert (nemo.sharding, nemo.overlap_tp, nemo.sp, nemo.fused_ce, nemo.attention) == (
-        "zero1", True, True, True, "flash",
+        "zero1", True, True, True, "cudnn",
     )  # fmt: skip
     stated = Plan(framework="nemo", tp=4, sharding="zero3", overlap_tp=False, sp=False)
     assert (stated.sharding, stated.overlap_tp, stated.sp) == ("zero3", False, False)

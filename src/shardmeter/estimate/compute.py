@@ -114,12 +114,22 @@ def gemm_time(m: Num, k: Num, n: Num, acc: Accelerator, fp8: Num) -> Num:
     return maximum(t_math, memory_time((m * k + k * n + m * n) * ACT_BYTES, acc))
 
 
-def attention_core_time(flops: Num, n_bytes: Num, acc: Accelerator) -> Num:
-    """Fused (flash) attention: bf16 tensor-core work at `attention` efficiency, or HBM bound."""
+def attention_core_time(flops: Num, n_bytes: Num, acc: Accelerator, ceiling: Num = 1.0) -> Num:
+    """Fused (flash) attention: bf16 tensor-core work at `attention` efficiency times
+    `ceiling` (the kernel's instruction class, `attention_ceiling`), or HBM bound."""
     eff = acc.efficiency
     gflop = flops / 1e9
-    eta = maximum(eff.attention * gflop / (gflop + eff.matmul_half_gflop + 1e-30), 1e-6)
+    eta = eff.attention * ceiling * gflop / (gflop + eff.matmul_half_gflop + 1e-30)
+    eta = maximum(eta, 1e-6)
     return maximum(flops / (acc.peak("bf16") * 1e12 * eta), memory_time(n_bytes, acc))
+
+
+def attention_ceiling(plans: PlanArrays, acc: Accelerator) -> Num:
+    """Share of the fitted fused-attention efficiency a plan's kernel reaches: 1 for cuDNN
+    fused attention / FlashAttention-3 (`attention = "cudnn"`, the chip's native tensor-core
+    instruction, Hopper's wgmma), the accelerator's `mma_sync_fraction` for FlashAttention-2
+    (`"flash"`, built on Ampere's mma.sync: 2/3 on Hopper, Shah et al. 2024 §2.2). Dimensionless."""
+    return where(plans.attention == ATTENTION_CODES["cudnn"], 1.0, acc.mma_sync_fraction)
 
 
 @dataclass(frozen=True)
@@ -140,6 +150,7 @@ class LayerCost:
     attention_bwd_s: Num | None = None  # default: BWD_ATTN × attention_s (FlashAttention-2)
     synced_launch_s: Num = 0.0  # launches after a host sync (dropless MoE), not hidden
     down_s: Num = 0.0  # the MLP down projection(s): the layer's last GEMM
+    up_s: Num = 0.0  # the MLP up projection(s): gate and up GEMMs (SwiGLU), the first (GELU)
     cast_s: Num = 0.0  # autocast casts of fp32 weights to bf16 (params_fp32)
     quant_s: Num = 0.0  # FP8 casts of the GEMMs' activation inputs, forward
     quant_bwd_s: Num = 0.0  # FP8 casts of the GEMMs' output gradients, backward
@@ -236,7 +247,8 @@ def attention_time(
     cp = as_float(plans.cp)
     flops_causal = 4.0 * t * model.seq_len * sh.q_local * CAUSAL_FRACTION
     block_bytes = t * (2.0 * sh.q_local + 2.0 * sh.kv_local / cp) * ACT_BYTES
-    flash = cp * attention_core_time(flops_causal / cp, block_bytes, acc)
+    ceiling = attention_ceiling(plans, acc)
+    flash = cp * attention_core_time(flops_causal / cp, block_bytes, acc, ceiling)
     unfused_flops = 2.0 * flops_causal
     heads_local = model.n_heads / as_float(plans.tp)
     scores = t * model.seq_len * heads_local
@@ -325,6 +337,7 @@ def layer_forward(
             gemm_s = gemm_s + shared_s
             down_s = down_s + shared_down
             gemm_flops = gemm_flops + shared_flops
+        up_s = routed_s + (shared_s if spec.shared_experts else 0.0) - down_s
         active_width = width * (spec.top_k + spec.shared_experts)
         mlp_rows = t * (spec.top_k + spec.shared_experts)
         # Router softmax + top-k over fp32 logits (write, read, write T·E·4 B); token permute
@@ -336,6 +349,7 @@ def layer_forward(
         width = model.dense_ffn / tp
         mlp_s, mlp_flops, down_s = _mlp_cost(sh, h, width, n_mat, t, acc)
         gemm_s = gemm_s + mlp_s
+        up_s = mlp_s - down_s
         gemm_flops = gemm_flops + mlp_flops
         weights = weights + n_mat * h * width
         active_width = width
@@ -360,6 +374,7 @@ def layer_forward(
         attention_bwd_s=attention_bwd_s,
         synced_launch_s=synced,
         down_s=down_s,
+        up_s=up_s,
         cast_s=cast_time(weights, plans, acc),
         quant_s=fp8_cast_time(quant_fwd, plans, acc, sh.fp8),
         quant_bwd_s=fp8_cast_time(quant_bwd, plans, acc, sh.fp8),
@@ -428,14 +443,32 @@ def recompute_share(plans: PlanArrays) -> Num:
     return where(every > 0, 1.0 / maximum(every, 1.0), 1.0)
 
 
+def mlp_up_flops_per_token(model: TransformerSpec) -> float:
+    """Forward FLOPs per token of the MLP up projections over all layers, 2 per weight: the
+    gate and up matrices of SwiGLU (the first matrix of GELU), dense width on dense layers,
+    the top-k routed and the shared experts' on MoE layers."""
+    up = (model.mlp_matrices - 1) * model.hidden
+    dense = (model.n_layers - model.n_moe_layers) * up * model.dense_ffn
+    moe = 0.0
+    if model.moe is not None:
+        active = model.moe.top_k + model.moe.shared_experts
+        moe = model.n_moe_layers * up * model.expert_ffn * active
+    return 2.0 * (dense + moe)
+
+
 def recompute_flops_per_token(
-    model: TransformerSpec, recompute: Num, recompute_qkv: Num = False
+    model: TransformerSpec,
+    recompute: Num,
+    recompute_qkv: Num = False,
+    recompute_mlp_up: Num = False,
 ) -> Num:
     """Extra forward FLOPs per token re-run in backward: all layers (full) or attention
-    (selective), plus the Q, K, V projections when `recompute_qkv` (full already has them)."""
+    (selective), plus the Q, K, V projections when `recompute_qkv` and the MLP up projections
+    when `recompute_mlp_up` (full already has both)."""
     layers = model.matmul_flops_per_token() - 2.0 * model.vocab * model.hidden
     attention = model.attention_flops_per_token(causal=True)
     qkv = where(recompute_qkv, qkv_flops_per_token(model), 0.0)
+    qkv = qkv + where(recompute_mlp_up, mlp_up_flops_per_token(model), 0.0)
     selective = where(recompute == RECOMPUTE_CODES["selective"], attention, 0.0) + qkv
     return where(recompute == RECOMPUTE_CODES["full"], layers + attention, selective)
 
@@ -514,6 +547,7 @@ def unit_costs(model: TransformerSpec, plans: PlanArrays, acc: Accelerator) -> U
     selective = where(
         code == RECOMPUTE_CODES["selective"], mix("attention_s") + mix("elementwise_s"), 0.0
     ) + where(plans.recompute_qkv, qkv_recompute_time(model, plans, acc), 0.0)
+    selective = selective + where(plans.recompute_mlp_up, mix("up_s"), 0.0)
     # A compiled step (XLA, torch.compile) recomputes only what the backward needs: the layer's
     # last GEMM (MLP down projection) feeds just the residual stream and is dead code there.
     full = layer_fwd - where(plans.compiled, mix("down_s"), 0.0)

@@ -423,6 +423,10 @@ def _activation_sets(model: TransformerSpec, plans: PlanArrays) -> tuple[Num, Nu
     dropped_qkv = where(plans.recompute_qkv, ACT_BYTES * tokens * (q_l + 2.0 * kv_l) - latents, 0.0)
     full_set = full_set - dropped_qkv
     selective_set = selective_set - dropped_qkv
+    # The MLP up projection re-run in backward from its kept input (MaxText
+    # "save_dot_except_mlpwi"): its outputs, (m − 1)·F per token, are not kept either.
+    up_out = ACT_BYTES * (model.mlp_matrices - 1.0) * tokens * mlp_width
+    selective_set = selective_set - where(plans.recompute_mlp_up, up_out, 0.0)
     # Eager element-wise ops (fused_elementwise = False: torchtitan without compile, HF
     # Transformers, litgpt) save more than fused kernels, from PyTorch autograd's saved
     # tensors: RMSNorm upcasts its input and saves the fp32 copy (pow and mul) and the bf16

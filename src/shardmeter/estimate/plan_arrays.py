@@ -21,7 +21,7 @@ BoolArray = NDArray[np.bool_]
 SHARDING_CODES: dict[str, int] = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
 PRECISION_CODES: dict[str, int] = {"bf16": 0, "fp16": 1, "fp8": 2}
-ATTENTION_CODES: dict[str, int] = {"flash": 0, "unfused": 1}
+ATTENTION_CODES: dict[str, int] = {"flash": 0, "unfused": 1, "cudnn": 2}
 OPTIMIZER_CODES: dict[str, int] = {
     "adamw": 0, "adamw8bit": 1, "adamw4bit": 2, "paged_adamw": 3, "paged_adamw8bit": 4,
     "adafactor": 5, "sgd": 6, "muon": 7,
@@ -38,7 +38,7 @@ _BOOL_FIELDS = (
     "fused_elementwise", "params_fp32", "pp_end_chunks", "recompute_act", "recompute_norm",
     "recompute_qkv", "reshard_after_forward", "fp8_te", "op_sac", "ce_eager", "ce_compiled",
     "grad_fp32", "optimizer_in_backward", "sp_gathered_inputs", "pp_keeps_outputs",
-    "offload_activations",
+    "offload_activations", "recompute_mlp_up",
 )  # fmt: skip
 
 
@@ -99,7 +99,7 @@ class PlanArrays:
     overlap_dp: BoolArray
     overlap_param_gather: BoolArray
     overlap_tp: BoolArray
-    attention: Any = 0  # 0 flash, 1 unfused (scores through HBM)
+    attention: Any = 0  # 0 flash (FlashAttention-2), 1 unfused (scores through HBM), 2 cudnn
     fused_ce: Any = False  # fused cross-entropy (no fp32 logits copy)
     gather_matrix: Any = False  # ZeRO-3 gathers one weight matrix at a time (not a layer)
     overlap_ep: Any = False  # expert all-to-alls hidden under compute
@@ -119,6 +119,7 @@ class PlanArrays:
     recompute_act: Any = False  # activation-function output recomputed in backward
     recompute_norm: Any = False  # norm outputs (GEMM inputs) recomputed in backward
     recompute_qkv: Any = False  # Q, K, V re-projected in backward (MLA: from the latents)
+    recompute_mlp_up: Any = False  # MLP up projection re-run in backward, its outputs not kept
     optimizer: Any = 0  # OPTIMIZER_CODES
     master: Any = 0  # MASTER_CODES: fp32 master copy, 16-bit remainder, none (pure bf16)
     offload: Any = 0  # OFFLOAD_CODES: none, optimizer, params+optimizer, grads+optimizer

@@ -540,7 +540,9 @@ def estimate_step_arrays(
     model_flops = model_flops_per_token(model, causal=True) * tokens_step
     hw_flops = (
         model_flops
-        + recompute_flops_per_token(model, plans.recompute, plans.recompute_qkv)
+        + recompute_flops_per_token(
+            model, plans.recompute, plans.recompute_qkv, plans.recompute_mlp_up
+        )
         * where(plans.recompute == RECOMPUTE_CODES["full"], recompute_share(plans), 1.0)
         * tokens_step
     )

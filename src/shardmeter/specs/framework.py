@@ -20,7 +20,7 @@ from shardmeter.errors import UserInputError
 
 Sharding = Literal["none", "zero1", "zero2", "zero3"]
 Recompute = Literal["none", "selective", "full"]
-Attention = Literal["flash", "unfused"]
+Attention = Literal["flash", "cudnn", "unfused"]
 GatherUnit = Literal["layer", "matrix"]
 MasterWeights = Literal["fp32", "remainder", "none"]
 Dispatch = Literal["bf16", "fp8"]
@@ -40,7 +40,9 @@ class Framework(BaseModel):
     overlap_param_gather: bool  # ZeRO/FSDP parameter all-gathers prefetched under compute
     overlap_tp: bool  # TP collectives overlapped with GEMMs (applies when tp > 1)
     sp: bool  # sequence parallelism with TP (applies when tp > 1)
-    attention: Attention  # flash (fused) or unfused (scores through HBM)
+    # flash (FlashAttention-2 kernels), cudnn (cuDNN fused attention / FlashAttention-3: the
+    # chip's native tensor-core instructions) or unfused (scores through HBM)
+    attention: Attention
     fused_ce: bool  # cross-entropy fused with the softmax (no fp32 logits copy)
     vpp: int = 1  # virtual pipeline chunks per rank when pp > 1 (1 = plain 1F1B)
     gather_unit: GatherUnit = "layer"  # what one ZeRO-3 all-gather fetches
@@ -121,7 +123,7 @@ FRAMEWORKS: dict[str, Framework] = {
             overlap_param_gather=True,
             sp=True,
             overlap_tp=True,
-            attention="flash",
+            attention="cudnn",
             fused_ce=True,
             source="Megatron-Core reference recipes: use_distributed_optimizer, "
             "overlap_grad_reduce, overlap_param_gather, tp_comm_overlap with TP+SP, "
@@ -136,7 +138,7 @@ FRAMEWORKS: dict[str, Framework] = {
             overlap_param_gather=True,
             sp=True,
             overlap_tp=True,
-            attention="flash",
+            attention="cudnn",
             fused_ce=True,
             source="DGX Cloud benchmarking recipes for NeMo 24.09/24.11 (NVIDIA/dgxc-benchmarking "
             "nemo_megatron/gpt3_175b_hydra.yaml, llama3.1/pretrain_llama31.py): distributed "
@@ -155,7 +157,7 @@ FRAMEWORKS: dict[str, Framework] = {
             overlap_param_gather=True,
             sp=True,
             overlap_tp=True,
-            attention="flash",
+            attention="cudnn",
             fused_ce=True,
             source="Megatron-Bridge performance recipes (docs/performance-summary.md, 25.11): "
             "as NeMo 24.x; CUDA graphs off unless the table says CG",

@@ -52,6 +52,12 @@ class Accelerator(BaseModel):
     # (estimate/memory.py PCIE_BYTES_PER_S). Carries host offload traffic.
     host_gbps: float | None = Field(default=None, gt=0)
     tdp_w: float | None = Field(default=None, gt=0)
+    # Fraction of the dense tensor peak that kernels built on the previous generation's
+    # warp-level `mma.sync` instruction can reach (FlashAttention-2 class). Hopper's full rate
+    # needs the warpgroup `wgmma` instruction: "mma.sync can only achieve 2/3 of the peak
+    # throughput of Hopper Tensor Cores" (Shah et al. 2024, FlashAttention-3, §2.2); 1 where
+    # mma.sync is the native path (Ampere, Ada) or the chip has no such split (TPU). Dimensionless.
+    mma_sync_fraction: float = Field(default=1.0, gt=0, le=1)
     efficiency: Efficiency = Efficiency()
     source: str = ""
 

@@ -64,7 +64,10 @@ class Plan(BaseModel):
     overlap_dp: bool = True  # overlap gradient reduce with backward
     overlap_param_gather: bool = True  # prefetch FSDP/ZeRO parameter all-gathers
     overlap_tp: bool = False  # overlap TP collectives with GEMMs (comm-GEMM overlap)
-    attention: Attention = "flash"  # fused (flash) or unfused: scores and softmax through HBM
+    # fused FlashAttention-2 kernels ("flash"), cuDNN fused attention or FlashAttention-3 with
+    # the chip's native tensor-core instructions ("cudnn"), or "unfused": scores and softmax
+    # through HBM
+    attention: Attention = "flash"
     fused_ce: bool = False  # cross-entropy fused with the softmax: no fp32 copy of the logits
     gather_unit: GatherUnit = "layer"  # ZeRO-3 fetches one layer (FSDP) or one weight matrix
     overlap_ep: bool = False  # expert all-to-alls overlapped with compute (DualPipe-style)
@@ -107,6 +110,10 @@ class Plan(BaseModel):
     # up-projections"; Megatron-Core recompute_modules "mla_up_proj"); otherwise from the QKV
     # GEMM input, which is kept anyway
     recompute_qkv: bool = False
+    # the MLP up projection (gate and up GEMMs of SwiGLU, the first GEMM of GELU) is re-run in
+    # backward from its kept input, and its outputs are not kept (MaxText remat policy
+    # "save_dot_except_mlpwi": every dot saved but `mlpwi`); with `selective` recompute
+    recompute_mlp_up: bool = False
     # the activations the recompute mode keeps are moved to host memory in forward and back
     # in backward over the host link (MaxText remat_policy "minimal_offloaded": JAX
     # save_and_offload_only_these_names with offload_dst "pinned_host")
