@@ -53,12 +53,6 @@ OFFLOAD_ACT_TESTS = (
     "tests/shardmeter/test_closed_form.py::test_activations_offloaded_to_host_and_back"
 )
 HBM_GATHER_TESTS = "tests/shardmeter/test_closed_form.py::test_zero3_per_matrix_gathers_stream_their_bytes_through_hbm"
-FSDP2_COPY_TESTS = (
-    "tests/shardmeter/test_closed_form.py::test_fsdp2_copies_each_gather_out_and_each_reduce_input_in"
-)
-TITAN_DEFAULT_TESTS = (
-    "tests/shardmeter/test_framework.py::test_blank_fields_take_the_framework_defaults_and_stated_ones_win"
-)
 SIM_CODEC_TESTS = (
     "tests/heloco/test_codecs.py::test_the_simulators_int8_uplink_is_what_the_server_decodes"
 )
@@ -955,31 +949,6 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("DeepSpeed list gather: FSDP flat gathers copy back as well", "step.py",
              "back = where(plans.gather_matrix, memory_time(COPY_BACK_PASSES * piece, acc), 0.0)",
              "back = memory_time(COPY_BACK_PASSES * piece, acc)", HBM_GATHER_TESTS),
-    # --- FSDP2 per-parameter sharding (torchtitan): copies on the compute stream, fp32 reduce ---
-    Mutation("FSDP2 copy-out: reads but does not write", "step.py",
-             "GATHER_COPY_OUT_PASSES = 2.0", "GATHER_COPY_OUT_PASSES = 1.0", FSDP2_COPY_TESTS),
-    Mutation("FSDP2 copy-in: writes the bf16 size, not the reduce dtype's", "step.py",
-             "reduce = memory_time((GRAD_BYTES + reduce_bytes(plans)) * params, acc)",
-             "reduce = memory_time((GRAD_BYTES + GRAD_BYTES) * params, acc)", FSDP2_COPY_TESTS),
-    Mutation("FSDP2 copies: flat-buffer FSDP copies as well", "step.py",
-             'on = (plans.sharding == SHARDING_CODES["zero3"]) & plans.per_param_sharding',
-             'on = plans.sharding == SHARDING_CODES["zero3"]', FSDP2_COPY_TESTS),
-    Mutation("FSDP2 copies: the backward gather not copied out", "step.py",
-             "layer_fsdp + per_mb * (layer_out * (1.0 + where(kept, 0.0, 1.0)) + layer_in)",
-             "layer_fsdp + per_mb * (layer_out + layer_in)", FSDP2_COPY_TESTS),
-    Mutation("FSDP2 copies: the tables copy nothing", "step.py",
-             "    head_fsdp = head_fsdp + table_copies\n", "", FSDP2_COPY_TESTS),
-    Mutation("FSDP2 copies: once-per-step copies charged per micro-batch as well", "step.py",
-             'per_mb = where(once_per_step, 0.0, 1.0)', 'per_mb = 1.0', FSDP2_COPY_TESTS),
-    Mutation("FSDP2 copies: once-per-step copies left out", "step.py",
-             "fsdp_once = fsdp_once + where(once_per_step, step_out + step_in, 0.0)",
-             "fsdp_once = fsdp_once + 0.0 * (step_out + step_in)", FSDP2_COPY_TESTS),
-    Mutation("fp32 reduce: the reduce-scatter still moves bf16", "step.py",
-             "grads = p_count * reduce_bytes(plans)", "grads = p_count * GRAD_BYTES", FSDP2_COPY_TESTS),
-    Mutation("torchtitan reduces in bf16 by default", "shardmeter/specs/framework.py",
-             '            reduce_dtype="fp32",\n', "", TITAN_DEFAULT_TESTS),
-    Mutation("torchtitan's FSDP treated as flat buffers", "shardmeter/specs/framework.py",
-             "            per_param_sharding=True,\n", "", TITAN_DEFAULT_TESTS),
 )  # fmt: skip
 
 

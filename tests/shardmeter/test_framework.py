@@ -81,15 +81,6 @@ def test_blank_fields_take_the_framework_defaults_and_stated_ones_win() -> None:
     assert Plan(framework="llm-foundry").param_dtype == "fp32"
     assert Plan(framework="llm-foundry", param_dtype="bf16").param_dtype == "bf16"
     assert Plan(framework="torchtitan").param_dtype == "bf16" and Plan().param_dtype == "bf16"
-    # torchtitan's ZeRO-3 is FSDP2 (per-parameter sharding, copies in and out) reducing in
-    # fp32 (training.mixed_precision_reduce = "float32"); the flat-buffer stacks do neither.
-    titan = Plan(framework="torchtitan")
-    assert (titan.per_param_sharding, titan.reduce_dtype) == (True, "fp32")
-    for name in ("nemo", "llm-foundry", "metaseq", "megatron-core"):
-        assert (Plan(framework=name).per_param_sharding, Plan(framework=name).reduce_dtype) == (
-            False, "bf16",
-        )  # fmt: skip
-    assert Plan(framework="torchtitan", reduce_dtype="bf16").reduce_dtype == "bf16"
 
 
 def test_every_framework_documents_its_source() -> None:

@@ -38,7 +38,7 @@ _BOOL_FIELDS = (
     "fused_elementwise", "params_fp32", "pp_end_chunks", "recompute_act", "recompute_norm",
     "recompute_qkv", "reshard_after_forward", "fp8_te", "op_sac", "ce_eager", "ce_compiled",
     "grad_fp32", "optimizer_in_backward", "sp_gathered_inputs", "pp_keeps_outputs",
-    "offload_activations", "per_param_sharding", "reduce_fp32",
+    "offload_activations",
 )  # fmt: skip
 
 
@@ -71,7 +71,6 @@ def plan_columns(plan: Plan) -> dict[str, Any]:
         "ce_eager": plan.ce_upcast == "eager",
         "ce_compiled": plan.ce_upcast == "compiled",
         "grad_fp32": plan.grad_accum_dtype == "fp32",
-        "reduce_fp32": plan.reduce_dtype == "fp32",
         "recompute_every": plan.recompute_every or 0,
     }
     return {
@@ -134,8 +133,6 @@ class PlanArrays:
     sp_gathered_inputs: Any = False  # with sp: the GEMMs save their all-gathered input
     pp_keeps_outputs: Any = False  # each stage keeps its output per micro-batch in flight
     offload_activations: Any = False  # kept activations moved to host memory and back
-    per_param_sharding: Any = False  # FSDP2: gathers copied out, reduce inputs copied in
-    reduce_fp32: Any = False  # gradients reduced in fp32 (FSDP2 reduce_dtype float32)
 
     @property
     def chunk_group(self) -> Num:

@@ -75,7 +75,7 @@ from shardmeter.estimate.result import (
     StepArrays,
     StepEstimate,
 )
-from shardmeter.specs.hardware import Accelerator, Cluster
+from shardmeter.specs.hardware import Cluster
 from shardmeter.specs.model import TransformerSpec
 from shardmeter.specs.plan import Plan, validate_plan
 from shardmeter.specs.rules import first_broken, rules_hold
@@ -93,17 +93,6 @@ FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128.0  # e4m3 value + one fp32 scale per 128 (D
 # torch.zeros (one write) and synchronizes the device before the gather. Dimensionless.
 COPY_BACK_PASSES = 2.0
 ZERO_FILL_PASSES = 1.0
-# FSDP2 per-parameter sharding (torch/distributed/_composable/fsdp/_fsdp_collectives.py), the
-# copies the compute stream makes or waits for. After each all-gather,
-# `foreach_all_gather_copy_out` waits for the gather on the current stream and
-# `split_with_sizes_copy` reads the gathered buffer and writes the parameters: 2 HBM passes
-# over the gathered bytes (dimensionless). Before each reduce-scatter, `foreach_reduce` copies
-# the unsharded gradients into the reduce dtype's input buffer (`torch._chunk_cat`: reads the
-# bf16 gradients, writes GRAD bytes + the reduce dtype's bytes per element) on the
-# reduce-scatter stream, then `current_stream.wait_stream(reduce_scatter_stream)`: the compute
-# stream waits for it. The all-gather's copy-in runs on a side stream nobody waits for.
-GATHER_COPY_OUT_PASSES = 2.0
-FP32_REDUCE_BYTES = 4.0  # bytes per gradient element reduced in fp32 (FSDP2 reduce_dtype)
 # Time components that scale with the stage's layers and tables, per micro-batch.
 STAGE_COMPONENTS: tuple[str, ...] = (
     "compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "fsdp_comm", "dp_comm",
@@ -225,7 +214,7 @@ def _sync(
     weight_bytes = gathered_weight_bytes(plans)
 
     def one(p_count: Num, d: Num, rep: Num, stride: Num) -> tuple[Num, Num, Num]:
-        grads = p_count * reduce_bytes(plans)
+        grads = p_count * GRAD_BYTES
         rs = comm.reduce_scatter_time(grads, d, stride, cluster)
         piece = p_count * weight_bytes / units  # bytes one gather assembles on each GPU
         gather = comm.all_gather_time(piece, d, stride, cluster)
@@ -246,23 +235,6 @@ def _sync(
         )
         rs, ag, ar = rs + rs_e, ag + ag_e, ar + ar_e
     return _Sync(rs, ag, ar)
-
-
-def reduce_bytes(plans: PlanArrays) -> Num:
-    """Bytes per gradient element the ZeRO/DP reduction moves: the bf16 gradient, or fp32
-    where the plan reduces in fp32 (FSDP2 MixedPrecisionPolicy reduce_dtype)."""
-    return where(plans.reduce_fp32, FP32_REDUCE_BYTES, GRAD_BYTES)
-
-
-def fsdp_copy_time(params: Num, plans: PlanArrays, acc: Accelerator) -> tuple[Num, Num]:
-    """(gather copy-out, reduce-scatter copy-in) seconds for one FSDP2 unit of `params`
-    parameters (unsharded, per GPU), 0 unless the plan is ZeRO-3 with per-parameter sharding:
-    GATHER_COPY_OUT_PASSES × the gathered bytes, and the bf16 gradients read plus the reduce
-    dtype's bytes written, both through HBM at the achieved bandwidth."""
-    on = (plans.sharding == SHARDING_CODES["zero3"]) & plans.per_param_sharding
-    gather = memory_time(GATHER_COPY_OUT_PASSES * gathered_weight_bytes(plans) * params, acc)
-    reduce = memory_time((GRAD_BYTES + reduce_bytes(plans)) * params, acc)
-    return where(on, gather, 0.0), where(on, reduce, 0.0)
 
 
 def _per_micro_batch(sync: _Sync, once_per_step: Num) -> _Sync:
@@ -395,19 +367,6 @@ def estimate_step_arrays(
     embed_fsdp, embed_dp, embed_fsdp_hidden, embed_dp_hidden = _unit_sharded_comm(
         table_sync, units.embed_forward_s, units.embed_backward_s, plans, u, table_bwd_gathers
     )
-    # FSDP2 per-parameter sharding (`per_param_sharding`): every gather of a unit is copied
-    # out to its parameters and every reduce-scatter's input copied in from its gradients on
-    # (or waited for by) the compute stream, exposed (fsdp_copy_time). Per micro-batch: 1
-    # forward gather + the backward's (0 when kept, else 1) and 1 reduce-scatter; under PP
-    # with the weights kept, one of each per step, charged below with the per-step syncs.
-    per_mb = where(once_per_step, 0.0, 1.0)
-    layer_out, layer_in = fsdp_copy_time(one_layer.total, plans, acc)
-    table_out, table_in = fsdp_copy_time(one_table.total, plans, acc)
-    layer_fsdp = layer_fsdp + per_mb * (layer_out * (1.0 + where(kept, 0.0, 1.0)) + layer_in)
-    table_copies = per_mb * (table_out * (1.0 + where(kept, 0.0, 1.0)) + table_in)
-    head_fsdp = head_fsdp + table_copies
-    embed_fsdp = embed_fsdp + table_copies
-
     # Activations offloaded to host memory (`offload_activations`, MaxText "minimal_offloaded"):
     # each layer's kept activations go down the host link during its forward and come back
     # for its backward, each transfer hidden behind that pass as any overlapped transfer
@@ -506,9 +465,6 @@ def estimate_step_arrays(
     fwd_window = where(plans.overlap_param_gather, on_critical("forward"), 0.0)
     fsdp_once_ov = _overlap(ag_once, fwd_window, u)
     fsdp_once = fsdp_once_ov.cost
-    # FSDP2 gathered once per step under PP: one copy-out and one copy-in of the stage
-    step_out, step_in = fsdp_copy_time(heaviest.total, plans, acc)
-    fsdp_once = fsdp_once + where(once_per_step, step_out + step_in, 0.0)
     steps_sync = STEP_SYNCS * comm.sync_time(as_float(plans.n_gpus), cluster)
 
     # Pipeline point-to-point: activation forward and gradient backward per micro-batch and
@@ -569,9 +525,7 @@ def estimate_step_arrays(
         "tp": m * layers_crit * tp_count * tp_msg * 2.0 * (tp - 1.0) / tp,
         "pp": pp_sends * pp_msg,
         "dp": where((stage >= SHARDING_CODES["zero2"]) & logical_not(zero3_once), m, 1.0)
-        * grad_bytes
-        * reduce_bytes(plans)
-        / GRAD_BYTES,
+        * grad_bytes,
         "fsdp": where(
             zero3, where(zero3_once, 1.0, where(kept, 1.0, 2.0) * m), where(stage >= 1, 1.0, 0.0)
         )

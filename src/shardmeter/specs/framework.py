@@ -71,10 +71,6 @@ class Framework(BaseModel):
     # selective_policy and ce_upcast)
     selective_policy: Literal["megatron", "torchtitan_op"] = "megatron"
     ce_upcast: Literal["none", "eager", "compiled"] = "none"
-    # ZeRO-3 is FSDP2's per-parameter sharding (gathers copied out, reduce-scatter inputs
-    # copied in; Plan field per_param_sharding) and the gradient reduce dtype
-    per_param_sharding: bool = False
-    reduce_dtype: Literal["bf16", "fp32"] = "bf16"
     source: str
 
 
@@ -183,8 +179,6 @@ FRAMEWORKS: dict[str, Framework] = {
             fp8_recipe="torchao",
             selective_policy="torchtitan_op",
             ce_upcast="eager",
-            per_param_sharding=True,
-            reduce_dtype="fp32",
             source="torchtitan job config defaults (Liang et al. 2024, arXiv:2410.06511): FSDP2, "
             "activation_checkpoint.mode = selective, async TP off, SDPA flash, pipeline "
             "schedule 1F1B, training.compile = false with norm_type = 'rmsnorm' (eager "
@@ -196,12 +190,7 @@ FRAMEWORKS: dict[str, Framework] = {
             "second one, SDPA flash/efficient, aten.max); the loss "
             "cross_entropy(pred.flatten(0, 1).float(), ...) uncompiled in 2024 train.py ('TODO: "
             "compiling loss function causes CUDA errors'); 2025 releases compile it with "
-            "training.compile (state ce_upcast = compiled); FSDP2 (fully_shard, per-parameter "
-            "DTensor sharding: each all-gather is copied out to the parameters on the compute "
-            "stream and each reduce-scatter input copied in from the gradients before the compute "
-            "stream goes on, torch/distributed/_composable/fsdp/_fsdp_collectives.py "
-            "foreach_all_gather_copy_out, foreach_reduce); training.mixed_precision_reduce = "
-            "'float32' (config_manager.py: default and only choice)",
+            "training.compile (state ce_upcast = compiled)",
         ),
         _fw(
             name="llm-foundry",
@@ -399,8 +388,6 @@ def framework_defaults(framework: Framework, given: dict[str, Any]) -> dict[str,
         "selective_policy": framework.selective_policy,
         "ce_upcast": framework.ce_upcast,
         "sp_gathered_inputs": framework.sp_gathered_inputs and tp > 1,
-        "per_param_sharding": framework.per_param_sharding,
-        "reduce_dtype": framework.reduce_dtype,
     }
     if pp > 1:
         defaults["vpp"] = framework.vpp

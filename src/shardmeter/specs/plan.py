@@ -37,7 +37,6 @@ Fp8Recipe = Literal["te", "torchao"]
 SelectivePolicy = Literal["megatron", "torchtitan_op"]
 CeUpcast = Literal["none", "eager", "compiled"]
 GradAccumDtype = Literal["bf16", "fp32"]
-ReduceDtype = Literal["bf16", "fp32"]
 
 
 class Plan(BaseModel):
@@ -158,17 +157,6 @@ class Plan(BaseModel):
     # gradient once applied (torchtune optimizer_in_bwd; PyTorch's
     # register_post_accumulate_grad_hook recipe): at most one parameter's gradient is live
     optimizer_in_backward: bool = False
-    # ZeRO-3 is FSDP2's per-parameter sharding (torch/distributed/_composable/fsdp/
-    # _fsdp_collectives.py): the compute stream copies each all-gather's output out to the
-    # parameters (`foreach_all_gather_copy_out`, split_with_sizes_copy) and waits for each
-    # reduce-scatter's input to be copied in from the gradients (`foreach_reduce`: chunk_cat,
-    # then current_stream.wait_stream), where FSDP1 and Megatron gather into and reduce from
-    # flat buffers the parameters and gradients view
-    per_param_sharding: bool = False
-    # dtype the ZeRO/DP gradient reduction runs in: FSDP2 MixedPrecisionPolicy reduce_dtype
-    # (torchtitan `training.mixed_precision_reduce`, default and only choice "float32" in
-    # 2024); "bf16" reduces the bf16 gradients as they are
-    reduce_dtype: ReduceDtype = "bf16"
 
     @model_validator(mode="before")
     @classmethod
