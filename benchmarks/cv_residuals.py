@@ -8,7 +8,8 @@
 
 A bias that grows with scale shows as a slope of the signed log error against log2(GPUs)
 (least squares, per source and over all rows) and as a drift of the signed median across the
-GPU, pipeline-depth, recompute and model-size bins. The mechanism table groups rows by the
+GPU, pipeline-depth, recompute, model-size and accelerator bins (a source whose bias sits on
+one of its chips points at that chip's parameters, not at its framework). The mechanism table groups rows by the
 plan features each mechanism of docs/model.md acts on (a row can be in several groups).
 `--features` prints, for every plan feature (framework, model size, sequence, micro-batch,
 micro-batches per step, tokens per GPU and micro-batch, tp, pp, vpp, layers per chunk, cp, dp,
@@ -124,6 +125,7 @@ BINS: tuple[tuple[str, Callable[[Row], str]], ...] = (
     ("pipeline depth", lambda r: "1" if r.pp == 1 else "2-8" if r.pp <= 8 else "9-64"),
     ("recompute", lambda r: r.recompute),
     ("model size", lambda r: "< 20B" if r.params_b < 20 else "20-100B" if r.params_b < 100 else ">= 100B"),
+    ("accelerator", lambda r: r.gpu),  # one framework's rows split by chip: hardware or software?
 )  # fmt: skip
 
 
