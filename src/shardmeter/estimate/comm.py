@@ -1,8 +1,8 @@
 """Collective communication costs (seconds) over a cluster's NVLink domain and NICs.
 
-Ring collectives follow Thakur et al. 2005 / Patarasuk & Mueller 2009 (alpha-beta model). A
-group larger than what fits in one NVLink domain runs hierarchically: the intra-domain part over
-the fast fabric, the cross-domain part over the per-GPU NIC (rail-optimised). On a TPU torus
+Ring collectives follow Thakur et al. 2005 / Patarasuk & Mueller 2009 (alpha-beta model). On
+GPUs a group larger than one NVLink domain runs as NCCL's one flat ring, whose NVLink hops and
+per-GPU NIC hops (rail-optimised) move at once, so the slower link sets the time. On a TPU torus
 (`Cluster.ici_axes`) a group gets the ICI links of the torus axes it spans (the scaling book's
 `W_ici` per axis, Austin et al. 2025, "How to Scale Your Model", sharding.md). `M` is always the
 full buffer in bytes (all-reduce buffer, all-gather output, reduce-scatter input); `n` the group
