@@ -144,8 +144,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("selective recompute keeps the activation output", "memory.py",
              "SavedTensor(mlp, selective=False),", "SavedTensor(mlp, selective=True),"),
     Mutation("all-gather latency hierarchical, not NCCL's flat ring", "comm.py",
-             "return (n - n / g) * cluster.intra.latency_s",
-             "return (g - 1.0) * cluster.intra.latency_s"),
+             "return hierarchical + (g - 1.0) * (n / g - 1.0) * intra.latency_s",
+             "return hierarchical + 0.0 * intra.latency_s"),
     Mutation("per-rank copy-back of a list all-gather dropped", "step.py",
              "copies = where(plans.gather_matrix, launch_time(d, plans, acc), 0.0)",
              "copies = 0.0 * d"),
@@ -953,23 +953,6 @@ MUTATIONS: tuple[Mutation, ...] = (
              'own = "" if parts and str(parts[-1]) == cause.field else cause.field',
              "own = cause.field",
              "tests/shardmeter/test_islands_spellings.py::test_the_same_mistake_is_the_same_one_line_error_everywhere"),
-    # --- cross-domain NCCL rings: one flat ring, NVLink and NIC hops at once (comm.py) ---
-    Mutation("flat ring: NVLink and NIC bandwidth terms summed, not the slower one", "comm.py",
-             "return maximum((1.0 - f) * share / intra.bytes_per_s, f * share / inter.bytes_per_s)",
-             "return (1.0 - f) * share / intra.bytes_per_s + f * share / inter.bytes_per_s",
-             "tests/shardmeter/test_comm.py::test_cross_domain_rings_are_one_flat_ring"
-             " tests/shardmeter/test_closed_form.py::test_flat_ring_bound_by_nvlink_when_the_nic_is_fast"),
-    Mutation("flat ring: every ring byte crosses the NIC, not 1/g of them", "comm.py",
-             "f = where(n > g, 1.0 / g, 0.0)", "f = where(n > g, 1.0, 0.0)",
-             "tests/shardmeter/test_closed_form.py::test_all_gather_is_a_flat_ring"),
-    Mutation("flat ring: all-reduce moves the ring's bytes once, not twice", "comm.py",
-             "return latency + 2.0 * flat_ring_bandwidth_time(m, n, stride, cluster)",
-             "return latency + 1.0 * flat_ring_bandwidth_time(m, n, stride, cluster)",
-             "tests/shardmeter/test_closed_form.py::test_ddp_gradient_all_reduce_across_nodes_with_step_syncs"),
-    Mutation("flat ring: a TPU torus loses its per-axis rings", "comm.py",
-             "    if cluster.ici_axes is not None:\n        inter = LinkRate.of(cluster.inter)",
-             "    if False:\n        inter = LinkRate.of(cluster.inter)",
-             "tests/shardmeter/test_comm.py::test_tpu_torus_keeps_the_per_axis_rings"),
 )  # fmt: skip
 
 

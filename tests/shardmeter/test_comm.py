@@ -1,4 +1,4 @@
-"""Collective costs: ring all-reduce, all-gather, flat cross-domain rings, all-to-all."""
+"""Collective costs: ring all-reduce, all-gather, hierarchical composition, all-to-all."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ from shardmeter.estimate.comm import (
     all_reduce_time,
     all_to_all_time,
     domain_members,
-    flat_ring_bandwidth_time,
     p2p_time,
-    reduce_scatter_time,
     ring_all_gather_time,
     ring_all_reduce_time,
 )
@@ -46,51 +44,26 @@ def test_group_inside_nvlink_domain_uses_intra_only() -> None:
     )
 
 
-def test_cross_domain_rings_are_one_flat_ring() -> None:
-    """n = 32 at stride 1 over 8-GPU domains (W_nv = 300 GB/s, α 2 µs; W_ib = 40 GB/s, α 5 µs),
-    M = 4 GB: each GPU moves 31/32·M = 3.875 GB; 1/8 of it crosses its NIC (0.484375 GB,
-    12.109 ms) while 7/8 moves over NVLink (11.302 ms) at once, so the NIC's 12.109 ms sets
-    the bandwidth term. All-gather: + 28 intra and 3 inter hops (71 µs). All-reduce: twice the
-    bandwidth + 2·7·2 + 2·3·5 = 58 µs."""
+def test_hierarchical_all_reduce() -> None:
+    """n = 32 at stride 1 over 8-GPU domains: RS_intra(M,8) + AR_inter(M/8, 4) + AG_intra(M,8)."""
+    intra, inter = LinkRate.of(CLUSTER.intra), LinkRate.of(CLUSTER.inter)
     m = 4e9
-    assert float(all_gather_time(m, 32, 1, CLUSTER)) == pytest.approx(0.012109375 + 71e-6)
-    assert float(reduce_scatter_time(m, 32, 1, CLUSTER)) == pytest.approx(0.012109375 + 71e-6)
-    assert float(all_reduce_time(m, 32, 1, CLUSTER)) == pytest.approx(2 * 0.012109375 + 58e-6)
+    expected = 2 * float(ring_all_gather_time(m, 8, intra)) + float(
+        ring_all_reduce_time(m / 8, 4, inter)
+    )
+    assert float(all_reduce_time(m, 32, 1, CLUSTER)) == pytest.approx(expected)
     # Stride 8 (e.g. DP over TP=8 groups): every member in another domain -> flat ring on NICs.
-    inter = LinkRate.of(CLUSTER.inter)
     assert float(all_reduce_time(m, 4, 8, CLUSTER)) == pytest.approx(
         float(ring_all_reduce_time(m, 4, inter))
     )
-    assert float(all_gather_time(m, 4, 8, CLUSTER)) == pytest.approx(
-        float(ring_all_gather_time(m, 4, inter))
+    # All-gather: hierarchical bytes, but NCCL's one flat ring pays n − 1 hop latencies:
+    # 7 + 3 in the hierarchical rings, and the other 7·3 intra-domain hops of the 4 domains.
+    expected_ag = (
+        float(ring_all_gather_time(m / 8, 4, inter))
+        + float(ring_all_gather_time(m, 8, intra))
+        + 7 * 3 * intra.latency_s
     )
-
-
-def test_flat_ring_bandwidth_is_the_slower_link() -> None:
-    """Stride 2, n = 16: g = 4 per domain, 1/4 of 15/16·M crosses the NIC, 3/4 NVLink; with a
-    1.2 TB/s NIC the NVLink share (3/4·3.75 GB / 300 GB/s = 9.375 ms) sets the time."""
-    m = 4e9
-    fast = CLUSTER.model_copy(
-        update={"inter": CLUSTER.inter.model_copy(update={"bandwidth_gbps": 1500.0})}
-    )
-    assert float(flat_ring_bandwidth_time(m, 16, 2, fast)) == pytest.approx(9.375e-3)
-    # On the 40 GB/s NIC: 1/4·3.75 GB / 40 GB/s = 23.4375 ms.
-    assert float(flat_ring_bandwidth_time(m, 16, 2, CLUSTER)) == pytest.approx(23.4375e-3)
-
-
-def test_tpu_torus_keeps_the_per_axis_rings() -> None:
-    """On a torus the cross-slice all-gather stays AG_intra(M, g) + AG_inter(M/g, n/g)."""
-    tpu = CLUSTER.model_copy(update={"ici_axes": 1})
-    intra, inter = LinkRate.of(tpu.intra), LinkRate.of(tpu.inter)
-    m = 4e9
-    expected = float(ring_all_gather_time(m, 8, intra)) + float(
-        ring_all_gather_time(m / 8, 4, inter)
-    )
-    assert float(all_gather_time(m, 32, 1, tpu)) == pytest.approx(expected)
-    expected_ar = 2 * float(ring_all_gather_time(m, 8, intra)) + float(
-        ring_all_reduce_time(m / 8, 4, inter)
-    )
-    assert float(all_reduce_time(m, 32, 1, tpu)) == pytest.approx(expected_ar)
+    assert float(all_gather_time(m, 32, 1, CLUSTER)) == pytest.approx(expected_ag)
 
 
 def test_domain_members() -> None:

@@ -1,8 +1,8 @@
 """Collective communication costs (seconds) over a cluster's NVLink domain and NICs.
 
-Ring collectives follow Thakur et al. 2005 / Patarasuk & Mueller 2009 (alpha-beta model). On
-GPUs a group larger than one NVLink domain runs as NCCL's one flat ring, whose NVLink hops and
-per-GPU NIC hops (rail-optimised) move at once, so the slower link sets the time. On a TPU torus
+Ring collectives follow Thakur et al. 2005 / Patarasuk & Mueller 2009 (alpha-beta model). A
+group larger than what fits in one NVLink domain runs hierarchically: the intra-domain part over
+the fast fabric, the cross-domain part over the per-GPU NIC (rail-optimised). On a TPU torus
 (`Cluster.ici_axes`) a group gets the ICI links of the torus axes it spans (the scaling book's
 `W_ici` per axis, Austin et al. 2025, "How to Scale Your Model", sharding.md). `M` is always the
 full buffer in bytes (all-reduce buffer, all-gather output, reduce-scatter input); `n` the group
@@ -101,60 +101,30 @@ def crosses_domain(n: Num, stride: Num, cluster: Cluster) -> Num:
     return n > domain_members(n, stride, cluster.nvlink_domain)
 
 
-def flat_ring_bandwidth_time(m: Num, n: Num, stride: Num, cluster: Cluster) -> Num:
-    """Bandwidth term (s) of one flat NCCL ring over n GPUs moving (n−1)/n · M bytes per GPU:
-    a channel leaves each NVLink domain once, the channels spread over the g rail NICs, so a
-    fraction f = 1/g of each GPU's ring bytes crosses its NIC (f = 0 inside one domain) while
-    the rest move over NVLink at the same time, and the slower link sets the pace:
-    max((1 − f)·B/W_intra, f·B/W_inter), B = (n−1)/n · M bytes, W in bytes/s (NCCL
-    src/graph/tuning.cc: ring busBw = nChannels × per-channel speed, algBw = busBw · n/nsteps)."""
-    inter = LinkRate.of(cluster.inter)
-    g = domain_members(n, stride, cluster.nvlink_domain)
-    intra = intra_rate(g, stride, cluster)
-    share = (n - 1.0) / n * m
-    f = where(n > g, 1.0 / g, 0.0)
-    return maximum((1.0 - f) * share / intra.bytes_per_s, f * share / inter.bytes_per_s)
-
-
-def flat_ring_latency(n: Num, stride: Num, cluster: Cluster) -> Num:
-    """Latency (s) of one pass of a flat ring over n GPUs: n − 1 hops, n/g − 1 of them across
-    NVLink domains (NCCL src/graph/tuning.cc, ring nsteps − nInterSteps intra, nInterSteps
-    inter)."""
-    g = domain_members(n, stride, cluster.nvlink_domain)
-    return (n - n / g) * cluster.intra.latency_s + (n / g - 1.0) * cluster.inter.latency_s
-
-
 def all_reduce_time(m: Num, n: Num, stride: Num, cluster: Cluster) -> Num:
-    """All-reduce of an M-byte buffer. Bandwidth: on GPUs NCCL's ring, a reduce-scatter and an
-    all-gather on one flat ring, 2 × `flat_ring_bandwidth_time` (NCCL tuning.cc, ring
-    nsteps = 2(n−1)); latency: the hierarchical (tree-like) 2(g−1)·α_intra + 2(n/g−1)·α_inter,
-    the latency NCCL's tree/NVLS-tree pays where latency dominates. On a TPU torus:
-    RS_intra(M, g) + AR_inter(M/g, n/g) + AG_intra(M, g) (per-axis rings).
+    """Hierarchical all-reduce: RS_intra(M, g) + AR_inter(M/g, n/g) + AG_intra(M, g).
 
     Reduces to a plain ring over NVLink when the group fits one domain (C.4, hierarchical row).
     """
     inter = LinkRate.of(cluster.inter)
     g = domain_members(n, stride, cluster.nvlink_domain)
     intra = intra_rate(g, stride, cluster)
-    if cluster.ici_axes is not None:
-        return 2.0 * ring_reduce_scatter_time(m, g, intra) + ring_all_reduce_time(
-            m / g, n / g, inter
-        )
-    latency = 2.0 * (g - 1.0) * intra.latency_s + 2.0 * (n / g - 1.0) * inter.latency_s
-    return latency + 2.0 * flat_ring_bandwidth_time(m, n, stride, cluster)
+    return 2.0 * ring_reduce_scatter_time(m, g, intra) + ring_all_reduce_time(m / g, n / g, inter)
 
 
 def all_gather_time(m: Num, n: Num, stride: Num, cluster: Cluster) -> Num:
-    """All-gather of an M-byte output (= reduce-scatter of an M-byte input). On GPUs NCCL runs
-    it only as one flat ring: `flat_ring_latency` + `flat_ring_bandwidth_time`, the NVLink and
-    NIC hops of the ring moving at once. A TPU torus keeps the per-axis form
-    AG_inter(M/g, n/g) + AG_intra(M, g)."""
+    """All-gather of an M-byte output: hierarchical bandwidth, AG_inter(M/g, n/g) +
+    AG_intra(M, g) (rail-optimised rings). On GPUs NCCL runs all-gather and reduce-scatter
+    only as one flat ring, so its latency is n − 1 hops, (n − n/g) of them inside a domain
+    and n/g − 1 across (NCCL src/graph/tuning.cc, ring nsteps/nInterSteps); a TPU torus
+    keeps the per-axis form."""
+    inter = LinkRate.of(cluster.inter)
+    g = domain_members(n, stride, cluster.nvlink_domain)
+    intra = intra_rate(g, stride, cluster)
+    hierarchical = ring_all_gather_time(m, g, intra) + ring_all_gather_time(m / g, n / g, inter)
     if cluster.ici_axes is not None:
-        inter = LinkRate.of(cluster.inter)
-        g = domain_members(n, stride, cluster.nvlink_domain)
-        intra = intra_rate(g, stride, cluster)
-        return ring_all_gather_time(m, g, intra) + ring_all_gather_time(m / g, n / g, inter)
-    return flat_ring_latency(n, stride, cluster) + flat_ring_bandwidth_time(m, n, stride, cluster)
+        return hierarchical
+    return hierarchical + (g - 1.0) * (n / g - 1.0) * intra.latency_s
 
 
 reduce_scatter_time = all_gather_time
