@@ -666,31 +666,31 @@ class Bound:
 # chips need proportionally bigger GEMMs: F_half = matmul_half_us · peak_bf16.
 FAMILY_BOUND: tuple[float, float] = (0.2, 0.98)
 # Starts are the last fit's values (fitted on runs.csv + holdout H1-H11, 2026-12-03, session
-# 9); cdna and ada have no runs, so their starts are never used: they take
+# 10); cdna and ada have no runs, so their starts are never used: they take
 # `Calibration.prior_matmul_max`.
 FAMILY_START: dict[str, float] = {
-    "ampere": 0.8153,
-    "hopper": 0.7364,
-    "hopper-500w": 0.5685,
-    "blackwell": 0.7371,
-    "tpu": 0.8073,
+    "ampere": 0.7973,
+    "hopper": 0.7699,
+    "hopper-500w": 0.6704,
+    "blackwell": 0.7182,
+    "tpu": 0.7579,
     "cdna": 0.6,
     "ada": 0.6,
 }
 SHARED_PARAMETERS: tuple[Bound, ...] = (
-    Bound("matmul_half_us", 0.5, 50.0, 22.9854),
-    Bound("attention_ratio", 0.4, 1.0, 0.4163),
-    Bound("memory", 0.6, 0.95, 0.7180),
-    Bound("fp8_speedup", 1.2, 2.0, 1.6072),
-    Bound("nvlink_efficiency", 0.6, 0.95, 0.6838),
-    Bound("nic_efficiency", 0.7, 0.95, 0.8559),
+    Bound("matmul_half_us", 0.5, 50.0, 36.9781),
+    Bound("attention_ratio", 0.4, 1.0, 0.4432),
+    Bound("memory", 0.6, 0.95, 0.7864),
+    Bound("fp8_speedup", 1.2, 2.0, 1.6226),
+    Bound("nvlink_efficiency", 0.6, 0.95, 0.6552),
+    Bound("nic_efficiency", 0.7, 0.95, 0.8850),
     Bound("overlap_slowdown", 0.0, 0.2, 0.2000),
     # Host time per kernel launch: a CUDA launch is 2-5 µs, an eager PyTorch op with its
     # Python dispatch 5-30 µs (measured dispatch overheads of eager frameworks).
-    Bound("kernel_launch_us", 1.0, 30.0, 22.7888),
+    Bound("kernel_launch_us", 1.0, 30.0, 18.1449),
     # GPU-to-GPU speed spread (sd/mean): 0 (identical chips) to 5% (Sinha et al. SC'22 measure
     # a few percent of clock and throughput variation across the GPUs of production clusters).
-    Bound("speed_cv", 0.0, 0.05, 0.0097),
+    Bound("speed_cv", 0.0, 0.05, 0.0063),
 )
 
 
