@@ -949,10 +949,6 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("DeepSpeed list gather: FSDP flat gathers copy back as well", "step.py",
              "back = where(plans.gather_matrix, memory_time(COPY_BACK_PASSES * piece, acc), 0.0)",
              "back = memory_time(COPY_BACK_PASSES * piece, acc)", HBM_GATHER_TESTS),
-    # --- the output head stays BF16 on FP8 plans ---
-    Mutation("output head GEMM at the FP8 rate on FP8 plans", "compute.py",
-             "HEAD_FP8 = 0.0", "HEAD_FP8 = 1.0",
-             "tests/shardmeter/test_head_precision.py::test_fp8_halves_the_layer_gemms_but_not_the_head"),
 )  # fmt: skip
 
 

@@ -76,13 +76,6 @@ FP32_RESIDUAL_BYTES = 2.0 * (10.0 - 6.0) + 2.0 * 6.0
 # "FP8 formats for deep learning" §4, per-tensor scaled casts). XLA fuses the cast into the
 # producing op (`compiled`), so a compiled step pays none of it.
 FP8_CAST_BYTES = 4.0
-# FP8 recipes quantize the decoder layers' linear layers, not the output head: Megatron-Core's
-# head is a Megatron ColumnParallelLinear (gpt_model.py `output_layer`), which Transformer
-# Engine's fp8_autocast does not reach; torchtitan's Float8 conversion skips it
-# (`module_filter_fn`: fqn != "output"); MaxText: "We do not quantize the logits matmul"
-# (layers/decoders.py `logits_dense`). So the head GEMM is BF16 on every FP8 plan (0 = never
-# the FP8 rate), its operands uncast.
-HEAD_FP8 = 0.0
 NORM_BYTES = (4.0, 36.0)
 ROPE_BYTES = (4.0, 20.0)
 SWIGLU_BYTES = (6.0, 10.0)
@@ -364,10 +357,10 @@ def layer_forward(
 def logits_forward(model: TransformerSpec, plans: PlanArrays, acc: Accelerator) -> LayerCost:
     """Output head (T×h)·(h×V/tp) and the softmax cross-entropy: unfused reads the bf16
     logits and writes an fp32 softmax (6 B per logit), fused reads them and writes the
-    gradient in place (4 B). The head GEMM runs in BF16 on FP8 plans too (`HEAD_FP8`)."""
+    gradient in place (4 B)."""
     sh = _shapes(model, plans)
     v_local = model.vocab / as_float(plans.tp)
-    gemm_s = gemm_time(sh.tokens, model.hidden, v_local, acc, HEAD_FP8 * sh.fp8)
+    gemm_s = gemm_time(sh.tokens, model.hidden, v_local, acc, sh.fp8)
     ce_bytes = sh.tokens * v_local * (ACT_BYTES + where(plans.fused_ce, ACT_BYTES, 4.0))
     zero = 0.0 * gemm_s
     return LayerCost(
