@@ -80,6 +80,7 @@ class Run:
     seconds: float = 30.0  # the run's wall-clock budget (time_budget)
     warmup_s: float = 0.0  # measure from the first push arrival after this (run seconds)
     fragments: int = 2  # streaming: P fragments, one pushed every H/P inner steps
+    link_slots: bool = False  # the workers take turns on the shared server link (--link-slots)
 
     @property
     def workers(self) -> int:
@@ -94,10 +95,16 @@ RUNS = (
     Run("fp32 sweep", SWEEP, (PACE,) * 5),
     Run("int8 sweep", SWEEP_INT8, (PACE,) * 5, codec="int8"),
     Run("unequal", UNEQUAL, (PACE, 1.5 * PACE, 2.5 * PACE), seconds=40.0),
-    # The three workers start together, so their first exchanges collide on the shared link
-    # (3 s rounds) until they drift apart (2.0-2.3 s rounds after about 20 s); the planner
-    # predicts the steady state, so this run measures its last 60 s.
+    # The three workers share one server link and take turns on it (--link-slots: one push
+    # at a time, first come first served). They start together, so their first pushes queue
+    # for the link until the turns spread them out; the planner predicts the steady state, so
+    # this run measures its last 60 s.
     Run("shared server", (Link(20 * MBIT, 0.02),) * 3, (PACE,) * 3, server_bps=10 * MBIT,
+        seconds=90.0, warmup_s=30.0, link_slots=True),
+)  # fmt: skip
+# The same without turns: the link's one FIFO, whatever alignment the workers' rounds have.
+FIFO_RUNS = (
+    Run("shared fifo", (Link(20 * MBIT, 0.02),) * 3, (PACE,) * 3, server_bps=10 * MBIT,
         seconds=90.0, warmup_s=30.0),
 )  # fmt: skip
 QUICK = (
@@ -238,6 +245,8 @@ def launch_argv(run: Run, out: Path, extra: list[str] | None = None) -> list[str
         argv += ["--set", f"fragments={run.fragments}"]
     if run.server_bps is not None:
         argv += ["--wan-server", f"bw={run.server_bps / 1e6:g}Mbit"]
+    if run.link_slots:
+        argv += ["--link-slots"]
     return argv + (extra or [])
 
 
@@ -337,6 +346,7 @@ def topology_of(r: RunResult) -> Any:
             inner_steps=H,
             bits=BITS[r.run.codec],
             exchange=r.run.exchange,
+            link_slots=r.run.link_slots,
             server="server",
         ),
     )
@@ -370,6 +380,7 @@ def predict(r: RunResult) -> list[Predicted]:
         bits=topo.run.bits,
         exchange=topo.run.exchange,
         fragments=topo.run.n_fragments,
+        link_slots=topo.run.link_slots,
     )
     return [
         Predicted(
@@ -735,11 +746,11 @@ def main() -> None:
     bases = QUICK if args.quick else RUNS
     if args.runs:
         names = [n.strip() for n in args.runs.split(",") if n.strip()]
-        known = [r.name for r in (*RUNS, *QUICK, *STREAM_RUNS)]
+        known = [r.name for r in (*RUNS, *QUICK, *STREAM_RUNS, *FIFO_RUNS)]
         for n in names:
             if n not in known:
                 raise SystemExit(f"wan_fidelity: --runs: got {n!r}; one of {', '.join(known)}")
-        bases = tuple(r for r in (*RUNS, *QUICK, *STREAM_RUNS) if r.name in names)
+        bases = tuple(r for r in (*RUNS, *QUICK, *STREAM_RUNS, *FIFO_RUNS) if r.name in names)
     work = args.keep or Path(tempfile.mkdtemp(prefix="wan_fidelity-"))
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     extra: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
