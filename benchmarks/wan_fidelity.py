@@ -544,6 +544,21 @@ def save(path: Path, results: list[RunResult], extra: dict[str, Any] | None = No
     tmp.replace(path)
 
 
+def merged(
+    old: list[RunResult], old_extra: dict[str, Any], new: list[RunResult], new_extra: dict[str, Any]
+) -> tuple[list[RunResult], dict[str, Any]]:
+    """Saved measurements with the runs measured again replaced (same name and exchange mode),
+    in place; the others kept. The load readings of both are kept, and ``merged`` records when
+    which runs were measured again."""
+    fresh = {(r.run.name, r.run.exchange): r for r in new}
+    out = [fresh.pop((r.run.name, r.run.exchange), r) for r in old] + list(fresh.values())
+    extra = {**old_extra, **{k: v for k, v in new_extra.items() if k not in ("date", "uptime")}}
+    extra["uptime"] = [*old_extra.get("uptime", []), *new_extra.get("uptime", [])]
+    runs = sorted({f"{r.run.name} ({r.run.exchange})" for r in new})
+    extra["merged"] = [*old_extra.get("merged", []), {"date": new_extra.get("date"), "runs": runs}]
+    return out, extra
+
+
 def load(path: Path) -> tuple[list[RunResult], dict[str, Any]]:
     doc = json.loads(path.read_text())
     out = []
@@ -700,6 +715,8 @@ def reprint(path: Path) -> None:
     """Saved measurements beside today's predictions, and the time-to-loss check."""
     results, extra = load(path)
     print(f"# measured {extra.get('date', '?')}; {load_range(extra.get('uptime', []))}")
+    for m in extra.get("merged", []):
+        print(f"# measured again {m.get('date', '?')}: {', '.join(m.get('runs', []))}")
     rows = compare(results)
     print_table(rows)
     print_streaming(rows)
@@ -722,6 +739,11 @@ def main() -> None:
     )
     parser.add_argument(
         "--time-to-loss", action="store_true", help="also the end-to-end time-to-loss check"
+    )
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="with --save: replace only the runs measured now in the saved file, keep the rest",
     )
     parser.add_argument("--keep", type=Path, help="keep the run folders here")
     parser.add_argument(
@@ -751,6 +773,15 @@ def main() -> None:
             if n not in known:
                 raise SystemExit(f"wan_fidelity: --runs: got {n!r}; one of {', '.join(known)}")
         bases = tuple(r for r in (*RUNS, *QUICK, *STREAM_RUNS, *FIFO_RUNS) if r.name in names)
+    if args.merge and (args.save is None or not args.save.exists()):
+        raise SystemExit(f"wan_fidelity: --merge: got --save {args.save}; an existing file")
+    base_results, base_extra = load(args.save) if args.merge else ([], {})
+
+    def keep(results: list[RunResult], extra: dict[str, Any]) -> None:
+        if args.save:
+            save(args.save, *(merged(base_results, base_extra, results, extra)
+                              if args.merge else (results, extra)))  # fmt: skip
+
     work = args.keep or Path(tempfile.mkdtemp(prefix="wan_fidelity-"))
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     extra: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -764,15 +795,13 @@ def main() -> None:
                 extra["uptime"].append(
                     subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
                 )
-                if args.save:
-                    save(args.save, results, extra)
+                keep(results, extra)
         ttl = None
         if args.time_to_loss:
             ttl, measured = time_to_loss(work)
             results.append(measured)
             extra["ttl"] = asdict(ttl)
-            if args.save:
-                save(args.save, results, extra)
+            keep(results, extra)
         print(f"# {load_range(extra['uptime'])}")
         rows = compare(results)
         print_table(rows)

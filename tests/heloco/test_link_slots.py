@@ -22,16 +22,9 @@ def slot(coord: Coordinator, w: int, incarnation: str = "a") -> str:
     return coord.handle(wire.make("slot", {"worker": w, "incarnation": incarnation})).type
 
 
-def pulled(coord: Coordinator, w: int) -> wire.Message:
-    return coord.handle(wire.make("pulled", {"worker": w, "incarnation": "a"}))
-
-
 def test_pushes_take_the_link_one_at_a_time_first_come_first_served() -> None:
     coord = make_coord(workers=3, link_slots=True)
-    d = []
-    for w in range(3):
-        d.append(pull(coord, w))
-        pulled(coord, w)
+    d = [pull(coord, w) for w in range(3)]
     assert slot(coord, 0) == "slot"
     assert slot(coord, 1) == "wait"
     assert slot(coord, 2) == "wait"
@@ -47,28 +40,13 @@ def test_pushes_take_the_link_one_at_a_time_first_come_first_served() -> None:
     assert coord.push_turns.holder == 2 and coord.push_turns.queue == []
 
 
-def test_dispatches_take_the_link_one_at_a_time_until_pulled() -> None:
-    coord = make_coord(workers=3, link_slots=True)
-    assert pull(coord, 0).type == "dispatch"
-    assert pull(coord, 1).type == "wait"  # worker 0's dispatch is still on the link
-    assert pull(coord, 2).type == "wait"
-    assert pulled(coord, 2).type == "pong"  # not its turn: changes nothing
-    assert pull(coord, 2).type == "wait"
-    assert pulled(coord, 0).type == "pong"
-    assert pull(coord, 2).type == "wait"  # worker 1 asked first
-    assert pull(coord, 1).type == "dispatch"
-    assert pulled(coord, 1).type == "pong"
-    assert pull(coord, 2).type == "dispatch"
-    # pushes and dispatches take turns apart: a push may cross while a dispatch does
-    assert slot(coord, 0) == "slot"
-
-
 def test_without_link_slots_every_transfer_may_go_at_once() -> None:
     coord = make_coord(workers=3)
     assert [slot(coord, w) for w in range(3)] == ["slot"] * 3
-    assert [pull(coord, w).type for w in range(3)] == ["dispatch"] * 3
     hello = coord.handle(wire.make("hello", {"worker": 0, "incarnation": "a"}))
     assert "link_slots" not in hello.body
+    coord = make_coord(workers=3, link_slots=True)  # dispatches never wait for turns
+    assert [pull(coord, w).type for w in range(3)] == ["dispatch"] * 3
 
 
 def test_the_welcome_tells_workers_to_ask() -> None:
@@ -170,13 +148,13 @@ def test_the_planner_prices_turns_instead_of_random_meetings(exchange: str) -> N
     turns = outer_round("async", inner, shared, 150_000, link_slots=True, **kw)
     rtt, leg = 0.02, 600_000 / 1.25e6  # each leg alone at the shared link's rate
     # the worker's own exchange (two requests and replies, at most the shared link's rate)
-    # plus two more: the push's turn, and the note that ends the dispatch's
-    assert np.allclose(turns.wan_comm_s[1:], 2 * rtt + 2 * leg + 2 * rtt)
+    # plus one more, the push's turn
+    assert np.allclose(turns.wan_comm_s[1:], 2 * rtt + 2 * leg + rtt)
     # turns never meet, so they beat the random-alignment mean of a shared FIFO
     assert np.all(turns.round_s[1:] < fifo.round_s[1:])
     if exchange == "blocking":  # 0.5 s turns in a 2 s round: nobody waits
-        assert np.allclose(turns.round_s[1:], 1.0 + 4 * rtt + 2 * leg)
-    else:  # the link is full: one cycle of three turns, each its transfer, 1.5 RTT, a poll
+        assert np.allclose(turns.round_s[1:], 1.0 + 3 * rtt + 2 * leg)
+    else:  # the link is full: one cycle of three turns, each its push, 1.5 RTT, half a poll
         assert np.allclose(turns.round_s[1:], 3 * (rtt + leg + 0.5 * (SLOT_POLL_S + rtt)))
     # the option changes nothing where the server's link is not shared
     unshared = star(3, float("inf"))

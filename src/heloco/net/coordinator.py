@@ -6,7 +6,6 @@ Requests (worker → server) and replies:
 
 ``hello``     → ``welcome`` {run, heartbeat_s, revision}   (run: the run config the worker builds)
 ``pull``      → ``dispatch`` {revision, steps, round_id[, fragment]} + fp32 params | ``wait``
-              (also while another worker's dispatch holds the link, with ``link_slots``)
               | ``done`` (streaming: the params are every tensor or one fragment's)
 ``push``      → ``ack`` {revision, applied, duplicate, staleness} | ``rejected`` {reason}
               (staleness τ = revision at arrival − base revision, as in the revision log;
@@ -16,7 +15,6 @@ Requests (worker → server) and replies:
 ``bye``       → ``pong``
 ``slot``      → ``slot`` {revision} | ``wait`` (with ``link_slots``: the server's link for one push,
               first come first served; :class:`Turns`)
-``pulled``    → ``pong`` (with ``link_slots``: the dispatch arrived; the next pull may go)
 Every body is validated by its model in :mod:`heloco.net.messages` first. Malformed or
 invalid requests get ``error`` {reason, detail}; nothing invalid is applied or stored.
 """
@@ -184,10 +182,10 @@ class Coordinator:
     its ack. Without them (in-process use) replies carry copies and nothing is persisted.
 
     ``link_slots`` (a server whose one link every worker shares): the workers take turns on
-    each direction of it (:class:`Turns`), so transfers cross it one at a time, whole, first
-    come first served. Up: a worker asks (``slot``) before each push and sends its bytes once
-    granted; the turn ends when the push arrives. Down: a pull is answered ``wait`` while
-    another worker's dispatch is on its way; that turn ends when its worker says ``pulled``.
+    it for their pushes (:class:`Turns`), so pushes cross it one at a time, whole, first come
+    first served: a worker asks (``slot``) before each push and sends its bytes once granted;
+    its turn ends when the push arrives. Dispatches take no turns: each follows its worker's
+    push, so turns spread them too (docs/wan.md, "Shared server link").
 
     ``on_update`` is called after each applied update (metrics, evaluation, durable
     checkpoints); ``on_round`` after each accepted round with (worker, round_id, steps, tokens,
@@ -225,7 +223,6 @@ class Coordinator:
         # (worker, round id) -> (sent at, revision, its tensors' fp32 bytes) of a dispatch
         self._dispatch_time: dict[tuple[int, int], tuple[float, int, int]] = {}
         self.push_turns = Turns()  # link_slots: the link towards the server (pushes)
-        self.pull_turns = Turns()  # link_slots: the link from the server (dispatches)
 
     @property
     def tokens(self) -> int:
@@ -401,7 +398,6 @@ class Coordinator:
                 "pull": self._pull,
                 "heartbeat": self._heartbeat,
                 "slot": self._link_slot,
-                "pulled": self._pulled,
             }
             return handler.get(msg.type, self._bye)(msg, body)
         return wire.make("status", self.status(), re=msg.id)
@@ -450,17 +446,9 @@ class Coordinator:
             "wait", {"retry_s": SLOT_POLL_S, "revision": self.server.revision}, re=msg.id
         )
 
-    def _pulled(self, msg: Message, body: messages.Ident) -> Message:
-        """Worker ``w`` has its dispatch: the link from the server is free for the next."""
-        w = self._slot(body)
-        self._seen(w, body.incarnation)
-        self.pull_turns.release(w)
-        return wire.make("pong", {"revision": self.server.revision, "done": self.done}, re=msg.id)
-
     def release_link(self, worker: int) -> None:
-        """Worker ``worker`` is gone (left, evicted, replaced): its turns and places go."""
+        """Worker ``worker`` is gone (left, evicted, replaced): its turn and place go."""
         self.push_turns.release(worker)
-        self.pull_turns.release(worker)
 
     def _pull(self, msg: Message, body: messages.Ident) -> Message:
         w = self._slot(body)
@@ -472,11 +460,6 @@ class Coordinator:
         if w in self.server.pending_workers and self.server.holds_workers:
             # Sync barrier or grace window still open: the next model does not exist yet.
             return wire.make("wait", {"retry_s": 0.05, "revision": self.server.revision}, re=msg.id)
-        if self.link_slots and not self.pull_turns.ask(w):
-            # another worker's dispatch is on the shared link: this one waits its turn
-            return wire.make(
-                "wait", {"retry_s": SLOT_POLL_S, "revision": self.server.revision}, re=msg.id
-            )
         d = self.server.dispatch(w, copy=self.storage is None)
         info.pulls += 1
         # A new dispatch supersedes the worker's older rounds: forget their start times, but

@@ -167,7 +167,6 @@ class NetLink:
             if reply.type == "dispatch":
                 b = reply_body(reply, messages.DispatchBody)
                 params = self._fetch(b.round_id) if self.shards else reply.params("cpu")
-                self.pulled()
                 if params is None:
                     continue  # a shard no longer holds that dispatch: pull a fresh one
                 self.received = [
@@ -212,18 +211,6 @@ class NetLink:
             if reply.type != "staged":
                 raise ProtocolError(f"unexpected reply to stage: {reply.type!r}")
         return None
-
-    def pulled(self) -> None:
-        """With ``link_slots``: tell the server this dispatch has arrived, so the next
-        worker's may cross the shared link (one request and its reply)."""
-        if not self.link_slots:
-            return
-        reply = self._call("pulled")
-        if reply.type == "error":
-            err = reply_body(reply, messages.ErrorBody)
-            if err.reason == "replaced":
-                raise Replaced(f"worker {self._worker}: {err.detail}")
-            raise ProtocolError(f"pulled refused: {err.reason}: {err.detail}")
 
     def take_link(self) -> None:
         """With ``link_slots`` (the server's welcome): ask for the server's link until it is

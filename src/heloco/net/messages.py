@@ -118,7 +118,6 @@ REQUESTS: dict[str, type[Strict]] = {
     "bye": Ident,
     "status": Empty,
     "slot": Ident,
-    "pulled": Ident,
 }
 SHARD_REQUESTS: dict[str, type[Strict]] = {"stage": RoundRef, "fetch": RoundRef}
 TENSOR_REQUESTS = frozenset({"push", "stage"})  # the only requests that may carry tensors

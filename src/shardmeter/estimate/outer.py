@@ -236,7 +236,7 @@ def outer_round(
       P · max(H·T_i/P, X_i^f) seconds and its exchange P · X_i^f. A shared server link is a processor-sharing
       station (`_share_server`); remote rounds then stretch by the server's overload, the
       busier direction's Σ_i (bytes/round_i)/W_server when above 1 (design doc C.9). With
-      `link_slots` the workers take turns on each direction of it instead (`_take_turns`).
+      `link_slots` the workers take turns on it for their pushes instead (`_take_turns`).
     `balance` (diloco, streaming) lets faster islands run more inner steps per round.
     """
     inner = np.asarray(inner_s, dtype=np.float64)
@@ -341,7 +341,7 @@ def _async_round(
     """Parameter server at `wan.center` (design doc C.9, asynchronous): a push of
     `up_bytes`, a pull of `down_bytes` per round, in the exchange mode `exchange_pattern`
     (`"streaming"`: in P = `fragments` exchanges of a P-th each, one per H/P steps); a shared
-    server link with `link_slots`: transfers take turns on it (`_take_turns`)."""
+    server link with `link_slots`: pushes take turns on it (`_take_turns`)."""
     n = inner.shape[-1]
     c = wan.center
     remote = np.arange(n) != c
@@ -371,20 +371,19 @@ def _async_round(
     server = wan.server_Bps * scale[..., None]
     turns = link_slots and np.isfinite(wan.server_Bps) and exchange_pattern != "duplex"
     if turns:
-        # each leg alone, at most the server link's rate; plus two requests and replies: the
-        # push's turn, and the note that its dispatch arrived (which ends the pull's turn)
+        # each leg alone, at most the server link's rate; plus the turn's request and grant
         alone = [np.maximum(t, b / server) for b, t in legs]
         fixed = exchange - sum(t for _, t in legs)
-        exchange = np.where(remote, fixed + sum(alone) + 2.0 * rtt, 0.0)
+        exchange = np.where(remote, fixed + sum(alone) + rtt, 0.0)
     elif np.isfinite(wan.server_Bps):
         exchange = _share_server(exchange, legs, busy_x, blocking, server, remote)
     round_s = busy + exchange if blocking else p * np.maximum(busy_x, exchange)
     if turns:
-        # a turn holds its direction from the grant (half an RTT out) to the end of the
-        # transfer's news back at the server (the push's last byte, the note that the dispatch
-        # arrived: half an RTT each), plus the mean wait for the next worker's poll
-        queue = rtt + 0.5 * (SLOT_POLL_S + rtt)
-        round_s = _take_turns(round_s, tuple(p * (queue + a) for a in alone), remote)
+        # a push's turn holds the link from its grant (half an RTT out) to its last byte in
+        # (half an RTT back), plus the mean wait for the next worker's poll to find it free;
+        # dispatches take no turns: the link carries their bytes whenever one is on its way
+        hold = p * (rtt + alone[0] + 0.5 * (SLOT_POLL_S + rtt))
+        round_s = _take_turns(round_s, (hold, down / server), remote)
     exchange = p * exchange  # the round's exchanges, hidden or not
     # the server's link, each direction on its own (full duplex): the busier one limits
     inflow = np.where(remote, up / round_s, 0.0).sum(axis=-1, keepdims=True)
@@ -414,15 +413,15 @@ TURN_BISECTIONS = 60  # bisection steps for the common cycle of the workers' tur
 def _take_turns(
     own_s: FloatArray, demand: tuple[FloatArray, ...], remote: NDArray[np.bool_]
 ) -> FloatArray:
-    """Rounds when the workers take turns on each direction of the server's shared link, one
-    transfer at a time, first come first served (HeLoCo's `--link-slots`), so no two pushes
-    and no two dispatches ever share it.
+    """Rounds when the workers take turns on the server's shared link for their pushes, one
+    at a time, first come first served (HeLoCo's `--link-slots`), so no two pushes share it.
 
     own_s: (..., N) each worker's round with the link to itself (seconds); demand: per
-    direction of the link, (..., N) seconds of it each worker's turns hold per round (its
-    push; its dispatch). Turns make a deterministic closed network reach its asymptotic
+    direction of the link, (..., N) seconds of it each worker uses per round (its push's
+    turn; its dispatch's bytes at the link's rate: dispatches take no turns, but the link
+    carries them whenever one is on its way). Turns make a deterministic closed network reach its asymptotic
     bound (Lazowska, Zahorjan, Graham & Sevcik 1984, "Quantitative System Performance",
-    sec. 5.2: X ≤ min(1/D_max, N/(D + Z))): no two transfers meet, so a worker keeps its own
+    sec. 5.2: X ≤ min(1/D_max, N/(D + Z))): no two pushes meet, so a worker keeps its own
     round while the link has room, and when Σ_i D_i/own_i > 1 on a direction, the workers
     that would go faster than the link allows all wait for one cycle c per round (first come
     first served is then a round robin among them, their max-min fair share of the link:
