@@ -160,3 +160,35 @@ def test_the_planner_prices_turns_instead_of_random_meetings(exchange: str) -> N
     unshared = star(3, float("inf"))
     free = outer_round("async", inner, unshared, 150_000, link_slots=True, **kw)
     assert np.allclose(free.round_s, outer_round("async", inner, unshared, 150_000, **kw).round_s)
+
+
+def test_a_topology_that_takes_turns_is_predicted_with_them() -> None:
+    from shardmeter.estimate.islands import predict_topology
+    from shardmeter.specs.topology import topology_from_dict
+
+    def topo(slots: bool) -> Any:
+        return topology_from_dict(
+            {
+                "run": {"model": "llama-3-8b", "global_batch": 64, "mode": "async",
+                        "inner_steps": 10, "bits": 32, "exchange": "overlapped",
+                        "server": "s", "link_slots": slots, "step_time_s": 1.0},
+                "islands": [{"name": n, "cluster": "dgx-h100"} for n in ("s", "a", "b", "c")],
+                "wan": {"kind": "star", "hub": "s", "server_bandwidth_gbit": 1,
+                        "default": {"bandwidth_gbit": 10, "latency_ms": 1}},
+            }
+        )  # fmt: skip
+
+    # each spoke alone fills the shared link: turns beat random meetings
+    fifo, turns = predict_topology(topo(False)), predict_topology(topo(True))
+    assert turns.round_s < fifo.round_s
+
+
+def test_turns_cost_where_one_push_cannot_fill_the_shared_link() -> None:
+    """Spokes at a quarter of the server's rate: three pushes at once fit on the shared link,
+    so holding it for one slow push at a time only makes the others wait."""
+    inner = np.full(4, 0.1)
+    kw: dict[str, Any] = {"inner_steps": 10, "bits": 32, "exchange": "overlapped"}
+    slow = star(3, 1.25e6, spoke_Bps=1.25e6 / 4)
+    fifo = outer_round("async", inner, slow, 150_000, **kw)
+    turns = outer_round("async", inner, slow, 150_000, link_slots=True, **kw)
+    assert np.all(turns.round_s[1:] > fifo.round_s[1:])
