@@ -996,6 +996,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              "turns = False", LINK_SLOT_TESTS),
     Mutation("turns: the topology's link_slots not passed to the planner", "islands.py",
              "        link_slots=outer.link_slots,\n", "", LINK_SLOT_TESTS),
+    Mutation("turns: shardmeter predict --link-slots not applied", "shardmeter/cli/topology_predict.py",
+             '    "link_slots": "link_slots",\n', "", LINK_SLOT_TESTS),
 )  # fmt: skip
 
 

@@ -4,6 +4,8 @@ schedule."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -192,3 +194,24 @@ def test_turns_cost_where_one_push_cannot_fill_the_shared_link() -> None:
     fifo = outer_round("async", inner, slow, 150_000, **kw)
     turns = outer_round("async", inner, slow, 150_000, link_slots=True, **kw)
     assert np.all(turns.round_s[1:] > fifo.round_s[1:])
+
+
+def test_shardmeter_predict_takes_link_slots_from_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from shardmeter.cli import main
+
+    topo = tmp_path / "shared.toml"
+    topo.write_text(
+        '[run]\nmodel = "llama-3-8b"\nglobal_batch = 64\nmode = "async"\ninner_steps = 10\n'
+        'bits = 32\nexchange = "overlapped"\nserver = "s"\nstep_time_s = 1.0\n\n'
+        '[wan]\nkind = "star"\nhub = "s"\nserver_bandwidth_gbit = 1\n'
+        "default = { bandwidth_gbit = 10, latency_ms = 1 }\n\n"
+        + "".join(f'[[islands]]\nname = "{n}"\ncluster = "dgx-h100"\n\n' for n in "sabc"),
+        encoding="utf-8",
+    )
+    rates = []
+    for extra in ([], ["--link-slots"]):
+        assert main(["predict", "--topology", str(topo), "--json", *extra]) == 0
+        rates.append(json.loads(capsys.readouterr().out)["tokens_per_s"])
+    assert rates[1] > rates[0]  # turns: no two pushes meet on the hub's link
