@@ -14,7 +14,7 @@ from tests.heloco.test_net_coordinator import make_coord, pull, push
 
 from heloco.net import wire
 from heloco.net.client import ClientConfig
-from heloco.net.coordinator import SLOT_POLL_S, Coordinator
+from heloco.net.coordinator import SLOT_POLL_S, Budget, Coordinator
 from heloco.net.link import NetLink
 from shardmeter.estimate.outer import _take_turns, outer_round
 from shardmeter.estimate.wan import WanPaths
@@ -215,3 +215,48 @@ def test_shardmeter_predict_takes_link_slots_from_the_command_line(
         assert main(["predict", "--topology", str(topo), "--json", *extra]) == 0
         rates.append(json.loads(capsys.readouterr().out)["tokens_per_s"])
     assert rates[1] > rates[0]  # turns: no two pushes meet on the hub's link
+
+
+def test_over_the_wire_a_push_waits_for_the_holders_push_to_arrive() -> None:
+    import threading
+    import time
+    from functools import partial
+
+    from tests.heloco.test_net_shards import SECRET, model, round_of_model
+
+    from heloco.net.endpoint import Endpoint, EndpointConfig
+    from heloco.outer import OuterConfig, build_optimizer
+    from heloco.server import Server, ServerConfig
+
+    init = model()
+    opt = build_optimizer("async-nesterov", init, OuterConfig(), 2)
+    build = partial(
+        Coordinator, Server(init, opt, ServerConfig(n_workers=2)), Budget(), link_slots=True
+    )
+    endpoint = Endpoint(build, SECRET, EndpointConfig(poll_ms=5))
+    address = endpoint.open()
+    thread = threading.Thread(target=endpoint.serve, daemon=True)
+    thread.start()
+    links = [NetLink(ClientConfig(address, timeout_s=5, deadline_s=10), SECRET, w) for w in (0, 1)]
+    try:
+        for link in links:
+            link.join()
+            assert link.link_slots  # the welcome said so
+        rounds = [round_of_model(link, init)[0] for link in links]
+        links[0].take_link()  # worker 0 holds the link, its push not yet sent
+        done: list[bool] = []
+        second = threading.Thread(
+            target=lambda: done.append(links[1].push(rounds[1], 0.1).accepted)
+        )
+        second.start()
+        time.sleep(0.3)
+        assert not done and links[1].slot_waits > 0 and endpoint.coord.server.revision == 0
+        assert links[0].push(rounds[0], 0.1).accepted  # its arrival passes the turn on
+        second.join(10)
+        assert done == [True] and endpoint.coord.server.revision == 2
+        assert [a.worker for r in endpoint.coord.server.log for a in r.arrivals] == [0, 1]
+    finally:
+        for link in links:
+            link.close()
+        endpoint.stop.set()
+        thread.join(10)
