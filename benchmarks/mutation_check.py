@@ -56,6 +56,7 @@ HBM_GATHER_TESTS = "tests/shardmeter/test_closed_form.py::test_zero3_per_matrix_
 COMPILED_FUSION_TESTS = "tests/shardmeter/test_closed_form.py::test_compiled_step_fuses_elementwise_ops_into_the_matmuls"
 KERNEL_TESTS = "tests/shardmeter/test_attention_kernels.py"
 CORRECTION_TESTS = "tests/shardmeter/test_run_corrections.py"
+LINK_SLOT_TESTS = "tests/heloco/test_link_slots.py"
 SIM_CODEC_TESTS = (
     "tests/heloco/test_codecs.py::test_the_simulators_int8_uplink_is_what_the_server_decodes"
 )
@@ -1000,6 +1001,54 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("run corrections: applied to every source", "shardmeter/calibrate.py",
              'if _cell(row, "source_id") == c.source_id and _cell(row, "run_id") in c.run_ids:',
              'if _cell(row, "run_id") in c.run_ids:', CORRECTION_TESTS),
+    # --- turns on a shared server link (heloco --link-slots, RunSpec.link_slots) ---
+    Mutation("heloco turns: a push's arrival does not end its turn", "heloco/net/coordinator.py",
+             "self.push_turns.release(w)  # its bytes have crossed the link",
+             "None  # its bytes have crossed the link", LINK_SLOT_TESTS),
+    Mutation("heloco turns: not first come first served", "heloco/net/coordinator.py",
+             "if self.holder is None and (not self.queue or self.queue[0] == w):",
+             "if self.holder is None:", LINK_SLOT_TESTS),
+    Mutation("heloco turns: a granted worker stays in the queue", "heloco/net/coordinator.py",
+             "                self.queue.pop(0)\n", "                pass\n", LINK_SLOT_TESTS),
+    Mutation("heloco turns: an evicted holder keeps the link", "heloco/net/coordinator.py",
+             "                self.release_link(info.worker)\n", "                pass\n",
+             LINK_SLOT_TESTS),
+    Mutation("heloco turns: a replaced process keeps the old one's turn",
+             "heloco/net/coordinator.py",
+             "self.release_link(worker)  # the old process's", "None  # the old process's",
+             LINK_SLOT_TESTS),
+    Mutation("heloco turns: a worker that leaves keeps the link", "heloco/net/coordinator.py",
+             "        self.workers[w].active = False\n        self.release_link(w)\n",
+             "        self.workers[w].active = False\n", LINK_SLOT_TESTS),
+    Mutation("heloco turns: the welcome does not ask for turns", "heloco/net/coordinator.py",
+             'welcome["link_slots"] = True', "pass", LINK_SLOT_TESTS),
+    Mutation("heloco turns: the worker pushes without its turn", "heloco/net/link.py",
+             "        while self.link_slots:\n", "        while False:\n", LINK_SLOT_TESTS),
+    Mutation("turns: the turn's request and grant not charged", "outer.py",
+             "exchange = np.where(remote, fixed + sum(alone) + rtt, 0.0)",
+             "exchange = np.where(remote, fixed + sum(alone), 0.0)", LINK_SLOT_TESTS),
+    Mutation("turns: a push's turn without the wait for the next poll", "outer.py",
+             "hold = p * (rtt + alone[0] + 0.5 * (SLOT_POLL_S + rtt))",
+             "hold = p * (rtt + alone[0])", LINK_SLOT_TESTS),
+    Mutation("turns: a leg alone faster than the shared link", "outer.py",
+             "alone = [np.maximum(t, b / server) for b, t in legs]",
+             "alone = [t for b, t in legs]", LINK_SLOT_TESTS),
+    Mutation("turns: the link's cycle ignored", "outer.py",
+             "return np.where(remote, np.maximum(own_s, hi[..., None]), own_s)",
+             "return own_s", LINK_SLOT_TESTS),
+    Mutation("turns: the bisection keeps the wrong half", "outer.py",
+             "lo, hi = np.where(over, mid, lo), np.where(over, hi, mid)",
+             "lo, hi = np.where(over, lo, mid), np.where(over, mid, hi)", LINK_SLOT_TESTS),
+    Mutation("turns: only the pushes' direction limits", "outer.py",
+             "return np.max([np.where(remote, d / rounds, 0.0).sum(axis=-1) for d in demand], axis=0)",
+             "return np.where(remote, demand[0] / rounds, 0.0).sum(axis=-1)", LINK_SLOT_TESTS),
+    Mutation("turns: priced as the shared FIFO's random meetings", "outer.py",
+             'turns = link_slots and np.isfinite(wan.server_Bps) and exchange_pattern != "duplex"',
+             "turns = False", LINK_SLOT_TESTS),
+    Mutation("turns: the topology's link_slots not passed to the planner", "islands.py",
+             "        link_slots=outer.link_slots,\n", "", LINK_SLOT_TESTS),
+    Mutation("turns: shardmeter predict --link-slots not applied", "shardmeter/cli/topology_predict.py",
+             '    "link_slots": "link_slots",\n', "", LINK_SLOT_TESTS),
 )  # fmt: skip
 
 

@@ -80,6 +80,7 @@ class Run:
     seconds: float = 30.0  # the run's wall-clock budget (time_budget)
     warmup_s: float = 0.0  # measure from the first push arrival after this (run seconds)
     fragments: int = 2  # streaming: P fragments, one pushed every H/P inner steps
+    link_slots: bool = False  # the workers take turns on the shared server link (--link-slots)
 
     @property
     def workers(self) -> int:
@@ -94,10 +95,16 @@ RUNS = (
     Run("fp32 sweep", SWEEP, (PACE,) * 5),
     Run("int8 sweep", SWEEP_INT8, (PACE,) * 5, codec="int8"),
     Run("unequal", UNEQUAL, (PACE, 1.5 * PACE, 2.5 * PACE), seconds=40.0),
-    # The three workers start together, so their first exchanges collide on the shared link
-    # (3 s rounds) until they drift apart (2.0-2.3 s rounds after about 20 s); the planner
-    # predicts the steady state, so this run measures its last 60 s.
+    # The three workers share one server link and take turns on it (--link-slots: one push
+    # at a time, first come first served). They start together, so their first pushes queue
+    # for the link until the turns spread them out; the planner predicts the steady state, so
+    # this run measures its last 60 s.
     Run("shared server", (Link(20 * MBIT, 0.02),) * 3, (PACE,) * 3, server_bps=10 * MBIT,
+        seconds=90.0, warmup_s=30.0, link_slots=True),
+)  # fmt: skip
+# The same without turns: the link's one FIFO, whatever alignment the workers' rounds have.
+FIFO_RUNS = (
+    Run("shared fifo", (Link(20 * MBIT, 0.02),) * 3, (PACE,) * 3, server_bps=10 * MBIT,
         seconds=90.0, warmup_s=30.0),
 )  # fmt: skip
 QUICK = (
@@ -238,6 +245,8 @@ def launch_argv(run: Run, out: Path, extra: list[str] | None = None) -> list[str
         argv += ["--set", f"fragments={run.fragments}"]
     if run.server_bps is not None:
         argv += ["--wan-server", f"bw={run.server_bps / 1e6:g}Mbit"]
+    if run.link_slots:
+        argv += ["--link-slots"]
     return argv + (extra or [])
 
 
@@ -337,6 +346,7 @@ def topology_of(r: RunResult) -> Any:
             inner_steps=H,
             bits=BITS[r.run.codec],
             exchange=r.run.exchange,
+            link_slots=r.run.link_slots,
             server="server",
         ),
     )
@@ -370,6 +380,7 @@ def predict(r: RunResult) -> list[Predicted]:
         bits=topo.run.bits,
         exchange=topo.run.exchange,
         fragments=topo.run.n_fragments,
+        link_slots=topo.run.link_slots,
     )
     return [
         Predicted(
@@ -533,6 +544,21 @@ def save(path: Path, results: list[RunResult], extra: dict[str, Any] | None = No
     tmp.replace(path)
 
 
+def merged(
+    old: list[RunResult], old_extra: dict[str, Any], new: list[RunResult], new_extra: dict[str, Any]
+) -> tuple[list[RunResult], dict[str, Any]]:
+    """Saved measurements with the runs measured again replaced (same name and exchange mode),
+    in place; the others kept. The load readings of both are kept, and ``merged`` records when
+    which runs were measured again."""
+    fresh = {(r.run.name, r.run.exchange): r for r in new}
+    out = [fresh.pop((r.run.name, r.run.exchange), r) for r in old] + list(fresh.values())
+    extra = {**old_extra, **{k: v for k, v in new_extra.items() if k not in ("date", "uptime")}}
+    extra["uptime"] = [*old_extra.get("uptime", []), *new_extra.get("uptime", [])]
+    runs = sorted({f"{r.run.name} ({r.run.exchange})" for r in new})
+    extra["merged"] = [*old_extra.get("merged", []), {"date": new_extra.get("date"), "runs": runs}]
+    return out, extra
+
+
 def load(path: Path) -> tuple[list[RunResult], dict[str, Any]]:
     doc = json.loads(path.read_text())
     out = []
@@ -689,6 +715,8 @@ def reprint(path: Path) -> None:
     """Saved measurements beside today's predictions, and the time-to-loss check."""
     results, extra = load(path)
     print(f"# measured {extra.get('date', '?')}; {load_range(extra.get('uptime', []))}")
+    for m in extra.get("merged", []):
+        print(f"# measured again {m.get('date', '?')}: {', '.join(m.get('runs', []))}")
     rows = compare(results)
     print_table(rows)
     print_streaming(rows)
@@ -711,6 +739,11 @@ def main() -> None:
     )
     parser.add_argument(
         "--time-to-loss", action="store_true", help="also the end-to-end time-to-loss check"
+    )
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="with --save: replace only the runs measured now in the saved file, keep the rest",
     )
     parser.add_argument("--keep", type=Path, help="keep the run folders here")
     parser.add_argument(
@@ -735,11 +768,20 @@ def main() -> None:
     bases = QUICK if args.quick else RUNS
     if args.runs:
         names = [n.strip() for n in args.runs.split(",") if n.strip()]
-        known = [r.name for r in (*RUNS, *QUICK, *STREAM_RUNS)]
+        known = [r.name for r in (*RUNS, *QUICK, *STREAM_RUNS, *FIFO_RUNS)]
         for n in names:
             if n not in known:
                 raise SystemExit(f"wan_fidelity: --runs: got {n!r}; one of {', '.join(known)}")
-        bases = tuple(r for r in (*RUNS, *QUICK, *STREAM_RUNS) if r.name in names)
+        bases = tuple(r for r in (*RUNS, *QUICK, *STREAM_RUNS, *FIFO_RUNS) if r.name in names)
+    if args.merge and (args.save is None or not args.save.exists()):
+        raise SystemExit(f"wan_fidelity: --merge: got --save {args.save}; an existing file")
+    base_results, base_extra = load(args.save) if args.merge else ([], {})
+
+    def keep(results: list[RunResult], extra: dict[str, Any]) -> None:
+        if args.save:
+            save(args.save, *(merged(base_results, base_extra, results, extra)
+                              if args.merge else (results, extra)))  # fmt: skip
+
     work = args.keep or Path(tempfile.mkdtemp(prefix="wan_fidelity-"))
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     extra: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -753,15 +795,13 @@ def main() -> None:
                 extra["uptime"].append(
                     subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
                 )
-                if args.save:
-                    save(args.save, results, extra)
+                keep(results, extra)
         ttl = None
         if args.time_to_loss:
             ttl, measured = time_to_loss(work)
             results.append(measured)
             extra["ttl"] = asdict(ttl)
-            if args.save:
-                save(args.save, results, extra)
+            keep(results, extra)
         print(f"# {load_range(extra['uptime'])}")
         rows = compare(results)
         print_table(rows)

@@ -162,3 +162,32 @@ def test_a_streaming_event_counts_its_dispatch_bytes(bench: ModuleType) -> None:
         e |= {"bytes_sent": 200, "bytes_received": n}
     m = bench.measure_worker(0, rounds, REPORT, 256.0, spans=False)
     assert m.push_bytes == 200 and m.pull_bytes == pytest.approx(400)  # the window's rounds
+
+
+def test_the_shared_link_run_takes_turns_and_is_predicted_so(bench: ModuleType) -> None:
+    shared = next(r for r in bench.RUNS if r.name == "shared server")
+    assert shared.link_slots and "--link-slots" in bench.launch_argv(shared, Path("x"))
+    fifo = next(r for r in bench.FIFO_RUNS if r.name == "shared fifo")
+    assert not fifo.link_slots and "--link-slots" not in bench.launch_argv(fifo, Path("x"))
+    workers = tuple(
+        bench.Measured(w, 5, 2.0, 10.0, 256.0, 1.0, None, None, 550_000.0) for w in range(3)
+    )
+    for mode in ("blocking", "overlapped"):
+        turns = bench.predict(bench.RunResult(bench.replace(shared, exchange=mode), 1500,
+                                              136_960, workers))  # fmt: skip
+        meet = bench.predict(bench.RunResult(bench.replace(fifo, exchange=mode), 1500,
+                                             136_960, workers))  # fmt: skip
+        # turns never meet on the link: faster than the random meetings of one FIFO
+        assert all(t.round_s < m.round_s for t, m in zip(turns, meet, strict=True))
+
+
+def test_merge_replaces_only_the_runs_measured_again(bench: ModuleType) -> None:
+    a, b = result(bench, "blocking"), result(bench, "overlapped")
+    again = bench.replace(a, mtu=9000)
+    other = bench.replace(a, run=bench.replace(a.run, name="u"))
+    out, extra = bench.merged(
+        [a, b], {"date": "d0", "uptime": ["x"]}, [again, other], {"date": "d1", "uptime": ["y"]}
+    )
+    assert out == [again, b, other]
+    assert extra["date"] == "d0" and extra["uptime"] == ["x", "y"]
+    assert extra["merged"] == [{"date": "d1", "runs": ["t (blocking)", "u (blocking)"]}]

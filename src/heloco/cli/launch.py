@@ -92,6 +92,12 @@ def add_parser(sub: Any) -> None:
         help="streaming: fragments of the model (the run config's `fragments`)",
     )
     p.add_argument(
+        "--link-slots",
+        action="store_true",
+        help="the workers take turns on the server's link: one push at a time, first come "
+        "first served (heloco serve --link-slots; for a shared --wan-server; docs/wan.md)",
+    )
+    p.add_argument(
         "--shards",
         type=bounded(int, 1, MAX_SHARDS),
         default=1,
@@ -178,7 +184,12 @@ def run(args: argparse.Namespace) -> int:
         out_dir=out,
         workers=run_cfg.workers,
         paces=resolve_paces(InnerSetup.of(run_cfg)),
-        serve_args=["--wait-for-workers", str(START_WAIT_S), *args.serve_arg],
+        serve_args=[
+            "--wait-for-workers",
+            str(START_WAIT_S),
+            *(["--link-slots"] if args.link_slots else []),
+            *args.serve_arg,
+        ],
         work_args=["--codec", args.codec],
         threads=args.threads,
         shards=args.shards,

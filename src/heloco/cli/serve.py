@@ -67,6 +67,12 @@ def add_parser(sub: Any) -> None:
         "pull (default 0: each worker starts at once)",
     )
     p.add_argument(
+        "--link-slots",
+        action="store_true",
+        help="the workers share this server's link: each asks for it before a push, and the "
+        "pushes cross it one at a time, first come first served (docs/wan.md)",
+    )
+    p.add_argument(
         "--shards",
         type=bounded(int, 1, MAX_SHARDS),
         default=1,
@@ -153,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         cfg,
         hmac_secret,
         endpoint,
-        Liveness(args.heartbeat_s, args.evict_after_s, args.wait_for_workers),
+        Liveness(args.heartbeat_s, args.evict_after_s, args.wait_for_workers, args.link_slots),
         out,
     )
 

@@ -13,6 +13,8 @@ Requests (worker → server) and replies:
 ``heartbeat`` → ``pong`` {revision, done}
 ``status``    → ``status`` (see :meth:`Coordinator.status`)
 ``bye``       → ``pong``
+``slot``      → ``slot`` {revision} | ``wait`` (with ``link_slots``: the server's link for one push,
+              first come first served; :class:`Turns`)
 Every body is validated by its model in :mod:`heloco.net.messages` first. Malformed or
 invalid requests get ``error`` {reason, detail}; nothing invalid is applied or stored.
 """
@@ -34,6 +36,7 @@ from heloco.server import Server, SubmissionRejected, UpdateRecord
 from heloco.types import Delta, Dispatch, RoundResult, RoundTiming, tensor_bytes
 
 WORKER_KEY = re.compile(r"worker(\d+)")  # allow-list name bound to one worker slot
+SLOT_POLL_S = 0.01  # seconds a worker waits before asking for the server's link again
 
 
 @dataclass
@@ -77,6 +80,39 @@ class WorkerInfo:
     steps: int = 0
     tokens: int = 0
     last_loss: float = math.nan
+
+
+class Turns:
+    """One direction of a shared link, one transfer at a time, first come first served.
+
+    :meth:`ask` grants the turn to worker ``w`` if nobody holds it and nobody asked before
+    ``w`` (else ``w`` joins the queue once, keeping its place when it asks again); a holder
+    that asks again (its grant's reply was lost) keeps it. :meth:`release` ends ``w``'s turn
+    and drops it from the queue."""
+
+    def __init__(self) -> None:
+        self.holder: int | None = None
+        self.queue: list[int] = []
+
+    def ask(self, w: int) -> bool:
+        """Whether worker ``w`` may send now (it then holds the turn)."""
+        if self.holder == w:
+            return True
+        if self.holder is None and (not self.queue or self.queue[0] == w):
+            self.holder = w
+            if self.queue:
+                self.queue.pop(0)
+            return True
+        if w not in self.queue:
+            self.queue.append(w)
+        return False
+
+    def release(self, w: int) -> None:
+        """Worker ``w``'s transfer arrived, or it is gone."""
+        if self.holder == w:
+            self.holder = None
+        if w in self.queue:
+            self.queue.remove(w)
 
 
 @dataclass(frozen=True)
@@ -145,6 +181,12 @@ class Coordinator:
     (:class:`Persistence`, durable serving) makes each accepted round survive a crash before
     its ack. Without them (in-process use) replies carry copies and nothing is persisted.
 
+    ``link_slots`` (a server whose one link every worker shares): the workers take turns on
+    it for their pushes (:class:`Turns`), so pushes cross it one at a time, whole, first come
+    first served: a worker asks (``slot``) before each push and sends its bytes once granted;
+    its turn ends when the push arrives. Dispatches take no turns: each follows its worker's
+    push, so turns spread them too (docs/wan.md, "Shared server link").
+
     ``on_update`` is called after each applied update (metrics, evaluation, durable
     checkpoints); ``on_round`` after each accepted round with (worker, round_id, steps, tokens,
     loss, start, end, timing) in wall seconds since ``t0`` (timing: :func:`measured_timing`,
@@ -167,6 +209,7 @@ class Coordinator:
     wait_for_workers_s: float = 0.0
     storage: DispatchStorage | None = None
     persistence: Persistence | None = None
+    link_slots: bool = False
 
     def __post_init__(self) -> None:
         n = self.server.cfg.n_workers
@@ -179,6 +222,7 @@ class Coordinator:
         # (worker, round id) -> (run seconds it was dispatched, its revision)
         # (worker, round id) -> (sent at, revision, its tensors' fp32 bytes) of a dispatch
         self._dispatch_time: dict[tuple[int, int], tuple[float, int, int]] = {}
+        self.push_turns = Turns()  # link_slots: the link towards the server (pushes)
 
     @property
     def tokens(self) -> int:
@@ -244,6 +288,7 @@ class Coordinator:
             raise WireError("replaced", f"a newer process serves worker {worker}")
         if info.incarnation and incarnation and incarnation != info.incarnation:
             self.counters.rejoins += 1
+            self.release_link(worker)  # the old process's grant or place dies with it
             if self.server.fragments:  # streaming: the new process holds no fragments
                 self.server.restart(worker)
             self._emit(
@@ -278,6 +323,7 @@ class Coordinator:
                 info.active = False
                 self.counters.evictions += 1
                 gone.append(info.worker)
+                self.release_link(info.worker)
                 self._emit(
                     {
                         "type": "worker",
@@ -347,7 +393,12 @@ class Coordinator:
         if isinstance(body, messages.Push):
             return self._push(msg, body)
         if isinstance(body, messages.Ident):
-            handler = {"hello": self._hello, "pull": self._pull, "heartbeat": self._heartbeat}
+            handler = {
+                "hello": self._hello,
+                "pull": self._pull,
+                "heartbeat": self._heartbeat,
+                "slot": self._link_slot,
+            }
             return handler.get(msg.type, self._bye)(msg, body)
         return wire.make("status", self.status(), re=msg.id)
 
@@ -367,6 +418,8 @@ class Coordinator:
         }
         if self._shards is not None:
             welcome["shards"] = self._shards.shard_info()
+        if self.link_slots:
+            welcome["link_slots"] = True
         return wire.make("welcome", welcome, re=msg.id)
 
     def _heartbeat(self, msg: Message, body: messages.Ident) -> Message:
@@ -377,8 +430,25 @@ class Coordinator:
         w = self._slot(body)
         self._seen(w, body.incarnation)
         self.workers[w].active = False
+        self.release_link(w)
         self._emit({"type": "worker", "event": "left", "worker": w, "time": self.elapsed()})
         return wire.make("pong", {"revision": self.server.revision, "done": self.done}, re=msg.id)
+
+    # -- the shared link, one transfer per direction at a time (link_slots) ----------------
+    def _link_slot(self, msg: Message, body: messages.Ident) -> Message:
+        """Grant worker ``w`` the link towards the server for its next push, or tell it to
+        wait (:class:`Turns`). Without ``link_slots`` (or once the run is over) at once."""
+        w = self._slot(body)
+        self._seen(w, body.incarnation)
+        if not self.link_slots or self.done or self.push_turns.ask(w):
+            return wire.make("slot", {"revision": self.server.revision}, re=msg.id)
+        return wire.make(
+            "wait", {"retry_s": SLOT_POLL_S, "revision": self.server.revision}, re=msg.id
+        )
+
+    def release_link(self, worker: int) -> None:
+        """Worker ``worker`` is gone (left, evicted, replaced): its turn and place go."""
+        self.push_turns.release(worker)
 
     def _pull(self, msg: Message, body: messages.Ident) -> Message:
         w = self._slot(body)
@@ -498,6 +568,7 @@ class Coordinator:
     def _push(self, msg: Message, body: messages.Push) -> Message:
         w = self._slot(body)
         info = self._seen(w, body.incarnation)
+        self.push_turns.release(w)  # its bytes have crossed the link, whatever the answer
         names = self._check_fragment(body)
         probe = self._header_result(w, body)
         if self.budget_reached() and not (

@@ -121,6 +121,8 @@ class NetLink:
         # counts from the one its round trained from (overlapped: the one before the last)
         self.received: list[tuple[int, int, float, float]] = []
         self.compute_window: tuple[float, float] | None = None  # next push's compute, note_round
+        self.link_slots = False  # the server said: ask for its link before each push (welcome)
+        self.slot_waits = 0  # slot requests answered "wait"
 
     @property
     def worker(self) -> int:
@@ -145,6 +147,7 @@ class NetLink:
         if reply.type != "welcome":
             raise UserInputError("worker", self._worker, f"server refused: {reply.body}")
         welcome = reply_body(reply, messages.Welcome).model_dump()
+        self.link_slots = bool(welcome["link_slots"])
         if welcome["shards"] and self.shards is None:
             shards = [(s["port"], s["tensors"]) for s in welcome["shards"]]
             self.shards = ShardedClient(self.cfg, self.secret, shards, self.client.traffic)
@@ -209,11 +212,33 @@ class NetLink:
                 raise ProtocolError(f"unexpected reply to stage: {reply.type!r}")
         return None
 
+    def take_link(self) -> None:
+        """With ``link_slots`` (the server's welcome): ask for the server's link until it is
+        granted, so this push crosses it alone (:class:`heloco.net.coordinator.Turns`); the
+        wait is idle time, before the push's own timing begins."""
+        while self.link_slots:
+            reply = self._call("slot")
+            if reply.type == "slot":
+                reply_body(reply, messages.Granted)
+                return
+            if reply.type == "wait":
+                self.slot_waits += 1
+                time.sleep(reply_body(reply, messages.Wait).retry_s)
+                continue
+            if reply.type == "error":
+                err = reply_body(reply, messages.ErrorBody)
+                if err.reason == "replaced":
+                    raise Replaced(f"worker {self._worker}: {err.detail}")
+                raise ProtocolError(f"slot refused: {err.reason}: {err.detail}")
+            raise ProtocolError(f"unexpected reply to slot: {reply.type!r}")
+
     def push(self, result: RoundResult, compute_s: float) -> PushOutcome:
         """Send Δ with the round's counts; the server's ack or rejection is recorded.
 
-        To a sharded server: stage every shard's part in parallel, then push the counts to
-        the leader (staged again if the server lost them, e.g. in a restart)."""
+        With ``link_slots``, first wait for the server's link (:meth:`take_link`). To a
+        sharded server: stage every shard's part in parallel, then push the counts to the
+        leader (staged again if the server lost them, e.g. in a restart)."""
+        self.take_link()
         body = {
             "round_id": result.round_id,
             "base_revision": result.base_revision,

@@ -117,6 +117,7 @@ REQUESTS: dict[str, type[Strict]] = {
     "heartbeat": Ident,
     "bye": Ident,
     "status": Empty,
+    "slot": Ident,
 }
 SHARD_REQUESTS: dict[str, type[Strict]] = {"stage": RoundRef, "fetch": RoundRef}
 TENSOR_REQUESTS = frozenset({"push", "stage"})  # the only requests that may carry tensors
@@ -142,6 +143,7 @@ class Welcome(Strict):
     n_workers: int = Field(ge=1, le=MAX_WORKERS)
     worker_steps: Count
     shards: list[ShardInfo] = Field(default_factory=list, max_length=MAX_SHARDS)
+    link_slots: bool = False  # ask for the server link (``slot``) before each push
 
 
 class DispatchBody(Strict):
@@ -169,7 +171,8 @@ class SliceBody(Strict):
 
 
 class Wait(Strict):
-    """Reply to ``pull`` while a barrier or start is pending: ask again after ``retry_s``."""
+    """Reply to ``pull`` while a barrier or start is pending, or to ``slot`` while another
+    worker's push holds the server's link: ask again after ``retry_s``."""
 
     retry_s: float = Field(gt=0, le=60)
     revision: Count
@@ -204,6 +207,12 @@ class Pong(Strict):
     done: bool
 
 
+class Granted(Strict):
+    """Reply to ``slot``: the server's link is this worker's until its push arrives."""
+
+    revision: Count
+
+
 class ErrorBody(Strict):
     """Reply to a request that was malformed or invalid; nothing was applied."""
 
@@ -222,6 +231,7 @@ REPLIES: dict[str, type[Strict]] = {
     "error": ErrorBody,
     "staged": Staged,
     "slice": SliceBody,
+    "slot": Granted,
 }
 
 M = TypeVar("M", bound=BaseModel)

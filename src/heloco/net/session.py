@@ -44,13 +44,15 @@ STATUS_FILE = "status.json"
 
 @dataclass(frozen=True)
 class Liveness:
-    """Heartbeat period the workers are told to use, silence before eviction, and how long a
+    """Heartbeat period the workers are told to use, silence before eviction, how long a
     fresh run waits for every worker's first pull before it starts anyway (seconds; 0: no
-    wait)."""
+    wait), and whether the workers take turns on the server's link (``link_slots``: one push
+    at a time, :class:`heloco.net.coordinator.Coordinator`)."""
 
     heartbeat_s: float = 2.0
     evict_after_s: float = 10.0
     wait_for_workers_s: float = 0.0
+    link_slots: bool = False
 
 
 MAX_ISLAND_RANKS = 65536  # ranks of one torchrun island: a push's tokens cover them all
@@ -112,6 +114,7 @@ class Session:
             on_event=self.writer.event,
             max_tokens_per_step=cfg.inner.tokens_per_step * MAX_ISLAND_RANKS,
             wait_for_workers_s=liveness.wait_for_workers_s,
+            link_slots=liveness.link_slots,
         )
         self.endpoint = Endpoint(build, secret, endpoint, self._extra, _evals_of)
         self.coord = self.endpoint.coord

@@ -35,6 +35,7 @@ RUN_FLAGS: dict[str, str] = {
     "threshold": "compute_bound_threshold",
     "outer_overlap": "outer_overlap",
     "exchange": "exchange",
+    "link_slots": "link_slots",
     "balance_steps": "balance_steps",
     "backward_overlap": "backward_overlap",
     "payload": "payload",
@@ -85,6 +86,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="async: duplex (delta up and model down at once, hidden), or HeLoCo's push then "
         "pull between rounds (blocking), behind the next round (overlapped), or one fragment "
         "of --fragments P behind each H/P steps (streaming)",
+    )
+    add(
+        "--link-slots",
+        action="store_true",
+        default=None,
+        help="async, a shared server link: the workers take turns on it for their pushes, one "
+        "at a time (HeLoCo's --link-slots; docs/wan.md)",
     )
     add(
         "--balance-steps",

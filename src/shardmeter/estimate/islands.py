@@ -249,6 +249,7 @@ def _round(
         bandwidth_scale=bandwidth_scale,
         balance=outer.balance_steps,
         exchange=outer.exchange,
+        link_slots=outer.link_slots,
         push_overhead_bytes=payload.push_overhead_bytes,
         pull_bytes=payload.pull_bytes,
     )

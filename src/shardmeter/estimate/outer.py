@@ -197,6 +197,7 @@ def outer_round(
     exchange: Exchange = "duplex",
     push_overhead_bytes: ArrayLike = 0.0,
     pull_bytes: ArrayLike | None = None,
+    link_slots: bool = False,
 ) -> OuterRound:
     """Compose per-island inner step times into one outer round of `mode`.
 
@@ -234,7 +235,8 @@ def outer_round(
       their idle from the sub-round), so island i's round of H steps is
       P · max(H·T_i/P, X_i^f) seconds and its exchange P · X_i^f. A shared server link is a processor-sharing
       station (`_share_server`); remote rounds then stretch by the server's overload, the
-      busier direction's Σ_i (bytes/round_i)/W_server when above 1 (design doc C.9).
+      busier direction's Σ_i (bytes/round_i)/W_server when above 1 (design doc C.9). With
+      `link_slots` the workers take turns on it for their pushes instead (`_take_turns`).
     `balance` (diloco, streaming) lets faster islands run more inner steps per round.
     """
     inner = np.asarray(inner_s, dtype=np.float64)
@@ -272,7 +274,7 @@ def outer_round(
         p = np.broadcast_to(np.asarray(fragments, dtype=np.float64), shape)
         if exchange == "streaming" and np.any(p < 1):
             raise ValueError("fragments: the streaming exchange needs P >= 1")
-        return _async_round(inner, wan, up, down, h, scale, exchange, p)
+        return _async_round(inner, wan, up, down, h, scale, exchange, p, link_slots)
 
     coll = collective(nbytes, wan, reduce, gathered=gathered, rounds=collective_rounds, scale=scale)
     window = _pacing(np.asarray(backward_s, dtype=np.float64), inner)
@@ -334,10 +336,12 @@ def _async_round(
     scale: FloatArray,
     exchange_pattern: Exchange = "duplex",
     fragments: FloatArray | None = None,
+    link_slots: bool = False,
 ) -> OuterRound:
     """Parameter server at `wan.center` (design doc C.9, asynchronous): a push of
     `up_bytes`, a pull of `down_bytes` per round, in the exchange mode `exchange_pattern`
-    (`"streaming"`: in P = `fragments` exchanges of a P-th each, one per H/P steps)."""
+    (`"streaming"`: in P = `fragments` exchanges of a P-th each, one per H/P steps); a shared
+    server link with `link_slots`: pushes take turns on it (`_take_turns`)."""
     n = inner.shape[-1]
     c = wan.center
     remote = np.arange(n) != c
@@ -365,9 +369,21 @@ def _async_round(
         exchange = np.where(remote, 2.0 * rtt + t_up + t_down + host / p, 0.0)
         legs = ((up / p, t_up), (down / p, t_down))
     server = wan.server_Bps * scale[..., None]
-    if np.isfinite(wan.server_Bps):
+    turns = link_slots and np.isfinite(wan.server_Bps) and exchange_pattern != "duplex"
+    if turns:
+        # each leg alone, at most the server link's rate; plus the turn's request and grant
+        alone = [np.maximum(t, b / server) for b, t in legs]
+        fixed = exchange - sum(t for _, t in legs)
+        exchange = np.where(remote, fixed + sum(alone) + rtt, 0.0)
+    elif np.isfinite(wan.server_Bps):
         exchange = _share_server(exchange, legs, busy_x, blocking, server, remote)
     round_s = busy + exchange if blocking else p * np.maximum(busy_x, exchange)
+    if turns:
+        # a push's turn holds the link from its grant (half an RTT out) to its last byte in
+        # (half an RTT back), plus the mean wait for the next worker's poll to find it free;
+        # dispatches take no turns: the link carries their bytes whenever one is on its way
+        hold = p * (rtt + alone[0] + 0.5 * (SLOT_POLL_S + rtt))
+        round_s = _take_turns(round_s, (hold, down / server), remote)
     exchange = p * exchange  # the round's exchanges, hidden or not
     # the server's link, each direction on its own (full duplex): the busier one limits
     inflow = np.where(remote, up / round_s, 0.0).sum(axis=-1, keepdims=True)
@@ -388,6 +404,41 @@ def _async_round(
         egress_usd=moved * wan.egress_usd_per_byte[:, c],
         staleness=round_s * (rate.sum(axis=-1, keepdims=True) - rate),
     )
+
+
+SLOT_POLL_S = 0.01  # s: a waiting worker asks for the link again this long after "wait" (HeLoCo)
+TURN_BISECTIONS = 60  # bisection steps for the common cycle of the workers' turns
+
+
+def _take_turns(
+    own_s: FloatArray, demand: tuple[FloatArray, ...], remote: NDArray[np.bool_]
+) -> FloatArray:
+    """Rounds when the workers take turns on the server's shared link for their pushes, one
+    at a time, first come first served (HeLoCo's `--link-slots`), so no two pushes share it.
+
+    own_s: (..., N) each worker's round with the link to itself (seconds); demand: per
+    direction of the link, (..., N) seconds of it each worker uses per round (its push's
+    turn; its dispatch's bytes at the link's rate: dispatches take no turns, but the link
+    carries them whenever one is on its way). Turns make a deterministic closed network reach its asymptotic
+    bound (Lazowska, Zahorjan, Graham & Sevcik 1984, "Quantitative System Performance",
+    sec. 5.2: X ≤ min(1/D_max, N/(D + Z))): no two pushes meet, so a worker keeps its own
+    round while the link has room, and when Σ_i D_i/own_i > 1 on a direction, the workers
+    that would go faster than the link allows all wait for one cycle c per round (first come
+    first served is then a round robin among them, their max-min fair share of the link:
+    Bertsekas & Gallager 1992, Data Networks, sec. 6.5.2): round_i = max(own_i, c), c the
+    smallest with Σ_i D_i / max(own_i, c) ≤ 1 on both directions. Seconds, (..., N)."""
+
+    def load(c: FloatArray) -> FloatArray:
+        rounds = np.maximum(own_s, c[..., None])
+        return np.max([np.where(remote, d / rounds, 0.0).sum(axis=-1) for d in demand], axis=0)
+
+    hi = np.max([np.where(remote, d, 0.0).sum(axis=-1) for d in demand], axis=0)
+    lo = np.zeros_like(hi)
+    for _ in range(TURN_BISECTIONS):
+        mid = 0.5 * (lo + hi)
+        over = load(mid) > 1.0
+        lo, hi = np.where(over, mid, lo), np.where(over, hi, mid)
+    return np.where(remote, np.maximum(own_s, hi[..., None]), own_s)
 
 
 SHARE_ITERATIONS = 40  # damped fixed-point steps of the shared-server mean-value analysis

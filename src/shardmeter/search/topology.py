@@ -372,6 +372,7 @@ def compose_block(
         buckets=cb.buckets[:, None, :],
         balance=run.balance_steps,
         exchange=run.exchange,
+        link_slots=run.link_slots,
         push_overhead_bytes=overhead,
         pull_bytes=payload.pull_bytes,
     )

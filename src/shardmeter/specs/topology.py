@@ -272,6 +272,9 @@ class OuterSpec(BaseModel):
     # HeLoCo's push-then-pull "blocking" (between rounds) / "overlapped" (behind the next round)
     # / "streaming" (P = `fragments` fragment exchanges, each behind the next H/P steps)
     exchange: Literal["duplex", "blocking", "overlapped", "streaming"] = "duplex"
+    # async, a shared server link: the workers take turns on it, one push at a time, first
+    # come first served (HeLoCo's --link-slots), instead of sharing its FIFO at random
+    link_slots: bool = False
     backward_overlap: bool = True  # the exchange starts during the backward, layer by layer
     balance_steps: bool = False  # DiLoCo/Streaming: faster islands run H_i = ⌊H·T_max/T_i⌋ steps
     fragments: int | list[FragmentSpec] = 1  # Streaming DiLoCo: P, or an explicit schedule
