@@ -598,7 +598,10 @@ def restart_window(
     rto = rto_s(rtt_s if srtt_s is None else srtt_s)
     # capped at 64: no window is 2^64 bytes, so the floor binds long before
     halvings = np.minimum(np.where(idle > rto, np.ceil(idle / rto) - 1.0, 0.0), 64.0)
-    return np.maximum(_start_window(mss, None), w / 2.0**halvings)
+    seg = np.asarray(mss, dtype=np.float64)
+    # the kernel counts the window in segments and halves it by a shift (cwnd >>= 1)
+    kept = np.floor(np.floor(w / seg) / 2.0**halvings) * seg
+    return np.maximum(_start_window(mss, None), np.where(halvings > 0, kept, w))
 
 
 def transfer_s(
