@@ -11,7 +11,7 @@ default, H = 10 steps of 0.1 s, P = 2), traced two ways while it runs:
   segment a socket receives, with its ``snd_cwnd`` (segments) and ``srtt`` (µs) at that moment.
   A leg is a run of ACKs that advance ``snd_una`` with no gap over ``--gap`` seconds; its
   start window is the cwnd at its first ACK (the restart window plus that ACK's growth);
-* ``ss -tin`` every 40 ms inside the server's and each worker's namespace: ``rto`` and
+* ``ss -tie`` every 40 ms inside the server's and each worker's namespace: ``rto`` and
   ``lastsnd`` (ms since the socket last sent data; its value just before a send resets it is
   the idle that send sees, what Linux's tcp_cwnd_restart compares with the RTO). Medians
   over the legs after ``--skip`` seconds of start-up; RTO the median and idle the 95th
@@ -39,8 +39,9 @@ PROBE = TRACEFS / "events" / "tcp" / "tcp_probe"
 DEFAULT_WAN = "bw=30Mbit,rtt=0ms;bw=12Mbit,rtt=20ms;bw=20Mbit,rtt=150ms;bw=4Mbit,rtt=40ms"
 LINE = re.compile(
     r" (\d+\.\d+): tcp_probe: .*?src=([\d.]+):(\d+) dest=([\d.]+):(\d+) .*?snd_nxt=0x[0-9a-f]+ "
-    r"snd_una=(0x[0-9a-f]+) snd_cwnd=(\d+) .*?srtt=(\d+)"
+    r"snd_una=(0x[0-9a-f]+) snd_cwnd=(\d+) .*?srtt=(\d+) .*?sock_cookie=([0-9a-f]+)"
 )
+SS_COOKIE = re.compile(r"\ssk:([0-9a-f]+)")
 SS_SOCK = re.compile(r"\s([\d.]+):(\d+)\s+([\d.]+):(\d+)\s")
 SS_INFO = re.compile(r"rto:([\d.]+) .*?rtt:([\d.]+)/")
 SS_LASTSND = re.compile(r"lastsnd:(\d+)")
@@ -85,15 +86,21 @@ def _leg(c: dict[str, float]) -> Leg:
     return Leg(c["t0"], int(c["bytes"]), int(c["first"]), int(c["last"]), c["srtt"] / 1e3)
 
 
-def parse_probe(text: str, port: int) -> dict[tuple[str, str], list[tuple[float, int, int, float]]]:
-    """tcp_probe lines per connection, keyed (local address, peer address)."""
+def parse_probe(
+    text: str, port: int, cookies: set[str] | None = None
+) -> dict[tuple[str, str], list[tuple[float, int, int, float]]]:
+    """tcp_probe lines per connection, keyed (local address, peer address); only the sockets
+    whose cookies are given (those ss saw in this launch's namespaces: the tracepoint sees
+    every namespace, and another launch may use the same addresses)."""
     out: dict[tuple[str, str], list[tuple[float, int, int, float]]] = {}
     for line in text.splitlines():
         m = LINE.search(line)
         if m is None:
             continue
-        t, sa, sp, da, dp, una, cwnd, srtt = m.groups()
+        t, sa, sp, da, dp, una, cwnd, srtt, cookie = m.groups()
         if int(sp) != port and int(dp) != port:
+            continue
+        if cookies and cookie not in cookies:
             continue
         out.setdefault((f"{sa}:{sp}", f"{da}:{dp}"), []).append(
             (float(t), int(una, 16), int(cwnd), float(srtt))
@@ -102,7 +109,7 @@ def parse_probe(text: str, port: int) -> dict[tuple[str, str], list[tuple[float,
 
 
 def parse_ss(text: str) -> dict[tuple[str, str], list[tuple[float, float]]]:
-    """(rto ms, lastsnd ms) samples per connection from ``ss -tinH`` output."""
+    """(rto ms, lastsnd ms) samples per connection from ``ss -tieH`` output."""
     out: dict[tuple[str, str], list[tuple[float, float]]] = {}
     key: tuple[str, str] | None = None
     for line in text.splitlines():
@@ -121,7 +128,7 @@ def parse_ss(text: str) -> dict[tuple[str, str], list[tuple[float, float]]]:
 
 def _poll_ss(ns: str, stop: threading.Event, sink: list[str]) -> None:
     while not stop.is_set():
-        proc = subprocess.run(["ip", "netns", "exec", ns, "ss", "-tinH", "state", "established"],
+        proc = subprocess.run(["ip", "netns", "exec", ns, "ss", "-tieH", "state", "established"],
                               capture_output=True, text=True, check=False)  # fmt: skip
         sink.append(proc.stdout)
         time.sleep(0.04)
@@ -187,7 +194,7 @@ def _namespaces() -> list[str]:
 
 def report(probe: str, ss: str, port: int, gap: float, skip_s: float) -> None:
     """One line per worker and direction: medians over the legs after ``skip_s``."""
-    conns = parse_probe(probe, port)
+    conns = parse_probe(probe, port, set(SS_COOKIE.findall(ss)))
     ss_by = parse_ss(ss)
     t_start = min((v[0][0] for v in conns.values() if v), default=0.0)
     print("worker address  sender  legs   kB  cwnd first  last  srtt ms   rto ms  idle ms (p95)")
