@@ -590,7 +590,8 @@ def restart_window(
     anything: Linux with net.ipv4.tcp_slow_start_after_idle = 1 keeps it whole up to one RTO of
     idle, then halves it once per further RTO, ⌈idle/RTO⌉ − 1 times, never below the restart
     window min(IW, cwnd) (RFC 2861 sec. 3, congestion window validation; kernel tcp_output.c,
-    tcp_cwnd_restart). RFC 5681 sec. 4.1 would restart from IW after one RTO instead. The RTO
+    tcp_cwnd_restart, which halves the window in whole segments, cwnd >>= 1). RFC 5681
+    sec. 4.1 would restart from IW after one RTO instead. The RTO
     is `rto_s` of the smoothed RTT the connection last measured, `srtt_s` (default `rtt_s`:
     no queue in its samples)."""
     w = np.asarray(window_bytes, dtype=np.float64)
@@ -644,9 +645,11 @@ def heloco_legs_s(
     than in the sender's own host, where Linux's TCP small queues hold about a millisecond of
     it (tcp_output.c, tcp_small_queue_check) and the rest waits unsent. A queued direction's
     sender sends its last byte `burst_queue_s` earlier than it leaves the bottleneck, so it
-    idles that much longer, and its RTO is built from the smoothed RTT its own queue inflated
-    (`burst_queue_s`, RFC 6298 eq. 2.3). Seconds; the steady state after RESTART_ROUNDS
-    rounds, each from the one before."""
+    idles that much longer, its RTO is built from the smoothed RTT its own queue inflated
+    (`burst_queue_s`, RFC 6298 eq. 2.3), and its window grows by every byte acknowledged
+    (`acked_window`); a paced one keeps the window of its last slow-start round
+    (`end_window`). Seconds; the steady state after RESTART_ROUNDS rounds, each from the one
+    before."""
     m = np.asarray(nbytes, dtype=np.float64)
     pull = m if pull_bytes is None else np.asarray(pull_bytes, dtype=np.float64)
     rtt = np.asarray(rtt_s, dtype=np.float64)
