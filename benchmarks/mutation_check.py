@@ -842,8 +842,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              "period = np.maximum(compute, x)",
              WAN_TESTS + "::test_overlapped_exchange_keeps_the_window_over_a_short_idle"),
     Mutation("async round prices the HeLoCo legs cold again", "outer.py",
-             "heloco_legs_s(up / p, path_bw, rtt, down / p, busy_x, blocking)",
-             "heloco_legs_s(up / p, path_bw, rtt, down / p)",
+             "up / p, path_bw, rtt, down / p, busy_x, blocking, (hub_bound, ~hub_bound)",
+             "up / p, path_bw, rtt, down / p",
              WAN_TESTS + "::test_async_round_prices_each_mode_with_its_idle"),
     # Activations offloaded to host memory (MaxText "minimal_offloaded") over the host link.
     Mutation("offloaded activations: the output projections left out", "memory.py",
@@ -880,8 +880,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              "test_maxtext_offloaded_remat_policy_reads_as_selective_with_offload"),
     # --- the async round of HeLoCo's streaming exchange (heloco/streaming.py) ---
     Mutation("async streaming: a fragment's legs carry the whole payload", "outer.py",
-             "heloco_legs_s(up / p, path_bw, rtt, down / p, busy_x, blocking)",
-             "heloco_legs_s(up, path_bw, rtt, down, busy_x, blocking)",
+             "up / p, path_bw, rtt, down / p, busy_x, blocking, (hub_bound, ~hub_bound)",
+             "up, path_bw, rtt, down, busy_x, blocking, (hub_bound, ~hub_bound)",
              WAN_TESTS + "::test_async_streaming_round_is_p_sub_rounds_each_hiding_a_fragment"),
     Mutation("async streaming: the fragments share one round-trip pair", "outer.py",
              "2.0 * rtt + t_up + t_down + host / p", "2.0 * rtt / p + t_up + t_down + host / p",
