@@ -31,6 +31,7 @@ HIDDEN_TESTS = "tests/shardmeter/test_closed_form.py"
 OVERLAP_TESTS = "tests/heloco/test_overlap.py"
 OVERLAP_NET_TESTS = "tests/heloco/test_net_equivalence.py::test_overlapped_worker_matches_simulator"
 WAN_TESTS = "tests/shardmeter/test_wan_transfers.py"
+QUEUE_TESTS = "tests/shardmeter/test_wan_queue.py"
 FP8_CAST_TESTS = (
     "tests/shardmeter/test_closed_form.py::test_fp8_operand_casts_outside_a_compiled_graph"
 )
@@ -845,8 +846,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              "period = np.maximum(compute, x)",
              WAN_TESTS + "::test_overlapped_exchange_keeps_the_window_over_a_short_idle"),
     Mutation("async round prices the HeLoCo legs cold again", "outer.py",
-             "heloco_legs_s(up / p, path_bw, rtt, down / p, busy_x, blocking)",
-             "heloco_legs_s(up / p, path_bw, rtt, down / p)",
+             "up / p, path_bw, rtt, down / p, busy_x, blocking, (hub_bound, ~hub_bound)",
+             "up / p, path_bw, rtt, down / p",
              WAN_TESTS + "::test_async_round_prices_each_mode_with_its_idle"),
     # Activations offloaded to host memory (MaxText "minimal_offloaded") over the host link.
     Mutation("offloaded activations: the output projections left out", "memory.py",
@@ -883,8 +884,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              "test_maxtext_offloaded_remat_policy_reads_as_selective_with_offload"),
     # --- the async round of HeLoCo's streaming exchange (heloco/streaming.py) ---
     Mutation("async streaming: a fragment's legs carry the whole payload", "outer.py",
-             "heloco_legs_s(up / p, path_bw, rtt, down / p, busy_x, blocking)",
-             "heloco_legs_s(up, path_bw, rtt, down, busy_x, blocking)",
+             "up / p, path_bw, rtt, down / p, busy_x, blocking, (hub_bound, ~hub_bound)",
+             "up, path_bw, rtt, down, busy_x, blocking, (hub_bound, ~hub_bound)",
              WAN_TESTS + "::test_async_streaming_round_is_p_sub_rounds_each_hiding_a_fragment"),
     Mutation("async streaming: the fragments share one round-trip pair", "outer.py",
              "2.0 * rtt + t_up + t_down + host / p", "2.0 * rtt / p + t_up + t_down + host / p",
@@ -1049,6 +1050,56 @@ MUTATIONS: tuple[Mutation, ...] = (
              "        link_slots=outer.link_slots,\n", "", LINK_SLOT_TESTS),
     Mutation("turns: shardmeter predict --link-slots not applied", "shardmeter/cli/topology_predict.py",
              '    "link_slots": "link_slots",\n', "", LINK_SLOT_TESTS),
+    # --- the window over an idle connection whose bottleneck queue is downstream (dispatch) ---
+    Mutation("queue: a first round burst leaves ACK-clocked", "wan.py",
+             "q = np.where(first, b, np.maximum(b / 2.0, b - bdp)) / rate",
+             "q = np.maximum(b / 2.0, b - bdp) / rate",
+             QUEUE_TESTS + "::test_a_transfer_that_fits_the_window_queues_whole"),
+    Mutation("queue: nothing stands beyond the pipe", "wan.py",
+             "q = np.where(first, b, np.maximum(b / 2.0, b - bdp)) / rate",
+             "q = np.where(first, b, b / 2.0) / rate",
+             QUEUE_TESTS + "::test_an_ack_clocked_last_round_queues_half_or_what_passes_the_pipe"),
+    Mutation("queue: no bound by the bottleneck's buffer", "wan.py",
+             "            return np.minimum(q, BOTTLENECK_QUEUE_S)\n", "            return q\n",
+             QUEUE_TESTS + "::test_the_queue_is_at_most_the_bottlenecks_buffer_and_none_without_a_round_trip"),
+    Mutation("queue: the smoothed RTT does not lag its samples", "wan.py",
+             "smooth = d * (n * (1.0 - an) - a * (1.0 - n * an / a + (n - 1.0) * an) / SRTT_GAIN)",
+             "smooth = d * n",
+             QUEUE_TESTS + "::test_a_transfer_that_fits_the_window_queues_whole"),
+    Mutation("queue: the round before the last forgotten by the smoothed RTT", "wan.py",
+             "q_srtt = s_last + np.where(k >= 2.0, a_last * s_prev, 0.0)", "q_srtt = s_last",
+             QUEUE_TESTS + "::test_an_ack_clocked_last_round_queues_half_or_what_passes_the_pipe"),
+    Mutation("acked window: not capped at twice the flight", "wan.py",
+             "np.minimum(np.minimum(w0 + m, 2.0 * m), cap)", "np.minimum(w0 + m, cap)",
+             QUEUE_TESTS + "::test_slow_start_leaves_every_acked_byte_up_to_twice_the_flight_and_the_path"),
+    Mutation("acked window: the path's BDP and queue do not bound it", "wan.py",
+             "np.minimum(np.minimum(w0 + m, 2.0 * m), cap)", "np.minimum(w0 + m, 2.0 * m)",
+             QUEUE_TESTS + "::test_slow_start_leaves_every_acked_byte_up_to_twice_the_flight_and_the_path"),
+    Mutation("restart: the RTO ignores the smoothed RTT", "wan.py",
+             "rto = rto_s(rtt_s if srtt_s is None else srtt_s)", "rto = rto_s(rtt_s)",
+             QUEUE_TESTS + "::test_the_rto_comes_from_the_smoothed_rtt_the_connection_measured"),
+    Mutation("restart: the window halved in fractions of a segment", "wan.py",
+             "np.where(halvings > 0, kept, w)", "w / 2.0**halvings",
+             QUEUE_TESTS + "::test_the_window_is_halved_in_whole_segments"),
+    Mutation("queued sender: idles no longer than the bottleneck", "wan.py",
+             "free = restart_window(left, idle_s + q_last, rtt, srtt_s=rtt + q_srtt)",
+             "free = restart_window(left, idle_s, rtt, srtt_s=rtt + q_srtt)",
+             QUEUE_TESTS + "::test_a_queued_sender_idles_its_queue_longer_against_an_rto_with_that_queue"),
+    Mutation("queued sender: RTO from the base RTT", "wan.py",
+             "free = restart_window(left, idle_s + q_last, rtt, srtt_s=rtt + q_srtt)",
+             "free = restart_window(left, idle_s + q_last, rtt)",
+             QUEUE_TESTS + "::test_a_queued_sender_idles_its_queue_longer_against_an_rto_with_that_queue"),
+    Mutation("queued sender: the window it keeps is the paced one", "wan.py",
+             "    left = acked_window(nbytes, rate_Bps, rtt, start_window=start_window)\n",
+             "    left = end_window(nbytes, rate_Bps, rtt, start_window=start_window)\n",
+             QUEUE_TESTS + "::test_streaming_on_a_long_link_keeps_the_dispatch_window_as_the_kernel_did"),
+    Mutation("heloco legs: the dispatch paced at the hub by default", "wan.py",
+             "    queued: tuple[ArrayLike, ArrayLike] = (False, True),",
+             "    queued: tuple[ArrayLike, ArrayLike] = (False, False),",
+             QUEUE_TESTS + "::test_streaming_on_a_long_link_keeps_the_dispatch_window_as_the_kernel_did"),
+    Mutation("async round: a narrower hub link still queues the dispatch", "outer.py",
+             "(hub_bound, ~hub_bound)", "(~hub_bound, hub_bound)",
+             QUEUE_TESTS + "::test_a_narrower_shared_hub_link_queues_the_pushes_instead"),
 )  # fmt: skip
 
 

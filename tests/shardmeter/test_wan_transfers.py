@@ -249,7 +249,8 @@ def test_async_round_prices_heloco_exchange_when_asked() -> None:
 
 def test_async_blocking_exchange_adds_to_the_round_and_overlapped_hides_under_it() -> None:
     """HeLoCo's exchange X = 2·(RTT + slow start(M)) on a 1e8 B/s, 40 ms path: blocking
-    (pull → H steps → push, then its ack) is H·T + X; overlapped is max(H·T, X)."""
+    (pull → H steps → push, then its ack) is H·T + X; overlapped is max(H·T, X), X from the
+    windows kept over its idle."""
     wan = uniform(2, 1e8, 0.04)
     m = 1e8 * 32 / 8  # 0.4 GB: X ≈ 8.4 s
     x = float(heloco_exchange_s(m, 1e8, 0.04))
@@ -257,9 +258,12 @@ def test_async_blocking_exchange_adds_to_the_round_and_overlapped_hides_under_it
     kw = {"inner_steps": 10, "bits": 32}
     block = outer_round("async", inner, wan, 1e8, exchange="blocking", **kw)
     over = outer_round("async", inner, wan, 1e8, exchange="overlapped", **kw)
-    assert block.wan_comm_s[1] == pytest.approx(x) and over.wan_comm_s[1] == pytest.approx(x)
+    # the overlapped link never rests: the dispatch keeps a window past the BDP (heloco_legs_s)
+    x_over = float(heloco_exchange_s(m, 1e8, 0.04, compute_s=5.0, blocking=False))
+    assert x_over < x
+    assert block.wan_comm_s[1] == pytest.approx(x) and over.wan_comm_s[1] == pytest.approx(x_over)
     assert block.round_s[1] == pytest.approx(5.0 + x)  # 5 s of compute, then the exchange
-    assert over.round_s[1] == pytest.approx(max(5.0, x))
+    assert over.round_s[1] == pytest.approx(max(5.0, x_over))
     assert block.utilization[1] == pytest.approx(5.0 / (5.0 + x))
     assert block.round_s[0] == pytest.approx(10.0) == over.round_s[0]  # the server's island
     # "heloco" names the overlapped exchange: the same round
@@ -445,11 +449,17 @@ def test_overlapped_exchange_keeps_the_window_over_a_short_idle() -> None:
     # overlapped behind 1.5 s of compute: each side idles 1.5 − leg − RTT ≈ 0.79 s, in
     # (2, 3] RTOs of 0.3 s: the 8 IW window is halved twice, so each leg starts at 2 IW and
     # sends 2 + 4 IW in two round trips, then the rest at the rate
-    warm = 2 * (EX_RTT + 2 * EX_RTT + (EX_M - 6 * IW) / EX_RATE)
+    # The dispatch queues at the worker's downlink: its window grows by every byte acked, to
+    # the 350 kB (241 segments) the path holds (BDP + 250 ms of queue); its 0.89 s of idle
+    # plus its last byte's 0.14 s in the queue is in (2, 3] RTOs of 0.43 s (0.1 + 0.13 s of
+    # smoothed queue + 0.2): halved twice to 60 segments, it sends 6 IW, then the rest at the rate
+    warm = 2 * EX_RTT + (2 * EX_RTT + (EX_M - 6 * IW) / EX_RATE)  # round trips, the push
+    warm += EX_RTT + (EX_M - 6 * IW) / EX_RATE  # the pull
     kept = heloco_exchange_s(EX_M, EX_RATE, EX_RTT, compute_s=1.5, blocking=False)
     assert kept == pytest.approx(warm)
     up, down = heloco_legs_s(EX_M, EX_RATE, EX_RTT, compute_s=1.5, blocking=False)
-    assert up == pytest.approx(2 * EX_RTT + (EX_M - 6 * IW) / EX_RATE) and down == pytest.approx(up)
+    assert up == pytest.approx(2 * EX_RTT + (EX_M - 6 * IW) / EX_RATE)
+    assert down == pytest.approx(EX_RTT + (EX_M - 6 * IW) / EX_RATE)
     # blocking: the idle holds the compute and the other leg, > 7 RTOs: back to IW
     blocked = heloco_exchange_s(EX_M, EX_RATE, EX_RTT, compute_s=1.5, blocking=True)
     assert blocked == pytest.approx(cold)

@@ -365,7 +365,13 @@ def _async_round(
         # connection kept over the idle since its last use (heloco_legs_s); streaming: one
         # fragment's share (M/P, pull/P) behind each sub-round (Streaming DiLoCo, arXiv
         # 2501.18512)
-        t_up, t_down = heloco_legs_s(up / p, path_bw, rtt, down / p, busy_x, blocking)
+        # each direction's queue: the worker's own host paces its uplink, and the hub's
+        # dispatch queues at the worker's downlink, unless the hub's shared link is the
+        # narrower one, which then paces the dispatch and queues the pushes (heloco_legs_s)
+        hub_bound = path_bw >= wan.server_Bps * scale[..., None] * (1.0 - 1e-9)
+        t_up, t_down = heloco_legs_s(
+            up / p, path_bw, rtt, down / p, busy_x, blocking, (hub_bound, ~hub_bound)
+        )
         exchange = np.where(remote, 2.0 * rtt + t_up + t_down + host / p, 0.0)
         legs = ((up / p, t_up), (down / p, t_down))
     server = wan.server_Bps * scale[..., None]

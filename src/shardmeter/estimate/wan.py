@@ -478,6 +478,34 @@ def end_window(
     return np.asarray(out, dtype=np.float64)
 
 
+# A bottleneck's queue, in seconds at its rate: the rule of thumb B = RTT × C with
+# RTT = 250 ms (Appenzeller, Keslassy & McKeown 2004, "Sizing router buffers", sec. 1), and
+# the emulated WAN's downlink queue (heloco.net.wan, EmulatedWan.queue_s).
+BOTTLENECK_QUEUE_S = 0.25
+
+
+def acked_window(
+    nbytes: ArrayLike,
+    rate_Bps: ArrayLike,
+    rtt_s: ArrayLike,
+    mss: ArrayLike = DEFAULT_MTU - 52,
+    start_window: ArrayLike | None = None,
+) -> FloatArray:
+    """Congestion window (bytes) a transfer of M bytes from W0 leaves when nothing holds its
+    segments back at the sender: slow start adds every byte acknowledged (RFC 5681 eq. 2 with
+    byte counting, RFC 3465; Linux tcp_slow_start, cwnd += acked) while the window is less than
+    twice what is in flight (Linux tcp_is_cwnd_limited, "grows to twice what was ACKed"), and
+    the path holds at most its BDP plus the bottleneck's queue (BOTTLENECK_QUEUE_S at the rate):
+    min(W0 + M, 2M, R·(RTT + B)), never below W0. Loss and its recovery are not modelled."""
+    m = np.asarray(nbytes, dtype=np.float64)
+    w0 = _start_window(mss, start_window)
+    with np.errstate(invalid="ignore"):  # an unshaped local path: inf · 0
+        cap = np.asarray(rate_Bps, dtype=np.float64) * (
+            np.asarray(rtt_s, dtype=np.float64) + BOTTLENECK_QUEUE_S
+        )
+    return np.maximum(w0, np.minimum(np.minimum(w0 + m, 2.0 * m), cap))
+
+
 # Linux's RTO on a path of steady round trip: SRTT + RTTVAR, where RTTVAR is never below
 # TCP_RTO_MIN (include/net/tcp.h: HZ/5; tcp_input.c, tcp_rtt_estimator and tcp_set_rto), the
 # floor RFC 6298 eq. (2.3) puts on K·RTTVAR (G); seconds.
@@ -485,25 +513,96 @@ TCP_RTO_MIN_S = 0.2
 
 
 def rto_s(rtt_s: ArrayLike) -> FloatArray:
-    """Retransmission timeout (s) of a connection with a steady round trip (variance → 0):
-    RTT + TCP_RTO_MIN (RFC 6298 eq. 2.3, with Linux's 200 ms floor on the variance term)."""
+    """Retransmission timeout (s) of a connection whose smoothed round trip is `rtt_s`
+    (variance → 0): SRTT + TCP_RTO_MIN (RFC 6298 eq. 2.3, with Linux's 200 ms floor on the
+    variance term)."""
     return np.asarray(rtt_s, dtype=np.float64) + TCP_RTO_MIN_S
 
 
+# The smoothed round trip's gain per RTT sample (RFC 6298 sec. 2.3: alpha = 1/8; Linux
+# tcp_rtt_estimator, srtt += (m − srtt)/8 on every ACK that acknowledges new data).
+SRTT_GAIN = 1.0 / 8.0
+# Full-sized segments a receiver acknowledges per ACK (RFC 5681 sec. 4.2: at least every
+# second segment; Linux's __tcp_ack_snd_check), so a window of W bytes gives W/(2·MSS) samples.
+DELACK_SEGMENTS = 2.0
+
+
+def burst_queue_s(
+    nbytes: ArrayLike,
+    rate_Bps: ArrayLike,
+    rtt_s: ArrayLike,
+    mss: ArrayLike = DEFAULT_MTU - 52,
+    start_window: ArrayLike | None = None,
+) -> tuple[FloatArray, FloatArray]:
+    """Queueing delay (s) at a bottleneck downstream of the sender, from a transfer of M bytes
+    in slow start from W0 (`_start_window`; the window doubles every round trip, RFC 5681
+    sec. 3.1, past the BDP too, no loss modelled): (the delay its last byte waits there, the
+    part of the sender's smoothed RTT that is queue when its last ACK has arrived).
+
+    A round of B bytes queues q(B): the first leaves at the sender's line rate, so its last
+    byte waits B/R; a later one leaves ACK-clocked at twice the rate (two segments out per
+    segment acknowledged), leaving max(B/2, B − R·RTT) queued (half of it, or all it holds
+    beyond the pipe), at most the queue the bottleneck holds, BOTTLENECK_QUEUE_S. Its
+    n = B/(DELACK_SEGMENTS·MSS) RTT samples see a queue ramping to q
+    in steps d = q/n, whose EWMA (gain g = SRTT_GAIN from the base, RFC 6298 eq. 2.3) is
+    ramp(n, d) = d·[n(1 − a^n) − a(1 − n·a^(n−1) + (n − 1)·a^n)/g], a = 1 − g; the smoothed
+    RTT's queue is the last round's ramp plus a^n times the round before's. Both are 0
+    without a round trip (no slow start)."""
+    m = np.asarray(nbytes, dtype=np.float64)
+    rate = np.asarray(rate_Bps, dtype=np.float64)
+    rtt = np.asarray(rtt_s, dtype=np.float64)
+    seg = np.asarray(mss, dtype=np.float64)
+    w0 = _start_window(mss, start_window)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        bdp = rate * rtt
+        k = np.maximum(np.ceil(np.log2(m / w0 + 1.0)), 1.0)  # rounds, doubling throughout
+        last = m - w0 * (2.0 ** (k - 1.0) - 1.0)
+        prev = w0 * 2.0 ** (k - 2.0)
+
+        def queued(b: FloatArray, first: ArrayLike) -> FloatArray:
+            q = np.where(first, b, np.maximum(b / 2.0, b - bdp)) / rate
+            return np.minimum(q, BOTTLENECK_QUEUE_S)
+
+        def ramp(b: FloatArray, q: FloatArray) -> tuple[FloatArray, FloatArray]:
+            n = b / (DELACK_SEGMENTS * seg)
+            d = np.where(n > 0, q / n, 0.0)
+            a = 1.0 - SRTT_GAIN
+            an = a**n
+            smooth = d * (n * (1.0 - an) - a * (1.0 - n * an / a + (n - 1.0) * an) / SRTT_GAIN)
+            return np.maximum(smooth, 0.0), an
+
+        q_last = queued(last, k <= 1.0)
+        s_last, a_last = ramp(last, q_last)
+        s_prev, _ = ramp(prev, queued(prev, k <= 2.0))
+        q_srtt = s_last + np.where(k >= 2.0, a_last * s_prev, 0.0)
+    ok = (rtt > 0) & np.isfinite(rate) & (rate > 0)
+    return np.where(ok, q_last, 0.0), np.where(ok, q_srtt, 0.0)
+
+
 def restart_window(
-    window_bytes: ArrayLike, idle_s: ArrayLike, rtt_s: ArrayLike, mss: ArrayLike = DEFAULT_MTU - 52
+    window_bytes: ArrayLike,
+    idle_s: ArrayLike,
+    rtt_s: ArrayLike,
+    mss: ArrayLike = DEFAULT_MTU - 52,
+    srtt_s: ArrayLike | None = None,
 ) -> FloatArray:
     """Congestion window (bytes) a connection sends with after `idle_s` seconds without sending
     anything: Linux with net.ipv4.tcp_slow_start_after_idle = 1 keeps it whole up to one RTO of
     idle, then halves it once per further RTO, ⌈idle/RTO⌉ − 1 times, never below the restart
     window min(IW, cwnd) (RFC 2861 sec. 3, congestion window validation; kernel tcp_output.c,
-    tcp_cwnd_restart). RFC 5681 sec. 4.1 would restart from IW after one RTO instead."""
+    tcp_cwnd_restart, which halves the window in whole segments, cwnd >>= 1). RFC 5681
+    sec. 4.1 would restart from IW after one RTO instead. The RTO
+    is `rto_s` of the smoothed RTT the connection last measured, `srtt_s` (default `rtt_s`:
+    no queue in its samples)."""
     w = np.asarray(window_bytes, dtype=np.float64)
     idle = np.asarray(idle_s, dtype=np.float64)
-    rto = rto_s(rtt_s)
+    rto = rto_s(rtt_s if srtt_s is None else srtt_s)
     # capped at 64: no window is 2^64 bytes, so the floor binds long before
     halvings = np.minimum(np.where(idle > rto, np.ceil(idle / rto) - 1.0, 0.0), 64.0)
-    return np.maximum(_start_window(mss, None), w / 2.0**halvings)
+    seg = np.asarray(mss, dtype=np.float64)
+    # the kernel counts the window in segments and halves it by a shift (cwnd >>= 1)
+    kept = np.floor(np.floor(w / seg) / 2.0**halvings) * seg
+    return np.maximum(_start_window(mss, None), np.where(halvings > 0, kept, w))
 
 
 def transfer_s(
@@ -528,6 +627,7 @@ def heloco_legs_s(
     pull_bytes: ArrayLike | None = None,
     compute_s: ArrayLike | None = None,
     blocking: bool = True,
+    queued: tuple[ArrayLike, ArrayLike] = (False, True),
 ) -> tuple[FloatArray, FloatArray]:
     """Seconds to send HeLoCo's push (Δ, `nbytes`) and its pull (the model, `pull_bytes`,
     default the same), first byte to last byte sent, under `slow_start_s`.
@@ -538,8 +638,18 @@ def heloco_legs_s(
     the worker sends the pull request one RTT after its push (within the RTO: no restart)
     and its next push one period after the last; the server its ack, then the model. From
     the last byte of a leg to the next send on that side is the period − that leg − one RTT,
-    period = H·T + X (blocking) or max(H·T, X) (overlapped), X = 2·RTT + push + pull. Seconds;
-    the steady state after RESTART_ROUNDS rounds, each from the one before."""
+    period = H·T + X (blocking) or max(H·T, X) (overlapped), X = 2·RTT + push + pull.
+
+    `queued` says, for the push and the pull, whether the direction's bottleneck queue lies
+    downstream of its sender (default: the pull, which crosses the worker's downlink) rather
+    than in the sender's own host, where Linux's TCP small queues hold about a millisecond of
+    it (tcp_output.c, tcp_small_queue_check) and the rest waits unsent. A queued direction's
+    sender sends its last byte `burst_queue_s` earlier than it leaves the bottleneck, so it
+    idles that much longer, its RTO is built from the smoothed RTT its own queue inflated
+    (`burst_queue_s`, RFC 6298 eq. 2.3), and its window grows by every byte acknowledged
+    (`acked_window`); a paced one keeps the window of its last slow-start round
+    (`end_window`). Seconds; the steady state after RESTART_ROUNDS rounds, each from the one
+    before."""
     m = np.asarray(nbytes, dtype=np.float64)
     pull = m if pull_bytes is None else np.asarray(pull_bytes, dtype=np.float64)
     rtt = np.asarray(rtt_s, dtype=np.float64)
@@ -552,15 +662,30 @@ def heloco_legs_s(
     for _ in range(RESTART_ROUNDS):
         x = 2.0 * rtt + up + down
         period = compute + x if blocking else np.maximum(compute, x)
-        w_up = restart_window(
-            end_window(m, rate_Bps, rtt, start_window=w_up), period - up - rtt, rtt
-        )
-        w_down = restart_window(
-            end_window(pull, rate_Bps, rtt, start_window=w_down), period - down - rtt, rtt
-        )
+        w_up = _next_window(m, rate_Bps, rtt, w_up, period - up - rtt, queued[0])
+        w_down = _next_window(pull, rate_Bps, rtt, w_down, period - down - rtt, queued[1])
         up = slow_start_s(m, rate_Bps, rtt, start_window=w_up)
         down = slow_start_s(pull, rate_Bps, rtt, start_window=w_down)
     return up, down
+
+
+def _next_window(
+    nbytes: FloatArray,
+    rate_Bps: ArrayLike,
+    rtt: FloatArray,
+    start_window: FloatArray | None,
+    idle_s: FloatArray,
+    queued: ArrayLike,
+) -> FloatArray:
+    """The window a direction's next leg starts from: what its last leg (from `start_window`)
+    left, after `idle_s` from the leg's last byte at the bottleneck to the next send; a
+    `queued` direction's sender idles its last byte's queueing delay longer, and its RTO is
+    built from the smoothed RTT with its queue (`burst_queue_s`)."""
+    held = restart_window(end_window(nbytes, rate_Bps, rtt, start_window=start_window), idle_s, rtt)
+    q_last, q_srtt = burst_queue_s(nbytes, rate_Bps, rtt, start_window=start_window)
+    left = acked_window(nbytes, rate_Bps, rtt, start_window=start_window)
+    free = restart_window(left, idle_s + q_last, rtt, srtt_s=rtt + q_srtt)
+    return np.where(queued, free, held)
 
 
 def heloco_exchange_s(

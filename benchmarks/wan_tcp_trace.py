@@ -1,0 +1,258 @@
+"""What the kernel's TCP does to HeLoCo's exchange over emulated WAN links: per worker and
+direction, the congestion window each leg starts and ends with, the smoothed RTT at its end,
+the RTO and the longest idle between sends.
+
+    python benchmarks/wan_tcp_trace.py --exchange streaming          # as root, about 1 minute
+
+One ``heloco launch --wan`` (the streaming sweep's four links of benchmarks/wan_fidelity.py by
+default, H = 10 steps of 0.1 s, P = 2), traced two ways while it runs:
+
+* the kernel's ``tcp:tcp_probe`` tracepoint (tracefs), filtered on the server's port: every
+  segment a socket receives, with its ``snd_cwnd`` (segments) and ``srtt`` (µs) at that moment.
+  A leg is a run of ACKs that advance ``snd_una`` with no gap over ``--gap`` seconds; its
+  start window is the cwnd at its first ACK (the restart window plus that ACK's growth);
+* ``ss -tie`` every 40 ms inside the server's and each worker's namespace: ``rto`` and
+  ``lastsnd`` (ms since the socket last sent data; its value just before a send resets it is
+  the idle that send sees, what Linux's tcp_cwnd_restart compares with the RTO). Medians
+  over the legs after ``--skip`` seconds of start-up; RTO the median and idle the 95th
+  percentile of the whole run's ss samples.
+
+The worker's socket sends the pushes, the server's the dispatches (docs/wan.md, "The TCP
+window over an idle connection"). Needs root and tracefs (/sys/kernel/tracing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+TRACEFS = Path("/sys/kernel/tracing")
+PROBE = TRACEFS / "events" / "tcp" / "tcp_probe"
+DEFAULT_WAN = "bw=30Mbit,rtt=0ms;bw=12Mbit,rtt=20ms;bw=20Mbit,rtt=150ms;bw=4Mbit,rtt=40ms"
+LINE = re.compile(
+    r" (\d+\.\d+): tcp_probe: .*?src=([\d.]+):(\d+) dest=([\d.]+):(\d+) .*?snd_nxt=0x[0-9a-f]+ "
+    r"snd_una=(0x[0-9a-f]+) snd_cwnd=(\d+) .*?srtt=(\d+) .*?sock_cookie=([0-9a-f]+)"
+)
+SS_COOKIE = re.compile(r"\ssk:([0-9a-f]+)")
+SS_SOCK = re.compile(r"\s([\d.]+):(\d+)\s+([\d.]+):(\d+)\s")
+SS_INFO = re.compile(r"rto:([\d.]+) .*?rtt:([\d.]+)/")
+SS_LASTSND = re.compile(r"lastsnd:(\d+)")
+
+
+@dataclass(frozen=True)
+class Leg:
+    """One leg as the sender's socket saw its ACKs: start time (s), bytes acknowledged, the
+    cwnd (segments) at its first and last ACK, the smoothed RTT (ms) at its last ACK."""
+
+    t0: float
+    nbytes: int
+    cwnd_first: int
+    cwnd_last: int
+    srtt_end_ms: float
+
+
+def legs(samples: list[tuple[float, int, int, float]], gap: float, min_bytes: int) -> list[Leg]:
+    """ACK-advancing samples (time, snd_una, cwnd, srtt µs) grouped into legs."""
+    out: list[Leg] = []
+    cur: dict[str, float] | None = None
+    prev_una = samples[0][1] if samples else 0
+    last_t = -1e9
+    for t, una, cwnd, srtt in samples:
+        adv = (una - prev_una) % 2**32
+        prev_una = una
+        if adv == 0:
+            continue
+        if cur is None or t - last_t > gap:
+            if cur is not None and cur["bytes"] >= min_bytes:
+                out.append(_leg(cur))
+            cur = {"t0": t, "bytes": 0.0, "first": cwnd}
+        cur["bytes"] += adv
+        cur["last"], cur["srtt"] = cwnd, srtt
+        last_t = t
+    if cur is not None and cur["bytes"] >= min_bytes:
+        out.append(_leg(cur))
+    return out
+
+
+def _leg(c: dict[str, float]) -> Leg:
+    return Leg(c["t0"], int(c["bytes"]), int(c["first"]), int(c["last"]), c["srtt"] / 1e3)
+
+
+def parse_probe(
+    text: str, port: int, cookies: set[str] | None = None
+) -> dict[tuple[str, str], list[tuple[float, int, int, float]]]:
+    """tcp_probe lines per connection, keyed (local address, peer address); only the sockets
+    whose cookies are given (those ss saw in this launch's namespaces: the tracepoint sees
+    every namespace, and another launch may use the same addresses)."""
+    out: dict[tuple[str, str], list[tuple[float, int, int, float]]] = {}
+    for line in text.splitlines():
+        m = LINE.search(line)
+        if m is None:
+            continue
+        t, sa, sp, da, dp, una, cwnd, srtt, cookie = m.groups()
+        if int(sp) != port and int(dp) != port:
+            continue
+        if cookies and cookie not in cookies:
+            continue
+        out.setdefault((f"{sa}:{sp}", f"{da}:{dp}"), []).append(
+            (float(t), int(una, 16), int(cwnd), float(srtt))
+        )
+    return out
+
+
+def parse_ss(text: str) -> dict[tuple[str, str], list[tuple[float, float]]]:
+    """(rto ms, lastsnd ms) samples per connection from ``ss -tieH`` output."""
+    out: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    key: tuple[str, str] | None = None
+    for line in text.splitlines():
+        sock = SS_SOCK.search(" " + line + " ")
+        if sock is not None and not line.startswith("\t"):
+            key = (f"{sock.group(1)}:{sock.group(2)}", f"{sock.group(3)}:{sock.group(4)}")
+            continue
+        info = SS_INFO.search(line)
+        if key is not None and info is not None:
+            snd = SS_LASTSND.search(line)
+            out.setdefault(key, []).append(
+                (float(info.group(1)), float(snd.group(1)) if snd else 0.0)
+            )
+    return out
+
+
+def _poll_ss(ns: str, stop: threading.Event, sink: list[str]) -> None:
+    while not stop.is_set():
+        proc = subprocess.run(["ip", "netns", "exec", ns, "ss", "-tieH", "state", "established"],
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        sink.append(proc.stdout)
+        time.sleep(0.04)
+
+
+def trace(argv: list[str], seconds: float) -> tuple[str, str]:
+    """Run the launch ``argv`` under the tracepoint and the ss pollers; (probe text, ss text)."""
+    from heloco.net.wan import PORT
+
+    if not PROBE.exists():
+        subprocess.run(["mount", "-t", "tracefs", "nodev", str(TRACEFS)], capture_output=True,
+                       check=False)  # fmt: skip
+    if not PROBE.exists():
+        raise SystemExit(f"wan_tcp_trace: no {PROBE}; needs root and tracefs")
+    before = set(_namespaces())
+    (TRACEFS / "tracing_on").write_text("0")
+    (TRACEFS / "trace").write_text("")
+    (PROBE / "filter").write_text(f"sport == {PORT} || dport == {PORT}")
+    (PROBE / "enable").write_text("1")
+    (TRACEFS / "tracing_on").write_text("1")
+    with tempfile.TemporaryFile() as pipe_out:
+        reader = subprocess.Popen(["cat", str(TRACEFS / "trace_pipe")], stdout=pipe_out)
+        stop, sinks, threads = threading.Event(), [], []
+        launch = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and launch.poll() is None:
+                new = [n for n in _namespaces() if n not in before and re.search(r"e\d+$", n)]
+                if len(new) >= 2:
+                    time.sleep(0.5)
+                    new = [n for n in _namespaces() if n not in before and re.search(r"e\d+$", n)]
+                    break
+                time.sleep(0.2)
+            for ns in new:
+                sink: list[str] = []
+                sinks.append(sink)
+                th = threading.Thread(target=_poll_ss, args=(ns, stop, sink), daemon=True)
+                th.start()
+                threads.append(th)
+            _, err = launch.communicate(timeout=seconds + 120)
+            if launch.returncode != 0:
+                raise SystemExit(f"wan_tcp_trace: the launch failed:\n{err.decode()[-1500:]}")
+        finally:
+            if launch.poll() is None:
+                launch.terminate()
+                launch.wait()
+            stop.set()
+            for th in threads:
+                th.join()
+            (PROBE / "enable").write_text("0")
+            (PROBE / "filter").write_text("0")
+            reader.terminate()
+            reader.wait()
+        pipe_out.seek(0)
+        probe = pipe_out.read().decode(errors="replace")
+    return probe, "".join("".join(s) for s in sinks)
+
+
+def _namespaces() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
+    return [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
+
+
+def report(probe: str, ss: str, port: int, gap: float, skip_s: float) -> None:
+    """One line per worker and direction: medians over the legs after ``skip_s``."""
+    conns = parse_probe(probe, port, set(SS_COOKIE.findall(ss)))
+    ss_by = parse_ss(ss)
+    t_start = min((v[0][0] for v in conns.values() if v), default=0.0)
+    print("worker address  sender  legs   kB  cwnd first  last  srtt ms   rto ms  idle ms (p95)")
+    for (local, peer), samples in sorted(conns.items()):
+        if len(samples) < 200:
+            continue
+        got = [g for g in legs(samples, gap, 50_000) if g.t0 - t_start >= skip_s]
+        if len(got) < 2:
+            continue
+        sender = "server" if local.endswith(f":{port}") else "worker"
+        worker = peer if sender == "server" else local
+        rto = [r for r, _ in ss_by.get((local, peer), [])]
+        idle = [s for _, s in ss_by.get((local, peer), [])]
+        print(f"{worker.split(':')[0]:15s} {sender:7s} {len(got):4d} "
+              f"{statistics.median(g.nbytes for g in got) / 1e3:5.0f} "
+              f"{statistics.median(g.cwnd_first for g in got):10.0f} "
+              f"{statistics.median(g.cwnd_last for g in got):5.0f} "
+              f"{statistics.median(g.srtt_end_ms for g in got):8.1f} "
+              f"{statistics.median(rto) if rto else float('nan'):8.0f} "
+              f"{_p95(idle):8.0f}")  # fmt: skip
+
+
+def _p95(values: list[float]) -> float:
+    """The 95th percentile: of ``lastsnd``, about the idle the next send sees (the sawtooth's
+    top, at the polling's resolution), less the odd long stop at the run's start and end."""
+    if not values:
+        return float("nan")
+    return sorted(values)[int(0.95 * (len(values) - 1))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--wan", default=DEFAULT_WAN, help="per-worker link specs, ';'-separated")
+    ap.add_argument("--exchange", default="streaming", choices=("blocking", "overlapped",
+                                                               "streaming"))  # fmt: skip
+    ap.add_argument("--seconds", type=float, default=30.0, help="the launch's time budget")
+    ap.add_argument("--gap", type=float, default=0.2, help="seconds without ACKs that end a leg")
+    ap.add_argument("--skip", type=float, default=8.0, help="seconds of start-up left out")
+    args = ap.parse_args()
+    from heloco.net.wan import PORT, unavailable
+
+    why = unavailable()
+    if why is not None:
+        raise SystemExit(f"wan_tcp_trace: {why}")
+    n = args.wan.count(";") + 1
+    with tempfile.TemporaryDirectory(prefix="wan_tcp_trace-") as out:
+        argv = [sys.executable, "-m", "heloco", "launch", "--workers", str(n),
+                "--paces", ",".join(["0.1"] * n), "--set", "inner_steps=10",
+                "--set", "dylu=false", "--set", "eval_every=0",
+                "--set", "token_budget=1000000000", "--set", f"time_budget={args.seconds:g}",
+                "--set", f"exchange={args.exchange}",
+                *(["--set", "fragments=2"] if args.exchange == "streaming" else []),
+                "--wan", args.wan, "--quiet", "--overwrite", "--out", str(Path(out) / "run")]  # fmt: skip
+        up = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+        probe, ss = trace(argv, args.seconds)
+        print(f"# {args.exchange}, --wan {args.wan!r}; {up}")
+        report(probe, ss, PORT, args.gap, args.skip)
+
+
+if __name__ == "__main__":
+    main()
