@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from pydantic import BaseModel
 
@@ -178,12 +178,7 @@ class NetLink:
                 self.finished = True
                 self.over.set()
                 return None
-            if reply.type == "error":
-                err = reply_body(reply, messages.ErrorBody)
-                if err.reason == "replaced":
-                    raise Replaced(f"worker {self._worker}: {err.detail}")
-                raise ProtocolError(f"pull refused: {err.reason}: {err.detail}")
-            raise ProtocolError(f"unexpected reply to pull: {reply.type!r}")
+            self._refused(reply, "pull")
 
     def _fetch(self, round_id: int) -> Params | None:
         """A sharded dispatch's tensors from every shard (None: one no longer holds it)."""
@@ -225,12 +220,17 @@ class NetLink:
                 self.slot_waits += 1
                 time.sleep(reply_body(reply, messages.Wait).retry_s)
                 continue
-            if reply.type == "error":
-                err = reply_body(reply, messages.ErrorBody)
-                if err.reason == "replaced":
-                    raise Replaced(f"worker {self._worker}: {err.detail}")
-                raise ProtocolError(f"slot refused: {err.reason}: {err.detail}")
-            raise ProtocolError(f"unexpected reply to slot: {reply.type!r}")
+            self._refused(reply, "slot")
+
+    def _refused(self, reply: Message, request: str) -> NoReturn:
+        """A reply to `request` that is neither of its answers: a newer process took this
+        worker's place (Replaced), the server refused it, or the reply makes no sense."""
+        if reply.type == "error":
+            err = reply_body(reply, messages.ErrorBody)
+            if err.reason == "replaced":
+                raise Replaced(f"worker {self._worker}: {err.detail}")
+            raise ProtocolError(f"{request} refused: {err.reason}: {err.detail}")
+        raise ProtocolError(f"unexpected reply to {request}: {reply.type!r}")
 
     def push(self, result: RoundResult, compute_s: float) -> PushOutcome:
         """Send Δ with the round's counts; the server's ack or rejection is recorded.
