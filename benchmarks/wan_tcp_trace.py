@@ -45,6 +45,8 @@ SS_COOKIE = re.compile(r"\ssk:([0-9a-f]+)")
 SS_SOCK = re.compile(r"\s([\d.]+):(\d+)\s+([\d.]+):(\d+)\s")
 SS_INFO = re.compile(r"rto:([\d.]+) .*?rtt:([\d.]+)/")
 SS_LASTSND = re.compile(r"lastsnd:(\d+)")
+BUSY_KB = 10.0  # a queue toward the server above this (kB, about 7 segments) counts as busy
+BACKLOG = re.compile(r"backlog (\d+[KM]?b)")
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,8 @@ class Leg:
     cwnd_first: int
     cwnd_last: int
     srtt_end_ms: float
+    t1: float = 0.0  # time of its last ACK (s)
+    srtt_first_ms: float = 0.0  # the smoothed RTT at its first ACK (ms)
 
 
 def legs(samples: list[tuple[float, int, int, float]], gap: float, min_bytes: int) -> list[Leg]:
@@ -73,9 +77,9 @@ def legs(samples: list[tuple[float, int, int, float]], gap: float, min_bytes: in
         if cur is None or t - last_t > gap:
             if cur is not None and cur["bytes"] >= min_bytes:
                 out.append(_leg(cur))
-            cur = {"t0": t, "bytes": 0.0, "first": cwnd}
+            cur = {"t0": t, "bytes": 0.0, "first": cwnd, "srtt0": srtt}
         cur["bytes"] += adv
-        cur["last"], cur["srtt"] = cwnd, srtt
+        cur["last"], cur["srtt"], cur["t1"] = cwnd, srtt, t
         last_t = t
     if cur is not None and cur["bytes"] >= min_bytes:
         out.append(_leg(cur))
@@ -83,7 +87,8 @@ def legs(samples: list[tuple[float, int, int, float]], gap: float, min_bytes: in
 
 
 def _leg(c: dict[str, float]) -> Leg:
-    return Leg(c["t0"], int(c["bytes"]), int(c["first"]), int(c["last"]), c["srtt"] / 1e3)
+    return Leg(c["t0"], int(c["bytes"]), int(c["first"]), int(c["last"]), c["srtt"] / 1e3,
+               c["t1"], c["srtt0"] / 1e3)  # fmt: skip
 
 
 def parse_probe(
@@ -134,8 +139,30 @@ def _poll_ss(ns: str, stop: threading.Event, sink: list[str]) -> None:
         time.sleep(0.04)
 
 
-def trace(argv: list[str], seconds: float) -> tuple[str, str]:
-    """Run the launch ``argv`` under the tracepoint and the ss pollers; (probe text, ss text)."""
+def _poll_backlog(ns: str, stop: threading.Event, sink: list[tuple[float, int]]) -> None:
+    """(monotonic time, bytes queued) of the router's qdisc toward the server (``v0``): the
+    queue the pushes fill on a shared server link, which the dispatches' ACKs also cross."""
+    while not stop.is_set():
+        proc = subprocess.run(["tc", "-n", ns, "-s", "qdisc", "show", "dev", "v0"],
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        m = BACKLOG.search(proc.stdout)
+        if m is not None:
+            sink.append((time.monotonic(), _bytes(m.group(1))))
+        time.sleep(0.01)
+
+
+def _bytes(text: str) -> int:
+    """tc's backlog figure (``12345b``, ``301Kb``, ``1Mb``) in bytes."""
+    num = float(re.match(r"[\d.]+", text).group(0))  # type: ignore[union-attr]
+    return int(num * (1024 if "K" in text else 1024 * 1024 if "M" in text else 1))
+
+
+def trace(
+    argv: list[str], seconds: float, backlog: list[tuple[float, int]] | None = None
+) -> tuple[str, str]:
+    """Run the launch ``argv`` under the tracepoint and the ss pollers; (probe text, ss text).
+    With ``backlog``, also polls the router's queue toward the server into it; the trace clock
+    is then ``mono`` (the same as time.monotonic) for the run, so the two line up."""
     from heloco.net.wan import PORT
 
     if not PROBE.exists():
@@ -145,6 +172,9 @@ def trace(argv: list[str], seconds: float) -> tuple[str, str]:
         raise SystemExit(f"wan_tcp_trace: no {PROBE}; needs root and tracefs")
     before = set(_namespaces())
     (TRACEFS / "tracing_on").write_text("0")
+    clock = re.search(r"\[(\w+)\]", (TRACEFS / "trace_clock").read_text())
+    if backlog is not None:
+        (TRACEFS / "trace_clock").write_text("mono")
     (TRACEFS / "trace").write_text("")
     (PROBE / "filter").write_text(f"sport == {PORT} || dport == {PORT}")
     (PROBE / "enable").write_text("1")
@@ -168,6 +198,12 @@ def trace(argv: list[str], seconds: float) -> tuple[str, str]:
                 th = threading.Thread(target=_poll_ss, args=(ns, stop, sink), daemon=True)
                 th.start()
                 threads.append(th)
+            routers = [n for n in _namespaces() if n not in before and n.endswith("r")]
+            if backlog is not None and routers:
+                th = threading.Thread(target=_poll_backlog, args=(routers[0], stop, backlog),
+                                      daemon=True)  # fmt: skip
+                th.start()
+                threads.append(th)
             _, err = launch.communicate(timeout=seconds + 120)
             if launch.returncode != 0:
                 raise SystemExit(f"wan_tcp_trace: the launch failed:\n{err.decode()[-1500:]}")
@@ -180,6 +216,8 @@ def trace(argv: list[str], seconds: float) -> tuple[str, str]:
                 th.join()
             (PROBE / "enable").write_text("0")
             (PROBE / "filter").write_text("0")
+            if backlog is not None and clock is not None:
+                (TRACEFS / "trace_clock").write_text(clock.group(1))
             reader.terminate()
             reader.wait()
         pipe_out.seek(0)
@@ -217,6 +255,33 @@ def report(probe: str, ss: str, port: int, gap: float, skip_s: float) -> None:
               f"{_p95(idle):8.0f}")  # fmt: skip
 
 
+def dump_legs(
+    probe: str, ss: str, port: int, gap: float, skip_s: float, backlog: list[tuple[float, int]]
+) -> None:
+    """Every dispatch (the server's legs) after ``skip_s``: its time, duration, cwnd and SRTT
+    at its first and last ACK, and the bytes queued toward the server while it crossed (the
+    router's ``v0`` qdisc, where the pushes queue on a shared server link and its ACKs pass):
+    its median and maximum, and the share of samples above BUSY_KB."""
+    conns = parse_probe(probe, port, set(SS_COOKIE.findall(ss)))
+    t_start = min((v[0][0] for v in conns.values() if v), default=0.0)
+    rows = []
+    for (local, peer), samples in conns.items():
+        if local.endswith(f":{port}") and len(samples) >= 200:
+            rows += [(g, peer.split(":")[0]) for g in legs(samples, gap, 50_000)
+                     if g.t0 - t_start >= skip_s]  # fmt: skip
+    print(
+        "dispatch    t s  worker           dur s   kB  cwnd first  last  srtt first  last"
+        "  queue toward server kB: median  max  busy %"
+    )
+    for g, worker in sorted(rows, key=lambda r: r[0].t0):
+        q = [b / 1e3 for t, b in backlog if g.t0 <= t <= g.t1]
+        med = statistics.median(q) if q else float("nan")
+        busy = 100.0 * sum(b > BUSY_KB for b in q) / len(q) if q else float("nan")
+        print(f"{'':8s} {g.t0 - t_start:6.2f}  {worker:15s} {g.t1 - g.t0:6.2f} "
+              f"{g.nbytes / 1e3:4.0f} {g.cwnd_first:10d} {g.cwnd_last:5d} "
+              f"{g.srtt_first_ms:10.1f} {g.srtt_end_ms:5.1f} {med:31.0f} {max(q, default=0):4.0f} {busy:6.0f}")  # fmt: skip
+
+
 def _p95(values: list[float]) -> float:
     """The 95th percentile: of ``lastsnd``, about the idle the next send sees (the sawtooth's
     top, at the polling's resolution), less the odd long stop at the run's start and end."""
@@ -233,6 +298,10 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=30.0, help="the launch's time budget")
     ap.add_argument("--gap", type=float, default=0.2, help="seconds without ACKs that end a leg")
     ap.add_argument("--skip", type=float, default=8.0, help="seconds of start-up left out")
+    ap.add_argument("--wan-server", default=None, help="the server's own (shared) link spec")
+    ap.add_argument("--link-slots", action="store_true", help="pushes take turns on it")
+    ap.add_argument("--legs", action="store_true",
+                    help="also print every dispatch, with the queue toward the server")  # fmt: skip
     args = ap.parse_args()
     from heloco.net.wan import PORT, unavailable
 
@@ -248,10 +317,20 @@ def main() -> None:
                 "--set", f"exchange={args.exchange}",
                 *(["--set", "fragments=2"] if args.exchange == "streaming" else []),
                 "--wan", args.wan, "--quiet", "--overwrite", "--out", str(Path(out) / "run")]  # fmt: skip
+        if args.wan_server:
+            argv += ["--wan-server", args.wan_server]
+        if args.link_slots:
+            argv += ["--link-slots"]
         up = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-        probe, ss = trace(argv, args.seconds)
-        print(f"# {args.exchange}, --wan {args.wan!r}; {up}")
+        backlog: list[tuple[float, int]] = []
+        probe, ss = trace(argv, args.seconds, backlog if args.legs else None)
+        print(
+            f"# {args.exchange}, --wan {args.wan!r}, --wan-server {args.wan_server!r}, "
+            f"link slots {args.link_slots}; {up}"
+        )
         report(probe, ss, PORT, args.gap, args.skip)
+        if args.legs:
+            dump_legs(probe, ss, PORT, args.gap, args.skip, backlog)
 
 
 if __name__ == "__main__":
