@@ -467,9 +467,10 @@ def recompute_flops_per_token(
     when `recompute_mlp_up` (full already has both)."""
     layers = model.matmul_flops_per_token() - 2.0 * model.vocab * model.hidden
     attention = model.attention_flops_per_token(causal=True)
-    qkv = where(recompute_qkv, qkv_flops_per_token(model), 0.0)
-    qkv = qkv + where(recompute_mlp_up, mlp_up_flops_per_token(model), 0.0)
-    selective = where(recompute == RECOMPUTE_CODES["selective"], attention, 0.0) + qkv
+    projections = where(recompute_qkv, qkv_flops_per_token(model), 0.0) + where(
+        recompute_mlp_up, mlp_up_flops_per_token(model), 0.0
+    )
+    selective = where(recompute == RECOMPUTE_CODES["selective"], attention, 0.0) + projections
     return where(recompute == RECOMPUTE_CODES["full"], layers + attention, selective)
 
 
