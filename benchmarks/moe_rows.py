@@ -1,12 +1,26 @@
 """Where the time of the published Mixture-of-Experts runs goes, measured against predicted.
 
-    python benchmarks/moe_rows.py            # both tables, shipped presets, about a second
+    python benchmarks/moe_rows.py            # the tables, shipped presets, about a second
+    python benchmarks/moe_rows.py --cv cv.csv  # Table 1 with each row's held-out error too
 
 Table 1: every MoE row of the calibration and holdout files (a row is MoE when it has
 experts), per layer and micro-batch on the stage the schedule waits on: the measured step
 divided by the layer-micro-batches that stage runs, against the prediction split into GPU work
 (forward + backward of one layer), the host launches serialised after the dropless dispatch's
 host sync, the exposed expert all-to-all and the rest (head, pipeline, optimizer, bubble).
+
+With `--cv` (a CSV that `calibration.py --cv --cv-out` wrote), Table 1 also shows each row's
+signed error held out (its source left out of the fit), where the CSV has the row.
+
+Table 4: the 16 H100 of H1 run 1016 in other published layouts of the same model. Megatron-Bridge's
+later 16-GPU recipe drops the pipeline for EP 16 (`recipes/qwen/h100/qwen3_moe.py`,
+`qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config`: TP 1, PP 1, EP 16, MBS 1, GBS 1024, BF16,
+4,096 tokens), and Megatron-Bridge PR #5225 reports it at 244.039 model TFLOP/s per GPU with the
+all-to-all dispatcher, 287.305 with the expert all-to-all overlapped ("an overlap-only causal
+A/B") and 299.352 with HybridEP (one copy per token and node over RDMA, fanned out over NVLink:
+the model's `ep_dedup`). Model TFLOP/s become tokens/s at Megatron-Bridge's own count for this
+model, 23.0 GFLOP per token (the 25.11 table's two columns: 547 / 23,766 on GB200, 214 / 9,299
+on B200, 121 / 5,275 on H100).
 
 Table 2: Megatron-Core's interleaved 1F1B schedule replayed event by event (warm-up
 `2·(p−1−r) + (v−1)·N` forwards on rank r, then one forward and one backward alternately, then
@@ -33,7 +47,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from shardmeter.calibrate import RunSpec, predict_run, read_rows, run_from_row
+from shardmeter.calibrate import RunSpec, predict_run, read_csv_rows, read_rows, run_from_row
 from shardmeter.errors import UserInputError
 from shardmeter.estimate.compute import (
     BWD_ATTN,
@@ -62,12 +76,27 @@ def moe_runs(paths: Sequence[Path]) -> list[RunSpec]:
     return runs
 
 
-def per_layer_table(runs: Sequence[RunSpec]) -> None:
-    """Table 1: measured and predicted milliseconds per layer-micro-batch of the busiest stage."""
+def held_out_errors(path: str | Path) -> dict[str, float]:
+    """Signed held-out error (predicted / measured − 1) per run id of a cross-validation CSV
+    (`calibration.py --cv --cv-out`); a missing file or column is a one-line UserInputError."""
+    rows = read_csv_rows(path, ("run_id", "signed_error"), "cross-validation CSV")
+    out: dict[str, float] = {}
+    for row in rows:
+        try:
+            out[row["run_id"]] = float(row["signed_error"])
+        except ValueError:
+            raise UserInputError("signed_error", row["signed_error"], "a number") from None
+    return out
+
+
+def per_layer_table(runs: Sequence[RunSpec], held_out: dict[str, float] | None = None) -> None:
+    """Table 1: measured and predicted milliseconds per layer-micro-batch of the busiest stage,
+    and the in-sample error; with `held_out`, each row's held-out error as well."""
     print("per layer and micro-batch on the critical stage (ms; predicted split: GPU work of one")
     print("MoE layer, time it waits on host launches, exposed expert all-to-all, the rest)")
     head = f"{'run':>5} {'src':4} {'gpu':9} {'plan':24} {'measured':>9} {'predicted':>9}"
-    print(head + f" {'GPU':>6} {'host':>7} {'EP':>6} {'rest':>6} {'error':>7}")
+    tail = f" {'held out':>8}" if held_out is not None else ""
+    print(head + f" {'GPU':>6} {'host':>7} {'EP':>6} {'rest':>6} {'error':>7}" + tail)
     for run in runs:
         est = predict_run(run)
         plan = run.plan
@@ -94,7 +123,58 @@ def per_layer_table(runs: Sequence[RunSpec]) -> None:
             f"{run.run_id:>5} {run.source_id:4} {run.cluster.accelerator.name[:9]:9} {name:24}"
             f" {1e3 * measured_step / lmb:9.2f} {1e3 * est.step_time_s / lmb:9.2f}"
             f" {1e3 * gpu:6.2f} {1e3 * host:7.2f} {1e3 * ep:6.2f} {1e3 * rest:6.2f} {err:+7.1%}"
+            + _held_out_cell(held_out, run.run_id)
         )
+
+
+def _held_out_cell(held_out: dict[str, float] | None, run_id: str) -> str:
+    if held_out is None:
+        return ""
+    return f" {held_out[run_id]:+8.1%}" if run_id in held_out else f" {'-':>8}"
+
+
+# Model FLOPs per token Megatron-Bridge counts for Qwen3-30B-A3B at 4,096 tokens (its 25.11
+# performance table: 547 model TFLOP/s at 23,766 tokens/s per GPU on GB200, 214 at 9,299 on B200).
+QWEN3_30B_FLOP_PER_TOKEN = 23.0e9
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One published layout of run 1016's model on its 16 H100: the plan cells that differ
+    from the row, and the published model TFLOP/s per GPU."""
+
+    name: str
+    cells: dict[str, str]
+    tflops: float
+
+
+EP16 = {"pp": "1", "vpp": "1", "ep": "16", "dp": "16", "micro_batch": "1", "global_batch": "1024"}
+# Megatron-Bridge recipes/qwen/h100/qwen3_moe.py (16-GPU BF16 recipe) and PR #5225's figures.
+LAYOUTS = (
+    Layout("25.11 table: pp2 v24 ep8 mb2 fp8", {}, 121.0),
+    Layout("ep16 mb1 bf16, all-to-all", {**EP16, "precision": "bf16"}, 244.039),
+    Layout("ep16 mb1 bf16, all-to-all overlapped", {**EP16, "precision": "bf16", "overlap_ep": "yes"}, 287.305),  # noqa: E501
+    Layout("ep16 mb1 bf16, HybridEP", {**EP16, "precision": "bf16", "ep_dedup": "yes"}, 299.352),
+)
+
+
+def layout_rows(row: dict[str, str]) -> list[tuple[Layout, float]]:
+    """(layout, predicted model TFLOP/s per GPU) for each of LAYOUTS applied to `row`."""
+    out: list[tuple[Layout, float]] = []
+    for layout in LAYOUTS:
+        est = predict_run(run_from_row({**row, **layout.cells}))
+        out.append((layout, est.tokens_per_s_per_gpu * QWEN3_30B_FLOP_PER_TOKEN / 1e12))
+    return out
+
+
+def layout_table(row: dict[str, str]) -> None:
+    """Table 4: run 1016's chips and model in each published layout, predicted and published."""
+    print("\nH1 run 1016's 16 H100 in other published layouts (model TFLOP/s per GPU at")
+    print(f"{QWEN3_30B_FLOP_PER_TOKEN / 1e9:.1f} GFLOP per token)")
+    print(f"{'layout':38} {'published':>9} {'predicted':>9} {'error':>7}")
+    for layout, predicted in layout_rows(row):
+        err = predicted / layout.tflops - 1.0
+        print(f"{layout.name:38} {layout.tflops:9.1f} {predicted:9.1f} {err:+7.1%}")
 
 
 @dataclass(frozen=True)
@@ -271,11 +351,19 @@ def schedule_table(runs: Sequence[RunSpec]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.parse_args(argv)
+    parser.add_argument("--cv", metavar="CSV", help="held-out errors (calibration.py --cv-out)")
+    args = parser.parse_args(argv)
+    try:
+        held_out = held_out_errors(args.cv) if args.cv else None
+    except UserInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     shared = shared_path("calibration", "runs.csv")
     runs = moe_runs([HOLDOUT] if shared is None else [shared, HOLDOUT])
-    per_layer_table(runs)
+    per_layer_table(runs, held_out)
     schedule_table(runs)
+    row = next(r for r in read_rows(HOLDOUT) if r.get("run_id") == "1016")
+    layout_table(row)
     return 0
 
 
