@@ -153,7 +153,11 @@ EP16 = {"pp": "1", "vpp": "1", "ep": "16", "dp": "16", "micro_batch": "1", "glob
 LAYOUTS = (
     Layout("25.11 table: pp2 v24 ep8 mb2 fp8", {}, 121.0),
     Layout("ep16 mb1 bf16, all-to-all", {**EP16, "precision": "bf16"}, 244.039),
-    Layout("ep16 mb1 bf16, all-to-all overlapped", {**EP16, "precision": "bf16", "overlap_ep": "yes"}, 287.305),  # noqa: E501
+    Layout(
+        "ep16 mb1 bf16, all-to-all overlapped",
+        {**EP16, "precision": "bf16", "overlap_ep": "yes"},
+        287.305,
+    ),
     Layout("ep16 mb1 bf16, HybridEP", {**EP16, "precision": "bf16", "ep_dedup": "yes"}, 299.352),
 )
 

@@ -6,9 +6,12 @@ MoE rows it reads."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from shardmeter.errors import UserInputError
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +107,33 @@ def test_interleaved_replay_refuses_a_partial_micro_batch_group(bench: ModuleTyp
     """m not a multiple of N has no schedule here: one line, naming m and N."""
     with pytest.raises(ValueError, match=r"m: got 32; a multiple of the group size N = 9"):
         bench.interleaved_step(bench.Schedule(9, 2, 32, 9), lambda r, c: 1.0, lambda r, c: 2.0, 0.0)
+
+
+def test_held_out_errors_are_read_per_run_and_a_missing_file_is_one_line(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    cv = tmp_path / "cv.csv"
+    cv.write_text('run_id,source_id,signed_error\n"1016","H1","0.79646"\n"1011","H1","-0.027"\n')
+    assert bench.held_out_errors(cv) == {"1016": pytest.approx(0.79646), "1011": -0.027}
+    with pytest.raises(UserInputError, match="cross-validation CSV"):
+        bench.held_out_errors(tmp_path / "missing.csv")
+    assert bench._held_out_cell({"1016": 0.5}, "1016").strip() == "+50.0%"
+    assert bench._held_out_cell({"1016": 0.5}, "1011").strip() == "-"
+
+
+def test_flop_per_token_is_the_published_tables_own_ratio(bench: ModuleType) -> None:
+    """Megatron-Bridge 25.11: 547 model TFLOP/s at 23,766 tokens/s (GB200), 214 at 9,299 (B200)."""
+    for tflops, tokens in ((547.0, 23766.0), (214.0, 9299.0)):
+        assert tflops * 1e12 / tokens == pytest.approx(bench.QWEN3_30B_FLOP_PER_TOKEN, rel=5e-3)
+
+
+def test_layouts_of_run_1016_keep_the_row_first_and_move_to_ep16(bench: ModuleType) -> None:
+    row = next(r for r in bench.read_rows(bench.HOLDOUT) if r["run_id"] == "1016")
+    rows = bench.layout_rows(row)
+    assert [layout.tflops for layout, _ in rows] == [121.0, 244.039, 287.305, 299.352]
+    assert rows[0][0].cells == {}
+    assert all(predicted > 0 for _, predicted in rows)
+    first = bench.predict_run(bench.run_from_row(row)).tokens_per_s_per_gpu
+    assert rows[0][1] == pytest.approx(first * bench.QWEN3_30B_FLOP_PER_TOKEN / 1e12)
+    plan = bench.run_from_row({**row, **rows[1][0].cells}).plan
+    assert (plan.pp, plan.ep, plan.dp, plan.micro_batch, plan.precision) == (1, 16, 16, 1, "bf16")
