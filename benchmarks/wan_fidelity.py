@@ -322,7 +322,7 @@ def topology_of(r: RunResult) -> Any:
             {
                 "from": f"worker{i}",
                 "to": "server",
-                "bandwidth_gbit": min(link.bps, server or math.inf) / 1e9,
+                "bandwidth_gbit": link.bps / 1e9,
                 "latency_ms": link.rtt * 1e3,
                 "efficiency": eff,
             }
