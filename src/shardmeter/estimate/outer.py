@@ -369,9 +369,8 @@ def _async_round(
         # dispatch queues at the worker's downlink, unless the hub's shared link is the
         # narrower one, which then paces the dispatch and queues the pushes (heloco_legs_s)
         hub_bound = path_bw >= wan.server_Bps * scale[..., None] * (1.0 - 1e-9)
-        t_up, t_down = heloco_legs_s(
-            up / p, path_bw, rtt, down / p, busy_x, blocking, (hub_bound, ~hub_bound)
-        )
+        queued = (hub_bound, ~hub_bound)
+        t_up, t_down = heloco_legs_s(up / p, path_bw, rtt, down / p, busy_x, blocking, queued)
         exchange = np.where(remote, 2.0 * rtt + t_up + t_down + host / p, 0.0)
         legs = ((up / p, t_up), (down / p, t_down))
     server = wan.server_Bps * scale[..., None]
@@ -385,19 +384,18 @@ def _async_round(
         # its slow start doubles once per RTT + that wait (from the window it kept)
         ack_wait = hub_push_queue_s(up / p, path_bw, server)
         _, met = heloco_legs_s(
-            up / p, np.minimum(path_bw, server), rtt, down / p, busy_x, blocking,
-            (hub_bound, ~hub_bound), ack_delay_s=ack_wait,
+            up / p, np.minimum(path_bw, server), rtt, down / p, busy_x, blocking, queued,
+            ack_delay_s=ack_wait,
         )  # fmt: skip
         met = np.maximum(met, down / p / server)
         # a push's turn holds the link from its grant (half an RTT out) to its last byte in
         # (half an RTT back), plus the mean wait for the next worker's poll to find it free;
         # dispatches take no turns: the link carries their bytes whenever one is on its way
         hold = p * (rtt + alone[0] + 0.5 * (SLOT_POLL_S + rtt))
-        exchange, round_s = _turn_rounds(
+        exchange, round_s, _, _ = _turn_rounds(
             fixed + alone[0] + rtt, alone[1], met, hold, busy, p, blocking, remote
         )
         round_s = _take_turns(round_s, (hold, down / server), remote)
-        exchange = np.where(remote, exchange, 0.0)
     elif np.isfinite(wan.server_Bps):
         exchange = _share_server(exchange, legs, busy_x, blocking, server, remote)
     if not turns:
@@ -426,6 +424,7 @@ def _async_round(
 
 SLOT_POLL_S = 0.01  # s: a waiting worker asks for the link again this long after "wait" (HeLoCo)
 TURN_BISECTIONS = 60  # bisection steps for the common cycle of the workers' turns
+TURN_ITERATIONS = 60  # damped fixed-point steps of the turn station and the rounds it gives
 
 
 def _turn_rounds(
@@ -437,8 +436,9 @@ def _turn_rounds(
     p: FloatArray | float,
     blocking: bool,
     remote: NDArray[np.bool_],
-) -> tuple[FloatArray, FloatArray]:
-    """(exchange, round) of each worker, seconds (..., N), when the pushes take turns on the
+) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+    """(exchange, round, wait, meet) of each worker (..., N): seconds, and the probability
+    that its dispatch meets the next push, when the pushes take turns on the
     server's shared link and the workers' phases drift (each round's legs vary), so a worker
     may find the link held: the turns are one first-come-first-served station of demand
     `hold_s` per round, the rest of each worker's round its think time, solved by
@@ -455,10 +455,11 @@ def _turn_rounds(
 
     def rounds(wait: FloatArray, meet: FloatArray) -> tuple[FloatArray, FloatArray]:
         exchange = rest_s + dispatch_s + meet * (met_s - dispatch_s) + wait / p
+        exchange = np.where(remote, exchange, 0.0)  # the server's own island exchanges nothing
         return exchange, busy + exchange if blocking else p * np.maximum(busy_x, exchange)
 
     exchange, round_s = rounds(wait, meet)
-    for _ in range(SHARE_ITERATIONS):
+    for _ in range(TURN_ITERATIONS):
         think = np.maximum(round_s - hold_s - wait, 0.0)
         resp, busy_without = _turn_station(hold_s[..., idx], think[..., idx])
         new_wait, new_meet = np.zeros_like(wait), np.zeros_like(meet)
@@ -466,7 +467,7 @@ def _turn_rounds(
         new_meet[..., idx] = busy_without
         wait, meet = 0.5 * (wait + new_wait), 0.5 * (meet + new_meet)
         exchange, round_s = rounds(wait, meet)
-    return exchange, round_s
+    return exchange, round_s, wait, meet
 
 
 def _turn_station(hold: FloatArray, think: FloatArray) -> tuple[FloatArray, FloatArray]:
