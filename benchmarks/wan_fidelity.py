@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import os
 import shutil
 import statistics
@@ -311,7 +310,9 @@ class Predicted:
 def topology_of(r: RunResult) -> Any:
     """The run as a ShardMeter topology: the server island is the hub of a star whose spokes
     are the workers' emulated links (the header efficiency at the emulation's MTU as the
-    link's efficiency; a shaped server link caps each path and is the server's bandwidth)."""
+    link's efficiency); a shaped server link is the hub's own bandwidth, shared by every
+    spoke, each spoke at its worker's own rate (the planner caps each leg at the hub's rate,
+    and the difference is the queue a push builds at the hub)."""
     from shardmeter.estimate.wan import goodput_Bps
     from shardmeter.specs.topology import IslandSpec, RunSpec, Topology, WanLink, WanSpec
 

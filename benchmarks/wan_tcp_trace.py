@@ -395,8 +395,10 @@ def dump_echo(
         downs = sorted(d for _, d in rows[b])
         print(f"{b * 50:4d}-{b * 50 + 50:<4d} {len(ups):7d} {ups[len(ups) // 2] * 1e3:13.1f} "
               f"{downs[len(downs) // 2] * 1e3:15.1f}")  # fmt: skip
-    print("dispatch    t s  worker           dur s  cwnd first  last  echo up ms: mean  max"
-          "  queue kB: mean")
+    print(
+        "dispatch    t s  worker           dur s  cwnd first  last  echo up ms: mean  max"
+        "  queue kB: mean"
+    )
     for (local, peer), samples in sorted(conns.items(), key=lambda kv: kv[0][1]):
         if not local.endswith(f":{port}") or len(samples) < 200:
             continue

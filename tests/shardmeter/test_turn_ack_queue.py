@@ -93,9 +93,7 @@ def test_blocking_rounds_add_the_wait_and_the_dispatches_that_meet_a_push() -> N
     hold = np.array([0.0, 0.5, 0.5, 0.5])
     rest, dispatch, met = np.full(4, 0.55), np.full(4, 0.47), np.full(4, 0.8)
     busy = np.full(4, 1.0)
-    exchange, round_s, wait, meet = _turn_rounds(
-        rest, dispatch, met, hold, busy, 1.0, True, remote
-    )
+    exchange, round_s, wait, meet = _turn_rounds(rest, dispatch, met, hold, busy, 1.0, True, remote)
     idx = [1, 2, 3]
     # the fixed point: the station, solved at the think time the rounds give, returns the
     # wait and the meeting share that give those rounds

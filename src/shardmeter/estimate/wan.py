@@ -674,7 +674,9 @@ def heloco_legs_s(
     return up, down
 
 
-def hub_push_queue_s(push_bytes: ArrayLike, sender_Bps: ArrayLike, hub_Bps: ArrayLike) -> FloatArray:
+def hub_push_queue_s(
+    push_bytes: ArrayLike, sender_Bps: ArrayLike, hub_Bps: ArrayLike
+) -> FloatArray:
     """Mean queueing delay (s) at a hub link of `hub_Bps` (bytes/s) while a push of
     `push_bytes` crosses it from a sender of `sender_Bps`: the push enters at r and leaves at
     C < r, so the queue grows at r − C until its last byte is in and then drains at C (a fluid
