@@ -106,7 +106,8 @@ def test_blocking_rounds_add_the_wait_and_the_dispatches_that_meet_a_push() -> N
     )  # fmt: skip
     assert exchange[idx] == pytest.approx(round_s[idx] - busy[idx])
     assert np.all(meet[idx] > 0.3) and np.all(wait[idx] > 0.05)
-    assert wait[0] == 0.0 and meet[0] == 0.0  # the server's own island takes no turns
+    # the server's own island takes no turns and exchanges nothing: its round is its compute
+    assert wait[0] == 0.0 and meet[0] == 0.0 and exchange[0] == 0.0 and round_s[0] == busy[0]
 
 
 def test_overlapped_rounds_hide_the_wait_behind_compute_until_the_exchange_is_longer() -> None:

@@ -236,7 +236,8 @@ def outer_round(
       P · max(H·T_i/P, X_i^f) seconds and its exchange P · X_i^f. A shared server link is a processor-sharing
       station (`_share_server`); remote rounds then stretch by the server's overload, the
       busier direction's Σ_i (bytes/round_i)/W_server when above 1 (design doc C.9). With
-      `link_slots` the workers take turns on it for their pushes instead (`_take_turns`).
+      `link_slots` the workers take turns on it for their pushes instead (`_turn_rounds`,
+      at least `_take_turns`' cycle).
     `balance` (diloco, streaming) lets faster islands run more inner steps per round.
     """
     inner = np.asarray(inner_s, dtype=np.float64)
@@ -341,7 +342,7 @@ def _async_round(
     """Parameter server at `wan.center` (design doc C.9, asynchronous): a push of
     `up_bytes`, a pull of `down_bytes` per round, in the exchange mode `exchange_pattern`
     (`"streaming"`: in P = `fragments` exchanges of a P-th each, one per H/P steps); a shared
-    server link with `link_slots`: pushes take turns on it (`_take_turns`)."""
+    server link with `link_slots`: pushes take turns on it (`_turn_rounds`, `_take_turns`)."""
     n = inner.shape[-1]
     c = wan.center
     remote = np.arange(n) != c
@@ -521,9 +522,10 @@ def _take_turns(
     own_s: (..., N) each worker's round with the link to itself (seconds); demand: per
     direction of the link, (..., N) seconds of it each worker uses per round (its push's
     turn; its dispatch's bytes at the link's rate: dispatches take no turns, but the link
-    carries them whenever one is on its way). Turns make a deterministic closed network reach its asymptotic
-    bound (Lazowska, Zahorjan, Graham & Sevcik 1984, "Quantitative System Performance",
-    sec. 5.2: X ≤ min(1/D_max, N/(D + Z))): no two pushes meet, so a worker keeps its own
+    carries them whenever one is on its way). The asymptotic bound of a closed network
+    (Lazowska, Zahorjan, Graham & Sevcik 1984, "Quantitative System Performance",
+    sec. 5.2: X ≤ min(1/D_max, N/(D + Z))), the floor under `_turn_rounds`' rounds, which
+    a deterministic schedule would reach: no two pushes meet, so a worker keeps its own
     round while the link has room, and when Σ_i D_i/own_i > 1 on a direction, the workers
     that would go faster than the link allows all wait for one cycle c per round (first come
     first served is then a round robin among them, their max-min fair share of the link:
