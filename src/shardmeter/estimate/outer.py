@@ -466,8 +466,12 @@ def _turn_rounds(
         new_wait, new_meet = np.zeros_like(wait), np.zeros_like(meet)
         new_wait[..., idx] = resp - hold_s[..., idx]
         new_meet[..., idx] = busy_without
+        step = max(np.max(np.abs(new_wait - wait), initial=0.0),
+                   np.max(np.abs(new_meet - meet), initial=0.0))  # fmt: skip
         wait, meet = 0.5 * (wait + new_wait), 0.5 * (meet + new_meet)
         exchange, round_s = rounds(wait, meet)
+        if step <= 1e-12 * max(1.0, float(np.max(round_s, initial=0.0))):
+            break
     return exchange, round_s, wait, meet
 
 
