@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import os
 import shutil
 import statistics
@@ -106,6 +105,14 @@ RUNS = (
 FIFO_RUNS = (
     Run("shared fifo", (Link(20 * MBIT, 0.02),) * 3, (PACE,) * 3, server_bps=10 * MBIT,
         seconds=90.0, warmup_s=30.0),
+)  # fmt: skip
+# Unequal workers behind one shared server link with turns (each worker's rate 1.5-4 times
+# the hub's, so each push queues a different share of itself at the hub): not in the default
+# set; it checks the turns' pricing on links it was not built on.
+SHARED_UNEQUAL_RUNS = (
+    Run("shared unequal", (Link(40 * MBIT, 0.02), Link(20 * MBIT, 0.04), Link(15 * MBIT, 0.01)),
+        (PACE, PACE, 1.5 * PACE), server_bps=10 * MBIT, seconds=90.0, warmup_s=30.0,
+        link_slots=True),
 )  # fmt: skip
 QUICK = (
     Run(
@@ -311,7 +318,9 @@ class Predicted:
 def topology_of(r: RunResult) -> Any:
     """The run as a ShardMeter topology: the server island is the hub of a star whose spokes
     are the workers' emulated links (the header efficiency at the emulation's MTU as the
-    link's efficiency; a shaped server link caps each path and is the server's bandwidth)."""
+    link's efficiency); a shaped server link is the hub's own bandwidth, shared by every
+    spoke, each spoke at its worker's own rate (the planner caps each leg at the hub's rate,
+    and the difference is the queue a push builds at the hub)."""
     from shardmeter.estimate.wan import goodput_Bps
     from shardmeter.specs.topology import IslandSpec, RunSpec, Topology, WanLink, WanSpec
 
@@ -322,7 +331,7 @@ def topology_of(r: RunResult) -> Any:
             {
                 "from": f"worker{i}",
                 "to": "server",
-                "bandwidth_gbit": min(link.bps, server or math.inf) / 1e9,
+                "bandwidth_gbit": link.bps / 1e9,
                 "latency_ms": link.rtt * 1e3,
                 "efficiency": eff,
             }
@@ -768,11 +777,12 @@ def main() -> None:
     bases = QUICK if args.quick else RUNS
     if args.runs:
         names = [n.strip() for n in args.runs.split(",") if n.strip()]
-        known = [r.name for r in (*RUNS, *QUICK, *STREAM_RUNS, *FIFO_RUNS)]
+        every = (*RUNS, *QUICK, *STREAM_RUNS, *FIFO_RUNS, *SHARED_UNEQUAL_RUNS)
+        known = [r.name for r in every]
         for n in names:
             if n not in known:
                 raise SystemExit(f"wan_fidelity: --runs: got {n!r}; one of {', '.join(known)}")
-        bases = tuple(r for r in (*RUNS, *QUICK, *STREAM_RUNS, *FIFO_RUNS) if r.name in names)
+        bases = tuple(r for r in every if r.name in names)
     if args.merge and (args.save is None or not args.save.exists()):
         raise SystemExit(f"wan_fidelity: --merge: got --save {args.save}; an existing file")
     base_results, base_extra = load(args.save) if args.merge else ([], {})

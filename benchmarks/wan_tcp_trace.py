@@ -24,6 +24,7 @@ window over an idle connection"). Needs root and tracefs (/sys/kernel/tracing).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import statistics
 import subprocess
@@ -157,8 +158,80 @@ def _bytes(text: str) -> int:
     return int(num * (1024 if "K" in text else 1024 * 1024 if "M" in text else 1))
 
 
+ECHO_PORT = 29601  # the UDP echo's port in the server's namespace (--echo)
+ECHO_EVERY_S = 0.005  # one echo probe per worker this often
+
+
+def _echo_server(port: int) -> None:
+    """Answer every UDP datagram with itself plus this host's monotonic time of arrival."""
+    import socket
+    import struct
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("0.0.0.0", port))
+    while True:
+        data, addr = sock.recvfrom(64)
+        sock.sendto(data + struct.pack("!d", time.monotonic()), addr)
+
+
+def _echo_client(host: str, port: int, every_s: float) -> None:
+    """Send a 16-byte datagram every ``every_s`` (a sequence number and the send time) and
+    print, per answer: send time, the server's arrival time, the answer's arrival time
+    (all monotonic: one clock for every namespace of the host), so one-way delays show."""
+    import select
+    import socket
+    import struct
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.connect((host, port))
+    seq, nxt = 0, time.monotonic()
+    while True:
+        now = time.monotonic()
+        if now >= nxt:
+            with contextlib.suppress(OSError):  # a route not up yet: the next one
+                sock.send(struct.pack("!qd", seq, now))
+            seq, nxt = seq + 1, nxt + every_s
+        if select.select([sock], [], [], max(0.0, nxt - time.monotonic()))[0]:
+            try:
+                data = sock.recv(64)
+            except OSError:
+                continue
+            _, sent, at_server = struct.unpack("!qdd", data[:24])
+            print(f"{sent:.6f} {at_server:.6f} {time.monotonic():.6f}", flush=True)
+
+
+def _start_echo(new: list[str], sinks: dict[str, list[str]]) -> list[subprocess.Popen[str]]:
+    """The UDP echo: its server in the launch's server namespace (``...e0``), a client in each
+    worker's, each client's lines into ``sinks[worker address]``."""
+    server_ns = next(n for n in new if n.endswith("e0"))
+    me = [sys.executable, str(Path(__file__).resolve())]
+    procs = [subprocess.Popen(["ip", "netns", "exec", server_ns, *me, "echo-server",
+                               str(ECHO_PORT)])]  # fmt: skip
+    time.sleep(0.3)
+    for ns in new:
+        i = int(re.search(r"e(\d+)$", ns).group(1))  # type: ignore[union-attr]
+        if i == 0:
+            continue
+        sink = sinks.setdefault(f"10.77.{i}.2", [])
+        proc = subprocess.Popen(["ip", "netns", "exec", ns, *me, "echo-client", "10.77.0.2",
+                                 str(ECHO_PORT), str(ECHO_EVERY_S)], stdout=subprocess.PIPE,
+                                text=True)  # fmt: skip
+        threading.Thread(target=_drain, args=(proc, sink), daemon=True).start()
+        procs.append(proc)
+    return procs
+
+
+def _drain(proc: subprocess.Popen[str], sink: list[str]) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        sink.append(line)
+
+
 def trace(
-    argv: list[str], seconds: float, backlog: list[tuple[float, int]] | None = None
+    argv: list[str],
+    seconds: float,
+    backlog: list[tuple[float, int]] | None = None,
+    echo: dict[str, list[str]] | None = None,
 ) -> tuple[str, str]:
     """Run the launch ``argv`` under the tracepoint and the ss pollers; (probe text, ss text).
     With ``backlog``, also polls the router's queue toward the server into it; the trace clock
@@ -198,6 +271,7 @@ def trace(
                 th = threading.Thread(target=_poll_ss, args=(ns, stop, sink), daemon=True)
                 th.start()
                 threads.append(th)
+            echoes = [] if echo is None else _start_echo(new, echo)
             routers = [n for n in _namespaces() if n not in before and n.endswith("r")]
             if backlog is not None and routers:
                 th = threading.Thread(target=_poll_backlog, args=(routers[0], stop, backlog),
@@ -211,6 +285,9 @@ def trace(
             if launch.poll() is None:
                 launch.terminate()
                 launch.wait()
+            for proc in echoes if "echoes" in locals() else []:
+                proc.terminate()
+                proc.wait()
             stop.set()
             for th in threads:
                 th.join()
@@ -282,6 +359,62 @@ def dump_legs(
               f"{g.srtt_first_ms:10.1f} {g.srtt_end_ms:5.1f} {med:31.0f} {max(q, default=0):4.0f} {busy:6.0f}")  # fmt: skip
 
 
+def dump_echo(
+    probe: str,
+    ss: str,
+    port: int,
+    gap: float,
+    skip_s: float,
+    backlog: list[tuple[float, int]],
+    echo: dict[str, list[str]],
+) -> None:
+    """The path a dispatch's ACKs take (worker -> server), measured by the UDP echo: its
+    one-way delay against the queue toward the server at the same moment (binned), and per
+    dispatch the mean one-way delay of the probes sent while it crossed."""
+    got = {w: [tuple(float(x) for x in ln.split()) for ln in lines if len(ln.split()) == 3]
+           for w, lines in echo.items()}  # fmt: skip
+    conns = parse_probe(probe, port, set(SS_COOKIE.findall(ss)))
+    t_start = min((v[0][0] for v in conns.values() if v), default=0.0)
+    bl_t = [t for t, _ in backlog]
+    import bisect
+
+    def queue_at(t: float) -> float:
+        i = bisect.bisect_left(bl_t, t)
+        return backlog[min(i, len(backlog) - 1)][1] / 1e3 if backlog else float("nan")
+
+    print("one-way delay worker -> server (ms) against the queue toward the server (kB):")
+    print("queue kB   probes  median up ms  median down ms")
+    rows: dict[int, list[tuple[float, float]]] = {}
+    for samples in got.values():
+        for sent, at, back in samples:
+            if sent - t_start < skip_s:
+                continue
+            rows.setdefault(int(queue_at(sent) // 50), []).append((at - sent, back - at))
+    for b in sorted(rows):
+        ups = sorted(u for u, _ in rows[b])
+        downs = sorted(d for _, d in rows[b])
+        print(f"{b * 50:4d}-{b * 50 + 50:<4d} {len(ups):7d} {ups[len(ups) // 2] * 1e3:13.1f} "
+              f"{downs[len(downs) // 2] * 1e3:15.1f}")  # fmt: skip
+    print(
+        "dispatch    t s  worker           dur s  cwnd first  last  echo up ms: mean  max"
+        "  queue kB: mean"
+    )
+    for (local, peer), samples in sorted(conns.items(), key=lambda kv: kv[0][1]):
+        if not local.endswith(f":{port}") or len(samples) < 200:
+            continue
+        w = peer.split(":")[0]
+        for g in legs(samples, gap, 50_000):
+            if g.t0 - t_start < skip_s:
+                continue
+            ups = [at - sent for sent, at, _ in got.get(w, []) if g.t0 <= sent <= g.t1]
+            qs = [b / 1e3 for t, b in backlog if g.t0 <= t <= g.t1]
+            print(f"{'':8s} {g.t0 - t_start:6.2f}  {w:15s} {g.t1 - g.t0:6.2f} "
+                  f"{g.cwnd_first:10d} {g.cwnd_last:5d} "
+                  f"{statistics.fmean(ups) * 1e3 if ups else float('nan'):17.1f} "
+                  f"{max(ups, default=float('nan')) * 1e3:5.1f} "
+                  f"{statistics.fmean(qs) if qs else float('nan'):15.0f}")  # fmt: skip
+
+
 def _p95(values: list[float]) -> float:
     """The 95th percentile: of ``lastsnd``, about the idle the next send sees (the sawtooth's
     top, at the polling's resolution), less the odd long stop at the run's start and end."""
@@ -300,6 +433,8 @@ def main() -> None:
     ap.add_argument("--skip", type=float, default=8.0, help="seconds of start-up left out")
     ap.add_argument("--wan-server", default=None, help="the server's own (shared) link spec")
     ap.add_argument("--link-slots", action="store_true", help="pushes take turns on it")
+    ap.add_argument("--echo", action="store_true",
+                    help="also probe each worker's path to the server with a UDP echo")  # fmt: skip
     ap.add_argument("--legs", action="store_true",
                     help="also print every dispatch, with the queue toward the server")  # fmt: skip
     args = ap.parse_args()
@@ -323,7 +458,8 @@ def main() -> None:
             argv += ["--link-slots"]
         up = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
         backlog: list[tuple[float, int]] = []
-        probe, ss = trace(argv, args.seconds, backlog if args.legs else None)
+        echo: dict[str, list[str]] | None = {} if args.echo else None
+        probe, ss = trace(argv, args.seconds, backlog if args.legs or args.echo else None, echo)
         print(
             f"# {args.exchange}, --wan {args.wan!r}, --wan-server {args.wan_server!r}, "
             f"link slots {args.link_slots}; {up}"
@@ -331,7 +467,14 @@ def main() -> None:
         report(probe, ss, PORT, args.gap, args.skip)
         if args.legs:
             dump_legs(probe, ss, PORT, args.gap, args.skip, backlog)
+        if echo is not None:
+            dump_echo(probe, ss, PORT, args.gap, args.skip, backlog, echo)
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["echo-server"]:
+        _echo_server(int(sys.argv[2]))
+    elif sys.argv[1:2] == ["echo-client"]:
+        _echo_client(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
+    else:
+        main()

@@ -51,3 +51,31 @@ def test_legs_and_the_queue_each_dispatch_meets(tool: ModuleType, capsys: Any) -
     tool.dump_legs("\n".join(lines), "", port, 0.2, 0.0, backlog)
     rows = [ln.split() for ln in capsys.readouterr().out.splitlines()[1:]]
     assert [(r[-3], r[-2], r[-1]) for r in rows] == [("0", "0", "0"), ("50", "100", "50")]
+
+
+def test_the_echo_reads_one_way_delays_against_the_queue_and_per_dispatch(
+    tool: ModuleType, capsys: Any
+) -> None:
+    port, seg = 29500, 1448
+    lines, una = [], 0
+    for k in range(250):  # one dispatch to 10.77.1.2, 3.0-3.498 s
+        una += seg
+        lines.append(_probe(port, 3.0 + 0.002 * k, una, 10 + k, 30_000))
+    # the queue toward the server: empty until 3.1 s, then 200 kB
+    backlog = [(3.0 + 0.01 * i, 0 if i < 10 else 200_000) for i in range(40)]
+    # echoes every 20 ms: 10 ms up while the queue is empty, 170 ms once it holds 200 kB
+    echo = [
+        f"{t:.6f} {t + (0.01 if t < 3.1 else 0.17):.6f} {t + 0.2:.6f}\n"
+        for t in (3.0 + 0.02 * i for i in range(15))
+    ]
+    tool.dump_echo("\n".join(lines), "", port, 0.2, 0.0, backlog, {"10.77.1.2": echo})
+    out = capsys.readouterr().out.splitlines()
+    bins = {ln.split()[0]: ln.split() for ln in out[2:] if ln.split()[0][0].isdigit()}
+    assert bins["0-50"][1:3] == ["5", "10.0"] and bins["200-250"][1:3] == ["10", "170.0"]
+    row = out[-1].split()  # the dispatch: its mean one-way delay up, its max, its mean queue
+    # the leg starts at its second ACK (3.002 s; the first is snd_una's baseline): probes sent
+    # 3.02-3.28 s, 4 at 10 ms and 10 at 170 ms; the queue 200 kB in 30 of its 39 samples
+    assert row[1] == "10.77.1.2" and float(row[5]) == pytest.approx(
+        (4 * 10 + 10 * 170) / 14, abs=0.1
+    )
+    assert row[6] == "170.0" and row[7] == f"{30 * 200 / 39:.0f}"

@@ -18,7 +18,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from shardmeter.estimate.payload import DISPATCH_BITS
 from shardmeter.estimate.schedule import Schedule, even_schedule, round_stall_s
-from shardmeter.estimate.wan import WanPaths, heloco_legs_s, hub_allreduce_s
+from shardmeter.estimate.wan import WanPaths, heloco_legs_s, hub_allreduce_s, hub_push_queue_s
 
 FloatArray = NDArray[np.float64]
 
@@ -236,7 +236,8 @@ def outer_round(
       P · max(H·T_i/P, X_i^f) seconds and its exchange P · X_i^f. A shared server link is a processor-sharing
       station (`_share_server`); remote rounds then stretch by the server's overload, the
       busier direction's Σ_i (bytes/round_i)/W_server when above 1 (design doc C.9). With
-      `link_slots` the workers take turns on it for their pushes instead (`_take_turns`).
+      `link_slots` the workers take turns on it for their pushes instead (`_turn_rounds`,
+      at least `_take_turns`' cycle).
     `balance` (diloco, streaming) lets faster islands run more inner steps per round.
     """
     inner = np.asarray(inner_s, dtype=np.float64)
@@ -341,7 +342,7 @@ def _async_round(
     """Parameter server at `wan.center` (design doc C.9, asynchronous): a push of
     `up_bytes`, a pull of `down_bytes` per round, in the exchange mode `exchange_pattern`
     (`"streaming"`: in P = `fragments` exchanges of a P-th each, one per H/P steps); a shared
-    server link with `link_slots`: pushes take turns on it (`_take_turns`)."""
+    server link with `link_slots`: pushes take turns on it (`_turn_rounds`, `_take_turns`)."""
     n = inner.shape[-1]
     c = wan.center
     remote = np.arange(n) != c
@@ -369,9 +370,8 @@ def _async_round(
         # dispatch queues at the worker's downlink, unless the hub's shared link is the
         # narrower one, which then paces the dispatch and queues the pushes (heloco_legs_s)
         hub_bound = path_bw >= wan.server_Bps * scale[..., None] * (1.0 - 1e-9)
-        t_up, t_down = heloco_legs_s(
-            up / p, path_bw, rtt, down / p, busy_x, blocking, (hub_bound, ~hub_bound)
-        )
+        queued = (hub_bound, ~hub_bound)
+        t_up, t_down = heloco_legs_s(up / p, path_bw, rtt, down / p, busy_x, blocking, queued)
         exchange = np.where(remote, 2.0 * rtt + t_up + t_down + host / p, 0.0)
         legs = ((up / p, t_up), (down / p, t_down))
     server = wan.server_Bps * scale[..., None]
@@ -380,16 +380,27 @@ def _async_round(
         # each leg alone, at most the server link's rate; plus the turn's request and grant
         alone = [np.maximum(t, b / server) for b, t in legs]
         fixed = exchange - sum(t for _, t in legs)
-        exchange = np.where(remote, fixed + sum(alone) + rtt, 0.0)
-    elif np.isfinite(wan.server_Bps):
-        exchange = _share_server(exchange, legs, busy_x, blocking, server, remote)
-    round_s = busy + exchange if blocking else p * np.maximum(busy_x, exchange)
-    if turns:
+        # a dispatch that leaves as the next worker's push is granted: that push queues at
+        # the hub towards the server, where the dispatch's ACKs wait (hub_push_queue_s), so
+        # its slow start doubles once per RTT + that wait (from the window it kept)
+        ack_wait = hub_push_queue_s(up / p, path_bw, server)
+        _, met = heloco_legs_s(
+            up / p, np.minimum(path_bw, server), rtt, down / p, busy_x, blocking, queued,
+            ack_delay_s=ack_wait,
+        )  # fmt: skip
+        met = np.maximum(met, down / p / server)
         # a push's turn holds the link from its grant (half an RTT out) to its last byte in
         # (half an RTT back), plus the mean wait for the next worker's poll to find it free;
         # dispatches take no turns: the link carries their bytes whenever one is on its way
         hold = p * (rtt + alone[0] + 0.5 * (SLOT_POLL_S + rtt))
+        exchange, round_s, _, _ = _turn_rounds(
+            fixed + alone[0] + rtt, alone[1], met, hold, busy, p, blocking, remote
+        )
         round_s = _take_turns(round_s, (hold, down / server), remote)
+    elif np.isfinite(wan.server_Bps):
+        exchange = _share_server(exchange, legs, busy_x, blocking, server, remote)
+    if not turns:
+        round_s = busy + exchange if blocking else p * np.maximum(busy_x, exchange)
     exchange = p * exchange  # the round's exchanges, hidden or not
     # the server's link, each direction on its own (full duplex): the busier one limits
     inflow = np.where(remote, up / round_s, 0.0).sum(axis=-1, keepdims=True)
@@ -414,6 +425,96 @@ def _async_round(
 
 SLOT_POLL_S = 0.01  # s: a waiting worker asks for the link again this long after "wait" (HeLoCo)
 TURN_BISECTIONS = 60  # bisection steps for the common cycle of the workers' turns
+TURN_ITERATIONS = 60  # damped fixed-point steps of the turn station and the rounds it gives
+
+
+def _turn_rounds(
+    rest_s: FloatArray,
+    dispatch_s: FloatArray,
+    met_s: FloatArray,
+    hold_s: FloatArray,
+    busy: FloatArray,
+    p: FloatArray | float,
+    blocking: bool,
+    remote: NDArray[np.bool_],
+) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+    """(exchange, round, wait, meet) of each worker (..., N): seconds, and the probability
+    that its dispatch meets the next push, when the pushes take turns on the
+    server's shared link and the workers' phases drift (each round's legs vary), so a worker
+    may find the link held: the turns are one first-come-first-served station of demand
+    `hold_s` per round, the rest of each worker's round its think time, solved by
+    `_turn_station` (damped iteration: the think time is the round less the station's time).
+    A worker's exchange is `rest_s` (its push alone, the fixed part, the turn's request)
+    plus its dispatch: `met_s` (its ACKs behind the next push) with the probability that
+    the next worker is already waiting when this push arrives, else `dispatch_s`; plus its
+    wait for the turn. Blocking: round = busy + exchange; else p·max(busy/p, exchange/p')
+    with the exchange per fragment (p exchanges a round, each waiting its share)."""
+    wait = np.zeros_like(hold_s)
+    meet = np.zeros_like(hold_s)
+    idx = np.flatnonzero(remote)
+    busy_x = busy / p
+
+    def rounds(wait: FloatArray, meet: FloatArray) -> tuple[FloatArray, FloatArray]:
+        exchange = rest_s + dispatch_s + meet * (met_s - dispatch_s) + wait / p
+        exchange = np.where(remote, exchange, 0.0)  # the server's own island exchanges nothing
+        return exchange, busy + exchange if blocking else p * np.maximum(busy_x, exchange)
+
+    exchange, round_s = rounds(wait, meet)
+    for _ in range(TURN_ITERATIONS):
+        think = np.maximum(round_s - hold_s - wait, 0.0)
+        resp, busy_without = _turn_station(hold_s[..., idx], think[..., idx])
+        new_wait, new_meet = np.zeros_like(wait), np.zeros_like(meet)
+        new_wait[..., idx] = resp - hold_s[..., idx]
+        new_meet[..., idx] = busy_without
+        step = max(np.max(np.abs(new_wait - wait), initial=0.0),
+                   np.max(np.abs(new_meet - meet), initial=0.0))  # fmt: skip
+        wait, meet = 0.5 * (wait + new_wait), 0.5 * (meet + new_meet)
+        exchange, round_s = rounds(wait, meet)
+        if step <= 1e-12 * max(1.0, float(np.max(round_s, initial=0.0))):
+            break
+    return exchange, round_s, wait, meet
+
+
+def _turn_station(hold: FloatArray, think: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """The push turns as one first-come-first-served station with a deterministic hold per
+    round (demand D_i s) and a think time Z_i s per worker, one customer per worker (..., N):
+    exact mean-value analysis over the populations S (Reiser & Lavenberg 1980, JACM 27(2),
+    eqs. 3.1-3.3) with the residual-life correction for a service that is not exponential
+    (Reiser 1979, IEEE Trans. Commun. 27(8): a customer in service has on average
+    D(1 + cv²)/2 left, D/2 for a fixed hold): R_i(S) = D_i·(1 + Q(S − i)) − U(S − i)·D_i/2,
+    X_i(S) = 1/(Z_i + R_i(S)), Q(S) = Σ X_i·R_i, U(S) = Σ X_i·D_i. Returns, at the full
+    population, R_i (s: the wait for the turn plus the hold) and U(N − i), the station's busy
+    share without i: by the arrival theorem what i finds on arriving, and (unit jumps) what
+    it leaves on departing: the probability that the next worker is already waiting when
+    its push arrives. Above EXACT_MVA_MAX_WORKERS, the Bard-Schweitzer estimate of both."""
+    n = think.shape[-1]
+    if n > EXACT_MVA_MAX_WORKERS:
+        r = hold.copy()
+        for _ in range(SHARE_ITERATIONS):
+            x = 1.0 / (think + r)
+            q, u = x * r, x * hold
+            r = 0.5 * r + 0.5 * (hold * (1.0 + q.sum(-1, keepdims=True) - q)
+                                 - (u.sum(-1, keepdims=True) - u) * hold / 2.0)  # fmt: skip
+        u = hold / (think + r)
+        return r, u.sum(-1, keepdims=True) - u
+    zero = np.zeros(think.shape[:-1])
+    level: dict[int, tuple[FloatArray, FloatArray]] = {0: (zero, zero)}
+    resp = np.zeros_like(think)
+    without = np.zeros_like(think)
+    for size in range(1, n + 1):
+        nxt: dict[int, tuple[FloatArray, FloatArray]] = {}
+        for mask in _masks(n, size):
+            q, u = zero, zero
+            for i in (i for i in range(n) if mask >> i & 1):
+                q_rest, u_rest = level[mask & ~(1 << i)]
+                r = hold[..., i] * (1.0 + q_rest) - u_rest * hold[..., i] / 2.0
+                x = 1.0 / (think[..., i] + r)
+                q, u = q + x * r, u + x * hold[..., i]
+                if size == n:
+                    resp[..., i], without[..., i] = r, u_rest
+            nxt[mask] = (q, u)
+        level = nxt
+    return resp, without
 
 
 def _take_turns(
@@ -425,9 +526,10 @@ def _take_turns(
     own_s: (..., N) each worker's round with the link to itself (seconds); demand: per
     direction of the link, (..., N) seconds of it each worker uses per round (its push's
     turn; its dispatch's bytes at the link's rate: dispatches take no turns, but the link
-    carries them whenever one is on its way). Turns make a deterministic closed network reach its asymptotic
-    bound (Lazowska, Zahorjan, Graham & Sevcik 1984, "Quantitative System Performance",
-    sec. 5.2: X ≤ min(1/D_max, N/(D + Z))): no two pushes meet, so a worker keeps its own
+    carries them whenever one is on its way). The asymptotic bound of a closed network
+    (Lazowska, Zahorjan, Graham & Sevcik 1984, "Quantitative System Performance",
+    sec. 5.2: X ≤ min(1/D_max, N/(D + Z))), the floor under `_turn_rounds`' rounds, which
+    a deterministic schedule would reach: no two pushes meet, so a worker keeps its own
     round while the link has room, and when Σ_i D_i/own_i > 1 on a direction, the workers
     that would go faster than the link allows all wait for one cycle c per round (first come
     first served is then a round robin among them, their max-min fair share of the link:

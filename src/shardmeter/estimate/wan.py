@@ -628,6 +628,7 @@ def heloco_legs_s(
     compute_s: ArrayLike | None = None,
     blocking: bool = True,
     queued: tuple[ArrayLike, ArrayLike] = (False, True),
+    ack_delay_s: ArrayLike = 0.0,
 ) -> tuple[FloatArray, FloatArray]:
     """Seconds to send HeLoCo's push (Δ, `nbytes`) and its pull (the model, `pull_bytes`,
     default the same), first byte to last byte sent, under `slow_start_s`.
@@ -648,13 +649,17 @@ def heloco_legs_s(
     idles that much longer, its RTO is built from the smoothed RTT its own queue inflated
     (`burst_queue_s`, RFC 6298 eq. 2.3), and its window grows by every byte acknowledged
     (`acked_window`); a paced one keeps the window of its last slow-start round
-    (`end_window`). Seconds; the steady state after RESTART_ROUNDS rounds, each from the one
-    before."""
+    (`end_window`). `ack_delay_s` (s) is added to the round trip of the pull's ACK clock
+    only: its ACKs wait that long in a queue the other way (`hub_push_queue_s`), so its slow
+    start doubles once per RTT + that delay. Seconds; the steady state after RESTART_ROUNDS
+    rounds, each from the one before."""
     m = np.asarray(nbytes, dtype=np.float64)
     pull = m if pull_bytes is None else np.asarray(pull_bytes, dtype=np.float64)
     rtt = np.asarray(rtt_s, dtype=np.float64)
+    # the pull's ACK clock: its round trip plus the wait of its ACKs (`ack_delay_s`)
+    clock = rtt + np.asarray(ack_delay_s, dtype=np.float64)
     up = slow_start_s(m, rate_Bps, rtt)
-    down = slow_start_s(pull, rate_Bps, rtt)
+    down = slow_start_s(pull, rate_Bps, clock)
     if compute_s is None:
         return up, down
     compute = np.asarray(compute_s, dtype=np.float64)
@@ -665,8 +670,27 @@ def heloco_legs_s(
         w_up = _next_window(m, rate_Bps, rtt, w_up, period - up - rtt, queued[0])
         w_down = _next_window(pull, rate_Bps, rtt, w_down, period - down - rtt, queued[1])
         up = slow_start_s(m, rate_Bps, rtt, start_window=w_up)
-        down = slow_start_s(pull, rate_Bps, rtt, start_window=w_down)
+        down = slow_start_s(pull, rate_Bps, clock, start_window=w_down)
     return up, down
+
+
+def hub_push_queue_s(
+    push_bytes: ArrayLike, sender_Bps: ArrayLike, hub_Bps: ArrayLike
+) -> FloatArray:
+    """Mean queueing delay (s) at a hub link of `hub_Bps` (bytes/s) while a push of
+    `push_bytes` crosses it from a sender of `sender_Bps`: the push enters at r and leaves at
+    C < r, so the queue grows at r − C until its last byte is in and then drains at C (a fluid
+    queue, dQ/dt = r − C; Anick, Mitra & Sondhi 1982, Bell Syst. Tech. J. 61(8)), to at most
+    Q = min(M·(1 − C/r), BOTTLENECK_QUEUE_S·C) bytes: a triangle over the push's M/C seconds,
+    whose mean delay is Q/(2C). Every packet the other way that crosses the same FIFO (a
+    dispatch's ACKs, on a hub link shared both ways) waits that long. 0 when r ≤ C."""
+    m = np.asarray(push_bytes, dtype=np.float64)
+    r = np.asarray(sender_Bps, dtype=np.float64)
+    c = np.asarray(hub_Bps, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        peak = np.minimum(m * (1.0 - c / r), BOTTLENECK_QUEUE_S * c)
+        out = np.where((r > c) & (c > 0), peak / (2.0 * c), 0.0)
+    return np.asarray(np.where(np.isfinite(out), out, 0.0), dtype=np.float64)
 
 
 def _next_window(
