@@ -57,6 +57,7 @@ OFFLOAD_ACT_TESTS = (
 HBM_GATHER_TESTS = "tests/shardmeter/test_closed_form.py::test_zero3_per_matrix_gathers_stream_their_bytes_through_hbm"
 COMPILED_FUSION_TESTS = "tests/shardmeter/test_closed_form.py::test_compiled_step_fuses_elementwise_ops_into_the_matmuls"
 KERNEL_TESTS = "tests/shardmeter/test_attention_kernels.py"
+OVERLAP_CHUNK_TESTS = "tests/shardmeter/test_overlap_chunks.py"
 CORRECTION_TESTS = "tests/shardmeter/test_run_corrections.py"
 LINK_SLOT_TESTS = "tests/heloco/test_link_slots.py"
 SIM_CODEC_TESTS = (
@@ -1161,6 +1162,40 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("async round: the met dispatch at the worker's rate, not the hub's", "outer.py",
              "up / p, np.minimum(path_bw, server), rtt, down / p", "up / p, path_bw, rtt, down / p",
              LINK_SLOT_TESTS + "::test_the_planner_prices_turns_instead_of_random_meetings"),
+    # --- GEMM chunks under tensor-parallel comm-GEMM overlap (TE userbuffers, XLA) ---
+    Mutation("overlap chunks: ring-exchange GEMMs whole", "compute.py",
+             "return OverlapChunks(ring=where(on, tp, 1.0), pipe=where(on, pipe, 1.0))",
+             "return OverlapChunks(ring=where(on, 1.0, 1.0), pipe=where(on, pipe, 1.0))",
+             OVERLAP_CHUNK_TESTS),
+    Mutation("overlap chunks: pipelined GEMMs whole", "compute.py",
+             "return OverlapChunks(ring=where(on, tp, 1.0), pipe=where(on, pipe, 1.0))",
+             "return OverlapChunks(ring=where(on, tp, 1.0), pipe=where(on, 1.0, 1.0))",
+             OVERLAP_CHUNK_TESTS),
+    Mutation("overlap chunks: tp pipelined splits, not TE's 4", "compute.py",
+             "pipe = where(plans.compiled, tp, PIPELINE_SPLITS)",
+             "pipe = where(plans.compiled, tp, tp)", OVERLAP_CHUNK_TESTS),
+    Mutation("overlap chunks: without sequence parallelism too", "compute.py",
+             "on = plans.overlap_tp & plans.sp & (plans.tp > 1)",
+             "on = plans.overlap_tp & (plans.tp > 1)", OVERLAP_CHUNK_TESTS),
+    Mutation("overlap chunks: a chunk as big as the whole GEMM", "compute.py",
+             "return chunks * gemm_time(m / chunks, k, n, acc, fp8)",
+             "return chunks * gemm_time(m, k, n, acc, fp8) / chunks", OVERLAP_CHUNK_TESTS),
+    Mutation("overlap chunks: backward data gradients whole", "compute.py",
+             "bwd_extra = chunked_gemm_time(t, sh.q_local, h, acc, sh.fp8, ch.ring) - out",
+             "bwd_extra = 0.0 * out", OVERLAP_CHUNK_TESTS),
+    Mutation("overlap chunks: the down data gradient whole", "compute.py",
+             "bwd_extra = bwd_extra + chunked_gemm_time(t, width, h, acc, sh.fp8, ch.ring) - down_whole",
+             "bwd_extra = bwd_extra + 0.0 * down_whole", OVERLAP_CHUNK_TESTS),
+    Mutation("overlap chunks: backward GEMMs chunked like the forward", "compute.py",
+             "gemm_bwd_s=BWD_GEMM * gemm_s + bwd_extra,",
+             "gemm_bwd_s=BWD_GEMM * (gemm_s + fwd_extra),", OVERLAP_CHUNK_TESTS),
+    Mutation("overlap chunks: backward ignores gemm_bwd_s", "compute.py",
+             "gemm = BWD_GEMM * self.gemm_s if self.gemm_bwd_s is None else self.gemm_bwd_s",
+             "gemm = BWD_GEMM * self.gemm_s", OVERLAP_CHUNK_TESTS),
+    Mutation("FlashAttention-2 on Hopper at the 2/3 ceiling, not its measured rate",
+             "shardmeter/data/accelerators/h100-sxm.toml",
+             "mma_sync_fraction = 0.62  #", "mma_sync_fraction = 0.6667  #",
+             "tests/shardmeter/test_flash2_rate.py"),
 )  # fmt: skip
 
 

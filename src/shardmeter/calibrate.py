@@ -660,7 +660,7 @@ class Bound:
 # Bounds keep every parameter physically plausible: achieved NCCL bus bandwidth is 60-95% of
 # nominal on NVSwitch and 70-95% on IB/RoCE rails; fused attention with the chip's native
 # instructions (cuDNN, FlashAttention-3) reaches 40-100% of the GEMM efficiency, FlashAttention-2
-# on Hopper `mma_sync_fraction` (2/3) of that; FP8 GEMMs gain 1.2-2x; overlapped
+# on Hopper `mma_sync_fraction` (0.62, measured) of that; FP8 GEMMs gain 1.2-2x; overlapped
 # communication takes at most a fifth of the SMs (Calculon: 0.15 NVLink, 0.02 IB). The GEMM
 # size at half efficiency is a time at peak (launch, wave quantisation and tail), so faster
 # chips need proportionally bigger GEMMs: F_half = matmul_half_us · peak_bf16.

@@ -84,6 +84,15 @@ NORM_BYTES = (4.0, 36.0)
 # of the TPU and GPU backends). What stays in HBM is each norm's row statistics: one read of
 # its bf16 input, 2 B per element, for each of the layer's two norms.
 COMPILED_NORM_BYTES = 2.0
+# Tensor-parallel comm-GEMM overlap splits a GEMM into chunks so that each chunk's collective
+# hides behind the next chunk's math, and each chunk runs lower on the size-efficiency curve.
+# Transformer Engine's userbuffers defaults (`initialize_ub`): the all-gather GEMMs (QKV and
+# MLP up forward, output-projection and MLP-down data gradients) use "ring_exchange" with
+# `num_splits = tp_size`; the reduce-scatter GEMMs (output projection and MLP down forward)
+# use "pipeline" with `num_splits = 4`; the other backward GEMMs ("bulk") and the weight
+# gradients run whole. XLA's collective matmul decomposes every overlapped GEMM into tp steps
+# (Wang et al. ASPLOS'23, "Overlap communication with dependent computation via decomposition").
+PIPELINE_SPLITS = 4.0
 ROPE_BYTES = (4.0, 20.0)
 SWIGLU_BYTES = (6.0, 10.0)
 
@@ -149,6 +158,7 @@ class LayerCost:
     launch_s: Num = 0.0  # host time to launch the forward's kernels
     attention_bwd_s: Num | None = None  # default: BWD_ATTN × attention_s (FlashAttention-2)
     synced_launch_s: Num = 0.0  # launches after a host sync (dropless MoE), not hidden
+    gemm_bwd_s: Num | None = None  # backward GEMMs; default BWD_GEMM × gemm_s
     down_s: Num = 0.0  # the MLP down projection(s): the layer's last GEMM
     up_s: Num = 0.0  # the MLP up projection(s): gate and up GEMMs (SwiGLU), the first (GELU)
     cast_s: Num = 0.0  # autocast casts of fp32 weights to bf16 (params_fp32)
@@ -166,7 +176,8 @@ class LayerCost:
     @property
     def backward_s(self) -> Num:
         attn = BWD_ATTN * self.attention_s if self.attention_bwd_s is None else self.attention_bwd_s
-        gpu = BWD_GEMM * self.gemm_s + attn + BWD_ELEMENTWISE * (self.elementwise_s + self.cast_s)
+        gemm = BWD_GEMM * self.gemm_s if self.gemm_bwd_s is None else self.gemm_bwd_s
+        gpu = gemm + attn + BWD_ELEMENTWISE * (self.elementwise_s + self.cast_s)
         gpu = gpu + self.quant_bwd_s
         return maximum(gpu, KERNELS_BWD * (self.launch_s + self.synced_launch_s))
 
@@ -201,6 +212,31 @@ def _shapes(model: TransformerSpec, plans: PlanArrays) -> _Shapes:
         kv_local=kv_local,
         fp8=plans.precision == PRECISION_CODES["fp8"],
     )
+
+
+@dataclass(frozen=True)
+class OverlapChunks:
+    """GEMM chunks under tensor-parallel comm-GEMM overlap (arrays over plans; 1 = whole):
+    `ring` for the all-gather GEMMs, `pipe` for the reduce-scatter GEMMs (PIPELINE_SPLITS)."""
+
+    ring: Num
+    pipe: Num
+
+
+def overlap_chunks(plans: PlanArrays) -> OverlapChunks:
+    """Chunks of the overlapped GEMMs: tp (ring exchange) and PIPELINE_SPLITS (pipelined
+    reduce-scatter; tp under XLA's collective matmul) where the plan overlaps its sequence-
+    parallel collectives with the GEMMs (`overlap_tp`, `sp`, tp > 1); 1 elsewhere."""
+    tp = as_float(plans.tp)
+    on = plans.overlap_tp & plans.sp & (plans.tp > 1)
+    pipe = where(plans.compiled, tp, PIPELINE_SPLITS)
+    return OverlapChunks(ring=where(on, tp, 1.0), pipe=where(on, pipe, 1.0))
+
+
+def chunked_gemm_time(m: Num, k: Num, n: Num, acc: Accelerator, fp8: Num, chunks: Num) -> Num:
+    """A (m×k)·(k×n) GEMM run as `chunks` GEMMs of m/chunks rows each (same FLOPs, each on
+    the size-efficiency curve at its own size), seconds."""
+    return chunks * gemm_time(m / chunks, k, n, acc, fp8)
 
 
 def _mlp_cost(
@@ -293,6 +329,12 @@ def layer_forward(
     qkv = gemm_time(t, h, sh.q_local + 2.0 * sh.kv_local, acc, sh.fp8)
     out = gemm_time(t, sh.q_local, h, acc, sh.fp8)
     gemm_s = qkv + out
+    # Comm-GEMM overlap (OverlapChunks): forward QKV in ring chunks, output projection in
+    # pipeline chunks; backward the output projection's data gradient in ring chunks.
+    ch = overlap_chunks(plans)
+    fwd_extra = chunked_gemm_time(t, h, sh.q_local + 2.0 * sh.kv_local, acc, sh.fp8, ch.ring)
+    fwd_extra = fwd_extra + chunked_gemm_time(t, sh.q_local, h, acc, sh.fp8, ch.pipe) - gemm_s
+    bwd_extra = chunked_gemm_time(t, sh.q_local, h, acc, sh.fp8, ch.ring) - out
     gemm_flops = 2.0 * t * h * (2.0 * sh.q_local + 2.0 * sh.kv_local)
     weights = h * (2.0 * sh.q_local + 2.0 * sh.kv_local)  # the GEMMs' weights on this GPU
     attention_s, attention_bwd_s, attn_flops = attention_time(model, plans, acc, sh)
@@ -347,8 +389,14 @@ def layer_forward(
         synced = launch_time(MOE_SYNCED_KERNELS + KERNELS_PER_EXPERT * local_experts, plans, acc)
     else:
         width = model.dense_ffn / tp
-        mlp_s, mlp_flops, down_s = _mlp_cost(sh, h, width, n_mat, t, acc)
-        gemm_s = gemm_s + mlp_s
+        mlp_whole, mlp_flops, down_whole = _mlp_cost(sh, h, width, n_mat, t, acc)
+        gemm_s = gemm_s + mlp_whole
+        # Comm-GEMM overlap: MLP up forward in ring chunks, down in pipeline chunks; backward
+        # the down projection's data gradient in ring chunks.
+        down_s = chunked_gemm_time(t, width, h, acc, sh.fp8, ch.pipe)
+        mlp_s = chunked_gemm_time(t, h, (n_mat - 1) * width, acc, sh.fp8, ch.ring) + down_s
+        fwd_extra = fwd_extra + mlp_s - mlp_whole
+        bwd_extra = bwd_extra + chunked_gemm_time(t, width, h, acc, sh.fp8, ch.ring) - down_whole
         up_s = mlp_s - down_s
         gemm_flops = gemm_flops + mlp_flops
         weights = weights + n_mat * h * width
@@ -365,7 +413,8 @@ def layer_forward(
     quant_bwd = t * (sh.q_local + 2.0 * sh.kv_local + h) + (n_mat - 1) * t * active_width
     quant_bwd = quant_bwd + mlp_rows * h
     return LayerCost(
-        gemm_s=gemm_s,
+        gemm_s=gemm_s + fwd_extra,
+        gemm_bwd_s=BWD_GEMM * gemm_s + bwd_extra,
         attention_s=attention_s,
         elementwise_s=memory_time(elem_bytes, acc),
         gemm_flops=gemm_flops,

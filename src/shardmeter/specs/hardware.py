@@ -52,11 +52,12 @@ class Accelerator(BaseModel):
     # (estimate/memory.py PCIE_BYTES_PER_S). Carries host offload traffic.
     host_gbps: float | None = Field(default=None, gt=0)
     tdp_w: float | None = Field(default=None, gt=0)
-    # Fraction of the dense tensor peak that kernels built on the previous generation's
-    # warp-level `mma.sync` instruction can reach (FlashAttention-2 class). Hopper's full rate
-    # needs the warpgroup `wgmma` instruction: "mma.sync can only achieve 2/3 of the peak
-    # throughput of Hopper Tensor Cores" (Shah et al. 2024, FlashAttention-3, §2.2); 1 where
-    # mma.sync is the native path (Ampere, Ada) or the chip has no such split (TPU). Dimensionless.
+    # Rate of kernels built on the previous generation's warp-level `mma.sync` instruction
+    # (FlashAttention-2 class) as a fraction of the native kernel's (cuDNN fused attention /
+    # FlashAttention-3, Hopper's warpgroup `wgmma`). Hopper: measured 0.62, forward and
+    # backward (Shah et al. 2024, FlashAttention-3, Figs. 5e and 7b, H100 SXM5, head dim 128,
+    # 2K-8K), under the 2/3 ceiling of mma.sync on Hopper (§2.2); 1 where mma.sync is the
+    # native path (Ampere, Ada) or the chip has no such split (TPU). Dimensionless.
     mma_sync_fraction: float = Field(default=1.0, gt=0, le=1)
     efficiency: Efficiency = Efficiency()
     source: str = ""
