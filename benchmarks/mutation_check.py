@@ -55,6 +55,7 @@ OFFLOAD_ACT_TESTS = (
     "tests/shardmeter/test_closed_form.py::test_activations_offloaded_to_host_and_back"
 )
 HBM_GATHER_TESTS = "tests/shardmeter/test_closed_form.py::test_zero3_per_matrix_gathers_stream_their_bytes_through_hbm"
+VIEW_TESTS = "tests/shardmeter/test_closed_form.py::test_zero3_list_gather_builds_its_views_on_the_host_before_the_ring"
 COMPILED_FUSION_TESTS = "tests/shardmeter/test_closed_form.py::test_compiled_step_fuses_elementwise_ops_into_the_matmuls"
 KERNEL_TESTS = "tests/shardmeter/test_attention_kernels.py"
 OVERLAP_CHUNK_TESTS = "tests/shardmeter/test_overlap_chunks.py"
@@ -951,8 +952,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("DeepSpeed list gather: buffer not zero-filled", "step.py",
              "ZERO_FILL_PASSES = 1.0", "ZERO_FILL_PASSES = 0.0", HBM_GATHER_TESTS),
     Mutation("DeepSpeed list gather: copy-back added to the host-bound launches too", "step.py",
-             "ag = units * (maximum(gather + back, copies) + fill)",
-             "ag = units * (maximum(gather, copies) + back + fill)", HBM_GATHER_TESTS),
+             "ag = units * (views + maximum(gather + back, copies) + fill)",
+             "ag = units * (views + maximum(gather, copies) + back + fill)", HBM_GATHER_TESTS),
     Mutation("DeepSpeed list gather: FSDP flat gathers copy back as well", "step.py",
              "back = where(plans.gather_matrix, memory_time(COPY_BACK_PASSES * piece, acc), 0.0)",
              "back = memory_time(COPY_BACK_PASSES * piece, acc)", HBM_GATHER_TESTS),
@@ -1196,6 +1197,15 @@ MUTATIONS: tuple[Mutation, ...] = (
              "shardmeter/data/accelerators/h100-sxm.toml",
              "mma_sync_fraction = 0.62  #", "mma_sync_fraction = 0.6667  #",
              "tests/shardmeter/test_flash2_rate.py"),
+    # --- DeepSpeed 2021 ZeRO-3: the list gather's host-built shard views (session 11) ---
+    Mutation("DeepSpeed list gather: no host views before the ring", "step.py",
+             "VIEW_OPS_PER_RANK = 1.0", "VIEW_OPS_PER_RANK = 0.0", VIEW_TESTS),
+    Mutation("DeepSpeed list gather: host views hidden in the max with the ring", "step.py",
+             "views + maximum(gather + back, copies)", "maximum(views + gather + back, copies)",
+             VIEW_TESTS),
+    Mutation("DeepSpeed list gather: FSDP flat gathers build host views too", "step.py",
+             "views = where(plans.gather_matrix, launch_time(VIEW_OPS_PER_RANK * d, plans, acc), 0.0)",
+             "views = launch_time(VIEW_OPS_PER_RANK * d, plans, acc)", VIEW_TESTS),
 )  # fmt: skip
 
 

@@ -254,17 +254,20 @@ def test_all_gather_is_a_flat_ring_in_latency() -> None:
 
 def test_zero3_per_matrix_gathers_copy_back_and_regather() -> None:
     """DeepSpeed-style ZeRO-3 (one all-gather per weight matrix, 6 per GELU layer), full
-    recompute, nothing prefetched, 20 µs per launch: each matrix gather lands in a list of
-    d = 4 shard views, copied back one launch per rank, so it takes max(ring, 4·20 µs) =
-    80 µs; a layer gathers forward, again for its recomputed forward and again for its
-    backward. The tables (not recomputed) gather twice, bandwidth-bound; the first matrix
-    of every micro-batch is exposed once more. Gradients reduce-scatter once per layer."""
+    recompute, nothing prefetched, 20 µs per launch: each matrix gather first builds its list
+    of d = 4 shard views on the host (one op per rank, 4·20 µs, before the ring), then lands
+    in them, copied back one launch per rank, so it takes 80 µs + max(ring, 4·20 µs); a
+    layer gathers forward, again for its recomputed forward and again for its backward. The
+    tables (not recomputed) gather twice, bandwidth-bound after their views; the first
+    matrix of every micro-batch is exposed once more. Gradients reduce-scatter once per
+    layer."""
     world = cluster(launch_us=20.0)
     plan = Plan(dp=4, sharding="zero3", micro_batch=1, global_batch=8, overlap_dp=False,
                 overlap_param_gather=False, gather_unit="matrix", recompute="full")  # fmt: skip
     est = estimate_step(MODEL, world, plan)
-    matrix = max(ring(4, 2 * LAYER_PARAMS / 6, W_NV), 4 * 20e-6)
-    table = max(ring(4, 2 * TABLE_PARAMS, W_NV), 4 * 20e-6)
+    views = 4 * 20e-6
+    matrix = views + max(ring(4, 2 * LAYER_PARAMS / 6, W_NV), 4 * 20e-6)
+    table = views + max(ring(4, 2 * TABLE_PARAMS, W_NV), 4 * 20e-6)
     per_mb = LAYERS * 3 * 6 * matrix + 2 * 2 * table + matrix
     check(est.time_breakdown["fsdp_comm"], 2 * per_mb)
     rs = LAYERS * ring(4, 2 * LAYER_PARAMS, W_NV) + 2 * ring(4, 2 * TABLE_PARAMS, W_NV)
@@ -275,8 +278,9 @@ def test_zero3_per_matrix_gathers_stream_their_bytes_through_hbm() -> None:
     """The plan above on a GPU with 100 GB/s of HBM: each list gather also zero-fills its
     buffer (DeepSpeed 0.3 `_allgather_param`, torch.zeros: 1 pass over the gathered bytes)
     and copies NCCL's flat output back into the shard views (c10d ProcessGroupNCCL::allgather:
-    read + write, 2 passes) after the ring. A matrix (4.2 MB) takes max(ring + 2 passes,
-    4·20 µs) + 1 pass = max(31 + 84, 80) + 42 µs; the tables (16.8 MB) likewise."""
+    read + write, 2 passes) after the ring. A matrix (4.2 MB) takes 4·20 µs of host views +
+    max(ring + 2 passes, 4·20 µs) + 1 pass = 80 + max(31 + 84, 80) + 42 µs; the tables
+    (16.8 MB) likewise."""
     hbm = 100e9
     world = cluster(launch_us=20.0, hbm_bytes_per_s=hbm)
     plan = Plan(dp=4, sharding="zero3", micro_batch=1, global_batch=8, overlap_dp=False,
@@ -284,7 +288,9 @@ def test_zero3_per_matrix_gathers_stream_their_bytes_through_hbm() -> None:
     est = estimate_step(MODEL, world, plan)
 
     def gather(n_bytes: float) -> float:
-        return max(ring(4, n_bytes, W_NV) + 2 * n_bytes / hbm, 4 * 20e-6) + n_bytes / hbm
+        return (
+            4 * 20e-6 + max(ring(4, n_bytes, W_NV) + 2 * n_bytes / hbm, 4 * 20e-6) + n_bytes / hbm
+        )
 
     matrix, table = gather(2 * LAYER_PARAMS / 6), gather(2 * TABLE_PARAMS)
     assert matrix > ring(4, 2 * LAYER_PARAMS / 6, W_NV) + 2 * 2 * LAYER_PARAMS / 6 / hbm
@@ -296,6 +302,25 @@ def test_zero3_per_matrix_gathers_stream_their_bytes_through_hbm() -> None:
     slow_hbm = estimate_step(MODEL, world, flat).time_breakdown["fsdp_comm"]
     fast_hbm = estimate_step(MODEL, cluster(launch_us=20.0), flat).time_breakdown["fsdp_comm"]
     check(slow_hbm, fast_hbm)
+
+
+def test_zero3_list_gather_builds_its_views_on_the_host_before_the_ring() -> None:
+    """DeepSpeed 0.3-0.4 `_allgather_param` synchronizes the device, then builds the list of
+    d shard views in a Python loop (one op per rank) and only then launches the ring: that
+    host time adds to every per-matrix gather and is not hidden in the max with the ring.
+    With a 1 ms launch (host-bound: ring ≪ d·launch) each matrix gather costs 2·d·launch,
+    so going from 4 to 8 ranks adds 2·4·1 ms per gather; FSDP's flat gathers (gather_unit
+    "layer") build no views: their time does not depend on the launch time."""
+
+    def fsdp(dp: int, unit: str, launch_us: float = 1000.0) -> float:
+        plan = Plan(dp=dp, sharding="zero3", micro_batch=1, global_batch=dp, overlap_dp=False,
+                    overlap_param_gather=False, gather_unit=unit, recompute="full")  # fmt: skip
+        world = cluster(domain=8, launch_us=launch_us)
+        return estimate_step(MODEL, world, plan).time_breakdown["fsdp_comm"]
+
+    gathers = LAYERS * 3 * 6 + 2 * 2 + 1  # matrices x (forward, recompute, backward), tables
+    check(fsdp(8, "matrix") - fsdp(4, "matrix"), gathers * 2 * 4 * 1e-3)
+    check(fsdp(4, "layer"), fsdp(4, "layer", launch_us=0.0))
 
 
 # --- pipelines ------------------------------------------------------------------------------

@@ -93,6 +93,11 @@ FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128.0  # e4m3 value + one fp32 scale per 128 (D
 # torch.zeros (one write) and synchronizes the device before the gather. Dimensionless.
 COPY_BACK_PASSES = 2.0
 ZERO_FILL_PASSES = 1.0
+# Host ops per rank before that gather starts: after its device synchronize, DeepSpeed 0.3-0.4
+# `_allgather_param` builds the list of d shard views in a Python loop, one `flat_tensor.narrow`
+# (with `torch.distributed.get_rank(group)`) per rank, and only then launches the ring, so
+# these ops are serial with it and with compute. Ops per rank, dimensionless.
+VIEW_OPS_PER_RANK = 1.0
 # Time components that scale with the stage's layers and tables, per micro-batch.
 STAGE_COMPONENTS: tuple[str, ...] = (
     "compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "fsdp_comm", "dp_comm",
@@ -206,7 +211,8 @@ def _sync(
     into a list of d shard views, which c10d's ProcessGroupNCCL runs through a flat buffer and
     copies back one `copy_` per rank: d host launches per gather, issued while NCCL runs, so
     the gather takes max(T_AG, d·launch) (DeepSpeed 0.3-0.5 partition_parameters.py
-    `_allgather_param`; PyTorch 1.8 ProcessGroupNCCL::allgather)."""
+    `_allgather_param`; PyTorch 1.8 ProcessGroupNCCL::allgather). Before it, DeepSpeed builds
+    the d shard views in a Python loop after a device synchronize: d·launch more, serial."""
     dp, tp, cp, ep = (as_float(x) for x in (plans.dp, plans.tp, plans.cp, plans.ep))
     d_dense, d_expert = shards
     acc = cluster.accelerator
@@ -224,7 +230,10 @@ def _sync(
         # synchronize, `_allgather_param` zero-fills the buffer (torch.zeros, one write).
         back = where(plans.gather_matrix, memory_time(COPY_BACK_PASSES * piece, acc), 0.0)
         fill = where(plans.gather_matrix, memory_time(ZERO_FILL_PASSES * piece, acc), 0.0)
-        ag = units * (maximum(gather + back, copies) + fill)
+        # Before the ring, `_allgather_param` builds the d shard views on the host (Python loop
+        # after its device synchronize): one eager op per rank that nothing runs beside.
+        views = where(plans.gather_matrix, launch_time(VIEW_OPS_PER_RANK * d, plans, acc), 0.0)
+        ag = units * (views + maximum(gather + back, copies) + fill)
         ar = comm.all_reduce_time(grads / d, rep, stride * d, cluster)
         return rs, ag, ar
 
