@@ -58,6 +58,7 @@ COMPILED_FUSION_TESTS = "tests/shardmeter/test_closed_form.py::test_compiled_ste
 KERNEL_TESTS = "tests/shardmeter/test_attention_kernels.py"
 CORRECTION_TESTS = "tests/shardmeter/test_run_corrections.py"
 LINK_SLOT_TESTS = "tests/heloco/test_link_slots.py"
+F8S_TESTS = "tests/shardmeter/test_fp8_scaling_async_tp.py"
 SIM_CODEC_TESTS = (
     "tests/heloco/test_codecs.py::test_the_simulators_int8_uplink_is_what_the_server_decodes"
 )
@@ -1100,6 +1101,26 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("async round: a narrower hub link still queues the dispatch", "outer.py",
              "(hub_bound, ~hub_bound)", "(~hub_bound, hub_bound)",
              QUEUE_TESTS + "::test_a_narrower_shared_hub_link_queues_the_pushes_instead"),
+    # --- throughput accuracy: FP8 scaling granularity and async TP (torchtitan asyncTP rows) ---
+    Mutation("rowwise FP8 casts like tensorwise (4 B)", "compute.py",
+             "FP8_ROWWISE_CAST_BYTES = 6.0", "FP8_ROWWISE_CAST_BYTES = 4.0",
+             F8S_TESTS + "::test_rowwise_scaling_casts_each_operand_once_per_gemm"),
+    Mutation("async TP: the attention reduce-scatter hides behind the MLP up", "step.py",
+             "(rs_one, units.layer_out_s),", "(rs_one, units.layer_up_s),",
+             F8S_TESTS + "::test_async_tp_hides_each_collective_behind_its_own_gemm"),
+    Mutation("async TP: the recomputed forward's collectives dropped", "step.py",
+             "passes = 2.0 + full  # forward, backward, recompute", "passes = 2.0",
+             F8S_TESTS + "::test_async_tp_hides_each_collective_behind_its_own_gemm"),
+    Mutation("async TP: rowwise gathers hidden as if paired", "step.py",
+             "async_cost: Num = passes * 2.0 * where(ag_paired, 0.0, ag_one)",
+             "async_cost: Num = 0.0 * ag_one",
+             F8S_TESTS + "::test_async_tp_leaves_rowwise_gathers_exposed"),
+    Mutation("async TP: GEMMs not decomposed", "compute.py",
+             "parts = where(plans.tp_async, tp, 1.0)", "parts = 1.0",
+             F8S_TESTS + "::test_async_tp_runs_each_decomposed_gemm_as_tp_row_blocks"),
+    Mutation("async TP: data-gradient GEMMs not decomposed", "compute.py",
+             "gpu = gpu + self.quant_bwd_s + self.split_s", "gpu = gpu + self.quant_bwd_s",
+             F8S_TESTS + "::test_async_tp_runs_each_decomposed_gemm_as_tp_row_blocks"),
 )  # fmt: skip
 
 

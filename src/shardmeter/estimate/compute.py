@@ -76,6 +76,13 @@ FP32_RESIDUAL_BYTES = 2.0 * (10.0 - 6.0) + 2.0 * 6.0
 # "FP8 formats for deep learning" §4, per-tensor scaled casts). XLA fuses the cast into the
 # producing op (`compiled`), so a compiled step pays none of it.
 FP8_CAST_BYTES = 4.0
+# Rowwise FP8 scaling (torchao Float8LinearConfig.from_recipe_name("rowwise"): axiswise scales
+# for input, weight and grad_output) scales each operand along the K axis of the GEMM that reads
+# it, so no FP8 copy serves a second GEMM by transposition: the bf16 activation input is cast
+# along its rows for the forward GEMM and again along its columns for the weight-gradient GEMM,
+# and each output gradient once per backward GEMM, 2 × (read 2 B, write 1 B) per element
+# (torchao docs, "Quantized Training": to_fp8(input_bf16) @ ..., to_fp8(input_bf16.t()) @ ...).
+FP8_ROWWISE_CAST_BYTES = 6.0
 NORM_BYTES = (4.0, 36.0)
 # One compiled graph (XLA, `compiled`) fuses the element-wise ops into the matmuls beside them:
 # the norm's scale into the next GEMM's operand, the residual add and RoPE into the epilogue of
@@ -151,13 +158,17 @@ class LayerCost:
     synced_launch_s: Num = 0.0  # launches after a host sync (dropless MoE), not hidden
     down_s: Num = 0.0  # the MLP down projection(s): the layer's last GEMM
     up_s: Num = 0.0  # the MLP up projection(s): gate and up GEMMs (SwiGLU), the first (GELU)
+    qkv_s: Num = 0.0  # the Q, K, V projection: the GEMM after the attention block's gather
+    out_s: Num = 0.0  # the attention output projection: the GEMM before its reduce-scatter
     cast_s: Num = 0.0  # autocast casts of fp32 weights to bf16 (params_fp32)
     quant_s: Num = 0.0  # FP8 casts of the GEMMs' activation inputs, forward
     quant_bwd_s: Num = 0.0  # FP8 casts of the GEMMs' output gradients, backward
+    split_s: Num = 0.0  # GEMMs decomposed for TP overlap: extra forward (and data-gradient) time
 
     @property
     def gpu_forward_s(self) -> Num:
-        return self.gemm_s + self.attention_s + self.elementwise_s + self.cast_s + self.quant_s
+        gpu = self.gemm_s + self.attention_s + self.elementwise_s + self.cast_s + self.quant_s
+        return gpu + self.split_s
 
     @property
     def forward_s(self) -> Num:
@@ -167,7 +178,7 @@ class LayerCost:
     def backward_s(self) -> Num:
         attn = BWD_ATTN * self.attention_s if self.attention_bwd_s is None else self.attention_bwd_s
         gpu = BWD_GEMM * self.gemm_s + attn + BWD_ELEMENTWISE * (self.elementwise_s + self.cast_s)
-        gpu = gpu + self.quant_bwd_s
+        gpu = gpu + self.quant_bwd_s + self.split_s
         return maximum(gpu, KERNELS_BWD * (self.launch_s + self.synced_launch_s))
 
 
@@ -213,6 +224,15 @@ def _mlp_cost(
     return up + down, 2.0 * rows * h * width * n_mat, down
 
 
+def split_gemm_time(m: Num, k: Num, n: Num, acc: Accelerator, fp8: Num, parts: Num) -> Num:
+    """Extra seconds of an (m×k)·(k×n) GEMM run as `parts` GEMMs of m/parts rows, each on the
+    size-dependent efficiency curve: how comm-GEMM overlap pipelines a TP collective with
+    the GEMM beside it, one shard per step (Wang et al. ASPLOS'23, "Overlap communication
+    with dependent computation via decomposition", §3; PyTorch async TP: the partial matmuls
+    of torch._micro_pipeline_tp). 0 when parts = 1."""
+    return parts * gemm_time(m / parts, k, n, acc, fp8) - gemm_time(m, k, n, acc, fp8)
+
+
 def launch_time(kernels: Num, plans: PlanArrays, acc: Accelerator) -> Num:
     """Host seconds to launch `kernels` kernels: kernel_launch_us each, none when the step is
     replayed from CUDA graphs or an XLA executable."""
@@ -227,8 +247,10 @@ def cast_time(weights: Num, plans: PlanArrays, acc: Accelerator) -> Num:
 
 def fp8_cast_time(elements: Num, plans: PlanArrays, acc: Accelerator, fp8: Num) -> Num:
     """Seconds to quantize `elements` bf16 GEMM operand elements to FP8 with their transposes
-    (FP8_CAST_BYTES each) on an FP8 plan that is not one compiled graph; none otherwise."""
-    cast = where(fp8, memory_time(FP8_CAST_BYTES * elements, acc), 0.0)
+    (FP8_CAST_BYTES each; FP8_ROWWISE_CAST_BYTES, one cast per GEMM axis, with rowwise scales)
+    on an FP8 plan that is not one compiled graph; none otherwise."""
+    per_element = where(plans.fp8_rowwise, FP8_ROWWISE_CAST_BYTES, FP8_CAST_BYTES)
+    cast = where(fp8, memory_time(per_element * elements, acc), 0.0)
     return where(plans.compiled, 0.0, cast)
 
 
@@ -292,6 +314,10 @@ def layer_forward(
     t = sh.tokens
     qkv = gemm_time(t, h, sh.q_local + 2.0 * sh.kv_local, acc, sh.fp8)
     out = gemm_time(t, sh.q_local, h, acc, sh.fp8)
+    # async TP decomposes each GEMM beside a TP collective into tp row blocks
+    parts = where(plans.tp_async, tp, 1.0)
+    split = split_gemm_time(t, h, sh.q_local + 2.0 * sh.kv_local, acc, sh.fp8, parts)
+    split = split + split_gemm_time(t, sh.q_local, h, acc, sh.fp8, parts)
     gemm_s = qkv + out
     gemm_flops = 2.0 * t * h * (2.0 * sh.q_local + 2.0 * sh.kv_local)
     weights = h * (2.0 * sh.q_local + 2.0 * sh.kv_local)  # the GEMMs' weights on this GPU
@@ -348,6 +374,8 @@ def layer_forward(
     else:
         width = model.dense_ffn / tp
         mlp_s, mlp_flops, down_s = _mlp_cost(sh, h, width, n_mat, t, acc)
+        split = split + split_gemm_time(t, h, (n_mat - 1) * width, acc, sh.fp8, parts)
+        split = split + split_gemm_time(t, width, h, acc, sh.fp8, parts)
         gemm_s = gemm_s + mlp_s
         up_s = mlp_s - down_s
         gemm_flops = gemm_flops + mlp_flops
@@ -375,9 +403,12 @@ def layer_forward(
         synced_launch_s=synced,
         down_s=down_s,
         up_s=up_s,
+        qkv_s=qkv,
+        out_s=out,
         cast_s=cast_time(weights, plans, acc),
         quant_s=fp8_cast_time(quant_fwd, plans, acc, sh.fp8),
         quant_bwd_s=fp8_cast_time(quant_bwd, plans, acc, sh.fp8),
+        split_s=split,
     )
 
 
@@ -509,7 +540,14 @@ class UnitCosts:
     layer_forward_s: Num
     layer_backward_s: Num
     layer_recompute_s: Num
-    layer_gemm_s: Num  # window for overlapped TP collectives
+    layer_gemm_s: Num  # the layer's GEMMs
+    # the GEMM each overlapped TP collective is decomposed with: the attention gather's (QKV),
+    # the attention reduce-scatter's (output projection), the MLP gather's (up), the MLP
+    # reduce-scatter's (down)
+    layer_qkv_s: Num
+    layer_out_s: Num
+    layer_up_s: Num
+    layer_down_s: Num
     layer_attention_s: Num  # window for the ring-attention (CP) exchange
     head_forward_s: Num
     head_backward_s: Num
@@ -561,6 +599,10 @@ def unit_costs(model: TransformerSpec, plans: PlanArrays, acc: Accelerator) -> U
             code == RECOMPUTE_CODES["full"], full * recompute_share(plans), selective
         ),
         layer_gemm_s=mix("gemm_s"),
+        layer_qkv_s=mix("qkv_s"),
+        layer_out_s=mix("out_s"),
+        layer_up_s=mix("up_s"),
+        layer_down_s=mix("down_s"),
         layer_attention_s=mix("attention_s"),
         head_forward_s=head.forward_s,
         head_backward_s=head.backward_s,
