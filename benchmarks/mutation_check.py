@@ -61,6 +61,7 @@ KERNEL_TESTS = "tests/shardmeter/test_attention_kernels.py"
 OVERLAP_CHUNK_TESTS = "tests/shardmeter/test_overlap_chunks.py"
 CORRECTION_TESTS = "tests/shardmeter/test_run_corrections.py"
 LINK_SLOT_TESTS = "tests/heloco/test_link_slots.py"
+F8S_TESTS = "tests/shardmeter/test_fp8_scaling_async_tp.py"
 SIM_CODEC_TESTS = (
     "tests/heloco/test_codecs.py::test_the_simulators_int8_uplink_is_what_the_server_decodes"
 )
@@ -1206,6 +1207,26 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("DeepSpeed list gather: FSDP flat gathers build host views too", "step.py",
              "views = where(plans.gather_matrix, launch_time(VIEW_OPS_PER_RANK * d, plans, acc), 0.0)",
              "views = launch_time(VIEW_OPS_PER_RANK * d, plans, acc)", VIEW_TESTS),
+    # --- throughput accuracy: FP8 scaling granularity and async TP (torchtitan asyncTP rows) ---
+    Mutation("rowwise FP8 casts like tensorwise (4 B)", "compute.py",
+             "FP8_ROWWISE_CAST_BYTES = 6.0", "FP8_ROWWISE_CAST_BYTES = 4.0",
+             F8S_TESTS + "::test_rowwise_scaling_casts_each_operand_once_per_gemm"),
+    Mutation("async TP: the attention reduce-scatter hides behind the MLP up", "step.py",
+             "(rs_one, units.layer_out_s),", "(rs_one, units.layer_up_s),",
+             F8S_TESTS + "::test_async_tp_hides_each_collective_behind_its_own_gemm"),
+    Mutation("async TP: the recomputed forward's collectives dropped", "step.py",
+             "passes = 2.0 + full  # forward, backward, recompute", "passes = 2.0",
+             F8S_TESTS + "::test_async_tp_hides_each_collective_behind_its_own_gemm"),
+    Mutation("async TP: rowwise gathers hidden as if paired", "step.py",
+             "async_cost: Num = passes * 2.0 * where(ag_paired, 0.0, ag_one)",
+             "async_cost: Num = 0.0 * ag_one",
+             F8S_TESTS + "::test_async_tp_leaves_rowwise_gathers_exposed"),
+    Mutation("async TP: GEMMs not decomposed", "compute.py",
+             "decomposed = plans.tp_async & (plans.tp > 1)", "decomposed = plans.tp > 1e9",
+             F8S_TESTS + "::test_async_tp_runs_each_decomposed_gemm_as_tp_row_blocks"),
+    Mutation("async TP: data-gradient GEMMs not decomposed", "compute.py",
+             "bwd_gather=where(decomposed, tp, 1.0)", "bwd_gather=1.0",
+             F8S_TESTS + "::test_async_tp_runs_each_decomposed_gemm_as_tp_row_blocks"),
 )  # fmt: skip
 
 

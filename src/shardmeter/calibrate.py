@@ -372,9 +372,11 @@ def plan_from_row(row: Mapping[str, str]) -> Plan:
 
 
 # Optional plan columns (not in the shared schema): `pp_layers` as "7;8;...;7", `attention`,
-# `ep_dispatch`, `param_dtype`, `ep_imbalance`, and yes/no `ep_dedup`, `overlap_ep`, `graphs`, `fused_ce`,
-# `compiled`, `fused_elementwise`.
-_BOOL_EXTRAS = ("ep_dedup", "overlap_ep", "graphs", "fused_ce", "compiled", "fused_elementwise")
+# `ep_dispatch`, `param_dtype`, `fp8_scaling`, `ep_imbalance`, and yes/no `ep_dedup`,
+# `overlap_ep`, `graphs`, `fused_ce`, `compiled`, `fused_elementwise`, `tp_async`.
+_BOOL_EXTRAS = (
+    "ep_dedup", "overlap_ep", "graphs", "fused_ce", "compiled", "fused_elementwise", "tp_async",
+)  # fmt: skip
 
 
 def _plan_extras(row: Mapping[str, str]) -> dict[str, object]:
@@ -385,7 +387,7 @@ def _plan_extras(row: Mapping[str, str]) -> dict[str, object]:
             extras["pp_layers"] = tuple(int(x) for x in layers.split(";"))
         except ValueError:
             raise UserInputError("pp_layers", layers, "layer counts separated by ';'") from None
-    for name in ("attention", "ep_dispatch", "param_dtype"):
+    for name in ("attention", "ep_dispatch", "param_dtype", "fp8_scaling"):
         if _cell(row, name):
             extras[name] = _cell(row, name).lower()
     if _cell(row, "ep_imbalance"):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import Any, get_args
 
 from shardmeter.cli import topology_predict
 from shardmeter.cli.memory_flags import add_memory_flags, memory_fields
@@ -31,6 +31,7 @@ from shardmeter.report.step import estimate_to_dict, render_step
 from shardmeter.report.terminal import add_wide_flag, console_for
 from shardmeter.specs.framework import FRAMEWORKS
 from shardmeter.specs.loader import load_plan
+from shardmeter.specs.plan import Fp8Scaling
 
 PLAN_INT_FLAGS: dict[str, str] = {
     "dp": "data-parallel degree (default: the GPUs left by tp*pp*cp)",
@@ -89,6 +90,14 @@ def add_parser(subparsers: Any) -> None:
         "--overlap-tp", action=argparse.BooleanOptionalAction, default=None,
         help="overlap TP collectives with GEMMs",
     )  # fmt: skip
+    plan.add_argument(
+        "--tp-async", action=argparse.BooleanOptionalAction, default=None,
+        help="async TP: each TP collective decomposed with its own GEMM (torchtitan)",
+    )  # fmt: skip
+    plan.add_argument(
+        "--fp8-scaling", choices=get_args(Fp8Scaling),
+        help="FP8 scales per tensor (default) or per row along each GEMM's K axis",
+    )  # fmt: skip
     add_memory_flags(p)
     p.add_argument("--json", action="store_true", help="print the JSON document (docs/model.md)")
     add_html_flag(p)
@@ -101,6 +110,8 @@ def _plan_fields(args: argparse.Namespace) -> dict[str, Any]:
     for name in ("sp", "sharding", "precision", "overlap_dp", "overlap_param_gather", "framework"):
         fields[name] = getattr(args, name)
     fields["overlap_tp"] = args.overlap_tp
+    fields["tp_async"] = args.tp_async
+    fields["fp8_scaling"] = args.fp8_scaling
     if args.recompute not in (None, "auto"):
         fields["recompute"] = args.recompute
     fields.update(memory_fields(args))

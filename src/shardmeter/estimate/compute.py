@@ -76,6 +76,13 @@ FP32_RESIDUAL_BYTES = 2.0 * (10.0 - 6.0) + 2.0 * 6.0
 # "FP8 formats for deep learning" §4, per-tensor scaled casts). XLA fuses the cast into the
 # producing op (`compiled`), so a compiled step pays none of it.
 FP8_CAST_BYTES = 4.0
+# Rowwise FP8 scaling (torchao Float8LinearConfig.from_recipe_name("rowwise"): axiswise scales
+# for input, weight and grad_output) scales each operand along the K axis of the GEMM that reads
+# it, so no FP8 copy serves a second GEMM by transposition: the bf16 activation input is cast
+# along its rows for the forward GEMM and again along its columns for the weight-gradient GEMM,
+# and each output gradient once per backward GEMM, 2 × (read 2 B, write 1 B) per element
+# (torchao docs, "Quantized Training": to_fp8(input_bf16) @ ..., to_fp8(input_bf16.t()) @ ...).
+FP8_ROWWISE_CAST_BYTES = 6.0
 NORM_BYTES = (4.0, 36.0)
 # One compiled graph (XLA, `compiled`) fuses the element-wise ops into the matmuls beside them:
 # the norm's scale into the next GEMM's operand, the residual add and RoPE into the epilogue of
@@ -92,6 +99,8 @@ COMPILED_NORM_BYTES = 2.0
 # use "pipeline" with `num_splits = 4`; the other backward GEMMs ("bulk") and the weight
 # gradients run whole. XLA's collective matmul decomposes every overlapped GEMM into tp steps
 # (Wang et al. ASPLOS'23, "Overlap communication with dependent computation via decomposition").
+# PyTorch's async TP (`tp_async`, torch._micro_pipeline_tp) decomposes all four, forward and
+# data gradient, into tp row blocks, one per shard of the collective it pairs with.
 PIPELINE_SPLITS = 4.0
 ROPE_BYTES = (4.0, 20.0)
 SWIGLU_BYTES = (6.0, 10.0)
@@ -161,6 +170,8 @@ class LayerCost:
     gemm_bwd_s: Num | None = None  # backward GEMMs; default BWD_GEMM × gemm_s
     down_s: Num = 0.0  # the MLP down projection(s): the layer's last GEMM
     up_s: Num = 0.0  # the MLP up projection(s): gate and up GEMMs (SwiGLU), the first (GELU)
+    qkv_s: Num = 0.0  # the Q, K, V projection: the GEMM after the attention block's gather
+    out_s: Num = 0.0  # the attention output projection: the GEMM before its reduce-scatter
     cast_s: Num = 0.0  # autocast casts of fp32 weights to bf16 (params_fp32)
     quant_s: Num = 0.0  # FP8 casts of the GEMMs' activation inputs, forward
     quant_bwd_s: Num = 0.0  # FP8 casts of the GEMMs' output gradients, backward
@@ -217,20 +228,29 @@ def _shapes(model: TransformerSpec, plans: PlanArrays) -> _Shapes:
 @dataclass(frozen=True)
 class OverlapChunks:
     """GEMM chunks under tensor-parallel comm-GEMM overlap (arrays over plans; 1 = whole):
-    `ring` for the all-gather GEMMs, `pipe` for the reduce-scatter GEMMs (PIPELINE_SPLITS)."""
+    `ring` for the all-gather GEMMs, `pipe` for the reduce-scatter GEMMs (PIPELINE_SPLITS),
+    `bwd_gather` for the data gradients of the GEMMs after a gather (QKV, MLP up), whose
+    reduce-scatter TE overlaps in bulk and async TP decomposes."""
 
     ring: Num
     pipe: Num
+    bwd_gather: Num
 
 
 def overlap_chunks(plans: PlanArrays) -> OverlapChunks:
     """Chunks of the overlapped GEMMs: tp (ring exchange) and PIPELINE_SPLITS (pipelined
     reduce-scatter; tp under XLA's collective matmul) where the plan overlaps its sequence-
-    parallel collectives with the GEMMs (`overlap_tp`, `sp`, tp > 1); 1 elsewhere."""
+    parallel collectives with the GEMMs (`overlap_tp`, `sp`, tp > 1); tp for every paired
+    GEMM, forward and data gradient, under async TP (`tp_async`, tp > 1); 1 elsewhere."""
     tp = as_float(plans.tp)
     on = plans.overlap_tp & plans.sp & (plans.tp > 1)
+    decomposed = plans.tp_async & (plans.tp > 1)
     pipe = where(plans.compiled, tp, PIPELINE_SPLITS)
-    return OverlapChunks(ring=where(on, tp, 1.0), pipe=where(on, pipe, 1.0))
+    return OverlapChunks(
+        ring=where(on | decomposed, tp, 1.0),
+        pipe=where(decomposed, tp, where(on, pipe, 1.0)),
+        bwd_gather=where(decomposed, tp, 1.0),
+    )
 
 
 def chunked_gemm_time(m: Num, k: Num, n: Num, acc: Accelerator, fp8: Num, chunks: Num) -> Num:
@@ -263,8 +283,10 @@ def cast_time(weights: Num, plans: PlanArrays, acc: Accelerator) -> Num:
 
 def fp8_cast_time(elements: Num, plans: PlanArrays, acc: Accelerator, fp8: Num) -> Num:
     """Seconds to quantize `elements` bf16 GEMM operand elements to FP8 with their transposes
-    (FP8_CAST_BYTES each) on an FP8 plan that is not one compiled graph; none otherwise."""
-    cast = where(fp8, memory_time(FP8_CAST_BYTES * elements, acc), 0.0)
+    (FP8_CAST_BYTES each; FP8_ROWWISE_CAST_BYTES, one cast per GEMM axis, with rowwise scales)
+    on an FP8 plan that is not one compiled graph; none otherwise."""
+    per_element = where(plans.fp8_rowwise, FP8_ROWWISE_CAST_BYTES, FP8_CAST_BYTES)
+    cast = where(fp8, memory_time(per_element * elements, acc), 0.0)
     return where(plans.compiled, 0.0, cast)
 
 
@@ -335,6 +357,8 @@ def layer_forward(
     fwd_extra = chunked_gemm_time(t, h, sh.q_local + 2.0 * sh.kv_local, acc, sh.fp8, ch.ring)
     fwd_extra = fwd_extra + chunked_gemm_time(t, sh.q_local, h, acc, sh.fp8, ch.pipe) - gemm_s
     bwd_extra = chunked_gemm_time(t, sh.q_local, h, acc, sh.fp8, ch.ring) - out
+    qkv_chunked = chunked_gemm_time(t, h, sh.q_local + 2.0 * sh.kv_local, acc, sh.fp8, ch.bwd_gather)
+    bwd_extra = bwd_extra + qkv_chunked - qkv
     gemm_flops = 2.0 * t * h * (2.0 * sh.q_local + 2.0 * sh.kv_local)
     weights = h * (2.0 * sh.q_local + 2.0 * sh.kv_local)  # the GEMMs' weights on this GPU
     attention_s, attention_bwd_s, attn_flops = attention_time(model, plans, acc, sh)
@@ -397,6 +421,9 @@ def layer_forward(
         mlp_s = chunked_gemm_time(t, h, (n_mat - 1) * width, acc, sh.fp8, ch.ring) + down_s
         fwd_extra = fwd_extra + mlp_s - mlp_whole
         bwd_extra = bwd_extra + chunked_gemm_time(t, width, h, acc, sh.fp8, ch.ring) - down_whole
+        up_whole = mlp_whole - down_whole
+        up_chunked = chunked_gemm_time(t, h, (n_mat - 1) * width, acc, sh.fp8, ch.bwd_gather)
+        bwd_extra = bwd_extra + up_chunked - up_whole
         up_s = mlp_s - down_s
         gemm_flops = gemm_flops + mlp_flops
         weights = weights + n_mat * h * width
@@ -424,6 +451,8 @@ def layer_forward(
         synced_launch_s=synced,
         down_s=down_s,
         up_s=up_s,
+        qkv_s=qkv,
+        out_s=out,
         cast_s=cast_time(weights, plans, acc),
         quant_s=fp8_cast_time(quant_fwd, plans, acc, sh.fp8),
         quant_bwd_s=fp8_cast_time(quant_bwd, plans, acc, sh.fp8),
@@ -558,7 +587,14 @@ class UnitCosts:
     layer_forward_s: Num
     layer_backward_s: Num
     layer_recompute_s: Num
-    layer_gemm_s: Num  # window for overlapped TP collectives
+    layer_gemm_s: Num  # the layer's GEMMs
+    # the GEMM each overlapped TP collective is decomposed with: the attention gather's (QKV),
+    # the attention reduce-scatter's (output projection), the MLP gather's (up), the MLP
+    # reduce-scatter's (down)
+    layer_qkv_s: Num
+    layer_out_s: Num
+    layer_up_s: Num
+    layer_down_s: Num
     layer_attention_s: Num  # window for the ring-attention (CP) exchange
     head_forward_s: Num
     head_backward_s: Num
@@ -610,6 +646,10 @@ def unit_costs(model: TransformerSpec, plans: PlanArrays, acc: Accelerator) -> U
             code == RECOMPUTE_CODES["full"], full * recompute_share(plans), selective
         ),
         layer_gemm_s=mix("gemm_s"),
+        layer_qkv_s=mix("qkv_s"),
+        layer_out_s=mix("out_s"),
+        layer_up_s=mix("up_s"),
+        layer_down_s=mix("down_s"),
         layer_attention_s=mix("attention_s"),
         head_forward_s=head.forward_s,
         head_backward_s=head.backward_s,

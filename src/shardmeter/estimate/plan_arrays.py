@@ -38,7 +38,7 @@ _BOOL_FIELDS = (
     "fused_elementwise", "params_fp32", "pp_end_chunks", "recompute_act", "recompute_norm",
     "recompute_qkv", "reshard_after_forward", "fp8_te", "op_sac", "ce_eager", "ce_compiled",
     "grad_fp32", "optimizer_in_backward", "sp_gathered_inputs", "pp_keeps_outputs",
-    "offload_activations", "recompute_mlp_up",
+    "offload_activations", "recompute_mlp_up", "fp8_rowwise", "tp_async",
 )  # fmt: skip
 
 
@@ -67,6 +67,7 @@ def plan_columns(plan: Plan) -> dict[str, Any]:
         "master": MASTER_CODES[plan.master_weights],
         "offload": OFFLOAD_CODES[plan.offload],
         "fp8_te": plan.fp8_recipe == "te",
+        "fp8_rowwise": plan.fp8_scaling == "rowwise",
         "op_sac": plan.selective_policy == "torchtitan_op",
         "ce_eager": plan.ce_upcast == "eager",
         "ce_compiled": plan.ce_upcast == "compiled",
@@ -134,6 +135,8 @@ class PlanArrays:
     sp_gathered_inputs: Any = False  # with sp: the GEMMs save their all-gathered input
     pp_keeps_outputs: Any = False  # each stage keeps its output per micro-batch in flight
     offload_activations: Any = False  # kept activations moved to host memory and back
+    fp8_rowwise: Any = False  # FP8 scales per row along each GEMM's K axis (else per tensor)
+    tp_async: Any = False  # async TP: each TP collective hidden behind its own decomposed GEMM
 
     @property
     def chunk_group(self) -> Num:

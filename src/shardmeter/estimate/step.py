@@ -316,10 +316,44 @@ def estimate_step_arrays(
     # (Korthikanti et al. 2022, §4.2.2). Overlap window: the layer GEMMs (comm-GEMM overlap).
     tp_msg = tokens_mb * model.hidden * ACT_BYTES
     tp_count = 4.0 + 2.0 * full
-    tp_layer = _overlap(
-        tp_count * comm.all_reduce_time(tp_msg, tp, 1, cluster),
+    # Each all-reduce's worth is one all-gather and one reduce-scatter of the message.
+    fp8 = plans.precision == PRECISION_CODES["fp8"]
+    pair = comm.all_reduce_time(tp_msg, tp, 1, cluster)
+    ag_one = 0.5 * pair
+    rs_one = 0.5 * pair
+    # Comm-GEMM overlap (`overlap_tp`: Transformer Engine userbuffers, XLA collective matmul)
+    # hides the layer's TP collectives behind its GEMMs as one window.
+    pooled = _overlap(
+        tp_count * (ag_one + rs_one),
         where(plans.overlap_tp, units.layer_gemm_s * (3.0 + full), 0.0),
         u,
+    )
+    # Async TP (`tp_async`) decomposes each collective with the one GEMM that reads its output
+    # or writes its input (Wang et al. ASPLOS'23 §3; torch _micro_pipeline_tp matches
+    # all_gather -> mm and mm -> reduce_scatter): the attention gather with the QKV GEMM, its
+    # reduce-scatter with the output projection, the MLP gather with the up and its
+    # reduce-scatter with the down projection, in forward, in recompute and, transposed, with
+    # the same-sized data-gradient GEMMs in backward. Each hides behind its own GEMM only:
+    # exposed max(0, T_c − W_c), interference u/(1−u)·min(T_c, W_c) per collective (C.7).
+    # Rowwise FP8 casts the gathered bf16 tensor before its scaled GEMM, so its gathers have no
+    # GEMM to pair with and stay exposed.
+    ag_paired = logical_not(fp8 & plans.fp8_rowwise)
+    passes = 2.0 + full  # forward, backward, recompute
+    async_cost: Num = passes * 2.0 * where(ag_paired, 0.0, ag_one)
+    async_hidden: Num = 0.0
+    for c_s, gemm_s in (
+        (ag_one * ag_paired, units.layer_qkv_s),
+        (rs_one, units.layer_out_s),
+        (ag_one * ag_paired, units.layer_up_s),
+        (rs_one, units.layer_down_s),
+    ):
+        one = _overlap(c_s, gemm_s, u)
+        async_cost = async_cost + passes * one.cost
+        async_hidden = async_hidden + passes * one.hidden
+    tp_layer = _Overlap(
+        exposed=where(plans.tp_async, async_cost, pooled.cost),
+        interference=0.0,
+        hidden=where(plans.tp_async, async_hidden, pooled.hidden),
     )
 
     # Context parallel (ring attention), per layer: c−1 K,V blocks forward, twice that backward

@@ -39,6 +39,7 @@ class Framework(BaseModel):
     overlap_dp: bool  # gradient reduce overlapped with backward
     overlap_param_gather: bool  # ZeRO/FSDP parameter all-gathers prefetched under compute
     overlap_tp: bool  # TP collectives overlapped with GEMMs (applies when tp > 1)
+    tp_async: bool = False  # async TP: each collective decomposed with its own GEMM (tp > 1)
     sp: bool  # sequence parallelism with TP (applies when tp > 1)
     # flash (FlashAttention-2 kernels), cudnn (cuDNN fused attention / FlashAttention-3: the
     # chip's native tensor-core instructions) or unfused (scores through HBM)
@@ -69,6 +70,9 @@ class Framework(BaseModel):
     # FP8 training library: Transformer Engine keeps the GEMM inputs it saves as 1-byte FP8
     # casts; torchao's float8 keeps them in bf16 and casts again in backward
     fp8_recipe: Literal["te", "torchao"] = "te"
+    # FP8 scaling granularity its FP8 recipe uses unless the run names another: one scale per
+    # tensor (Transformer Engine's delayed and current scaling; torchao's default recipe)
+    fp8_scaling: Literal["tensorwise", "rowwise"] = "tensorwise"
     # what its `selective` recompute keeps, and how its loss treats the logits (Plan fields
     # selective_policy and ce_upcast)
     selective_policy: Literal["megatron", "torchtitan_op"] = "megatron"
@@ -182,7 +186,8 @@ FRAMEWORKS: dict[str, Framework] = {
             selective_policy="torchtitan_op",
             ce_upcast="eager",
             source="torchtitan job config defaults (Liang et al. 2024, arXiv:2410.06511): FSDP2, "
-            "activation_checkpoint.mode = selective, async TP off, SDPA flash, pipeline "
+            "activation_checkpoint.mode = selective, async TP off (enable_async_tensor_parallel = "
+            "false), Float8 recipe tensorwise unless float8.recipe_name says rowwise, SDPA flash, pipeline "
             "schedule 1F1B, training.compile = false with norm_type = 'rmsnorm' (eager "
             "RMSNorm, RoPE and SwiGLU, op by op); its Float8 training runs with "
             "training.compile (docs/float8.md; the paper's Float8 rows are 'torch.compile + "
@@ -371,6 +376,7 @@ def framework_defaults(framework: Framework, given: dict[str, Any]) -> dict[str,
         "overlap_dp": framework.overlap_dp,
         "overlap_param_gather": framework.overlap_param_gather,
         "overlap_tp": framework.overlap_tp and tp > 1,
+        "tp_async": framework.tp_async and tp > 1,
         "sp": framework.sp and tp > 1,
         "attention": framework.attention,
         "fused_ce": framework.fused_ce,
@@ -387,6 +393,7 @@ def framework_defaults(framework: Framework, given: dict[str, Any]) -> dict[str,
         "recompute_norm": framework.recompute_norm,
         "recompute_qkv": framework.recompute_qkv,
         "fp8_recipe": framework.fp8_recipe,
+        "fp8_scaling": framework.fp8_scaling,
         "selective_policy": framework.selective_policy,
         "ce_upcast": framework.ce_upcast,
         "sp_gathered_inputs": framework.sp_gathered_inputs and tp > 1,

@@ -34,6 +34,7 @@ Optimizer = Literal[
 ]  # fmt: skip
 Offload = Literal["none", "optimizer", "grads+optimizer", "params+optimizer"]
 Fp8Recipe = Literal["te", "torchao"]
+Fp8Scaling = Literal["tensorwise", "rowwise"]
 SelectivePolicy = Literal["megatron", "torchtitan_op"]
 CeUpcast = Literal["none", "eager", "compiled"]
 GradAccumDtype = Literal["bf16", "fp32"]
@@ -64,6 +65,10 @@ class Plan(BaseModel):
     overlap_dp: bool = True  # overlap gradient reduce with backward
     overlap_param_gather: bool = True  # prefetch FSDP/ZeRO parameter all-gathers
     overlap_tp: bool = False  # overlap TP collectives with GEMMs (comm-GEMM overlap)
+    # async TP (torch _micro_pipeline_tp, torchtitan enable_async_tensor_parallel): each TP
+    # collective decomposed with the one GEMM that reads its output or writes its input, and
+    # hidden behind that GEMM only (the decomposed GEMMs run as tp row blocks)
+    tp_async: bool = False
     # fused FlashAttention-2 kernels ("flash"), cuDNN fused attention or FlashAttention-3 with
     # the chip's native tensor-core instructions ("cudnn"), or "unfused": scores and softmax
     # through HBM
@@ -133,6 +138,10 @@ class Plan(BaseModel):
     # which tensors FP8 runs save: "te" (Transformer Engine) the GEMM inputs as 1-byte FP8
     # casts; "torchao" (torchao.float8, torchtitan) bf16 as without FP8
     fp8_recipe: Fp8Recipe = "te"
+    # FP8 scaling granularity (torchao Float8LinearConfig.from_recipe_name): one scale per
+    # tensor ("tensorwise"), or one per row along each GEMM's K axis ("rowwise"), which casts
+    # every operand once per GEMM that reads it and, in torchtitan, gathers TP inputs in bf16
+    fp8_scaling: Fp8Scaling = "tensorwise"
     # with recompute = "full": checkpoint only every N-th layer (torchtitan
     # activation_checkpoint.selective_ac_option = "N"); the others keep all they save
     recompute_every: int | None = Field(default=None, ge=1)
