@@ -357,7 +357,9 @@ def layer_forward(
     fwd_extra = chunked_gemm_time(t, h, sh.q_local + 2.0 * sh.kv_local, acc, sh.fp8, ch.ring)
     fwd_extra = fwd_extra + chunked_gemm_time(t, sh.q_local, h, acc, sh.fp8, ch.pipe) - gemm_s
     bwd_extra = chunked_gemm_time(t, sh.q_local, h, acc, sh.fp8, ch.ring) - out
-    qkv_chunked = chunked_gemm_time(t, h, sh.q_local + 2.0 * sh.kv_local, acc, sh.fp8, ch.bwd_gather)
+    qkv_chunked = chunked_gemm_time(
+        t, h, sh.q_local + 2.0 * sh.kv_local, acc, sh.fp8, ch.bwd_gather
+    )
     bwd_extra = bwd_extra + qkv_chunked - qkv
     gemm_flops = 2.0 * t * h * (2.0 * sh.q_local + 2.0 * sh.kv_local)
     weights = h * (2.0 * sh.q_local + 2.0 * sh.kv_local)  # the GEMMs' weights on this GPU
