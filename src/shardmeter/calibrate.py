@@ -672,27 +672,27 @@ FAMILY_BOUND: tuple[float, float] = (0.2, 0.98)
 # `Calibration.prior_matmul_max`.
 FAMILY_START: dict[str, float] = {
     "ampere": 0.7973,
-    "hopper": 0.7699,
-    "hopper-500w": 0.6704,
-    "blackwell": 0.7182,
-    "tpu": 0.7579,
+    "hopper": 0.7743,
+    "hopper-500w": 0.6823,
+    "blackwell": 0.7134,
+    "tpu": 0.7767,
     "cdna": 0.6,
     "ada": 0.6,
 }
 SHARED_PARAMETERS: tuple[Bound, ...] = (
-    Bound("matmul_half_us", 0.5, 50.0, 36.9781),
-    Bound("attention_ratio", 0.4, 1.0, 0.4432),
-    Bound("memory", 0.6, 0.95, 0.7864),
-    Bound("fp8_speedup", 1.2, 2.0, 1.6226),
-    Bound("nvlink_efficiency", 0.6, 0.95, 0.6552),
-    Bound("nic_efficiency", 0.7, 0.95, 0.8850),
+    Bound("matmul_half_us", 0.5, 50.0, 33.6387),
+    Bound("attention_ratio", 0.4, 1.0, 0.4502),
+    Bound("memory", 0.6, 0.95, 0.8023),
+    Bound("fp8_speedup", 1.2, 2.0, 1.6549),
+    Bound("nvlink_efficiency", 0.6, 0.95, 0.6500),
+    Bound("nic_efficiency", 0.7, 0.95, 0.8929),
     Bound("overlap_slowdown", 0.0, 0.2, 0.2000),
     # Host time per kernel launch: a CUDA launch is 2-5 µs, an eager PyTorch op with its
     # Python dispatch 5-30 µs (measured dispatch overheads of eager frameworks).
-    Bound("kernel_launch_us", 1.0, 30.0, 18.1449),
+    Bound("kernel_launch_us", 1.0, 30.0, 13.1361),
     # GPU-to-GPU speed spread (sd/mean): 0 (identical chips) to 5% (Sinha et al. SC'22 measure
     # a few percent of clock and throughput variation across the GPUs of production clusters).
-    Bound("speed_cv", 0.0, 0.05, 0.0063),
+    Bound("speed_cv", 0.0, 0.05, 0.0069),
 )
 
 
