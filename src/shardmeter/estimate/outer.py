@@ -426,6 +426,10 @@ def _async_round(
 SLOT_POLL_S = 0.01  # s: a waiting worker asks for the link again this long after "wait" (HeLoCo)
 TURN_BISECTIONS = 60  # bisection steps for the common cycle of the workers' turns
 TURN_ITERATIONS = 60  # damped fixed-point steps of the turn station and the rounds it gives
+# The hold a customer in service still has left, as a share of it, when another arrives at an
+# FCFS station: (1 + cv²)/2 (Reiser 1979, IEEE Trans. Commun. 27(8)), 1/2 for a fixed hold
+# (cv = 0). Dimensionless; 0 at a processor-sharing station (no residual-life term).
+FIXED_HOLD_RESIDUAL = 0.5
 
 
 def _turn_rounds(
@@ -477,43 +481,19 @@ def _turn_rounds(
 
 def _turn_station(hold: FloatArray, think: FloatArray) -> tuple[FloatArray, FloatArray]:
     """The push turns as one first-come-first-served station with a deterministic hold per
-    round (demand D_i s) and a think time Z_i s per worker, one customer per worker (..., N):
-    exact mean-value analysis over the populations S (Reiser & Lavenberg 1980, JACM 27(2),
-    eqs. 3.1-3.3) with the residual-life correction for a service that is not exponential
-    (Reiser 1979, IEEE Trans. Commun. 27(8): a customer in service has on average
-    D(1 + cv²)/2 left, D/2 for a fixed hold): R_i(S) = D_i·(1 + Q(S − i)) − U(S − i)·D_i/2,
-    X_i(S) = 1/(Z_i + R_i(S)), Q(S) = Σ X_i·R_i, U(S) = Σ X_i·D_i. Returns, at the full
-    population, R_i (s: the wait for the turn plus the hold) and U(N − i), the station's busy
-    share without i: by the arrival theorem what i finds on arriving, and (unit jumps) what
-    it leaves on departing: the probability that the next worker is already waiting when
-    its push arrives. Above EXACT_MVA_MAX_WORKERS, the Bard-Schweitzer estimate of both."""
-    n = think.shape[-1]
-    if n > EXACT_MVA_MAX_WORKERS:
-        r = hold.copy()
-        for _ in range(SHARE_ITERATIONS):
-            x = 1.0 / (think + r)
-            q, u = x * r, x * hold
-            r = 0.5 * r + 0.5 * (hold * (1.0 + q.sum(-1, keepdims=True) - q)
-                                 - (u.sum(-1, keepdims=True) - u) * hold / 2.0)  # fmt: skip
-        u = hold / (think + r)
-        return r, u.sum(-1, keepdims=True) - u
-    zero = np.zeros(think.shape[:-1])
-    level: dict[int, tuple[FloatArray, FloatArray]] = {0: (zero, zero)}
-    resp = np.zeros_like(think)
-    without = np.zeros_like(think)
-    for size in range(1, n + 1):
-        nxt: dict[int, tuple[FloatArray, FloatArray]] = {}
-        for mask in _masks(n, size):
-            q, u = zero, zero
-            for i in (i for i in range(n) if mask >> i & 1):
-                q_rest, u_rest = level[mask & ~(1 << i)]
-                r = hold[..., i] * (1.0 + q_rest) - u_rest * hold[..., i] / 2.0
-                x = 1.0 / (think[..., i] + r)
-                q, u = q + x * r, u + x * hold[..., i]
-                if size == n:
-                    resp[..., i], without[..., i] = r, u_rest
-            nxt[mask] = (q, u)
-        level = nxt
+        round (demand D_i s) and a think time Z_i s per worker, one customer per worker (..., N):
+        exact mean-value analysis over the populations S (Reiser & Lavenberg 1980, JACM 27(2),
+        eqs. 3.1-3.3) with the residual-life correction for a service that is not exponential
+        (Reiser 1979, IEEE Trans. Commun. 27(8): a customer in service has on average
+        D(1 + cv²)/2 left, D/2 for a fixed hold): R_i(S) = D_i·(1 + Q(S − i)) − U(S − i)·D_i/2,
+        X_i(S) = 1/(Z_i + R_i(S)), Q(S) = Σ X_i·R_i, U(S) = Σ X_i·D_i. Returns, at the full
+        population, R_i (s: the wait for the turn plus the hold) and U(N − i), the station's busy
+        share without i: by the arrival theorem what i finds on arriving, and (unit jumps) what
+        it leaves on departing: the probability that the next worker is already waiting when
+        its push arrives. Above EXACT_MVA_MAX_WORKERS, the Bard-Schweitzer estimate of both
+    (`_exact_mva`, `_schweitzer_mva` with FIXED_HOLD_RESIDUAL)."""
+    solve = _exact_mva if think.shape[-1] <= EXACT_MVA_MAX_WORKERS else _schweitzer_mva
+    (resp,), (without,) = solve([hold], think, (FIXED_HOLD_RESIDUAL,))
     return resp, without
 
 
@@ -586,7 +566,7 @@ def _share_server(
     total = delay + sum(alone)
     for _ in range(1 if blocking else SHARE_ITERATIONS):
         think = busy if blocking else np.maximum(busy - total, 0.0)
-        shared = solve([d[..., idx] for d in demand], (think + delay)[..., idx])
+        shared, _ = solve([d[..., idx] for d in demand], (think + delay)[..., idx])
         new = delay.copy()
         new[..., idx] += sum(shared)
         step = np.max(np.abs(new - total), initial=0.0)
@@ -596,40 +576,53 @@ def _share_server(
     return np.asarray(np.where(remote, total, exchange), dtype=np.float64)
 
 
-def _exact_mva(demand: list[FloatArray], think: FloatArray) -> list[FloatArray]:
+def _exact_mva(
+    demand: list[FloatArray], think: FloatArray, residual: tuple[float, ...] | None = None
+) -> tuple[list[FloatArray], list[FloatArray]]:
     """Exact multi-class mean-value analysis, one customer per class (Reiser & Lavenberg 1980,
     JACM 27(2), eqs. 3.1-3.3): for each population S (a set of workers, smallest first) and
-    each i in S, R_ik(S) = D_ik·(1 + Q_k(S − i)) at processor-sharing station k (the arrival
-    theorem: i sees the network without itself), X_i(S) = 1 / (Z_i + Σ_k R_ik(S)),
-    Q_k(S) = Σ_{i∈S} X_i(S)·R_ik(S). demand: per station (..., N) seconds; think: (..., N)
-    seconds. Returns R_ik at the full population per station, (..., N) seconds."""
+    each i in S, R_ik(S) = D_ik·(1 + Q_k(S − i)) − ρ_k·U_k(S − i)·D_ik at station k (the
+    arrival theorem: i sees the network without itself), X_i(S) = 1 / (Z_i + Σ_k R_ik(S)),
+    Q_k(S) = Σ_{i∈S} X_i(S)·R_ik(S), U_k(S) = Σ_{i∈S} X_i(S)·D_ik. ρ_k (`residual`, default
+    0: processor sharing, exact by BCMP) is the share of its hold a customer in service still
+    has when another arrives at an FCFS station (FIXED_HOLD_RESIDUAL; Reiser 1979). demand:
+    per station (..., N) seconds; think: (..., N) seconds. Returns, per station at the full
+    population, R_ik (..., N) seconds and U_k(N − i), the station's busy share without i."""
     n = think.shape[-1]
     lead = think.shape[:-1]
+    rho = residual if residual is not None else (0.0,) * len(demand)
     flat_d = [np.broadcast_to(d, think.shape).reshape(-1, n) for d in demand]
     flat_z = think.reshape(-1, n)
     out = [np.empty_like(flat_z) for _ in demand]
+    out_u = [np.empty_like(flat_z) for _ in demand]
     for lo in range(0, flat_z.shape[0], EXACT_MVA_CHUNK):
         part = slice(lo, lo + EXACT_MVA_CHUNK)
         d = [x[part] for x in flat_d]
         z = flat_z[part]
         empty = np.zeros(z.shape[0])
-        queue = {0: [empty for _ in d]}  # Q_k of the populations one smaller
+        # Q_k and U_k of the populations one smaller
+        queue = {0: ([empty for _ in d], [empty for _ in d])}
         for size in range(1, n + 1):
-            level: dict[int, list[FloatArray]] = {}
+            level: dict[int, tuple[list[FloatArray], list[FloatArray]]] = {}
             for mask in _masks(n, size):
                 q = [empty for _ in d]
+                u = [empty for _ in d]
                 members = [i for i in range(n) if mask >> i & 1]
                 for i in members:
-                    rest = queue[mask & ~(1 << i)]
-                    r = [dk[:, i] * (1.0 + qk) for dk, qk in zip(d, rest, strict=True)]
+                    rest, rest_u = queue[mask & ~(1 << i)]
+                    r = [
+                        dk[:, i] * (1.0 + qk) - pk * uk * dk[:, i]
+                        for dk, qk, uk, pk in zip(d, rest, rest_u, rho, strict=True)
+                    ]
                     x = 1.0 / (z[:, i] + sum(r))
                     q = [qk + x * rk for qk, rk in zip(q, r, strict=True)]
+                    u = [uk + x * dk[:, i] for uk, dk in zip(u, d, strict=True)]
                     if size == n:
-                        for o, rk in zip(out, r, strict=True):
-                            o[part, i] = rk
-                level[mask] = q
+                        for o, ou, rk, uk in zip(out, out_u, r, rest_u, strict=True):
+                            o[part, i], ou[part, i] = rk, uk
+                level[mask] = (q, u)
             queue = level
-    return [o.reshape(*lead, n) for o in out]
+    return [o.reshape(*lead, n) for o in out], [o.reshape(*lead, n) for o in out_u]
 
 
 def _masks(n: int, size: int) -> list[int]:
@@ -637,22 +630,29 @@ def _masks(n: int, size: int) -> list[int]:
     return [sum(1 << i for i in c) for c in itertools.combinations(range(n), size)]
 
 
-def _schweitzer_mva(demand: list[FloatArray], think: FloatArray) -> list[FloatArray]:
+def _schweitzer_mva(
+    demand: list[FloatArray], think: FloatArray, residual: tuple[float, ...] | None = None
+) -> tuple[list[FloatArray], list[FloatArray]]:
     """Bard-Schweitzer approximate MVA (Schweitzer 1979; Reiser & Lavenberg 1980, eq. 3.2 with
     the arrival theorem approximated at the full population): a leg of i sees the OTHER
-    workers' mean queue, Q_j = R_jk / round_j by Little's law,
-    R_ik = D_ik·(1 + Σ_{j≠i} R_jk / round_j), round_j = Z_j + Σ_k R_jk, solved by damped
-    iteration. Arguments and result as `_exact_mva`."""
+    workers' mean queue and busy share, Q_j = R_jk / round_j by Little's law and
+    U_j = D_jk / round_j, R_ik = D_ik·(1 + Σ_{j≠i} Q_j) − ρ_k·Σ_{j≠i} U_j·D_ik,
+    round_j = Z_j + Σ_k R_jk, solved by damped iteration. Arguments and result as
+    `_exact_mva`."""
+    rho = residual if residual is not None else (0.0,) * len(demand)
     r = [np.broadcast_to(d, think.shape).copy() for d in demand]
     for _ in range(SHARE_ITERATIONS):
         round_s = think + sum(r)
         new = []
-        for dk, rk in zip(demand, r, strict=True):
+        for dk, rk, pk in zip(demand, r, rho, strict=True):
             q = rk / round_s
             others = q.sum(axis=-1, keepdims=True) - q
-            new.append(dk * (1.0 + others))
+            u = dk / round_s
+            new.append(dk * (1.0 + others) - pk * (u.sum(axis=-1, keepdims=True) - u) * dk)
         r = [0.5 * (a + b) for a, b in zip(r, new, strict=True)]
-    return r
+    round_s = think + sum(r)
+    busy = [np.broadcast_to(dk / round_s, think.shape) for dk in demand]
+    return r, [b.sum(axis=-1, keepdims=True) - b for b in busy]
 
 
 def outer_opt_seconds(
