@@ -555,7 +555,7 @@ def burst_queue_s(
     w0 = _start_window(mss, start_window)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         bdp = rate * rtt
-        k = np.maximum(np.ceil(np.log2(m / w0 + 1.0)), 1.0)  # rounds, doubling throughout
+        _, k = _slow_start_rounds(m, bdp, w0)  # rounds, doubling throughout
         last = m - w0 * (2.0 ** (k - 1.0) - 1.0)
         prev = w0 * 2.0 ** (k - 2.0)
 
