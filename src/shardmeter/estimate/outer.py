@@ -16,9 +16,16 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from shardmeter.estimate.convoy import SLOT_POLL_S, ConvoyWorkers, turn_convoy
 from shardmeter.estimate.payload import DISPATCH_BITS
 from shardmeter.estimate.schedule import Schedule, even_schedule, round_stall_s
-from shardmeter.estimate.wan import WanPaths, heloco_legs_s, hub_allreduce_s, hub_push_queue_s
+from shardmeter.estimate.wan import (
+    WanPaths,
+    heloco_legs_s,
+    heloco_legs_windows,
+    hub_allreduce_s,
+    hub_push_queue_s,
+)
 
 FloatArray = NDArray[np.float64]
 
@@ -397,6 +404,15 @@ def _async_round(
             fixed + alone[0] + rtt, alone[1], met, hold, busy, p, blocking, remote
         )
         round_s = _take_turns(round_s, (hold, down / server), remote)
+        if blocking:
+            # where the deterministic turns lock into a convoy (unequal workers), its rounds
+            _, _, window = heloco_legs_windows(
+                up, np.minimum(path_bw, server), rtt, down, busy, blocking, queued
+            )
+            parts = (busy, rtt, rtt + alone[0], fixed - rtt, up, path_bw, down,
+                     np.minimum(path_bw, server), window)  # fmt: skip
+            round_s = _convoy_rounds(round_s, parts, server, remote)
+            exchange = np.where(remote, round_s - busy, exchange)
     elif np.isfinite(wan.server_Bps):
         exchange = _share_server(exchange, legs, busy_x, blocking, server, remote)
     if not turns:
@@ -423,7 +439,6 @@ def _async_round(
     )
 
 
-SLOT_POLL_S = 0.01  # s: a waiting worker asks for the link again this long after "wait" (HeLoCo)
 TURN_BISECTIONS = 60  # bisection steps for the common cycle of the workers' turns
 TURN_ITERATIONS = 60  # damped fixed-point steps of the turn station and the rounds it gives
 # The hold a customer in service still has left, as a share of it, when another arrives at an
@@ -477,6 +492,30 @@ def _turn_rounds(
         if step <= 1e-12 * max(1.0, float(np.max(round_s, initial=0.0))):
             break
     return exchange, round_s, wait, meet
+
+
+def _convoy_rounds(
+    round_s: FloatArray,
+    parts: tuple[FloatArray, ...],
+    server_Bps: FloatArray,
+    remote: NDArray[np.bool_],
+) -> FloatArray:
+    """Blocking rounds (..., N) of pushes taking turns: where the settled first-come-first-
+    served schedule of the remote workers locks into one period (`convoy.turn_convoy`, one
+    configuration at a time; `parts` are `ConvoyWorkers`' fields in order, each broadcast
+    to (..., N)), its rounds; where it drifts, `round_s`, the mean-value analysis of
+    drifting phases (`_turn_rounds`). Seconds."""
+    idx = np.flatnonzero(remote)
+    out = np.array(np.broadcast_to(round_s, np.broadcast(round_s, *parts).shape))
+    full = [np.broadcast_to(x, out.shape) for x in parts]
+    hub = np.broadcast_to(server_Bps, (*out.shape[:-1], 1))
+    if len(idx) < 2:
+        return out
+    for pos in np.ndindex(out.shape[:-1]):
+        convoy = turn_convoy(ConvoyWorkers(*(x[pos][idx] for x in full)), float(hub[pos][0]))
+        if convoy.locked:
+            out[(*pos, idx)] = convoy.round_s
+    return out
 
 
 def _turn_station(hold: FloatArray, think: FloatArray) -> tuple[FloatArray, FloatArray]:

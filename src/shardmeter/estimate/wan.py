@@ -653,6 +653,24 @@ def heloco_legs_s(
     only: its ACKs wait that long in a queue the other way (`hub_push_queue_s`), so its slow
     start doubles once per RTT + that delay. Seconds; the steady state after RESTART_ROUNDS
     rounds, each from the one before."""
+    up, down, _ = heloco_legs_windows(
+        nbytes, rate_Bps, rtt_s, pull_bytes, compute_s, blocking, queued, ack_delay_s
+    )
+    return up, down
+
+
+def heloco_legs_windows(
+    nbytes: ArrayLike,
+    rate_Bps: ArrayLike,
+    rtt_s: ArrayLike,
+    pull_bytes: ArrayLike | None = None,
+    compute_s: ArrayLike | None = None,
+    blocking: bool = True,
+    queued: tuple[ArrayLike, ArrayLike] = (False, True),
+    ack_delay_s: ArrayLike = 0.0,
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """`heloco_legs_s`'s (push, pull) seconds and the congestion window (bytes) the pull
+    starts from in that steady state (`_start_window`: IW without `compute_s`)."""
     m = np.asarray(nbytes, dtype=np.float64)
     pull = m if pull_bytes is None else np.asarray(pull_bytes, dtype=np.float64)
     rtt = np.asarray(rtt_s, dtype=np.float64)
@@ -660,18 +678,19 @@ def heloco_legs_s(
     clock = rtt + np.asarray(ack_delay_s, dtype=np.float64)
     up = slow_start_s(m, rate_Bps, rtt)
     down = slow_start_s(pull, rate_Bps, clock)
-    if compute_s is None:
-        return up, down
-    compute = np.asarray(compute_s, dtype=np.float64)
-    w_up = w_down = None
-    for _ in range(RESTART_ROUNDS):
-        x = 2.0 * rtt + up + down
-        period = compute + x if blocking else np.maximum(compute, x)
-        w_up = _next_window(m, rate_Bps, rtt, w_up, period - up - rtt, queued[0])
-        w_down = _next_window(pull, rate_Bps, rtt, w_down, period - down - rtt, queued[1])
-        up = slow_start_s(m, rate_Bps, rtt, start_window=w_up)
-        down = slow_start_s(pull, rate_Bps, clock, start_window=w_down)
-    return up, down
+    w_down: FloatArray | None = None
+    if compute_s is not None:
+        compute = np.asarray(compute_s, dtype=np.float64)
+        w_up = None
+        for _ in range(RESTART_ROUNDS):
+            x = 2.0 * rtt + up + down
+            period = compute + x if blocking else np.maximum(compute, x)
+            w_up = _next_window(m, rate_Bps, rtt, w_up, period - up - rtt, queued[0])
+            w_down = _next_window(pull, rate_Bps, rtt, w_down, period - down - rtt, queued[1])
+            up = slow_start_s(m, rate_Bps, rtt, start_window=w_up)
+            down = slow_start_s(pull, rate_Bps, clock, start_window=w_down)
+    start = _start_window(DEFAULT_MTU - 52, w_down)
+    return up, down, np.broadcast_to(start, np.broadcast(up, down).shape).astype(np.float64)
 
 
 def hub_push_queue_s(

@@ -1,0 +1,179 @@
+"""The blocking push turns on a shared server link as a deterministic schedule: the workers'
+first-come-first-served turns, run event by event until they settle (a convoy).
+
+With deterministic compute and link times, a closed first-come-first-served station does not
+drift: it settles into a periodic schedule (the FCFS convoy of Blasgen, Gray, Mitoma & Price
+1979, ACM SIGOPS Oper. Syst. Rev. 13(2)). On a hub link shared both ways, the schedule also
+sets each dispatch's time: its ACKs cross the FIFO towards the server behind the pushes that
+follow it, so a worker whose push is followed at once by the others' pushes gets the slowest
+dispatch and sets the convoy's period. `turn_convoy` iterates that recurrence (asks, grants,
+releases, the dispatch's slow-start rounds against the queue of the pushes then crossing)
+over enough rounds to settle, and reads each worker's round, wait and dispatch off the last
+half. Pure numpy and the standard library; seconds, bytes, bytes/s.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shardmeter.estimate.wan import BOTTLENECK_QUEUE_S
+
+FloatArray = NDArray[np.float64]
+
+SLOT_POLL_S = 0.01  # s: a waiting worker asks for the link again this long after "wait" (HeLoCo)
+CONVOY_ROUNDS = 48  # rounds of every worker simulated; the last half is read (the first settle)
+# Relative spread of the workers' rounds over the last half below which the schedule has
+# locked into one period (a convoy); a schedule still drifting after CONVOY_ROUNDS has no
+# fixed order for the runtime's round-to-round variation to keep. Dimensionless: locked
+# schedules spread by float rounding and the window's edges (about 1e-4 on the benchmark's
+# links), drifting ones by about 2e-2 (BENCHMARKS.md, "Session 12 (helper `convoy`)").
+CONVOY_LOCK_SPREAD = 2e-3
+
+
+@dataclass(frozen=True)
+class ConvoyWorkers:
+    """Per remote worker (1-D arrays, one entry a worker): seconds, bytes, bytes/s.
+
+    compute_s: its H inner steps; rtt_s: its round trip to the server; hold_s: its push's
+    turn, grant sent to last byte in (an RTT plus its push alone); pre_s: from its push's
+    arrival to its dispatch's first byte (the ack out, the pull request in, the host copy);
+    push_bytes / push_Bps: its push and the rate it enters the hub at (its own link);
+    pull_bytes / pull_Bps: its dispatch and the rate it crosses at (its link or the hub's,
+    the slower); pull_window: the congestion window its dispatch starts from."""
+
+    compute_s: FloatArray
+    rtt_s: FloatArray
+    hold_s: FloatArray
+    pre_s: FloatArray
+    push_bytes: FloatArray
+    push_Bps: FloatArray
+    pull_bytes: FloatArray
+    pull_Bps: FloatArray
+    pull_window: FloatArray
+
+
+@dataclass(frozen=True)
+class Convoy:
+    """What the settled schedule gives each worker (1-D arrays, seconds): its round (ask to
+    ask), its mean wait for a turn (ask to grant), and its dispatch (first to last byte);
+    and whether every worker runs at one period (`locked`: (max − min)/mean of the rounds
+    within CONVOY_LOCK_SPREAD), i.e. the turns formed a convoy."""
+
+    round_s: FloatArray
+    wait_s: FloatArray
+    dispatch_s: FloatArray
+    locked: bool
+
+
+def hub_queue_bytes(t_s: float, push_bytes: float, push_Bps: float, hub_Bps: float) -> float:
+    """Bytes a push queues at a hub link of `hub_Bps` `t_s` seconds after its first byte
+    reached it, entering at `push_Bps`: a fluid queue (Anick, Mitra & Sondhi 1982, Bell
+    Syst. Tech. J. 61(8)) that grows at r − C, is held at the hub's buffer K =
+    BOTTLENECK_QUEUE_S·C while the sender still has bytes, and drains at C once the last
+    byte is in: min((r − C)·t, K, M − C·t) over the push's M/C seconds, else 0."""
+    if push_Bps <= hub_Bps or not 0.0 <= t_s <= push_bytes / hub_Bps:
+        return 0.0
+    cap = BOTTLENECK_QUEUE_S * hub_Bps
+    return max(min((push_Bps - hub_Bps) * t_s, cap, push_bytes - hub_Bps * t_s), 0.0)
+
+
+def turn_convoy(w: ConvoyWorkers, hub_Bps: float, rounds: int = CONVOY_ROUNDS) -> Convoy:
+    """Run the blocking turns event by event from a common start (every worker pulling at
+    t = 0) until each worker has done `rounds` rounds, and read the last half.
+
+    A worker's ask reaches the server `rtt_s`/2 after its compute ends; the server grants
+    the link if no push holds it and nobody asked before, else queues the ask (first come
+    first served); the next in line is granted half a poll period (SLOT_POLL_S + its RTT)
+    after the link frees. A push holds the link `hold_s` from its grant; its bytes cross
+    the hub in the last M/C of that hold, queueing `hub_queue_bytes`. Its dispatch starts
+    `pre_s` after its arrival, from `pull_window` bytes, doubling once per ACK-clocked round
+    trip (RFC 5681 sec. 3.1) of RTT + the hub's queue towards the server at that moment /
+    C (its ACKs cross that FIFO), until the window carries the path's rate × that round
+    trip or the bytes run out, and sends the rest at `pull_Bps` (`slow_start_s`'s schedule,
+    each round at its own clock). The next ask comes one RTT plus its compute after the
+    dispatch's last byte is sent. The hub's link towards the workers is shared evenly by the
+    dispatches crossing it at once (processor sharing: each gets at most C / their number).
+    Returns each worker's mean round, wait and dispatch, and whether they locked."""
+    n = len(w.compute_s)
+    f = {k: [float(x) for x in getattr(w, k)] for k in ConvoyWorkers.__dataclass_fields__}
+    pushes: list[tuple[float, int]] = []  # (first byte at the hub, worker), in grant order
+    asks: list[list[float]] = [[] for _ in range(n)]
+    waits: list[list[float]] = [[] for _ in range(n)]
+    dispatches: list[list[float]] = [[] for _ in range(n)]
+    events: list[tuple[float, int, str, int]] = []
+    seq = 0
+    holder: int | None = None
+    queue: list[int] = []
+    d_start = [0.0] * n
+    sent = [0.0] * n
+    window = [0.0] * n
+    pulling = [False] * n
+
+    def post(t: float, kind: str, i: int) -> None:
+        nonlocal seq
+        heapq.heappush(events, (t, seq, kind, i))
+        seq += 1
+
+    def queued(t: float) -> float:
+        out = 0.0
+        for start, k in pushes[-n:]:
+            out += hub_queue_bytes(t - start, f["push_bytes"][k], f["push_Bps"][k], hub_Bps)
+        return out
+
+    def grant(i: int, g: float) -> None:
+        nonlocal holder
+        holder = i
+        waits[i].append(g - asks[i][-1])
+        end = g + f["hold_s"][i]
+        pushes.append((end - f["push_bytes"][i] / hub_Bps, i))
+        post(end, "release", i)
+
+    for i in range(n):
+        post(0.0, "dispatch", i)
+    while events and min(len(a) for a in asks) < rounds:
+        t, _, kind, i = heapq.heappop(events)
+        if kind == "ask":
+            asks[i].append(t)
+            if holder is None and not queue:
+                grant(i, t)
+            else:
+                queue.append(i)
+        elif kind == "release":
+            holder = None
+            post(t + f["pre_s"][i], "dispatch", i)
+            if queue:
+                j = queue.pop(0)
+                grant(j, t + 0.5 * (SLOT_POLL_S + f["rtt_s"][j]))
+        elif kind == "dispatch":
+            d_start[i], sent[i], window[i] = t, 0.0, f["pull_window"][i]
+            pulling[i] = True
+            post(t, "round", i)
+        else:  # one slow-start round of i's dispatch
+            rtt = f["rtt_s"][i]
+            # the hub's link towards the workers, shared evenly by the dispatches crossing it
+            rate = min(f["pull_Bps"][i], hub_Bps / max(sum(pulling), 1))
+            clock = rtt + queued(t + rtt) / hub_Bps
+            flight = min(window[i], rate * clock)
+            left = f["pull_bytes"][i] - sent[i]
+            if left <= flight:
+                end = t + left / rate
+                pulling[i] = False
+                dispatches[i].append(end - d_start[i])
+                post(end + rtt + f["compute_s"][i], "ask", i)
+            else:
+                sent[i] += flight
+                window[i] = max(window[i], 2.0 * flight)
+                post(t + clock, "round", i)
+    half = rounds // 2
+    round_s = np.array([(a[-1] - a[-1 - half]) / half for a in asks])
+    spread = float(round_s.max() - round_s.min()) / float(round_s.mean())
+    return Convoy(
+        round_s=round_s,
+        wait_s=np.array([float(np.mean(x[-half:])) for x in waits]),
+        dispatch_s=np.array([float(np.mean(x[-half:])) for x in dispatches]),
+        locked=spread <= CONVOY_LOCK_SPREAD,
+    )
