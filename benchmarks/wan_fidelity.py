@@ -113,6 +113,11 @@ SHARED_UNEQUAL_RUNS = (
     Run("shared unequal", (Link(40 * MBIT, 0.02), Link(20 * MBIT, 0.04), Link(15 * MBIT, 0.01)),
         (PACE, PACE, 1.5 * PACE), server_bps=10 * MBIT, seconds=90.0, warmup_s=30.0,
         link_slots=True),
+    # a second held-out setting, chosen and measured after the convoy pricing was committed:
+    # another hub rate, other links and paces
+    Run("shared unequal b", (Link(24 * MBIT, 0.03), Link(12 * MBIT, 0.015),
+        Link(16 * MBIT, 0.05)), (1.2 * PACE, PACE, 1.8 * PACE), server_bps=8 * MBIT,
+        seconds=90.0, warmup_s=30.0, link_slots=True),
 )  # fmt: skip
 QUICK = (
     Run(
