@@ -62,6 +62,10 @@ OVERLAP_CHUNK_TESTS = "tests/shardmeter/test_overlap_chunks.py"
 CORRECTION_TESTS = "tests/shardmeter/test_run_corrections.py"
 LINK_SLOT_TESTS = "tests/heloco/test_link_slots.py"
 F8S_TESTS = "tests/shardmeter/test_fp8_scaling_async_tp.py"
+CONVOY_TESTS = (
+    "tests/shardmeter/test_turn_convoy.py"
+    " tests/heloco/test_wan_fidelity.py::test_unequal_workers_taking_turns_are_predicted_as_their_convoy"
+)
 SIM_CODEC_TESTS = (
     "tests/heloco/test_codecs.py::test_the_simulators_int8_uplink_is_what_the_server_decodes"
 )
@@ -1231,6 +1235,43 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("async TP: data-gradient GEMMs not decomposed", "compute.py",
              "bwd_gather=where(decomposed, tp, 1.0)", "bwd_gather=1.0",
              F8S_TESTS + "::test_async_tp_runs_each_decomposed_gemm_as_tp_row_blocks"),
+    # --- the blocking turns' settled schedule (estimate/convoy.py): the FCFS convoy ---
+    Mutation("convoy: the hub's queue never drains", "convoy.py",
+             "min((push_Bps - hub_Bps) * t_s, cap, push_bytes - hub_Bps * t_s)",
+             "min((push_Bps - hub_Bps) * t_s, cap)", CONVOY_TESTS),
+    Mutation("convoy: the hub's buffer not a cap", "convoy.py",
+             "min((push_Bps - hub_Bps) * t_s, cap, push_bytes - hub_Bps * t_s)",
+             "min((push_Bps - hub_Bps) * t_s, push_bytes - hub_Bps * t_s)", CONVOY_TESTS),
+    Mutation("convoy: a push's bytes cross the hub from its grant", "convoy.py",
+             'pushes.append((end - f["push_bytes"][i] / hub_Bps, i))',
+             'pushes.append((end - f["hold_s"][i], i))', CONVOY_TESTS),
+    Mutation("convoy: a dispatch's ACKs do not wait in the hub's queue", "convoy.py",
+             "clock = rtt + queued(t + rtt) / hub_Bps", "clock = rtt", CONVOY_TESTS),
+    Mutation("convoy: dispatches do not share the hub's downlink", "convoy.py",
+             'rate = min(f["pull_Bps"][i], hub_Bps / max(sum(pulling), 1))',
+             'rate = f["pull_Bps"][i]', CONVOY_TESTS),
+    Mutation("convoy: a finished dispatch still holds its share", "convoy.py",
+             "                pulling[i] = False\n", "", CONVOY_TESTS),
+    Mutation("convoy: the window never grows", "convoy.py",
+             "window[i] = max(window[i], 2.0 * flight)", "window[i] = window[i]", CONVOY_TESTS),
+    Mutation("convoy: a window past the path's BDP counted whole", "convoy.py",
+             "flight = min(window[i], rate * clock) if clock > 0",
+             "flight = window[i] if clock > 0", CONVOY_TESTS),
+    Mutation("convoy: the next ask without its compute", "convoy.py",
+             'post(end + rtt + f["compute_s"][i], "ask", i)', 'post(end + rtt, "ask", i)',
+             CONVOY_TESTS),
+    Mutation("convoy: a waiting worker granted at once", "convoy.py",
+             'grant(j, t + 0.5 * (SLOT_POLL_S + f["rtt_s"][j]))', "grant(j, t)", CONVOY_TESTS),
+    Mutation("convoy: the last in line granted first", "convoy.py",
+             "j = queue.pop(0)", "j = queue.pop()", CONVOY_TESTS),
+    Mutation("convoy: an ask granted while the link is held", "convoy.py",
+             "if holder is None and not queue:", "if not queue:", CONVOY_TESTS),
+    Mutation("convoy: every schedule read as locked", "convoy.py",
+             "locked=spread <= CONVOY_LOCK_SPREAD", "locked=True", CONVOY_TESTS),
+    Mutation("convoy: the planner never uses the convoy", "outer.py",
+             "        if convoy.locked:\n", "        if False:\n", CONVOY_TESTS),
+    Mutation("convoy: the planner uses a drifting schedule too", "outer.py",
+             "        if convoy.locked:\n", "        if True:\n", CONVOY_TESTS),
 )  # fmt: skip
 
 

@@ -118,6 +118,11 @@ SHARED_UNEQUAL_RUNS = (
     Run("shared unequal b", (Link(24 * MBIT, 0.03), Link(12 * MBIT, 0.015),
         Link(16 * MBIT, 0.05)), (1.2 * PACE, PACE, 1.8 * PACE), server_bps=8 * MBIT,
         seconds=90.0, warmup_s=30.0, link_slots=True),
+    # a third, chosen after "shared unequal b" moved the convoy's lock test to repeating
+    # orders (whole-ratio locks), and measured after that change was committed
+    Run("shared unequal c", (Link(30 * MBIT, 0.01), Link(18 * MBIT, 0.06),
+        Link(24 * MBIT, 0.025)), (PACE, 1.4 * PACE, 1.2 * PACE), server_bps=12 * MBIT,
+        seconds=90.0, warmup_s=30.0, link_slots=True),
 )  # fmt: skip
 QUICK = (
     Run(

@@ -197,3 +197,25 @@ def test_merge_replaces_only_the_runs_measured_again(bench: ModuleType) -> None:
     assert out == [again, b, other]
     assert extra["date"] == "d0" and extra["uptime"] == ["x", "y"]
     assert extra["merged"] == [{"date": "d1", "runs": ["t (blocking)", "u (blocking)"]}]
+
+
+def test_unequal_workers_taking_turns_are_predicted_as_their_convoy(bench: ModuleType) -> None:
+    # the saved launch of three unequal workers on one 10 Mbit/s hub link with turns: in
+    # blocking they locked into one period (all three at 885 tokens/s); the planner's settled
+    # schedule locks too and gives one round to all three, within 10% of each measured one
+    saved = Path(__file__).resolve().parents[2] / "benchmarks/results"
+    results, _ = bench.load(saved / "wan_fidelity_shared_unequal.json")
+    blocking = next(r for r in results if r.run.exchange == "blocking")
+    rounds = [p.round_s for p in bench.predict(blocking)]
+    assert max(rounds) - min(rounds) < 1e-3 * max(rounds)
+    for m, p in zip(blocking.workers, bench.predict(blocking), strict=True):
+        assert p.round_s == pytest.approx(m.period_s, rel=0.10)
+    # three equal workers on the shared link drift: the mean-value analysis, the same
+    # exposed exchange for each within 2 ms (the drifting schedule's own rounds spread theirs
+    # by 39 ms)
+    equal = next(r for r in bench.load(saved / "wan_fidelity.json")[0]
+                 if r.run.name == "shared server" and r.run.exchange == "blocking")  # fmt: skip
+    exposed = [p.exposed_s for p in bench.predict(equal)]
+    assert max(exposed) - min(exposed) < 0.002
+    for m, p in zip(equal.workers, bench.predict(equal), strict=True):
+        assert p.round_s == pytest.approx(m.period_s, rel=0.10)

@@ -1,0 +1,129 @@
+"""The blocking push turns as a deterministic first-come-first-served schedule, closed form
+per term: a push's fluid queue at a narrower hub link, a lone worker's round, the faster of
+two workers waiting out the difference of their rounds (a convoy), a dispatch whose ACKs
+wait behind the next push's full buffer, dispatches sharing the hub's downlink, the lock
+test, and where the planner uses the convoy instead of the mean-value analysis."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shardmeter.estimate.convoy import (
+    SLOT_POLL_S,
+    ConvoyWorkers,
+    hub_queue_bytes,
+    schedule_period,
+    turn_convoy,
+)
+from shardmeter.estimate.wan import BOTTLENECK_QUEUE_S, slow_start_s
+
+IW = 14_480.0  # bytes: 10 segments of 1448 (RFC 6928)
+
+
+def workers(**kw: tuple[float, ...]) -> ConvoyWorkers:
+    return ConvoyWorkers(**{k: np.array(v, dtype=np.float64) for k, v in kw.items()})
+
+
+def test_a_push_queues_the_least_of_its_rise_the_buffer_and_its_drain() -> None:
+    m, r, c = 600e3, 2.5e6, 1.25e6
+    # rises at r − C, peaks when its last byte is in (M/r), drains at C over M/C in all
+    assert hub_queue_bytes(0.1, m, r, c) == pytest.approx((r - c) * 0.1)
+    assert hub_queue_bytes(m / r, m, r, c) == pytest.approx(m * (1 - c / r))
+    assert hub_queue_bytes(0.4, m, r, c) == pytest.approx(m - c * 0.4)
+    assert hub_queue_bytes(m / c + 1e-9, m, r, c) == 0.0 and hub_queue_bytes(-0.01, m, r, c) == 0.0
+    # a sender far faster than the hub holds the hub's buffer (0.25 s at its rate) full
+    assert hub_queue_bytes(0.2, m, 1e12, c) == pytest.approx(BOTTLENECK_QUEUE_S * c)
+    # a sender no faster than the hub queues nothing
+    assert hub_queue_bytes(0.2, m, c, c) == 0.0
+
+
+def test_one_worker_runs_its_own_round_and_never_waits() -> None:
+    w = workers(compute_s=(1.0,), rtt_s=(0.02,), hold_s=(0.5,), pre_s=(0.03,),
+                push_bytes=(0.48e6,), push_Bps=(2e6,), pull_bytes=(0.3e6,),
+                pull_Bps=(1e6,), pull_window=(IW,))  # fmt: skip
+    c = turn_convoy(w, 1e6)
+    d = float(slow_start_s(0.3e6, 1e6, 0.02, start_window=IW))  # its own push is in: no queue
+    assert c.dispatch_s == pytest.approx([d])
+    assert c.wait_s == pytest.approx([0.0])
+    assert c.round_s == pytest.approx([0.5 + 0.03 + d + 0.02 + 1.0])
+
+
+def test_the_faster_of_two_workers_waits_the_difference_of_their_rounds() -> None:
+    # no round trip, no queue: own rounds 0.5 + 0.1 + 1.0 = 1.6 s and 0.5 + 0.1 + 0.9 = 1.5 s;
+    # the faster catches up, asks while the slower holds the link, and from then on is
+    # granted half a poll after each of the slower one's releases: one period, 1.6 s, and it
+    # waits 0.1 s (the poll it waits after a release it spent less in its own round)
+    w = workers(compute_s=(1.0, 0.9), rtt_s=(0.0, 0.0), hold_s=(0.5, 0.5), pre_s=(0.0, 0.0),
+                push_bytes=(0.5e6, 0.5e6), push_Bps=(1e6, 1e6), pull_bytes=(0.1e6, 0.1e6),
+                pull_Bps=(1e6, 1e6), pull_window=(IW, IW))  # fmt: skip
+    c = turn_convoy(w, 1e6)
+    assert c.locked
+    assert c.round_s == pytest.approx([1.6, 1.6])
+    assert c.wait_s == pytest.approx([0.0, 1.6 - 1.5])
+    assert c.dispatch_s == pytest.approx([0.1, 0.1])
+
+
+def test_a_dispatch_behind_the_next_push_ack_clocks_at_rtt_plus_the_full_buffer() -> None:
+    # two workers with nothing to compute alternate on the link (each asks again long before
+    # the other's 2 MB push is in): each round is two turns and two polls; each dispatch
+    # crosses while the other's push, from a far faster sender, holds the hub's buffer full,
+    # so its slow start doubles once per RTT + 0.25 s
+    rtt, hold = 0.02, 0.02 + 2.0
+    fast = workers(compute_s=(0.0, 0.0), rtt_s=(rtt, rtt), hold_s=(hold, hold),
+                   pre_s=(rtt, rtt), push_bytes=(2e6, 2e6), push_Bps=(1e9, 1e9),
+                   pull_bytes=(0.3e6, 0.3e6), pull_Bps=(1e6, 1e6),
+                   pull_window=(IW, IW))  # fmt: skip
+    c = turn_convoy(fast, 1e6)
+    assert c.round_s == pytest.approx([2 * (hold + 0.5 * (SLOT_POLL_S + rtt))] * 2)
+    queued = float(slow_start_s(0.3e6, 1e6, rtt + BOTTLENECK_QUEUE_S, start_window=IW))
+    assert c.dispatch_s == pytest.approx([queued, queued])
+    # the same pushes entering at the hub's own rate queue nothing: the path's RTT alone
+    paced = turn_convoy(ConvoyWorkers(**{**fast.__dict__, "push_Bps": np.array([1e6, 1e6])}), 1e6)
+    alone = float(slow_start_s(0.3e6, 1e6, rtt, start_window=IW))
+    assert paced.dispatch_s == pytest.approx([alone, alone])
+    assert queued > 3 * alone
+
+
+def test_dispatches_crossing_at_once_share_the_hubs_downlink() -> None:
+    # pushes of 0.12 s, dispatches of 1 MB each that would take 1 s alone: one always
+    # crosses while the other's turn passes, so the downlink never idles and a round is
+    # both dispatches' bytes at its rate, 2 s (within a round trip of rate steps)
+    w = workers(compute_s=(0.0, 0.0), rtt_s=(0.02, 0.02), hold_s=(0.12, 0.12),
+                pre_s=(0.02, 0.02), push_bytes=(0.1e6, 0.1e6), push_Bps=(1e6, 1e6),
+                pull_bytes=(1e6, 1e6), pull_Bps=(1e6, 1e6),
+                pull_window=(2e6, 2e6))  # fmt: skip
+    c = turn_convoy(w, 1e6)
+    assert c.round_s == pytest.approx([2.0, 2.0], rel=0.02)
+
+
+def test_workers_of_one_round_drift_and_unequal_ones_lock() -> None:
+    # three workers on the benchmark's shared link (20 Mbit/s each, 10 Mbit/s hub, 0.55 MB
+    # pushes), equal compute: the schedule keeps moving; one of them 0.5 s slower: one period
+    hub = 1.25e6 * 0.956
+    base = dict(rtt_s=(0.02,) * 3, hold_s=(0.02 + 0.46,) * 3, pre_s=(0.02,) * 3,
+                push_bytes=(547_840.0,) * 3, push_Bps=(2.39e6,) * 3,
+                pull_bytes=(547_840.0,) * 3, pull_Bps=(hub,) * 3, pull_window=(IW,) * 3)  # fmt: skip
+    equal = turn_convoy(workers(compute_s=(1.0, 1.0, 1.0), **base), hub)
+    unequal = turn_convoy(workers(compute_s=(1.0, 1.0, 1.5), **base), hub)
+    assert not equal.locked and unequal.locked
+    assert float(np.ptp(unequal.round_s) / np.mean(unequal.round_s)) < 1e-3  # one period
+    assert float(np.ptp(equal.round_s) / np.mean(equal.round_s)) > 1e-2
+
+
+def test_a_schedule_repeats_when_its_grants_and_their_spacing_do() -> None:
+    # one worker's grants every 1 s: period 1
+    assert schedule_period([0] * 6, [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]) == 1
+    # two workers 0, 1, 0, 1 with 0.3 s and 0.7 s between: period 2 (cycle 1 s)
+    assert schedule_period([0, 1] * 4, [0.0, 0.3, 1.0, 1.3, 2.0, 2.3, 3.0, 3.3]) == 2
+    # a 3:2 lock, worker 0 three grants for worker 1's two: period 5
+    order = [0, 1, 0, 0, 1] * 3
+    times = [c + x for c in (0.0, 2.0, 4.0) for x in (0.0, 0.4, 0.8, 1.3, 1.6)]
+    assert schedule_period(order, times) == 5
+    # the same order, but the spacing keeps growing (cycles of 1.0, 1.1, 1.2 s ...): the
+    # phases drift, no period
+    times = [sum(1.0 + 0.1 * k for k in range(c)) + x for c in range(5) for x in (0.0, 0.3)]
+    assert schedule_period([0, 1] * 5, times) is None
+    # cycles within CONVOY_LOCK_SPREAD of each other still repeat
+    times = [c * (1.0 + 0.001 * (c % 2)) + x for c in range(5) for x in (0.0, 0.3)]
+    assert schedule_period([0, 1] * 5, times) == 2
