@@ -25,6 +25,10 @@ from shardmeter.estimate.wan import BOTTLENECK_QUEUE_S
 FloatArray = NDArray[np.float64]
 
 SLOT_POLL_S = 0.01  # s: a waiting worker asks for the link again this long after "wait" (HeLoCo)
+# A dispatch at its rate advances in steps of at least 1/SATURATED_STEPS of its time alone
+# (or one round trip, if longer), so a long transfer costs a bounded number of events; the
+# rate it shares is re-read at each step.
+SATURATED_STEPS = 64
 CONVOY_ROUNDS = 48  # rounds of every worker simulated; the last half is read (the first settle)
 # Relative spread of a schedule's cycle lengths, its grants in a fixed order, within which
 # it counts as repeating (`schedule_period`): a convoy. Settled schedules spread by float
@@ -120,7 +124,7 @@ def turn_convoy(w: ConvoyWorkers, hub_Bps: float, rounds: int = CONVOY_ROUNDS) -
 
     def queued(t: float) -> float:
         out = 0.0
-        for start, k in pushes[-n:]:
+        for start, k in pushes[-2:]:  # turns: at most the last two pushes' windows reach t
             out += hub_queue_bytes(t - start, f["push_bytes"][k], f["push_Bps"][k], hub_Bps)
         return out
 
@@ -134,10 +138,12 @@ def turn_convoy(w: ConvoyWorkers, hub_Bps: float, rounds: int = CONVOY_ROUNDS) -
 
     for i in range(n):
         post(0.0, "dispatch", i)
-    while events and min(len(a) for a in asks) < rounds:
+    done = 0  # workers with `rounds` asks
+    while events and done < n:
         t, _, kind, i = heapq.heappop(events)
         if kind == "ask":
             asks[i].append(t)
+            done += len(asks[i]) == rounds
             if holder is None and not queue:
                 grant(i, t)
             else:
@@ -157,18 +163,23 @@ def turn_convoy(w: ConvoyWorkers, hub_Bps: float, rounds: int = CONVOY_ROUNDS) -
             # the hub's link towards the workers, shared evenly by the dispatches crossing it
             rate = min(f["pull_Bps"][i], hub_Bps / max(sum(pulling), 1))
             clock = rtt + queued(t + rtt) / hub_Bps
-            # no round trip: no slow start, the rate alone (slow_start_s)
-            flight = min(window[i], rate * clock) if clock > 0 else float("inf")
+            if clock <= 0:  # no round trip: no slow start, the rate alone (slow_start_s)
+                burst, step = float("inf"), 0.0
+            elif window[i] >= rate * clock:  # at the rate, in steps of a round trip or more
+                step = max(clock, f["pull_bytes"][i] / f["pull_Bps"][i] / SATURATED_STEPS)
+                burst = rate * step
+            else:  # one slow-start round: the window, one round trip
+                burst, step = window[i], clock
             left = f["pull_bytes"][i] - sent[i]
-            if left <= flight:
+            if left <= burst:
                 end = t + left / rate
                 pulling[i] = False
                 dispatches[i].append(end - d_start[i])
                 post(end + rtt + f["compute_s"][i], "ask", i)
             else:
-                sent[i] += flight
-                window[i] = max(window[i], 2.0 * flight)
-                post(t + clock, "round", i)
+                sent[i] += burst
+                window[i] = max(window[i], 2.0 * min(window[i], rate * clock))
+                post(t + step, "round", i)
     half = rounds // 2
     round_s = np.array([(a[-1] - a[-1 - half]) / half for a in asks])
     tail = pushes[len(pushes) // 2 :]
