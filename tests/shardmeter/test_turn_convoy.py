@@ -127,3 +127,13 @@ def test_a_schedule_repeats_when_its_grants_and_their_spacing_do() -> None:
     # cycles within CONVOY_LOCK_SPREAD of each other still repeat
     times = [c * (1.0 + 0.001 * (c % 2)) + x for c in range(5) for x in (0.0, 0.3)]
     assert schedule_period([0, 1] * 5, times) == 2
+
+
+def test_a_long_dispatch_at_its_rate_takes_its_bytes_at_the_rate() -> None:
+    # 1 MB at 1 MB/s behind a 1 ms round trip: past slow start it moves in steps of 1/64 of
+    # its second (longer than a round trip), each the rate's bytes: slow_start_s's time
+    w = workers(compute_s=(1.0,), rtt_s=(0.001,), hold_s=(0.5,), pre_s=(0.001,),
+                push_bytes=(0.48e6,), push_Bps=(1e6,), pull_bytes=(1e6,),
+                pull_Bps=(1e6,), pull_window=(IW,))  # fmt: skip
+    c = turn_convoy(w, 1e6)
+    assert c.dispatch_s == pytest.approx([float(slow_start_s(1e6, 1e6, 0.001, start_window=IW))])
