@@ -2,6 +2,7 @@
 
     python benchmarks/moe_rows.py            # the tables, shipped presets, about a second
     python benchmarks/moe_rows.py --cv cv.csv  # Table 1 with each row's held-out error too
+    python benchmarks/moe_rows.py --launch-fit  # also Table 7, the fit loss per source
 
 Table 1: every MoE row of the calibration and holdout files (a row is MoE when it has
 experts), per layer and micro-batch on the stage the schedule waits on: the measured step
@@ -35,6 +36,22 @@ how much of each hop the step exposes per chunk-micro-batch, for the plan of H1 
 `2·(p·v−1)`, one per edge between the `p·v` virtual stages each way, while a hop is shorter than
 a chunk's forward and its backward (m a multiple of p; BENCHMARKS.md, Session 9).
 
+Table 5: every interleaved row with at most two layers per chunk (runs.csv and the holdout
+file, with `runs_corrections.csv` applied, as the fit sees them): the seconds per
+chunk-micro-batch the prediction misses, (measured step − predicted step) / (m·v). A cost per
+chunk-micro-batch (point-to-point hop, schedule host work) would show as the same positive
+figure on every such row.
+
+Table 6: the MoE rows' in-sample error with the host cost per kernel launch
+(`kernel_launch_us`, the only host cost the model has) set to each value: how far the exposed
+host time after the dropless dispatch's sync would have to grow to explain run 1016, and what
+that does to the other rows with the same 16 local experts.
+
+Table 7 (`--launch-fit`): the source-weighted fit loss (mean |log error|, the fit's objective,
+shipped presets otherwise) at each `kernel_launch_us`, in all and per source, with DeepSpeed's
+list-gather shard views (`step.VIEW_OPS_PER_RANK` host ops per rank, priced per launch) and
+without them: which sources set the fitted launch cost.
+
 Table 3: Megatron-Core's non-interleaved 1F1B with its blocking point-to-point calls replayed
 the same way (a transfer starts when both ranks have posted it): the hops a step exposes,
 against the `2·m` the model charges.
@@ -45,10 +62,25 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from shardmeter.calibrate import RunSpec, predict_run, read_csv_rows, read_rows, run_from_row
+import numpy as np
+
+import shardmeter.estimate.step as step_module
+from shardmeter.calibrate import (
+    Calibration,
+    RunSpec,
+    apply_corrections,
+    families_of,
+    predict_run,
+    predictions,
+    read_corrections,
+    read_csv_rows,
+    read_rows,
+    run_from_row,
+    source_weights,
+)
 from shardmeter.errors import UserInputError
 from shardmeter.estimate.compute import (
     BWD_ATTN,
@@ -61,6 +93,9 @@ from shardmeter.estimate.plan_arrays import PlanArrays
 from shardmeter.paths import shared_path
 
 HOLDOUT = Path(__file__).resolve().parent / "holdout_runs.csv"
+CORRECTIONS = Path(__file__).resolve().parent / "runs_corrections.csv"
+LAUNCH_US = (13.14, 18.14, 25.0, 40.0, 60.0, 80.0)  # Table 6
+FIT_LAUNCH_US = (8.0, 10.0, 13.14, 16.0, 18.14, 22.0)  # Table 7
 
 
 def moe_runs(paths: Sequence[Path]) -> list[RunSpec]:
@@ -354,9 +389,114 @@ def schedule_table(runs: Sequence[RunSpec]) -> None:
         print(f"{f'p{p} m{m}':12} {base:13.3f} {with_hops:9.3f} {hops:13.1f} {2 * m:5d}")
 
 
+def corrected_runs(paths: Sequence[Path]) -> list[RunSpec]:
+    """Every row of `paths` as ShardMeter inputs with `runs_corrections.csv` applied (as the
+    fit and the cross-validation see them); rows the model cannot express are left out."""
+    corrections = read_corrections(CORRECTIONS)
+    runs: list[RunSpec] = []
+    for path in paths:
+        rows, _ = apply_corrections(read_rows(path), corrections)
+        for row in rows:
+            try:
+                runs.append(run_from_row(row))
+            except UserInputError:
+                continue
+    return runs
+
+
+def missed_per_chunk(run: RunSpec) -> tuple[float, float]:
+    """(predicted seconds per chunk-micro-batch, seconds per chunk-micro-batch the prediction
+    misses): step / (m·v) and (measured step − predicted step) / (m·v), m micro-batches of v
+    chunks on each rank."""
+    est = predict_run(run)
+    plan = run.plan
+    m = plan.global_batch // (plan.dp * plan.micro_batch)
+    chunks = m * plan.vpp
+    measured_step = est.tokens_per_step / (run.measured * est.n_gpus)
+    return est.step_time_s / chunks, (measured_step - est.step_time_s) / chunks
+
+
+def thin_chunk_table(runs: Sequence[RunSpec]) -> None:
+    """Table 5: interleaved rows with at most two layers per chunk, the time per
+    chunk-micro-batch the prediction misses."""
+    print("\ninterleaved rows with <= 2 layers per chunk: time per chunk-micro-batch missed")
+    print(f"{'run':>5} {'src':4} {'model':22} {'gpu':9} {'p':>3} {'v':>3} {'mb':>3}"
+          f" {'layers/chunk':>12} {'error':>7} {'chunk ms':>9} {'missed ms':>9}")  # fmt: skip
+    for run in runs:
+        plan = run.plan
+        if plan.pp <= 1 or plan.vpp <= 1 or run.model.n_layers > 2 * plan.pp * plan.vpp:
+            continue
+        chunk, missed = missed_per_chunk(run)
+        err = predict_run(run).tokens_per_s_per_gpu / run.measured - 1.0
+        print(
+            f"{run.run_id:>5} {run.source_id:4} {run.model.name[:22]:22}"
+            f" {run.cluster.accelerator.name[:9]:9} {plan.pp:3d} {plan.vpp:3d}"
+            f" {plan.micro_batch:3d} {run.model.n_layers / (plan.pp * plan.vpp):12.2f}"
+            f" {err:+7.1%} {1e3 * chunk:9.2f} {1e3 * missed:+9.2f}"
+        )
+
+
+def with_launch(run: RunSpec, launch_us: float) -> RunSpec:
+    """`run` with its accelerator's host cost per kernel launch set to `launch_us`."""
+    acc = run.cluster.accelerator
+    eff = acc.efficiency.model_copy(update={"kernel_launch_us": launch_us})
+    cluster = run.cluster.model_copy(
+        update={"accelerator": acc.model_copy(update={"efficiency": eff})}
+    )
+    return replace(run, cluster=cluster)
+
+
+def launch_table(runs: Sequence[RunSpec]) -> None:
+    """Table 6: the MoE rows' in-sample error at each host cost per kernel launch."""
+    print("\nMoE rows, in-sample error by host cost per kernel launch (kernel_launch_us)")
+    print(f"{'launch us':>9} " + " ".join(f"{r.run_id:>7}" for r in runs))
+    for launch_us in LAUNCH_US:
+        errs = [
+            predict_run(with_launch(r, launch_us)).tokens_per_s_per_gpu / r.measured - 1.0
+            for r in runs
+        ]
+        print(f"{launch_us:9.2f} " + " ".join(f"{e:+7.1%}" for e in errs))
+
+
+def loss_by_source(runs: Sequence[RunSpec], launch_us: float) -> tuple[float, dict[str, float]]:
+    """The fit's objective (source-weighted mean |log error|) under the shipped presets with
+    `kernel_launch_us = launch_us`: in all, and each source's share of it."""
+    cal = Calibration.start(families_of(runs))
+    cal = replace(cal, kernel_launch_us=launch_us)
+    measured = np.array([r.measured for r in runs])
+    terms = source_weights(runs) * np.abs(np.log(predictions(runs, cal) / measured))
+    per: dict[str, float] = {}
+    for run, term in zip(runs, terms, strict=True):
+        per[run.source_id] = per.get(run.source_id, 0.0) + float(term)
+    return float(terms.sum()), per
+
+
+def launch_fit_table(runs: Sequence[RunSpec]) -> None:
+    """Table 7: fit loss in all and per source at each kernel_launch_us, with DeepSpeed's
+    list-gather shard views priced per launch (as shipped) and without them."""
+    shipped = step_module.VIEW_OPS_PER_RANK
+    for label, views in (("with", shipped), ("without", 0.0)):
+        step_module.VIEW_OPS_PER_RANK = views
+        try:
+            rows = [(us, *loss_by_source(runs, us)) for us in FIT_LAUNCH_US]
+        finally:
+            step_module.VIEW_OPS_PER_RANK = shipped
+        sources = sorted(rows[0][2])
+        print(f"\nfit loss x 1e4 by kernel_launch_us, {label} DeepSpeed's shard views"
+              " (per source: change from the first column)")  # fmt: skip
+        print(f"{'launch us':>9} {'all':>6} " + " ".join(f"{s:>5}" for s in sources))
+        first = rows[0][2]
+        for us, total, per in rows:
+            cells = " ".join(f"{1e4 * (per[s] - first[s]):+5.0f}" for s in sources)
+            print(f"{us:9.2f} {1e4 * total:6.1f} {cells}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cv", metavar="CSV", help="held-out errors (calibration.py --cv-out)")
+    parser.add_argument(
+        "--launch-fit", action="store_true", help="Table 7: fit loss by kernel_launch_us"
+    )
     args = parser.parse_args(argv)
     try:
         held_out = held_out_errors(args.cv) if args.cv else None
@@ -369,6 +509,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     schedule_table(runs)
     row = next(r for r in read_rows(HOLDOUT) if r.get("run_id") == "1016")
     layout_table(row)
+    paths = [HOLDOUT] if shared is None else [shared, HOLDOUT]
+    every = corrected_runs(paths)
+    thin_chunk_table(every)
+    launch_table(runs)
+    if args.launch_fit:
+        launch_fit_table(every)
     return 0
 
 

@@ -56,6 +56,7 @@ OFFLOAD_ACT_TESTS = (
 )
 HBM_GATHER_TESTS = "tests/shardmeter/test_closed_form.py::test_zero3_per_matrix_gathers_stream_their_bytes_through_hbm"
 VIEW_TESTS = "tests/shardmeter/test_closed_form.py::test_zero3_list_gather_builds_its_views_on_the_host_before_the_ring"
+MOE_EXPERT_LAUNCH_TESTS = "tests/shardmeter/test_compute.py::test_moe_small_experts_pay_size_curve_and_synced_launches_dense_layers_do_not"
 COMPILED_FUSION_TESTS = "tests/shardmeter/test_closed_form.py::test_compiled_step_fuses_elementwise_ops_into_the_matmuls"
 KERNEL_TESTS = "tests/shardmeter/test_attention_kernels.py"
 OVERLAP_CHUNK_TESTS = "tests/shardmeter/test_overlap_chunks.py"
@@ -1215,6 +1216,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("DeepSpeed list gather: FSDP flat gathers build host views too", "step.py",
              "views = where(plans.gather_matrix, launch_time(VIEW_OPS_PER_RANK * d, plans, acc), 0.0)",
              "views = launch_time(VIEW_OPS_PER_RANK * d, plans, acc)", VIEW_TESTS),
+    # --- MoE launches after the dispatch's host sync, per local expert (session 12, moe) ---
+    Mutation("MoE: an activation launch per local expert too", "compute.py",
+             "KERNELS_PER_EXPERT = 2.0", "KERNELS_PER_EXPERT = 3.0", MOE_EXPERT_LAUNCH_TESTS),
+    Mutation("MoE: FP8 expert inputs quantized without launches", "compute.py",
+             "FP8_CASTS_PER_EXPERT = 2.0", "FP8_CASTS_PER_EXPERT = 0.0", MOE_EXPERT_LAUNCH_TESTS),
+    Mutation("MoE: BF16 experts launch FP8 quantizes", "compute.py",
+             "per_expert = KERNELS_PER_EXPERT + where(sh.fp8, FP8_CASTS_PER_EXPERT, 0.0)",
+             "per_expert = KERNELS_PER_EXPERT + FP8_CASTS_PER_EXPERT", MOE_EXPERT_LAUNCH_TESTS),
     # --- throughput accuracy: FP8 scaling granularity and async TP (torchtitan asyncTP rows) ---
     Mutation("rowwise FP8 casts like tensorwise (4 B)", "compute.py",
              "FP8_ROWWISE_CAST_BYTES = 6.0", "FP8_ROWWISE_CAST_BYTES = 4.0",

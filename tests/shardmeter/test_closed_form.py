@@ -548,7 +548,7 @@ def test_unfused_attention_scores_through_hbm() -> None:
 
 def test_kernel_launches_bound_tiny_layers_and_moe_sync() -> None:
     """At 10 µs per launch a tiny layer's 11 kernels outlast its GPU work (forward 110 µs,
-    backward 220 µs); a dropless MoE layer adds 60 + 3 per local expert launches after its host
+    backward 220 µs); a dropless MoE layer adds 60 + 2 per local expert launches after its host
     sync, on top of the forward, and its backward launches twice everything."""
     tiny = TransformerSpec(n_layers=2, hidden=64, n_heads=1, ffn=256, vocab=64, seq_len=16)
     world = cluster(launch_us=10.0)
@@ -558,7 +558,7 @@ def test_kernel_launches_bound_tiny_layers_and_moe_sync() -> None:
     check(est.step_time_s, 2 * (110e-6 + 220e-6) + head + embed)
     moe = tiny.model_copy(update={"moe": MoESpec(experts=4, top_k=1)})
     est_moe = estimate_step(moe, world, Plan(micro_batch=1, global_batch=1))
-    synced = (60 + 3 * 4) * 10e-6
+    synced = (60 + 2 * 4) * 10e-6
     layer = 110e-6 + synced + 2 * (110e-6 + synced)
     check(est_moe.step_time_s, 2 * layer + head + embed)
     graphs = estimate_step(tiny, world, Plan(micro_batch=1, global_batch=1, graphs=True))
@@ -567,14 +567,14 @@ def test_kernel_launches_bound_tiny_layers_and_moe_sync() -> None:
 
 def test_moe_sync_launches_add_to_gpu_bound_forward() -> None:
     """At 2 µs per launch the MoE layer's GPU forward (45 µs) outlasts its 11 ordinary launches
-    but the 60 + 3·4 launches after the host sync still add on top; the backward, with no
+    but the 60 + 2·4 launches after the host sync still add on top; the backward, with no
     sync, takes the larger of its GPU work and twice all launches."""
     world = cluster(launch_us=2.0)
     moe = MODEL.model_copy(update={"moe": MoESpec(experts=4, top_k=2)})
     est = estimate_step(moe, world, Plan(micro_batch=1, global_batch=1))
     g = (2 * T1 * H * 4 * H + 2 * T1 * 2 * H * FFN * 2 + 2 * T1 * H * 4) / PEAK
     a = attn_s(T1)
-    launch, synced = 11 * 2e-6, (60 + 3 * 4) * 2e-6
+    launch, synced = 11 * 2e-6, (60 + 2 * 4) * 2e-6
     fwd = max(g + a, launch) + synced
     bwd = max(2 * g + 2.5 * a, 2 * (launch + synced))
     head = 3 * head_s(T1)  # 3 launches (6 µs) hide under the 17 µs head GEMM

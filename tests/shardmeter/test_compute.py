@@ -16,7 +16,7 @@ from shardmeter.estimate.compute import (
     stage_layers,
     unit_costs,
 )
-from shardmeter.estimate.plan_arrays import PlanArrays
+from shardmeter.estimate.plan_arrays import PRECISION_CODES, PlanArrays
 from shardmeter.specs.hardware import Accelerator, Efficiency
 from shardmeter.specs.model import MoESpec, TransformerSpec
 
@@ -125,8 +125,9 @@ def test_ep_load_imbalance_is_one_without_ep_and_shrinks_with_tokens() -> None:
 
 def test_moe_small_experts_pay_size_curve_and_synced_launches_dense_layers_do_not() -> None:
     """Same active FLOPs split over many small experts run slower (smaller per-expert GEMMs
-    and 3 kernel launches per local expert behind the dropless routing's host sync); the dense
-    layer's launches hide behind its GPU work; CUDA graphs remove every launch."""
+    and, behind the dropless routing's host sync, 2 GEMM launches per local expert, 4 under
+    FP8 with each GEMM input's quantize); the dense layer's launches hide behind its GPU work;
+    CUDA graphs remove every launch."""
     base = TransformerSpec(
         n_layers=8, hidden=2048, n_heads=16, ffn=6144, mlp="swiglu", vocab=32000, seq_len=4096
     )
@@ -136,8 +137,12 @@ def test_moe_small_experts_pay_size_curve_and_synced_launches_dense_layers_do_no
     coarse = base.model_copy(update={"moe": MoESpec(experts=8, top_k=1)})
     fine = base.model_copy(update={"ffn": 768, "moe": MoESpec(experts=64, top_k=8)})
     c, f = layer_forward(coarse, plans, acc, True), layer_forward(fine, plans, acc, True)
-    assert float(f.synced_launch_s) == pytest.approx((60 + 3 * 64) * 10e-6)
-    assert float(c.synced_launch_s) == pytest.approx((60 + 3 * 8) * 10e-6)
+    assert float(f.synced_launch_s) == pytest.approx((60 + 2 * 64) * 10e-6)
+    assert float(c.synced_launch_s) == pytest.approx((60 + 2 * 8) * 10e-6)
+    fp8 = PlanArrays.from_columns(ep=1, micro_batch=1, precision=PRECISION_CODES["fp8"])
+    assert float(layer_forward(fine, fp8, acc, True).synced_launch_s) == pytest.approx(
+        (60 + 4 * 64) * 10e-6
+    )
     assert float(f.forward_s) > float(c.forward_s)
     dense = layer_forward(base, plans, acc, False)
     assert float(dense.synced_launch_s) == 0.0

@@ -137,3 +137,48 @@ def test_layouts_of_run_1016_keep_the_row_first_and_move_to_ep16(bench: ModuleTy
     assert rows[0][1] == pytest.approx(first * bench.QWEN3_30B_FLOP_PER_TOKEN / 1e12)
     plan = bench.run_from_row({**row, **rows[1][0].cells}).plan
     assert (plan.pp, plan.ep, plan.dp, plan.micro_batch, plan.precision) == (1, 16, 16, 1, "bf16")
+
+
+def test_time_missed_per_chunk_is_the_step_gap_over_the_chunk_micro_batches(
+    bench: ModuleType,
+) -> None:
+    """An exact prediction misses nothing; a measurement at half the predicted throughput
+    (twice the step) misses one predicted chunk-micro-batch per chunk-micro-batch."""
+    row = next(r for r in bench.read_rows(bench.HOLDOUT) if r["run_id"] == "1016")
+    run = bench.run_from_row(row)
+    est = bench.predict_run(run)
+    exact = bench.replace(run, measured=est.tokens_per_s_per_gpu)
+    chunk, missed = bench.missed_per_chunk(exact)
+    m = run.plan.global_batch // (run.plan.dp * run.plan.micro_batch)
+    assert chunk == pytest.approx(est.step_time_s / (m * run.plan.vpp))
+    assert missed == pytest.approx(0.0, abs=1e-12)
+    half = bench.replace(run, measured=est.tokens_per_s_per_gpu / 2.0)
+    assert bench.missed_per_chunk(half)[1] == pytest.approx(chunk)
+
+
+def test_host_cost_per_launch_slows_only_the_plans_that_launch(bench: ModuleType) -> None:
+    row = next(r for r in bench.read_rows(bench.HOLDOUT) if r["run_id"] == "1011")
+    run = bench.run_from_row(row)
+    shipped = run.cluster.accelerator.efficiency.kernel_launch_us
+    same = bench.with_launch(run, shipped)
+    assert bench.predict_run(same).step_time_s == pytest.approx(bench.predict_run(run).step_time_s)
+    slow = bench.with_launch(run, 4.0 * shipped)
+    assert slow.cluster.accelerator.efficiency.kernel_launch_us == 4.0 * shipped
+    assert bench.predict_run(slow).step_time_s > bench.predict_run(run).step_time_s
+    graphs = bench.replace(run, plan=run.plan.model_copy(update={"graphs": True}))
+    assert bench.predict_run(bench.with_launch(graphs, 4.0 * shipped)).step_time_s == (
+        pytest.approx(bench.predict_run(graphs).step_time_s)
+    )
+
+
+def test_fit_loss_by_source_adds_up_and_the_views_constant_is_restored(
+    bench: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = bench.moe_runs([bench.HOLDOUT])
+    total, per = bench.loss_by_source(runs, 13.14)
+    assert sum(per.values()) == pytest.approx(total)
+    assert set(per) == {r.source_id for r in runs}
+    shipped = bench.step_module.VIEW_OPS_PER_RANK
+    bench.launch_fit_table(runs)
+    assert shipped == bench.step_module.VIEW_OPS_PER_RANK
+    assert "without DeepSpeed's shard views" in capsys.readouterr().out

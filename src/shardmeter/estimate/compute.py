@@ -43,11 +43,15 @@ KERNELS_BWD = 2.0
 # and grouped-GEMM sizes are host lists), which drains the GPU queue: the kernels launched
 # after that sync are not hidden behind earlier GPU work. They are the token dispatcher's
 # (router top-k, softmax and aux loss, token counts, permute, sort chunks by expert, unpermute:
-# about 60 eager ops in Megatron-Core's TopKRouter + MoEAlltoAllTokenDispatcher) plus fc1,
-# activation and fc2 per local expert
-# (TE GroupedLinear issues one GEMM per expert).
+# about 60 eager ops in Megatron-Core's TopKRouter + MoEAlltoAllTokenDispatcher, and the
+# activation, which Megatron-Core's TEGroupedMLP.forward applies once over every local
+# expert's rows) plus, per local expert, the fc1 and fc2 GEMMs (Transformer Engine
+# grouped_linear.py: `general_grouped_gemm`, one GEMM per expert) and, under FP8, the quantize
+# of each of those two GEMMs' input slices (`tex.split_quantize`, one quantizer per expert;
+# BF16 slices are `torch.split` views). Kernels, dimensionless.
 MOE_SYNCED_KERNELS = 60.0
-KERNELS_PER_EXPERT = 3.0
+KERNELS_PER_EXPERT = 2.0
+FP8_CASTS_PER_EXPERT = 2.0
 HEAD_KERNELS = 3.0  # output GEMM, softmax cross-entropy, loss reduction
 # HBM bytes per element of the element-wise ops, fused (one kernel: read 2 B, write 2 B) and
 # eager (PyTorch op by op, torchtitan's Llama code). RMSNorm `_norm(x.float()).type_as(x) *
@@ -412,7 +416,8 @@ def layer_forward(
         # (read T·h, write T·k·h) and unpermute (read T·k·h, write T·h), bf16 (Megatron-Core
         # moe_utils.permute/unpermute).
         routing_bytes = 12.0 * t * spec.experts + 4.0 * t * h * (1.0 + spec.top_k)
-        synced = launch_time(MOE_SYNCED_KERNELS + KERNELS_PER_EXPERT * local_experts, plans, acc)
+        per_expert = KERNELS_PER_EXPERT + where(sh.fp8, FP8_CASTS_PER_EXPERT, 0.0)
+        synced = launch_time(MOE_SYNCED_KERNELS + per_expert * local_experts, plans, acc)
     else:
         width = model.dense_ffn / tp
         mlp_whole, mlp_flops, down_whole = _mlp_cost(sh, h, width, n_mat, t, acc)
