@@ -1294,6 +1294,24 @@ MUTATIONS: tuple[Mutation, ...] = (
              "        if convoy.locked:\n", "        if False:\n", CONVOY_TESTS),
     Mutation("convoy: the planner uses a drifting schedule too", "outer.py",
              "        if convoy.locked:\n", "        if True:\n", CONVOY_TESTS),
+    # rowwise FP8: every further Linear over a shared input casts it again
+    Mutation("rowwise recast: Q, K, V as one Linear", "compute.py",
+             "ROWWISE_QKV_LINEARS = 3.0", "ROWWISE_QKV_LINEARS = 1.0",
+             F8S_TESTS + "::test_rowwise_scaling_recasts_the_input_of_every_further_linear"),
+    Mutation("rowwise recast: fused into the producer (6 B)", "compute.py",
+             "FP8_ROWWISE_RECAST_BYTES = 8.0", "FP8_ROWWISE_RECAST_BYTES = 6.0",
+             F8S_TESTS + "::test_rowwise_scaling_recasts_the_input_of_every_further_linear"),
+    Mutation("rowwise recast: SwiGLU's second up Linear not cast", "compute.py",
+             "max(up_linears - 1.0, 0.0)", "max(up_linears - 2.0, 0.0)",
+             F8S_TESTS + "::test_rowwise_scaling_recasts_the_input_of_every_further_linear"),
+    Mutation("rowwise recast: charged in a compiled graph", "compute.py",
+             "recast_on = sh.fp8 & plans.fp8_rowwise & logical_not(plans.compiled)",
+             "recast_on = sh.fp8 & plans.fp8_rowwise",
+             F8S_TESTS + "::test_rowwise_scaling_recasts_the_input_of_every_further_linear"),
+    Mutation("rowwise recast: charged under tensorwise", "compute.py",
+             "recast_on = sh.fp8 & plans.fp8_rowwise & logical_not(plans.compiled)",
+             "recast_on = sh.fp8 & logical_not(plans.compiled)",
+             F8S_TESTS + "::test_rowwise_scaling_recasts_the_input_of_every_further_linear"),
 )  # fmt: skip
 
 

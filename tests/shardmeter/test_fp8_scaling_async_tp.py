@@ -69,17 +69,45 @@ def test_rowwise_scaling_casts_each_operand_once_per_gemm() -> None:
     transposition: every activation input and output gradient is cast twice (read 2 B, write
     1 B each), 6 B per element instead of the tensorwise cast-transpose's 4 B. 1 TB/s HBM,
     tp 1: forward the inputs of QKV, output projection, MLP up and down (3h + F per token),
-    backward their output gradients (5h + F): 2 B × T × (8h + 2F) more per layer."""
+    backward their output gradients (5h + F): 2 B × T × (8h + 2F) more per layer; and the K
+    and V Linears cast the attention input again, 8 B × 2·T·h (GELU: one up Linear)."""
     cl = world(hbm_bytes_per_s=1e12)
     base = Plan(micro_batch=1, global_batch=1, precision="fp8", fp8_recipe="torchao")
     tensorwise = estimate_step(MODEL, cl, base)
     rowwise = estimate_step(MODEL, cl, base.model_copy(update={"fp8_scaling": "rowwise"}))
     delta = rowwise.time_breakdown["compute"] - tensorwise.time_breakdown["compute"]
-    check(delta, LAYERS * 2 * T1 * ((3 * H + FFN) + (5 * H + FFN)) / 1e12)
+    recast = 8 * 2 * T1 * H
+    check(delta, LAYERS * (2 * T1 * ((3 * H + FFN) + (5 * H + FFN)) + recast) / 1e12)
     # bf16 plans cast nothing, whatever the scaling field says
     bf16 = Plan(micro_batch=1, global_batch=1)
     bf16_row = estimate_step(MODEL, cl, bf16.model_copy(update={"fp8_scaling": "rowwise"}))
     check(bf16_row.step_time_s, estimate_step(MODEL, cl, bf16).step_time_s)
+
+
+def test_rowwise_scaling_recasts_the_input_of_every_further_linear() -> None:
+    """Rowwise casts inside each Float8Linear, so the Linears that share an input each cast
+    it: torchtitan's Llama has wq, wk, wv over the attention input and SwiGLU w1, w3 over the
+    MLP input, three casts more than one per input, each unfused (torchao's roofline: read
+    2 B, write 1 B + a 2 B transposed copy, read 2 B, write 1 B = 8 B per element). SwiGLU
+    model, 1 TB/s HBM, tp 1: (2 + 1) · T · h · 8 B per layer, forward, more than the
+    per-GEMM casts; none for tensorwise, none for a compiled (XLA) graph."""
+    swiglu = MODEL.model_copy(update={"mlp": "swiglu"})
+    cl = world(hbm_bytes_per_s=1e12)
+    base = Plan(micro_batch=1, global_batch=1, precision="fp8", fp8_recipe="torchao")
+    tensorwise = estimate_step(swiglu, cl, base)
+    rowwise = estimate_step(swiglu, cl, base.model_copy(update={"fp8_scaling": "rowwise"}))
+    delta = rowwise.time_breakdown["compute"] - tensorwise.time_breakdown["compute"]
+    # the per-GEMM casts (2 B more per element): forward 3h + F, backward 5h + 2F (SwiGLU's
+    # two up projections each get an output gradient of width F)
+    per_gemm = 2 * T1 * ((3 * H + FFN) + (5 * H + 2 * FFN))
+    check(delta, LAYERS * (per_gemm + 8 * 3 * T1 * H) / 1e12)
+    compiled = base.model_copy(update={"compiled": True})
+    check(
+        estimate_step(
+            swiglu, cl, compiled.model_copy(update={"fp8_scaling": "rowwise"})
+        ).step_time_s,
+        estimate_step(swiglu, cl, compiled).step_time_s,
+    )
 
 
 def layer_gemms(fp8: bool) -> dict[str, float]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardmeter.estimate._xp import Num, as_float, ceil, log, maximum, sqrt, where
+from shardmeter.estimate._xp import Num, as_float, ceil, log, logical_not, maximum, sqrt, where
 from shardmeter.estimate.plan_arrays import (
     ATTENTION_CODES,
     PRECISION_CODES,
@@ -87,6 +87,16 @@ FP8_CAST_BYTES = 4.0
 # and each output gradient once per backward GEMM, 2 × (read 2 B, write 1 B) per element
 # (torchao docs, "Quantized Training": to_fp8(input_bf16) @ ..., to_fp8(input_bf16.t()) @ ...).
 FP8_ROWWISE_CAST_BYTES = 6.0
+# Rowwise scaling casts inside each Float8Linear, after torchtitan's bf16 TP gather (its
+# tensorwise TP plan instead casts once at the module input, PrepareFloat8ModuleInput), so every
+# nn.Linear that reads an input casts it again: torchtitan's Llama builds `wq`, `wk`, `wv` as
+# three Linears over the attention input and the SwiGLU `w1`, `w3` as two over the MLP input
+# (torchtitan models/llama3/model.py). Each further cast cannot fuse into the producing op:
+# read 2 B, write the FP8 rows 1 B and a bf16 transposed copy 2 B, then read 2 B and write the
+# FP8 columns 1 B = 8 B per element (torchao testing/training/roofline_utils.py,
+# get_tensor_memory_traffic_ovhd_s, "rowwise", fuse_with_prev=False).
+ROWWISE_QKV_LINEARS = 3.0
+FP8_ROWWISE_RECAST_BYTES = 8.0
 NORM_BYTES = (4.0, 36.0)
 # One compiled graph (XLA, `compiled`) fuses the element-wise ops into the matmuls beside them:
 # the norm's scale into the next GEMM's operand, the residual add and RoPE into the epilogue of
@@ -446,6 +456,12 @@ def layer_forward(
     quant_fwd = t * (h + sh.q_local) + mlp_rows * h + t * active_width
     quant_bwd = t * (sh.q_local + 2.0 * sh.kv_local + h) + (n_mat - 1) * t * active_width
     quant_bwd = quant_bwd + mlp_rows * h
+    # Rowwise: the further Linears over the same input cast it again (ROWWISE_QKV_LINEARS; the
+    # dense MLP's n_mat − 1 up projections), FP8_ROWWISE_RECAST_BYTES per element.
+    up_linears = 0.0 if moe and model.moe is not None else n_mat - 1.0
+    recast = (ROWWISE_QKV_LINEARS - 1.0 + max(up_linears - 1.0, 0.0)) * t * h
+    recast_on = sh.fp8 & plans.fp8_rowwise & logical_not(plans.compiled)
+    recast_s = where(recast_on, memory_time(FP8_ROWWISE_RECAST_BYTES * recast, acc), 0.0)
     return LayerCost(
         gemm_s=gemm_s + fwd_extra,
         gemm_bwd_s=BWD_GEMM * gemm_s + bwd_extra,
@@ -461,7 +477,7 @@ def layer_forward(
         qkv_s=qkv,
         out_s=out,
         cast_s=cast_time(weights, plans, acc),
-        quant_s=fp8_cast_time(quant_fwd, plans, acc, sh.fp8),
+        quant_s=fp8_cast_time(quant_fwd, plans, acc, sh.fp8) + recast_s,
         quant_bwd_s=fp8_cast_time(quant_bwd, plans, acc, sh.fp8),
     )
 
