@@ -58,7 +58,6 @@ HBM_GATHER_TESTS = "tests/shardmeter/test_closed_form.py::test_zero3_per_matrix_
 VIEW_TESTS = "tests/shardmeter/test_closed_form.py::test_zero3_list_gather_builds_its_views_on_the_host_before_the_ring"
 COMPILED_FUSION_TESTS = "tests/shardmeter/test_closed_form.py::test_compiled_step_fuses_elementwise_ops_into_the_matmuls"
 KERNEL_TESTS = "tests/shardmeter/test_attention_kernels.py"
-CHUNK_SYNC_TESTS = "tests/shardmeter/test_closed_form.py::test_interleaved_chunks_sync_one_by_one"
 OVERLAP_CHUNK_TESTS = "tests/shardmeter/test_overlap_chunks.py"
 CORRECTION_TESTS = "tests/shardmeter/test_run_corrections.py"
 LINK_SLOT_TESTS = "tests/heloco/test_link_slots.py"
@@ -1232,16 +1231,6 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("async TP: data-gradient GEMMs not decomposed", "compute.py",
              "bwd_gather=where(decomposed, tp, 1.0)", "bwd_gather=1.0",
              F8S_TESTS + "::test_async_tp_runs_each_decomposed_gemm_as_tp_row_blocks"),
-    # --- interleaved pipelines: each model chunk syncs its gradients and parameters alone ---
-    Mutation("interleaved sync: one micro-batch window, as plain 1F1B", "step.py",
-             "wide = (pp * (vpp - 1.0) + 1.0) / vpp * window_s", "wide = window_s",
-             CHUNK_SYNC_TESTS),
-    Mutation("interleaved sync: the last chunk exposes nothing", "step.py",
-             "last_chunk = maximum(comm_s - window_s, 0.0) / vpp", "last_chunk = 0.0 * comm_s",
-             CHUNK_SYNC_TESTS),
-    Mutation("interleaved sync: parameter gathers in one forward", "step.py",
-             "gather_window = chunked_sync_window(ag_once, on_critical(\"forward\"), minimum(pp, m), vpp)",
-             "gather_window = on_critical(\"forward\")", CHUNK_SYNC_TESTS),
 )  # fmt: skip
 
 

@@ -388,40 +388,6 @@ def test_pipeline_interleaved() -> None:
     check(est.memory_bytes, memory)
 
 
-def _chunked_hidden(comm: float, window: float, pp: int, vpp: int) -> float:
-    """Megatron's interleaved schedule syncs each of the stage's vpp chunks on its own: from
-    the first chunk's last backward on, (p·(v − 1) + 1)/v micro-batch passes remain, and the
-    chunk finishing last exposes (T − w)/v beyond its own pass."""
-    exposed = max(comm - (pp * (vpp - 1) + 1) / vpp * window, (comm - window) / vpp, 0.0)
-    return comm - exposed
-
-
-@pytest.mark.parametrize(
-    ("pp", "vpp", "domain", "binds"), [(2, 2, 8, "wide"), (4, 2, 16, "last chunk")]
-)
-def test_interleaved_chunks_sync_one_by_one(pp: int, vpp: int, domain: int, binds: str) -> None:
-    """ZeRO-1, dp 4 in one NVLink domain, overlap on, m = pp: the gradient reduce-scatter of
-    the stage holding the most parameters hides behind (p·(v−1) + 1)/v of its last backward
-    (not one), the parameter all-gather behind as much of its forward; at pp 4 the chunk that
-    finishes last binds the reduce-scatter instead ((T − w)/v exposed)."""
-    plan = Plan(dp=4, pp=pp, vpp=vpp, sharding="zero1", micro_batch=1, global_batch=4 * pp,
-                overlap_dp=True, overlap_param_gather=True)  # fmt: skip
-    est = estimate_step(MODEL, cluster(domain=domain), plan)
-    layers = LAYERS // pp
-    stage_params = layers * LAYER_PARAMS + TABLE_PARAMS
-    rs = ag = ring(4, 2 * stage_params, W_NV)
-    bwd = layers * layer_bwd(T1) + 2 * head_s(T1)  # the last stage: its layers and the head
-    fwd = layers * (gemm_s(T1) + attn_s(T1)) + head_s(T1)
-    hid_rs, hid_ag = _chunked_hidden(rs, bwd, pp, vpp), _chunked_hidden(ag, fwd, pp, vpp)
-    check(est.time_hidden["dp_comm"], hid_rs)
-    check(est.time_hidden["fsdp_comm"], hid_ag)
-    check(est.time_breakdown["dp_comm"], rs - hid_rs + K * hid_rs)
-    check(est.time_breakdown["fsdp_comm"], ag - hid_ag + K * hid_ag)
-    wide = (pp * (vpp - 1) + 1) / vpp * bwd
-    assert (wide < rs - (rs - bwd) / vpp) == (binds == "wide")
-    assert hid_rs > bwd and hid_ag > fwd  # more than the one micro-batch of plain 1F1B
-
-
 def test_uneven_stages_middle_is_slowest_and_fullest() -> None:
     """pp 4 with one layer on the first and last stages: the middle stages hold 3 each. The
     slowest is a middle stage; the bubble is every other stage's work. The fullest is stage 1:

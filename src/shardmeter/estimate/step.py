@@ -131,25 +131,6 @@ def _overlap(comm_s: Num, window_s: Num, slowdown: float) -> _Overlap:
     )
 
 
-def chunked_sync_window(comm_s: Num, window_s: Num, pp: Num, vpp: Num) -> Num:
-    """Seconds of a once-per-step gradient reduce (or parameter gather) that the stage's
-    compute hides when the interleaved schedule syncs each of its `vpp` model chunks on its own.
-
-    Megatron-Core's interleaved 1F1B launches a chunk's gradient reduce when that chunk's last
-    micro-batch backward is done and prefetches the next chunk's parameters at its first
-    forward (`forward_backward_pipelining_with_interleaving`: `grad_sync_func[chunk]` after
-    `is_last_microbatch_for_model_chunk`, `param_sync_func[chunk + 1]` at
-    `is_first_microbatch_for_model_chunk`). The last group runs `pp` micro-batches of each
-    chunk in turn, so from the first chunk's last backward to the end of the step the stage
-    computes `(pp·(vpp − 1) + 1)/vpp` micro-batch passes `w` (its window, seconds), and the
-    chunk finishing last exposes its own 1/vpp share beyond its own pass: exposed = max(T − W,
-    (T − w)/vpp); returns T − exposed (the window `_overlap` takes). vpp = 1: `w`, as before.
-    """
-    wide = (pp * (vpp - 1.0) + 1.0) / vpp * window_s
-    last_chunk = maximum(comm_s - window_s, 0.0) / vpp
-    return minimum(wide, comm_s - last_chunk)
-
-
 def _share(part: Num, whole: Num) -> Num:
     return where(whole > 0, part / maximum(whole, 1e-300), 0.0)
 
@@ -519,14 +500,12 @@ def estimate_step_arrays(
         where((stage == SHARDING_CODES["zero1"]) | zero3_once, stage_sync.rs, 0.0) + stage_sync.ar
     )
     bwd_window = on_critical("backward")  # the last micro-batch's backward + recompute
-    grad_window = chunked_sync_window(grad_once, bwd_window, minimum(pp, m), vpp)
-    dp_once_ov = _overlap(grad_once, where(plans.overlap_dp, grad_window, 0.0), u)
+    dp_once_ov = _overlap(grad_once, where(plans.overlap_dp, bwd_window, 0.0), u)
     dp_once = dp_once_ov.cost
     ag_once = where(
         (stage >= SHARDING_CODES["zero1"]) & (logical_not(zero3) | zero3_once), stage_sync.ag, 0.0
     )
-    gather_window = chunked_sync_window(ag_once, on_critical("forward"), minimum(pp, m), vpp)
-    fwd_window = where(plans.overlap_param_gather, gather_window, 0.0)
+    fwd_window = where(plans.overlap_param_gather, on_critical("forward"), 0.0)
     fsdp_once_ov = _overlap(ag_once, fwd_window, u)
     fsdp_once = fsdp_once_ov.cost
     steps_sync = STEP_SYNCS * comm.sync_time(as_float(plans.n_gpus), cluster)
