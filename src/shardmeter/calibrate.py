@@ -672,27 +672,27 @@ FAMILY_BOUND: tuple[float, float] = (0.2, 0.98)
 # `Calibration.prior_matmul_max`.
 FAMILY_START: dict[str, float] = {
     "ampere": 0.7973,
-    "hopper": 0.7743,
-    "hopper-500w": 0.6823,
-    "blackwell": 0.7134,
-    "tpu": 0.7767,
+    "hopper": 0.7717,
+    "hopper-500w": 0.6847,
+    "blackwell": 0.7069,
+    "tpu": 0.7700,
     "cdna": 0.6,
     "ada": 0.6,
 }
 SHARED_PARAMETERS: tuple[Bound, ...] = (
-    Bound("matmul_half_us", 0.5, 50.0, 33.6387),
-    Bound("attention_ratio", 0.4, 1.0, 0.4502),
-    Bound("memory", 0.6, 0.95, 0.8023),
-    Bound("fp8_speedup", 1.2, 2.0, 1.6549),
-    Bound("nvlink_efficiency", 0.6, 0.95, 0.6500),
-    Bound("nic_efficiency", 0.7, 0.95, 0.8929),
+    Bound("matmul_half_us", 0.5, 50.0, 32.6150),
+    Bound("attention_ratio", 0.4, 1.0, 0.4547),
+    Bound("memory", 0.6, 0.95, 0.7696),
+    Bound("fp8_speedup", 1.2, 2.0, 1.6589),
+    Bound("nvlink_efficiency", 0.6, 0.95, 0.6103),
+    Bound("nic_efficiency", 0.7, 0.95, 0.9426),
     Bound("overlap_slowdown", 0.0, 0.2, 0.2000),
     # Host time per kernel launch: a CUDA launch is 2-5 µs, an eager PyTorch op with its
     # Python dispatch 5-30 µs (measured dispatch overheads of eager frameworks).
-    Bound("kernel_launch_us", 1.0, 30.0, 13.1361),
+    Bound("kernel_launch_us", 1.0, 30.0, 15.4610),
     # GPU-to-GPU speed spread (sd/mean): 0 (identical chips) to 5% (Sinha et al. SC'22 measure
     # a few percent of clock and throughput variation across the GPUs of production clusters).
-    Bound("speed_cv", 0.0, 0.05, 0.0069),
+    Bound("speed_cv", 0.0, 0.05, 0.0058),
 )
 
 
