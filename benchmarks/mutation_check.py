@@ -1207,7 +1207,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              "shardmeter/data/accelerators/h100-sxm.toml",
              "mma_sync_fraction = 0.62  #", "mma_sync_fraction = 0.6667  #",
              "tests/shardmeter/test_flash2_rate.py"),
-    # --- DeepSpeed 2021 ZeRO-3: the list gather's host-built shard views (session 11) ---
+    # --- DeepSpeed 2021 ZeRO-3: the list gather's host-built shard views ---
     Mutation("DeepSpeed list gather: no host views before the ring", "step.py",
              "VIEW_OPS_PER_RANK = 1.0", "VIEW_OPS_PER_RANK = 0.0", VIEW_TESTS),
     Mutation("DeepSpeed list gather: host views hidden in the max with the ring", "step.py",
@@ -1216,7 +1216,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("DeepSpeed list gather: FSDP flat gathers build host views too", "step.py",
              "views = where(plans.gather_matrix, launch_time(VIEW_OPS_PER_RANK * d, plans, acc), 0.0)",
              "views = launch_time(VIEW_OPS_PER_RANK * d, plans, acc)", VIEW_TESTS),
-    # --- MoE launches after the dispatch's host sync, per local expert (session 12, moe) ---
+    # --- MoE launches after the dispatch's host sync, per local expert ---
     Mutation("MoE: an activation launch per local expert too", "compute.py",
              "KERNELS_PER_EXPERT = 2.0", "KERNELS_PER_EXPERT = 3.0", MOE_EXPERT_LAUNCH_TESTS),
     Mutation("MoE: FP8 expert inputs quantized without launches", "compute.py",
