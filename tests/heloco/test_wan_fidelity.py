@@ -216,9 +216,9 @@ def test_unequal_workers_taking_turns_are_predicted_as_their_convoy(bench: Modul
     blocking = next(r for r in results if r.run.exchange == "blocking")
     for m, p in zip(blocking.workers, bench.predict(blocking), strict=True):
         assert p.round_s == pytest.approx(m.period_s, rel=0.10)
-    # three equal workers on the fidelity table's shared link drift: the mean-value analysis, the same
-    # exposed exchange for each within 2 ms (the drifting schedule's own rounds spread theirs
-    # by 39 ms)
+    # three equal workers on the fidelity table's shared link drift: the mean-value analysis,
+    # the same exposed exchange for each within 2 ms (the drifting schedule's own rounds
+    # spread theirs by 39 ms)
     equal = next(r for r in bench.load(saved / "wan_fidelity.json")[0]
                  if r.run.name == "shared server" and r.run.exchange == "blocking")  # fmt: skip
     exposed = [p.exposed_s for p in bench.predict(equal)]
