@@ -71,11 +71,9 @@ import shardmeter.estimate.step as step_module
 from shardmeter.calibrate import (
     Calibration,
     RunSpec,
-    apply_corrections,
     families_of,
     predict_run,
     predictions,
-    read_corrections,
     read_csv_rows,
     read_rows,
     run_from_row,
@@ -92,8 +90,10 @@ from shardmeter.estimate.compute import (
 from shardmeter.estimate.plan_arrays import PlanArrays
 from shardmeter.paths import shared_path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from calibration import load_runs
+
 HOLDOUT = Path(__file__).resolve().parent / "holdout_runs.csv"
-CORRECTIONS = Path(__file__).resolve().parent / "runs_corrections.csv"
 LAUNCH_US = (13.14, 18.14, 25.0, 40.0, 60.0, 80.0)  # Table 6
 FIT_LAUNCH_US = (8.0, 10.0, 13.14, 16.0, 18.14, 22.0)  # Table 7
 
@@ -389,21 +389,6 @@ def schedule_table(runs: Sequence[RunSpec]) -> None:
         print(f"{f'p{p} m{m}':12} {base:13.3f} {with_hops:9.3f} {hops:13.1f} {2 * m:5d}")
 
 
-def corrected_runs(paths: Sequence[Path]) -> list[RunSpec]:
-    """Every row of `paths` as ShardMeter inputs with `runs_corrections.csv` applied (as the
-    fit and the cross-validation see them); rows the model cannot express are left out."""
-    corrections = read_corrections(CORRECTIONS)
-    runs: list[RunSpec] = []
-    for path in paths:
-        rows, _ = apply_corrections(read_rows(path), corrections)
-        for row in rows:
-            try:
-                runs.append(run_from_row(row))
-            except UserInputError:
-                continue
-    return runs
-
-
 def missed_per_chunk(run: RunSpec) -> tuple[float, float]:
     """(predicted seconds per chunk-micro-batch, seconds per chunk-micro-batch the prediction
     misses): step / (m·v) and (measured step − predicted step) / (m·v), m micro-batches of v
@@ -510,7 +495,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     row = next(r for r in read_rows(HOLDOUT) if r.get("run_id") == "1016")
     layout_table(row)
     paths = [HOLDOUT] if shared is None else [shared, HOLDOUT]
-    every = corrected_runs(paths)
+    # every row as the fit and the cross-validation see them (`runs_corrections.csv` applied)
+    every = [run for path in paths for run in load_runs(path)[0]]
     thin_chunk_table(every)
     launch_table(runs)
     if args.launch_fit:
