@@ -2,6 +2,7 @@
 over a plain Python loop of `predict`.
 
 Run: .venv/bin/python benchmarks/search_speed.py
+     .venv/bin/python benchmarks/search_speed.py --turns   # only section 4, a few seconds
 "Per CPU-second" divides by the process's CPU time (`time.process_time`), i.e. the rate on one
 dedicated core; wall-clock rates are printed too (they drop when the machine is shared).
 """
@@ -9,6 +10,7 @@ dedicated core; wall-clock rates are printed too (they drop when the machine is 
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import numpy as np
@@ -136,8 +138,46 @@ def versus_predict_loop(vec_rate: float, sample: int = 300) -> None:
     print(f"   max relative difference of step times: {diff:.2e}")
 
 
+def turns_estimate() -> None:
+    """docs/wan.md's four islands pushing an 8B model through one 1 Gbit/s hub link, blocking,
+    taking turns: every configuration the estimate's threshold searches evaluate runs the
+    turns' event schedule (`convoy.turn_convoy`), which they therefore bisect."""
+    import shardmeter.estimate.outer as outer
+    from shardmeter.estimate.islands import predict_topology
+    from shardmeter.specs.topology import topology_from_dict
+
+    runs = [0]
+    schedule = outer.turn_convoy
+
+    def counted(*args: object, **kwargs: object) -> object:
+        runs[0] += 1
+        return schedule(*args, **kwargs)  # type: ignore[arg-type]
+
+    outer.turn_convoy = counted  # type: ignore[assignment]
+    topo = topology_from_dict({
+        "run": {"model": "llama-3-8b", "global_batch": 64, "mode": "async", "inner_steps": 10,
+                "bits": 32, "exchange": "blocking", "server": "s", "step_time_s": 1.0,
+                "link_slots": True},
+        "islands": [{"name": n, "cluster": "dgx-h100"} for n in ("s", "a", "b", "c")],
+        "wan": {"kind": "star", "hub": "s", "server_bandwidth_gbit": 1,
+                "default": {"bandwidth_gbit": 10, "latency_ms": 1}},
+    })  # fmt: skip
+    w0 = time.perf_counter()
+    est = predict_topology(topo)
+    wall = time.perf_counter() - w0
+    outer.turn_convoy = schedule
+    print("4. One estimate with turns on a shared server link (docs/wan.md, blocking)")
+    print(f"   schedules run {runs[0]:,}; wall {wall:.1f} s")
+    print(
+        f"   round {est.round_s:.3f} s, smallest H {est.min_inner_steps}, WAN to be "
+        f"compute-bound {est.min_wan_gbit:.2f} Gbit/s"
+    )
+
+
 if __name__ == "__main__":
     machine_check()
-    rate = raw_rate()
-    complete_searches()
-    versus_predict_loop(rate)
+    if "--turns" not in sys.argv[1:]:
+        rate = raw_rate()
+        complete_searches()
+        versus_predict_loop(rate)
+    turns_estimate()

@@ -98,6 +98,12 @@ def test_compute_bound_thresholds_are_tight() -> None:
         inputs, wan.scaled(est.min_wan_gbit / est.wan_gbit), 1_000_000_000, outer, 1e12
     )
     assert faster.utilization == pytest.approx(0.9, abs=1e-6)
+    # four 256-fold narrowings of 18 decades leave a bracket of about 1e-8 (relative)
+    slower = compose(
+        inputs, wan.scaled(est.min_wan_gbit * (1 - 1e-7) / est.wan_gbit), 1_000_000_000, outer,
+        1e12,
+    )  # fmt: skip
+    assert faster.utilization >= 0.9 > slower.utilization
 
 
 @pytest.mark.parametrize(("islands", "rtt"), [(2, 0.0), (5, 0.08), (12, 0.2)])
@@ -311,3 +317,52 @@ def test_step_estimate_reports_the_backward_window() -> None:
     four = estimate_step(model, cluster, Plan(dp=8, sharding="zero3", global_batch=32))
     assert 0.5 * one.time_breakdown["compute"] < one.backward_window_s < one.step_time_s
     assert four.backward_window_s == pytest.approx(one.backward_window_s, rel=1e-9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 600), first=st.integers(0, 599))
+def test_first_true_bisects_to_the_first_point_of_a_monotone_predicate(n: int, first: int) -> None:
+    """`_first_true` finds what a pass over the whole grid finds, in at most ⌈log2 n⌉ + 1 calls
+    of one point each."""
+    from shardmeter.estimate.islands import _first_true
+
+    first = min(first, n - 1)
+    grid = np.arange(n, dtype=np.float64)
+    calls: list[int] = []
+
+    def ok_at(x: Any) -> np.ndarray:
+        calls.append(len(x))
+        return np.asarray(x >= first)
+
+    assert _first_true(grid, ok_at) == int(np.argmax(grid >= first)) == first
+    assert set(calls) <= {1} and len(calls) <= math.ceil(math.log2(n)) + 1
+
+
+def test_threshold_searches_run_the_turns_schedule_a_few_dozen_times(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Blocking pushes taking turns: every configuration the threshold searches (smallest H,
+    smallest WAN to be compute-bound, WAN to hide the exchange) evaluate runs the event
+    schedule, so they bisect: a few dozen schedules, not one per grid point (1,763 before)."""
+    import shardmeter.estimate.outer as outer_module
+    from shardmeter.estimate.islands import predict_topology
+
+    runs = [0]
+    schedule = outer_module.turn_convoy
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        runs[0] += 1
+        return schedule(*args, **kwargs)
+
+    monkeypatch.setattr(outer_module, "turn_convoy", counted)
+    topo = topology_from_dict({
+        "run": {"model": "llama-3-8b", "global_batch": 64, "mode": "async", "inner_steps": 10,
+                "bits": 32, "exchange": "blocking", "server": "s", "step_time_s": 1.0,
+                "link_slots": True},
+        "islands": [{"name": n, "cluster": "dgx-h100"} for n in ("s", "a", "b", "c")],
+        "wan": {"kind": "star", "hub": "s", "server_bandwidth_gbit": 1,
+                "default": {"bandwidth_gbit": 10, "latency_ms": 1}},
+    })  # fmt: skip
+    est = predict_topology(topo)
+    assert est.min_inner_steps == 3351 and est.min_wan_gbit is not None
+    assert 10 <= runs[0] <= 80

@@ -275,9 +275,25 @@ def _bottleneck_gbit(wan: WanPaths, outer: OuterSpec) -> tuple[float, str]:
     return float(col[i]) / GBIT, wan.path_name(i, c)
 
 
+def _first_true(grid: NDArray[np.float64], ok_at: Callable[[Any], NDArray[np.bool_]]) -> int:
+    """Index of the first point of `grid` where `ok_at` holds, given that it holds at the last
+    point and is monotone along the grid: bisection, one point per call, so log2(len(grid))
+    calls rather than one over the whole grid. A call can cost tens of milliseconds per point
+    (the turns' event schedule, `convoy.turn_convoy`), which a vectorized pass over the grid
+    would pay at every point."""
+    lo, hi = -1, len(grid) - 1  # ok_at fails at lo (or lo is before the grid), holds at hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if bool(np.asarray(ok_at(grid[mid : mid + 1]))[0]):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
 def _min_inner_steps(util: Callable[[Any], FloatArray], outer: OuterSpec) -> int | None:
-    """Smallest H (≥ τ, past every listed offset) with utilization ≥ threshold: one
-    vectorized pass over a geometric grid up to 1e7, then every H in the bracket."""
+    """Smallest H (≥ τ, past every listed offset) with utilization ≥ threshold (monotone in
+    H): bisection over a geometric grid up to 1e7, then over every H in the bracket."""
     if outer.mode == "sync":
         return None
     lo = max(1, outer.overlap_steps)
@@ -285,30 +301,32 @@ def _min_inner_steps(util: Callable[[Any], FloatArray], outer: OuterSpec) -> int
         lo = max(lo, 1 + max(f.offset for f in outer.fragments))
     hi = 10**7
     theta = outer.compute_bound_threshold
-    coarse = np.unique(np.round(np.geomspace(lo, hi, 400)).astype(np.int64))
-    ok = util(coarse.astype(np.float64)) >= theta
-    if not ok.any():
+
+    def ok_at(h: Any) -> NDArray[np.bool_]:
+        return np.asarray(util(h) >= theta)
+
+    coarse = np.unique(np.round(np.geomspace(lo, hi, 400))).astype(np.float64)
+    if not ok_at(coarse[-1:])[0]:
         return None
-    k = int(np.argmax(ok))
+    k = _first_true(coarse, ok_at)
     if k == 0:
         return int(coarse[0])
-    fine = np.arange(coarse[k - 1] + 1, coarse[k] + 1, dtype=np.int64)
-    fine_ok = util(fine.astype(np.float64)) >= theta
-    return int(fine[int(np.argmax(fine_ok))])
+    fine = np.arange(coarse[k - 1] + 1, coarse[k] + 1, dtype=np.float64)
+    return int(fine[_first_true(fine, ok_at)])
 
 
 def _min_scale(ok_at: Callable[[Any], NDArray[np.bool_]]) -> float | None:
     """Smallest WAN bandwidth multiplier (1e-9 .. 1e9) where `ok_at` holds (monotone in the
-    bandwidth): four vectorized passes, each narrowing the bracket 256-fold (log scale)."""
+    bandwidth): four passes over a 257-point log grid, each narrowing the bracket 256-fold,
+    each a bisection (`_first_true`)."""
     lo, hi = -9.0, 9.0
-    for rep in range(4):
+    if not np.asarray(ok_at(np.array([10.0**hi])))[0]:
+        return None
+    if np.asarray(ok_at(np.array([10.0**lo])))[0]:
+        return float(10.0**lo)
+    for _ in range(4):
         grid = np.linspace(lo, hi, 257)
-        ok = ok_at(10.0**grid)
-        if rep == 0 and not ok[-1]:
-            return None
-        if rep == 0 and ok[0]:
-            return float(10.0**lo)
-        k = int(np.argmax(ok))
+        k = _first_true(10.0**grid, ok_at)
         lo, hi = float(grid[k - 1]), float(grid[k])
     return float(10.0**hi)
 
