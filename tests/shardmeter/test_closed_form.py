@@ -708,7 +708,6 @@ def test_tpu_torus_axes() -> None:
     check(on_gpu, LAYERS * 4 * 2 * ring(4, m, W_NV))
 
 
-
 def test_tpu_multislice_gradient_all_reduce_stalls_in_host_hand_offs() -> None:
     """Four 16-chip TPU slices (dp 64, FSDP 16 in a slice, HSDP replicas across the DCN), a
     compiled step (no kernel launches), host round trip 10 µs. The cross-slice gradient
@@ -735,6 +734,7 @@ def test_tpu_multislice_gradient_all_reduce_stalls_in_host_hand_offs() -> None:
     one_slice = plan.model_copy(update={"dp": 16, "global_batch": 16})
     assert stall(one_slice, tpu, tpu0) == pytest.approx(0.0, abs=1e-12)
     assert stall(plan, gpu, gpu0) == pytest.approx(0.0, abs=1e-12)
+
 
 # --- saved-set knobs and the interleaved in-flight count (Llama 3 405B) ---------------------
 def test_activation_and_norm_outputs_recomputed() -> None:
