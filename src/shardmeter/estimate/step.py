@@ -88,7 +88,8 @@ COMM_BOUND_SHARE = 0.10  # exposed communication above 10% of the step => commun
 STEP_SYNCS = 2.0  # small all-reduces over every GPU each step: loss and gradient norm (clipping)
 # TPU ops of one DCN transfer that hand control to the host: `send` interrupts the host to start
 # the DMA, `send-done` and `recv-done` signal it, `recv` hands it the buffer to fill; the TPU
-# stalls in each (XProf Megascale Stats tool, "Stall duration"). Ops per ring step.
+# stalls in each (XProf Megascale Stats tool, openxla/xprof docs/megascale_stats.md, "Stall
+# duration"). Ops per ring step.
 DCN_HOST_OPS = 4.0
 FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128.0  # e4m3 value + one fp32 scale per 128 (DeepSeek-V3 §3.3)
 # HBM passes over the bytes of one DeepSpeed (per-matrix, list) ZeRO-3 gather, beside NCCL's own
