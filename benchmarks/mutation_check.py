@@ -70,6 +70,10 @@ CONVOY_TESTS = (
 SIM_CODEC_TESTS = (
     "tests/heloco/test_codecs.py::test_the_simulators_int8_uplink_is_what_the_server_decodes"
 )
+DCN_STALL_TESTS = (
+    "tests/shardmeter/test_closed_form.py::"
+    "test_tpu_multislice_gradient_all_reduce_stalls_in_host_hand_offs"
+)
 
 
 @dataclass(frozen=True)
@@ -654,8 +658,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("slowest GPU's wait left out of the optimizer", "step.py",
              '"optimizer": opt * slowest,', '"optimizer": opt,', SLOWEST_GPU_TESTS),
     Mutation("slowest GPU's wait applied to exposed communication", "step.py",
-             '"dp_comm": m * on_critical("dp_comm") + dp_once + steps_sync,',
-             '"dp_comm": (m * on_critical("dp_comm") + dp_once + steps_sync) * slowest,',
+             '"dp_comm": m * on_critical("dp_comm") + dp_once + steps_sync + dcn_stall,',
+             '"dp_comm": (m * on_critical("dp_comm") + dp_once + steps_sync + dcn_stall) * slowest,',
              SLOWEST_GPU_TESTS),
     Mutation("fitted GPU speed spread never reaches the accelerator", "shardmeter/calibrate.py",
              '"speed_cv": self.speed_cv,', '"speed_cv": 0.0,',
@@ -1322,6 +1326,29 @@ MUTATIONS: tuple[Mutation, ...] = (
              "recast_on = sh.fp8 & plans.fp8_rowwise & logical_not(plans.compiled)",
              "recast_on = sh.fp8 & logical_not(plans.compiled)",
              F8S_TESTS + "::test_rowwise_scaling_recasts_the_input_of_every_further_linear"),
+    # TPU multislice: the cross-slice gradient all-reduce's host hand-offs stall the TPU
+    Mutation("DCN stall: 2 host ops per ring step, not 4", "step.py",
+             "DCN_HOST_OPS = 4.0", "DCN_HOST_OPS = 2.0", DCN_STALL_TESTS),
+    Mutation("DCN stall: ring of n/g - 1 steps, not 2(n/g - 1)", "comm.py",
+             "return 2.0 * maximum(n / g - 1.0, 0.0)", "return maximum(n / g - 1.0, 0.0)",
+             DCN_STALL_TESTS),
+    Mutation("DCN stall: replicas inside a slice counted as DCN steps", "comm.py",
+             "return 2.0 * maximum(n / g - 1.0, 0.0)", "return 2.0 * maximum(n - 1.0, 0.0)",
+             DCN_STALL_TESTS),
+    Mutation("DCN stall: charged on GPUs too", "comm.py",
+             "    if cluster.ici_axes is None:\n        return 0.0\n",
+             "    if False:\n        return 0.0\n", DCN_STALL_TESTS),
+    Mutation("DCN stall: one all-reduce per layer, not per weight matrix", "step.py",
+             "collectives = (4.0 + model.mlp_matrices) * layers + tables",
+             "collectives = layers + tables", DCN_STALL_TESTS),
+    Mutation("DCN stall: embedding tables not counted", "step.py",
+             "collectives = (4.0 + model.mlp_matrices) * layers + tables",
+             "collectives = (4.0 + model.mlp_matrices) * layers", DCN_STALL_TESTS),
+    Mutation("DCN stall: a fixed 15 µs, not the fitted host round trip", "step.py",
+             "host_s = cluster.accelerator.efficiency.kernel_launch_us * 1e-6",
+             "host_s = 15e-6", DCN_STALL_TESTS),
+    Mutation("DCN stall: hidden, not charged", "step.py",
+             "dp_once + steps_sync + dcn_stall,", "dp_once + steps_sync,", DCN_STALL_TESTS),
 )  # fmt: skip
 
 

@@ -667,29 +667,30 @@ class Bound:
 # size at half efficiency is a time at peak (launch, wave quantisation and tail), so faster
 # chips need proportionally bigger GEMMs: F_half = matmul_half_us · peak_bf16.
 FAMILY_BOUND: tuple[float, float] = (0.2, 0.98)
-# Starts are the last fit's values (fitted on runs.csv + holdout H1-H11, 2026-12-03, session
-# 10); cdna and ada have no runs, so their starts are never used: they take
+# Starts are the last fit's values (fitted on runs.csv + holdout H1-H11, 2026-12-04); cdna
+# and ada have no runs, so their starts are never used: they take
 # `Calibration.prior_matmul_max`.
 FAMILY_START: dict[str, float] = {
     "ampere": 0.7973,
-    "hopper": 0.7717,
-    "hopper-500w": 0.6847,
-    "blackwell": 0.7069,
-    "tpu": 0.7700,
+    "hopper": 0.7713,
+    "hopper-500w": 0.6844,
+    "blackwell": 0.7064,
+    "tpu": 0.7759,
     "cdna": 0.6,
     "ada": 0.6,
 }
 SHARED_PARAMETERS: tuple[Bound, ...] = (
-    Bound("matmul_half_us", 0.5, 50.0, 32.6150),
-    Bound("attention_ratio", 0.4, 1.0, 0.4547),
-    Bound("memory", 0.6, 0.95, 0.7696),
-    Bound("fp8_speedup", 1.2, 2.0, 1.6589),
-    Bound("nvlink_efficiency", 0.6, 0.95, 0.6103),
-    Bound("nic_efficiency", 0.7, 0.95, 0.9426),
+    Bound("matmul_half_us", 0.5, 50.0, 32.1271),
+    Bound("attention_ratio", 0.4, 1.0, 0.4546),
+    Bound("memory", 0.6, 0.95, 0.7693),
+    Bound("fp8_speedup", 1.2, 2.0, 1.6580),
+    Bound("nvlink_efficiency", 0.6, 0.95, 0.6104),
+    Bound("nic_efficiency", 0.7, 0.95, 0.9440),
     Bound("overlap_slowdown", 0.0, 0.2, 0.2000),
     # Host time per kernel launch: a CUDA launch is 2-5 µs, an eager PyTorch op with its
-    # Python dispatch 5-30 µs (measured dispatch overheads of eager frameworks).
-    Bound("kernel_launch_us", 1.0, 30.0, 15.4610),
+    # Python dispatch 5-30 µs (measured dispatch overheads of eager frameworks). It also prices
+    # each host hand-off of a TPU's DCN send or receive (docs/model.md, Communication).
+    Bound("kernel_launch_us", 1.0, 30.0, 15.4540),
     # GPU-to-GPU speed spread (sd/mean): 0 (identical chips) to 5% (Sinha et al. SC'22 measure
     # a few percent of clock and throughput variation across the GPUs of production clusters).
     Bound("speed_cv", 0.0, 0.05, 0.0058),

@@ -708,6 +708,34 @@ def test_tpu_torus_axes() -> None:
     check(on_gpu, LAYERS * 4 * 2 * ring(4, m, W_NV))
 
 
+def test_tpu_multislice_gradient_all_reduce_stalls_in_host_hand_offs() -> None:
+    """Four 16-chip TPU slices (dp 64, FSDP 16 in a slice, HSDP replicas across the DCN), a
+    compiled step (no kernel launches), host round trip 10 µs. The cross-slice gradient
+    all-reduce of every weight matrix (6 per GELU layer: Q, K, V, O, up, down) and of the two
+    tables runs a ring over the 4 slices: 2·(4 − 1) steps, each a send, send-done, recv and
+    recv-done that stall the TPU one round trip each (XProf Megascale Stats), exposed:
+    (6·8 + 2)·6·4·10 µs = 12 ms. With FSDP 8 two replicas share each slice: the ring over the
+    DCN still spans 4 slices. No stall inside one slice or on GPUs."""
+    tpu = cluster(domain=16, launch_us=10.0).model_copy(update={"ici_axes": 2})
+    tpu0 = cluster(domain=16).model_copy(update={"ici_axes": 2})
+    gpu = cluster(domain=16, launch_us=10.0)
+    gpu0 = cluster(domain=16)
+    plan = Plan(dp=64, sharding="zero3", shard_degree=16, micro_batch=1, global_batch=64,
+                graphs=True, compiled=True)  # fmt: skip
+
+    def stall(plan: Plan, slow: Cluster, fast: Cluster) -> float:
+        parts = [estimate_step(MODEL, c, plan).time_breakdown for c in (slow, fast)]
+        check(parts[0]["compute"], parts[1]["compute"])
+        return parts[0]["dp_comm"] - parts[1]["dp_comm"]
+
+    check(stall(plan, tpu, tpu0), (6 * LAYERS + 2) * 2 * (4 - 1) * 4 * 10e-6)
+    two_per_slice = plan.model_copy(update={"shard_degree": 8})
+    check(stall(two_per_slice, tpu, tpu0), (6 * LAYERS + 2) * 2 * (4 - 1) * 4 * 10e-6)
+    one_slice = plan.model_copy(update={"dp": 16, "global_batch": 16})
+    assert stall(one_slice, tpu, tpu0) == pytest.approx(0.0, abs=1e-12)
+    assert stall(plan, gpu, gpu0) == pytest.approx(0.0, abs=1e-12)
+
+
 # --- saved-set knobs and the interleaved in-flight count (Llama 3 405B) ---------------------
 def test_activation_and_norm_outputs_recomputed() -> None:
     """tp 2 with SP. Recomputing the activation-function output from its kept input (xformers'

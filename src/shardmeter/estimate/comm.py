@@ -163,6 +163,18 @@ def sync_time(n: Num, cluster: Cluster) -> Num:
     return inside + across
 
 
+def dcn_ring_steps(n: Num, stride: Num, cluster: Cluster) -> Num:
+    """Ring steps that cross the data-center network in an all-reduce over n ranks at `stride`
+    on a TPU multislice: the ring over the n/g slices the group spans takes 2(n/g − 1) steps
+    (Thakur et al. 2005), each a send to and a receive from another slice. 0 inside one slice
+    and on GPUs, whose collectives move NIC data without stopping the kernel (NCCL's proxy
+    thread). Steps, dimensionless."""
+    if cluster.ici_axes is None:
+        return 0.0
+    g = domain_members(n, stride, cluster.nvlink_domain)
+    return 2.0 * maximum(n / g - 1.0, 0.0)
+
+
 def ring_hop_time(m: Num, n: Num, stride: Num, cluster: Cluster) -> Num:
     """One step of a ring of n ranks at `stride` (ring attention): α + M/W over the NIC when
     the ring spans NVLink domains (its slowest hop sets the pace), else over NVLink."""

@@ -86,6 +86,11 @@ COMM_COMPONENTS: tuple[str, ...] = tuple(c for c in TIME_COMPONENTS if c.endswit
 BOTTLENECK_MIN_SHARE = 0.05  # an overhead below 5% of the step is not called the bottleneck
 COMM_BOUND_SHARE = 0.10  # exposed communication above 10% of the step => communication-bound
 STEP_SYNCS = 2.0  # small all-reduces over every GPU each step: loss and gradient norm (clipping)
+# TPU ops of one DCN transfer that hand control to the host: `send` interrupts the host to start
+# the DMA, `send-done` and `recv-done` signal it, `recv` hands it the buffer to fill; the TPU
+# stalls in each (XProf Megascale Stats tool, openxla/xprof docs/megascale_stats.md, "Stall
+# duration"). Ops per ring step.
+DCN_HOST_OPS = 4.0
 FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128.0  # e4m3 value + one fp32 scale per 128 (DeepSeek-V3 §3.3)
 # HBM passes over the bytes of one DeepSpeed (per-matrix, list) ZeRO-3 gather, beside NCCL's own
 # write: c10d ProcessGroupNCCL::allgather (PyTorch 1.8) copies its flat output back into the d
@@ -187,6 +192,23 @@ def expert_exchange_time(
     intra = where(plans.ep_dedup, k * (g - 1.0) / g, k * (g - 1.0) / ep)
     per_copy = tokens * model.hidden * bytes_per_value * expert_imbalance(plans, tokens, moe.top_k)
     return comm.split_exchange_time(intra * per_copy, inter * per_copy, ep, stride, cluster)
+
+
+def dcn_stall_time(
+    model: TransformerSpec, cluster: Cluster, plans: PlanArrays, shards: tuple[Num, Num],
+    layers: Num, tables: Num,
+) -> Num:  # fmt: skip
+    """Seconds the TensorCores stall per step in the host hand-offs of the cross-slice gradient
+    all-reduce (dense weights): (4 + mlp_matrices)·layers + tables all-reduces, each
+    `comm.dcn_ring_steps` ring steps of DCN_HOST_OPS host round trips of kernel_launch_us (XProf
+    Megascale Stats tool: send, send-done, recv, recv-done stall the TPU). 0 within one slice
+    and on GPUs."""
+    d_dense = shards[0]
+    replicas = maximum(as_float(plans.dp) * as_float(plans.cp) / d_dense, 1.0)
+    steps = comm.dcn_ring_steps(replicas, as_float(plans.tp) * d_dense, cluster)
+    collectives = (4.0 + model.mlp_matrices) * layers + tables
+    host_s = cluster.accelerator.efficiency.kernel_launch_us * 1e-6
+    return collectives * steps * DCN_HOST_OPS * host_s
 
 
 @dataclass(frozen=True)
@@ -509,6 +531,13 @@ def estimate_step_arrays(
     fsdp_once_ov = _overlap(ag_once, fwd_window, u)
     fsdp_once = fsdp_once_ov.cost
     steps_sync = STEP_SYNCS * comm.sync_time(as_float(plans.n_gpus), cluster)
+    # Cross-slice gradient all-reduce on a TPU multislice: XLA pipelines its bytes under the
+    # backward, but each ring step over the DCN is a send and a receive whose four host
+    # hand-offs stall the TensorCore (DCN_HOST_OPS), one host round trip each (kernel_launch_us,
+    # the model's host µs per dispatched op; an XLA executable has no launches, but these ops
+    # still go through the host). One all-reduce per weight matrix of every layer, as the
+    # scanned layer loop emits them, and per embedding table: exposed, once per step.
+    dcn_stall = dcn_stall_time(model, cluster, plans, shards, most_layers, tables)
 
     # Pipeline point-to-point: activation forward and gradient backward per micro-batch and
     # chunk; interleaved schedules overlap it with compute except at fill and drain (Megatron's
@@ -539,7 +568,7 @@ def estimate_step_arrays(
         "bubble": times.bubble_s(vpp) * slowest,
         "tp_comm": m * on_critical("tp_comm"),
         "pp_comm": pp_total,
-        "dp_comm": m * on_critical("dp_comm") + dp_once + steps_sync,
+        "dp_comm": m * on_critical("dp_comm") + dp_once + steps_sync + dcn_stall,
         "fsdp_comm": m * on_critical("fsdp_comm") + fsdp_once,
         "cp_comm": m * on_critical("cp_comm"),
         "ep_comm": m * on_critical("ep_comm"),
