@@ -80,6 +80,27 @@ def test_a_worker_that_leaves_frees_the_link() -> None:
     assert slot(coord, 1) == "slot"
 
 
+def test_each_grant_is_a_turn_event_with_its_first_ask() -> None:
+    now = [0.0]
+    events: list[dict[str, Any]] = []
+    coord = make_coord(workers=2, link_slots=True, clock=lambda: now[0], t0=0.0)
+    coord.on_event = events.append
+    d = pull(coord, 0)
+    assert slot(coord, 0) == "slot"
+    now[0] = 1.0
+    assert slot(coord, 1) == "wait"  # its first ask
+    now[0] = 1.5
+    assert slot(coord, 1) == "wait" and slot(coord, 0) == "slot"  # a lost grant: no event
+    assert push(coord, 0, d).type == "ack"
+    now[0] = 2.0
+    assert slot(coord, 1) == "slot"
+    turns = [e for e in events if e["type"] == "turn"]
+    assert turns == [
+        {"type": "turn", "worker": 0, "asked": 0.0, "time": 0.0},
+        {"type": "turn", "worker": 1, "asked": 1.0, "time": 2.0},
+    ]
+
+
 def test_the_worker_asks_until_granted_and_then_pushes(monkeypatch: pytest.MonkeyPatch) -> None:
     link = NetLink(ClientConfig("tcp://127.0.0.1:1"), b"k" * 32, 0)
     replies = iter(["wait", "wait", "slot"])
