@@ -195,6 +195,14 @@ def test_the_planner_prices_turns_instead_of_random_meetings(exchange: str) -> N
     else:  # the link is full: one cycle of three turns, a little more where phases drift
         assert np.all(turns.round_s[1:] >= 3 * hold)
         assert np.allclose(turns.round_s[1:], 3 * hold, rtol=0.03)
+        # the schedule locks (three equal workers in turn): each waits for its dispatch, so
+        # its exchange, ask to dispatch in, is its whole round; the mean-value analysis of
+        # drifting phases gives a longer one
+        assert np.allclose(turns.wan_comm_s[1:], turns.round_s[1:])
+        drifting = outer_round(
+            "async", inner, shared, 150_000, link_slots=True, turn_schedule=False, **kw
+        )
+        assert np.all(drifting.round_s[1:] > turns.round_s[1:] + 0.01)
     # the option changes nothing where the server's link is not shared
     unshared = star(3, float("inf"))
     free = outer_round("async", inner, unshared, 150_000, link_slots=True, **kw)
@@ -220,6 +228,37 @@ def test_a_topology_that_takes_turns_is_predicted_with_them() -> None:
     # each spoke alone fills the shared link: turns beat random meetings
     fifo, turns = predict_topology(topo(False)), predict_topology(topo(True))
     assert turns.round_s < fifo.round_s
+
+
+def test_an_overlapped_search_prices_turns_without_their_schedule(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the searches over H and bandwidth take the mean-value analysis; the topology's own
+    # configuration alone runs the turns' schedule (one configuration of three workers)
+    import shardmeter.estimate.outer as outer
+    from shardmeter.estimate.islands import predict_topology
+    from shardmeter.specs.topology import topology_from_dict
+
+    calls: list[int] = []
+    schedule = outer.turn_convoy
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return schedule(*args, **kwargs)
+
+    monkeypatch.setattr(outer, "turn_convoy", counted)
+    topo = topology_from_dict(
+        {
+            "run": {"model": "llama-3-8b", "global_batch": 64, "mode": "async",
+                    "inner_steps": 10, "bits": 32, "exchange": "overlapped", "server": "s",
+                    "link_slots": True, "step_time_s": 1.0},
+            "islands": [{"name": n, "cluster": "dgx-h100"} for n in ("s", "a", "b", "c")],
+            "wan": {"kind": "star", "hub": "s", "server_bandwidth_gbit": 1,
+                    "default": {"bandwidth_gbit": 10, "latency_ms": 1}},
+        }
+    )  # fmt: skip
+    est = predict_topology(topo)
+    assert len(calls) == 1 and est.min_inner_steps is not None
 
 
 def test_turns_cost_where_one_push_cannot_fill_the_shared_link() -> None:

@@ -1,8 +1,10 @@
-"""The blocking push turns as a deterministic first-come-first-served schedule, closed form
-per term: a push's fluid queue at a narrower hub link, a lone worker's round, the faster of
-two workers waiting out the difference of their rounds (a convoy), a dispatch whose ACKs
-wait behind the next push's full buffer, dispatches sharing the hub's downlink, the lock
-test, and where the planner uses the convoy instead of the mean-value analysis."""
+"""The push turns as a deterministic first-come-first-served schedule, closed form per term:
+a push's fluid queue at a narrower hub link, a lone worker's round, the faster of two workers
+waiting out the difference of their rounds (a convoy), a dispatch whose ACKs wait behind the
+next push's full buffer, dispatches sharing the hub's downlink, the lock test, and where the
+planner uses the convoy instead of the mean-value analysis; the overlapped exchange's ask
+(compute and dispatch both done) and the window its dispatch starts from (kept, restarted
+at each of the server's sends)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,12 @@ from shardmeter.estimate.convoy import (
     schedule_period,
     turn_convoy,
 )
-from shardmeter.estimate.wan import BOTTLENECK_QUEUE_S, slow_start_s
+from shardmeter.estimate.wan import (
+    BOTTLENECK_QUEUE_S,
+    acked_window,
+    restart_window,
+    slow_start_s,
+)
 
 IW = 14_480.0  # bytes: 10 segments of 1448 (RFC 6928)
 
@@ -137,3 +144,67 @@ def test_a_long_dispatch_at_its_rate_takes_its_bytes_at_the_rate() -> None:
                 pull_Bps=(1e6,), pull_window=(IW,))  # fmt: skip
     c = turn_convoy(w, 1e6)
     assert c.dispatch_s == pytest.approx([float(slow_start_s(1e6, 1e6, 0.001, start_window=IW))])
+
+
+def lone(compute: float, hold: float, rtt: float = 0.05, pull: float = 5e5) -> ConvoyWorkers:
+    """One worker behind a 1 MB/s hub link it does not outrun (no queue at the hub)."""
+    return workers(compute_s=(compute,), rtt_s=(rtt,), hold_s=(hold,), pre_s=(rtt,),
+                   push_bytes=(1e5,), push_Bps=(1e6,), pull_bytes=(pull,), pull_Bps=(1e6,),
+                   pull_window=(IW,))  # fmt: skip
+
+
+def test_an_overlapped_worker_asks_once_its_compute_and_its_dispatch_are_done() -> None:
+    # the round behind its exchange: ask to ask is the hold, the ack's and pull's round trip,
+    # the dispatch (0.5 MB at 1 MB/s, from the window it kept: below) and its RTT back
+    fast = turn_convoy(lone(0.1, 0.375), 1e6, overlapped=True)
+    assert fast.locked and fast.dispatch_s == pytest.approx([0.5])
+    assert fast.round_s == pytest.approx([0.375 + 0.05 + 0.5 + 0.05])
+    # a longer compute hides the exchange: the round is the compute (blocking adds them)
+    slow = turn_convoy(lone(2.0, 0.375), 1e6, overlapped=True)
+    assert slow.round_s == pytest.approx([2.0])
+    blocking = turn_convoy(lone(2.0, 0.375), 1e6)
+    assert blocking.round_s == pytest.approx([2.0 + 0.375 + 0.05 + blocking.dispatch_s[0] + 0.05])
+
+
+def test_two_overlapped_workers_on_a_full_link_take_it_in_turn() -> None:
+    # 0.5 s holds, 0.2 s of compute, no round trip: each worker waits out the other's hold
+    # and the half poll after it; the cycle is both holds and both half polls
+    w = workers(compute_s=(0.2, 0.2), rtt_s=(0.0, 0.0), hold_s=(0.5, 0.5), pre_s=(0.0, 0.0),
+                push_bytes=(5e5, 5e5), push_Bps=(1e6, 1e6), pull_bytes=(1e5, 1e5),
+                pull_Bps=(1e6, 1e6), pull_window=(IW, IW))  # fmt: skip
+    c = turn_convoy(w, 1e6, overlapped=True)
+    assert c.locked and c.round_s == pytest.approx([1.0 + SLOT_POLL_S] * 2)
+    # each asks when its 0.1 s dispatch is in and is granted half a poll after the other's hold
+    assert c.wait_s == pytest.approx([1.0 + SLOT_POLL_S - 0.5 - 0.1] * 2)
+
+
+def test_an_overlapped_dispatch_starts_from_the_window_its_connection_kept() -> None:
+    # 0.5 MB at 1 MB/s, 50 ms round trip, RTO 0.25 s (RFC 6298 with Linux's 200 ms floor):
+    # the last dispatch left min(W0 + M, 2M, R·(RTT + 0.25 s)) = 300 kB; the worker asks
+    # when it is in (an RTT of idle), and the push's ack comes a hold of 0.375 s after the
+    # grant: one halving, 103 segments, more than the path holds (50 kB): the rate alone
+    left = float(acked_window(5e5, 1e6, 0.05, start_window=3e5))
+    kept = float(restart_window(left, 0.375, 0.05))
+    assert left == pytest.approx(3e5) and kept == 103 * 1448.0
+    assert turn_convoy(lone(0.1, 0.375), 1e6, overlapped=True).dispatch_s == pytest.approx([0.5])
+    # a hold of 2 s halves it back to the initial window: slow start again
+    from_iw = float(slow_start_s(5e5, 1e6, 0.05, start_window=IW))
+    assert float(restart_window(left, 2.0, 0.05)) == IW
+    long_hold = turn_convoy(lone(0.1, 2.0), 1e6, overlapped=True)
+    assert long_hold.dispatch_s == pytest.approx([from_iw]) and from_iw > 0.55
+    # blocking starts every dispatch from the window given (a round's compute idles it first)
+    assert turn_convoy(lone(0.1, 0.375), 1e6).dispatch_s == pytest.approx([from_iw])
+
+
+def test_each_of_the_servers_sends_restarts_the_window_on_its_own_idle() -> None:
+    # 1 MB at 1 MB/s, 0.2 s round trip (RTO 0.4 s): 450 kB kept; the worker computes 2.05 s,
+    # so it asks 0.5 s after its dispatch is in (one halving at the answer: 155 segments,
+    # above the 200 kB the path holds), and the ack comes 0.35 s after the grant (no
+    # halving): the dispatch at the rate. Counted from the dispatch to the ack, the idle of
+    # 0.85 s would halve it twice, below the path's 200 kB: slow start
+    left = float(acked_window(1e6, 1e6, 0.2, start_window=4.5e5))
+    assert left == pytest.approx(4.5e5)
+    assert float(restart_window(restart_window(left, 0.5, 0.2), 0.35, 0.2)) == 155 * 1448.0 > 2e5
+    assert float(restart_window(left, 0.85, 0.2)) < 2e5
+    c = turn_convoy(lone(2.05, 0.35, rtt=0.2, pull=1e6), 1e6, overlapped=True)
+    assert c.dispatch_s == pytest.approx([1.0]) and c.round_s == pytest.approx([2.05])

@@ -223,6 +223,7 @@ def _round(
     *,
     inner_steps: Any = None,
     bandwidth_scale: Any = 1.0,
+    search: bool = False,
 ) -> OuterRound:
     inner = np.array([isl.step.step_time_s for isl in inputs])
     gpus = np.array([isl.step.n_gpus for isl in inputs], dtype=np.float64)
@@ -250,6 +251,11 @@ def _round(
         balance=outer.balance_steps,
         exchange=outer.exchange,
         link_slots=outer.link_slots,
+        # the turns' schedule costs 15-50 ms a configuration: an overlapped search over H or
+        # bandwidth (thousands) prices them by the mean-value analysis, the topology's own
+        # configuration and every blocking one by the schedule (docs/wan.md, "Shared server
+        # link: turns")
+        turn_schedule=not search or outer.exchange == "blocking",
         push_overhead_bytes=payload.push_overhead_bytes,
         pull_bytes=payload.pull_bytes,
     )
@@ -488,15 +494,15 @@ def compose(
     regime, phase = _regime(inputs, shares, compute_bound, pace, link, comm, hidden)
 
     def util_h(h_val: Any) -> FloatArray:
-        r = _round(inputs, wan, n_params, outer, payload, inner_steps=h_val)
+        r = _round(inputs, wan, n_params, outer, payload, inner_steps=h_val, search=True)
         return weighted_utilization(r, gpus) * _goodput_weight(loss, gpus)
 
     def util_bw(scale: Any) -> FloatArray:
-        r = _round(inputs, wan, n_params, outer, payload, bandwidth_scale=scale)
+        r = _round(inputs, wan, n_params, outer, payload, bandwidth_scale=scale, search=True)
         return weighted_utilization(r, gpus) * _goodput_weight(loss, gpus)
 
     def hidden_bw(scale: Any) -> NDArray[np.bool_]:
-        r = _round(inputs, wan, n_params, outer, payload, bandwidth_scale=scale)
+        r = _round(inputs, wan, n_params, outer, payload, bandwidth_scale=scale, search=True)
         return np.asarray((r.wan_exposed_s <= 1e-9 * r.round_s).all(axis=-1))
 
     min_h = _min_inner_steps(util_h, outer)
