@@ -187,11 +187,18 @@ def test_the_planner_prices_turns_instead_of_random_meetings(exchange: str) -> N
             np.full(4, 3 * rtt + leg), np.full(4, leg), np.full(4, met), np.full(4, hold),
             np.full(4, 1.0), 1.0, True, remote,
         )  # fmt: skip
-        assert np.allclose(turns.round_s[1:], want_round[1:])
-        assert np.allclose(turns.wan_comm_s[1:], want_x[1:])
+        drifting = outer_round(
+            "async", inner, shared, 150_000, link_slots=True, turn_schedule=False, **kw
+        )
+        assert np.allclose(drifting.round_s[1:], want_round[1:])
+        assert np.allclose(drifting.wan_comm_s[1:], want_x[1:])
         # 0.5 s turns in a 2 s round: the deterministic bound has nobody wait; drifting
         # phases do, and some dispatches meet the next push
         assert np.all(wait[1:] > 0.05) and np.all((meet[1:] > 0.2) & (meet[1:] < 1.0))
+        # the schedule: one round robin, a little shorter than the mean over random phases
+        assert np.allclose(turns.round_s[1:], turns.round_s[1])
+        assert np.all(turns.round_s[1:] < drifting.round_s[1:])
+        assert np.allclose(turns.wan_comm_s[1:], turns.round_s[1:] - 1.0)
     else:  # the link is full: one cycle of three turns, a little more where phases drift
         assert np.all(turns.round_s[1:] >= 3 * hold)
         assert np.allclose(turns.round_s[1:], 3 * hold, rtol=0.03)

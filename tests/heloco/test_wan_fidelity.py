@@ -216,15 +216,20 @@ def test_unequal_workers_taking_turns_are_predicted_as_their_convoy(bench: Modul
     blocking = next(r for r in results if r.run.exchange == "blocking")
     for m, p in zip(blocking.workers, bench.predict(blocking), strict=True):
         assert p.round_s == pytest.approx(m.period_s, rel=0.10)
-    # three equal workers on the fidelity table's shared link drift: the mean-value analysis,
-    # the same exposed exchange for each within 2 ms (the drifting schedule's own rounds
-    # spread theirs by 39 ms)
+    # three equal workers on the fidelity table's shared link: one round robin, each within
+    # 10% (their rounds measured 2.21-2.24 s)
     equal = next(r for r in bench.load(saved / "wan_fidelity.json")[0]
                  if r.run.name == "shared server" and r.run.exchange == "blocking")  # fmt: skip
-    exposed = [p.exposed_s for p in bench.predict(equal)]
-    assert max(exposed) - min(exposed) < 0.002
+    rounds = [p.round_s for p in bench.predict(equal)]
+    assert max(rounds) - min(rounds) < 1e-3 * max(rounds)
     for m, p in zip(equal.workers, bench.predict(equal), strict=True):
         assert p.round_s == pytest.approx(m.period_s, rel=0.10)
+    # a held-out launch whose workers drift (rounds of 3.15, 2.46 and 3.33 s, up to three
+    # dispatches on the hub's downlink at once): the schedule's own mean rounds, within 5%
+    results, _ = bench.load(saved / "wan_fidelity_shared_unequal_d.json")
+    blocking = next(r for r in results if r.run.exchange == "blocking")
+    for m, p in zip(blocking.workers, bench.predict(blocking), strict=True):
+        assert p.round_s == pytest.approx(m.period_s, rel=0.05)
 
 
 def test_overlapped_workers_taking_turns_are_predicted_as_their_convoy(

@@ -10,11 +10,12 @@ follow it, so a worker whose push is followed at once by the others' pushes gets
 dispatch and sets the convoy's period. `turn_convoy` iterates that recurrence (asks, grants,
 releases, the dispatch's slow-start rounds against the queue of the pushes then crossing)
 over enough rounds to settle, and reads each worker's round, wait and dispatch off the last
-half. In the overlapped exchange each dispatch starts from the congestion window the server's
-connection to that worker kept: the window the last dispatch left, restarted at each of the
-server's sends on that connection (the answer to the worker's ask, the push's ack) after an
-idle longer than its RTO (Linux tcp_cwnd_restart, `wan.restart_window`), so about half of
-it after a push's hold. Pure numpy and the standard library; seconds, bytes, bytes/s.
+half. Each dispatch starts from the congestion window the server's connection to that worker
+kept: the window the last dispatch left, restarted at each of the server's sends on that
+connection (the answer to the worker's ask, the push's ack) after an idle longer than its RTO
+(Linux tcp_cwnd_restart, `wan.restart_window`): about half of it after an overlapped push's
+hold, about the initial window after a blocking round's compute. Pure numpy and the
+standard library; seconds, bytes, bytes/s.
 """
 
 from __future__ import annotations
@@ -107,12 +108,10 @@ def turn_convoy(
     C (its ACKs cross that FIFO), until the window carries the path's rate × that round
     trip or the bytes run out, and sends the rest at `pull_Bps` (`slow_start_s`'s schedule,
     each round at its own clock). Blocking: the next ask comes one RTT plus its compute
-    after the dispatch's last byte is sent, and every dispatch starts from `pull_window`
-    (the window kept over a round's idle, `wan.heloco_legs_windows`: the compute idles the
-    connection for several RTOs first). Overlapped (heloco.outer_loop, Exchange): a worker
-    starts its next round, and asks, when its compute is done and the dispatch it pulled in
-    the background is in: the next ask at max(last ask + compute, dispatch's last byte +
-    RTT); the first round trains from the first dispatch as in blocking. Its dispatch
+    after the dispatch's last byte is sent. Overlapped (heloco.outer_loop, Exchange): a
+    worker starts its next round, and asks, when its compute is done and the dispatch it
+    pulled in the background is in: the next ask at max(last ask + compute, dispatch's last
+    byte + RTT); the first round trains from the first dispatch as in blocking. A dispatch
     starts from `pull_window` the first time, then from what the last one left
     (`acked_window`), restarted (`restart_window`, the RTO from the last dispatch's round
     trip) over the idle before each of the server's sends to that worker: the answer to its
@@ -135,18 +134,17 @@ def turn_convoy(
     sent = [0.0] * n
     window = [0.0] * n
     pulling = [False] * n
-    # overlapped: the window each worker's connection from the server keeps (bytes), the one
-    # its dispatch under way started from, when the server last sent it data, and the round
-    # trip its last dispatch's ACKs measured
+    # the window each worker's connection from the server keeps (bytes), the one its
+    # dispatch under way started from, when the server last sent it data, and the round trip
+    # its last dispatch's ACKs measured
     kept = list(f["pull_window"])
     start_window = list(kept)
     last_send = [0.0] * n
     srtt = list(f["rtt_s"])
 
     def send(i: int, t: float) -> None:  # the server sends worker i data at t
-        if overlapped:
-            idle = t - last_send[i]
-            kept[i] = float(restart_window(kept[i], idle, f["rtt_s"][i], srtt_s=srtt[i]))
+        idle = t - last_send[i]
+        kept[i] = float(restart_window(kept[i], idle, f["rtt_s"][i], srtt_s=srtt[i]))
         last_send[i] = t
 
     def post(t: float, kind: str, i: int) -> None:
@@ -212,9 +210,9 @@ def turn_convoy(
                 pulling[i] = False
                 dispatches[i].append(end - d_start[i])
                 last_send[i], srtt[i] = end, clock
-                if overlapped:  # what it left: every byte acknowledged (acked_window)
-                    m, r = f["pull_bytes"][i], f["pull_Bps"][i]
-                    kept[i] = float(acked_window(m, r, rtt, start_window=start_window[i]))
+                # what it left: every byte acknowledged (acked_window)
+                m, r = f["pull_bytes"][i], f["pull_Bps"][i]
+                kept[i] = float(acked_window(m, r, rtt, start_window=start_window[i]))
                 ready = end + rtt  # the dispatch is in and the ask has reached the server
                 if overlapped and asks[i]:
                     post(max(ready, asks[i][-1] + f["compute_s"][i]), "ask", i)

@@ -410,7 +410,7 @@ def _async_round(
         )
         round_s = _take_turns(round_s, (hold, down / server), remote)
         if turn_schedule and exchange_pattern != "streaming":
-            # where the deterministic turns lock into a convoy, its rounds and exchanges
+            # the turns' deterministic schedule: its rounds and exchanges
             _, _, window = heloco_legs_windows(
                 up, np.minimum(path_bw, server), rtt, down, busy, blocking, queued
             )
@@ -514,13 +514,14 @@ def _convoy_rounds(
     overlapped: bool = False,
 ) -> tuple[FloatArray, FloatArray]:
     """Rounds and exchanges (..., N) of pushes taking turns (blocking, or `overlapped`):
-    where the settled first-come-first-served schedule of the remote workers locks into one
-    period (`convoy.turn_convoy`, one configuration at a time; `parts` are `ConvoyWorkers`'
-    fields in order, each broadcast to (..., N)), its rounds, and its exchanges from ask to
-    dispatch in: wait + hold + the time to the dispatch + the dispatch + RTT (the dispatch's
-    last byte to the worker, half an RTT; its next ask back, the other half); where it
-    drifts, `round_s` and `exchange_s`, the mean-value analysis of drifting phases
-    (`_turn_rounds`). Seconds."""
+    the first-come-first-served schedule of the remote workers (`convoy.turn_convoy`, one
+    configuration at a time; `parts` are `ConvoyWorkers`' fields in order, each broadcast
+    to (..., N)): its rounds (each worker's share of the cycle where it locks, its mean
+    round over the schedule's last half where the phases drift), and its exchanges from ask
+    to dispatch in: wait + hold + the time to the dispatch + the dispatch + RTT (the
+    dispatch's last byte to the worker, half an RTT; its next ask back, the other half).
+    With fewer than two remote workers nobody waits: `round_s` and `exchange_s` (the
+    mean-value analysis, `_turn_rounds`). Seconds."""
     idx = np.flatnonzero(remote)
     shape = np.broadcast(round_s, exchange_s, *parts).shape
     out = np.array(np.broadcast_to(round_s, shape))
@@ -532,10 +533,9 @@ def _convoy_rounds(
     for pos in np.ndindex(shape[:-1]):
         workers = ConvoyWorkers(*(x[pos][idx] for x in full))
         convoy = turn_convoy(workers, float(hub[pos][0]), overlapped=overlapped)
-        if convoy.locked:
-            out[(*pos, idx)] = convoy.round_s
-            exchange[(*pos, idx)] = (convoy.wait_s + workers.hold_s + workers.pre_s
-                                     + convoy.dispatch_s + workers.rtt_s)  # fmt: skip
+        out[(*pos, idx)] = convoy.round_s
+        exchange[(*pos, idx)] = (convoy.wait_s + workers.hold_s + workers.pre_s
+                                 + convoy.dispatch_s + workers.rtt_s)  # fmt: skip
     return out, exchange
 
 
