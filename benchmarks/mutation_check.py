@@ -1327,6 +1327,9 @@ MUTATIONS: tuple[Mutation, ...] = (
              "d_start[i], sent[i], window[i] = t, 0.0, kept[i]",
              'd_start[i], sent[i], window[i] = t, 0.0, f["pull_window"][i]',
              CONVOY_OVERLAPPED_TESTS),
+    Mutation("convoy: the RTO from the path's round trip alone", "convoy.py",
+             "last_send[i], srtt[i] = end, clock", "last_send[i], srtt[i] = end, rtt",
+             CONVOY_OVERLAPPED_TESTS),
     Mutation("convoy: blocking dispatches from the window given", "convoy.py",
              "kept[i] = float(acked_window(m, r, rtt, start_window=start_window[i]))",
              "kept[i] = float(acked_window(m, r, rtt, start_window=start_window[i])) "

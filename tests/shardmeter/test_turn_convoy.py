@@ -215,3 +215,27 @@ def test_each_of_the_servers_sends_restarts_the_window_on_its_own_idle() -> None
     assert float(restart_window(left, 0.85, 0.2)) < 2e5
     c = turn_convoy(lone(2.05, 0.35, rtt=0.2, pull=1e6), 1e6, overlapped=True)
     assert c.dispatch_s == pytest.approx([1.0]) and c.round_s == pytest.approx([2.05])
+
+
+def test_the_rto_comes_from_the_round_trip_the_last_dispatchs_acks_saw(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # three workers whose pushes queue at the hub (2.39 MB/s into 1.2 MB/s): a dispatch that
+    # ends while the next push fills the hub's buffer saw its round trip grow by that queue,
+    # up to the buffer's 0.25 s, and the window's next restart takes its RTO from that
+    import shardmeter.estimate.convoy as convoy
+
+    seen: list[float] = []
+
+    def recorded(window: float, idle: float, rtt: float, srtt_s: float) -> object:
+        seen.append(srtt_s)
+        return restart_window(window, idle, rtt, srtt_s=srtt_s)
+
+    monkeypatch.setattr(convoy, "restart_window", recorded)
+    hub = 1.25e6 * 0.956
+    w = workers(compute_s=(1.0, 1.0, 1.5), rtt_s=(0.02,) * 3, hold_s=(0.48,) * 3,
+                pre_s=(0.02,) * 3, push_bytes=(547_840.0,) * 3, push_Bps=(2.39e6,) * 3,
+                pull_bytes=(547_840.0,) * 3, pull_Bps=(hub,) * 3, pull_window=(IW,) * 3)  # fmt: skip
+    turn_convoy(w, hub)
+    assert min(seen) >= 0.02 - 1e-12
+    assert 0.02 + 0.1 < max(seen) <= 0.02 + BOTTLENECK_QUEUE_S + 1e-9
