@@ -67,6 +67,11 @@ CONVOY_TESTS = (
     "tests/shardmeter/test_turn_convoy.py"
     " tests/heloco/test_wan_fidelity.py::test_unequal_workers_taking_turns_are_predicted_as_their_convoy"
 )
+CONVOY_OVERLAPPED_TESTS = (
+    CONVOY_TESTS
+    + " tests/heloco/test_wan_fidelity.py::test_overlapped_workers_taking_turns_are_predicted_as_their_convoy"
+    " tests/heloco/test_link_slots.py"
+)
 SIM_CODEC_TESTS = (
     "tests/heloco/test_codecs.py::test_the_simulators_int8_uplink_is_what_the_server_decodes"
 )
@@ -1285,7 +1290,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              "                burst = rate * step\n", "                burst = rate * clock\n",
              CONVOY_TESTS),
     Mutation("convoy: the next ask without its compute", "convoy.py",
-             'post(end + rtt + f["compute_s"][i], "ask", i)', 'post(end + rtt, "ask", i)',
+             'post(ready + f["compute_s"][i], "ask", i)', 'post(ready, "ask", i)',
              CONVOY_TESTS),
     Mutation("convoy: a waiting worker granted at once", "convoy.py",
              'grant(j, t + 0.5 * (SLOT_POLL_S + f["rtt_s"][j]))', "grant(j, t)", CONVOY_TESTS),
@@ -1304,10 +1309,58 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("convoy: a locked worker's round not its share of the cycle", "convoy.py",
              "round_s = np.where(turns > 0, cycle / np.maximum(turns, 1), round_s)",
              "round_s = np.where(turns > 0, cycle, round_s)", CONVOY_TESTS),
-    Mutation("convoy: the planner never uses the convoy", "outer.py",
-             "        if convoy.locked:\n", "        if False:\n", CONVOY_TESTS),
-    Mutation("convoy: the planner uses a drifting schedule too", "outer.py",
-             "        if convoy.locked:\n", "        if True:\n", CONVOY_TESTS),
+    Mutation("convoy: the planner never uses the schedule", "outer.py",
+             "out[(*pos, idx)] = convoy.round_s", "out[(*pos, idx)] = out[(*pos, idx)]",
+             CONVOY_TESTS),
+    Mutation("convoy: a drifting schedule priced by the mean-value analysis", "outer.py",
+             "out[(*pos, idx)] = convoy.round_s",
+             "out[(*pos, idx)] = convoy.round_s if convoy.locked else out[(*pos, idx)]",
+             CONVOY_TESTS),
+    # --- the overlapped turns' schedule: the ask, the window each dispatch starts from ---
+    Mutation("convoy overlapped: the next ask a compute after the dispatch", "convoy.py",
+             'post(max(ready, asks[i][-1] + f["compute_s"][i]), "ask", i)',
+             'post(ready + f["compute_s"][i], "ask", i)', CONVOY_OVERLAPPED_TESTS),
+    Mutation("convoy overlapped: the next ask before the dispatch is in", "convoy.py",
+             'post(max(ready, asks[i][-1] + f["compute_s"][i]), "ask", i)',
+             'post(asks[i][-1] + f["compute_s"][i], "ask", i)', CONVOY_OVERLAPPED_TESTS),
+    Mutation("convoy overlapped: asks like blocking", "convoy.py",
+             "if overlapped and asks[i]:", "if False:", CONVOY_OVERLAPPED_TESTS),
+    Mutation("convoy overlapped: the dispatch in without its half RTT and the ask's", "convoy.py",
+             "ready = end + rtt  #", "ready = end  #", CONVOY_OVERLAPPED_TESTS),
+    Mutation("convoy overlapped: the ask's answer does not restart the window", "convoy.py",
+             'send(i, t)  # the answer: its grant or "wait"', "pass", CONVOY_OVERLAPPED_TESTS),
+    Mutation("convoy overlapped: the push's ack does not restart the window", "convoy.py",
+             "send(i, t)  # the push's ack", "pass", CONVOY_OVERLAPPED_TESTS),
+    Mutation("convoy overlapped: the window never restarts", "convoy.py",
+             "kept[i] = float(restart_window(kept[i], idle, f[\"rtt_s\"][i], srtt_s=srtt[i]))",
+             "kept[i] = kept[i]", CONVOY_OVERLAPPED_TESTS),
+    Mutation("convoy overlapped: the window not what the last dispatch left", "convoy.py",
+             "kept[i] = float(acked_window(m, r, rtt, start_window=start_window[i]))",
+             "kept[i] = kept[i]", CONVOY_OVERLAPPED_TESTS),
+    Mutation("convoy overlapped: every dispatch from the window given", "convoy.py",
+             "d_start[i], sent[i], window[i] = t, 0.0, kept[i]",
+             'd_start[i], sent[i], window[i] = t, 0.0, f["pull_window"][i]',
+             CONVOY_OVERLAPPED_TESTS),
+    Mutation("convoy: the RTO from the path's round trip alone", "convoy.py",
+             "last_send[i], srtt[i] = end, clock", "last_send[i], srtt[i] = end, rtt",
+             CONVOY_OVERLAPPED_TESTS),
+    Mutation("convoy: blocking dispatches from the window given", "convoy.py",
+             "kept[i] = float(acked_window(m, r, rtt, start_window=start_window[i]))",
+             "kept[i] = float(acked_window(m, r, rtt, start_window=start_window[i])) "
+             'if overlapped else f["pull_window"][i]', CONVOY_OVERLAPPED_TESTS),
+    Mutation("convoy overlapped: the planner schedules blocking turns only", "outer.py",
+             'if turn_schedule and exchange_pattern != "streaming":',
+             "if turn_schedule and blocking:", CONVOY_OVERLAPPED_TESTS),
+    Mutation("convoy overlapped: the planner schedules no turns", "outer.py",
+             "return _async_round(inner, wan, up, down, h, scale, exchange, p, link_slots, "
+             "turn_schedule)",
+             "return _async_round(inner, wan, up, down, h, scale, exchange, p, link_slots, False)",
+             CONVOY_OVERLAPPED_TESTS),
+    Mutation("convoy overlapped: the exchange without the RTT back", "outer.py",
+             "+ convoy.dispatch_s + workers.rtt_s)", "+ convoy.dispatch_s)",
+             CONVOY_OVERLAPPED_TESTS),
+    Mutation("convoy overlapped: a round shorter than its compute", "outer.py",
+             "round_s = np.maximum(round_s, busy)", "round_s = round_s", CONVOY_OVERLAPPED_TESTS),
     # rowwise FP8: every further Linear over a shared input casts it again
     Mutation("rowwise recast: Q, K, V as one Linear", "compute.py",
              "ROWWISE_QKV_LINEARS = 3.0", "ROWWISE_QKV_LINEARS = 1.0",

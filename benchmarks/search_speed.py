@@ -139,9 +139,10 @@ def versus_predict_loop(vec_rate: float, sample: int = 300) -> None:
 
 
 def turns_estimate() -> None:
-    """docs/wan.md's four islands pushing an 8B model through one 1 Gbit/s hub link, blocking,
-    taking turns: every configuration the estimate's threshold searches evaluate runs the
-    turns' event schedule (`convoy.turn_convoy`), which they therefore bisect."""
+    """docs/wan.md's four islands pushing an 8B model through one 1 Gbit/s hub link, taking
+    turns, blocking and overlapped: every configuration the estimate's threshold searches
+    evaluate runs the turns' event schedule (`convoy.turn_convoy`), which they therefore
+    bisect."""
     import shardmeter.estimate.outer as outer
     from shardmeter.estimate.islands import predict_topology
     from shardmeter.specs.topology import topology_from_dict
@@ -154,24 +155,27 @@ def turns_estimate() -> None:
         return schedule(*args, **kwargs)  # type: ignore[arg-type]
 
     outer.turn_convoy = counted  # type: ignore[assignment]
-    topo = topology_from_dict({
-        "run": {"model": "llama-3-8b", "global_batch": 64, "mode": "async", "inner_steps": 10,
-                "bits": 32, "exchange": "blocking", "server": "s", "step_time_s": 1.0,
-                "link_slots": True},
-        "islands": [{"name": n, "cluster": "dgx-h100"} for n in ("s", "a", "b", "c")],
-        "wan": {"kind": "star", "hub": "s", "server_bandwidth_gbit": 1,
-                "default": {"bandwidth_gbit": 10, "latency_ms": 1}},
-    })  # fmt: skip
-    w0 = time.perf_counter()
-    est = predict_topology(topo)
-    wall = time.perf_counter() - w0
+    print("4. One estimate with turns on a shared server link (docs/wan.md)")
+    print(f"   {'exchange':<11}{'schedules':>10}{'wall s':>8}{'round s':>10}{'min H':>7}"
+          f"{'Gbit/s bound':>14}{'hidden':>9}")  # fmt: skip
+    for exchange in ("blocking", "overlapped"):
+        topo = topology_from_dict({
+            "run": {"model": "llama-3-8b", "global_batch": 64, "mode": "async",
+                    "inner_steps": 10, "bits": 32, "exchange": exchange, "server": "s",
+                    "step_time_s": 1.0, "link_slots": True},
+            "islands": [{"name": n, "cluster": "dgx-h100"} for n in ("s", "a", "b", "c")],
+            "wan": {"kind": "star", "hub": "s", "server_bandwidth_gbit": 1,
+                    "default": {"bandwidth_gbit": 10, "latency_ms": 1}},
+        })  # fmt: skip
+        runs[0] = 0
+        w0 = time.perf_counter()
+        est = predict_topology(topo)
+        wall = time.perf_counter() - w0
+        hidden = "-" if est.hide_wan_gbit is None else f"{est.hide_wan_gbit:.1f}"
+        bound = "-" if est.min_wan_gbit is None else f"{est.min_wan_gbit:.1f}"
+        print(f"   {exchange:<11}{runs[0]:>10,}{wall:>8.1f}{est.round_s:>10.3f}"
+              f"{est.min_inner_steps or '-':>7}{bound:>14}{hidden:>9}")  # fmt: skip
     outer.turn_convoy = schedule
-    print("4. One estimate with turns on a shared server link (docs/wan.md, blocking)")
-    print(f"   schedules run {runs[0]:,}; wall {wall:.1f} s")
-    print(
-        f"   round {est.round_s:.3f} s, smallest H {est.min_inner_steps}, WAN to be "
-        f"compute-bound {est.min_wan_gbit:.2f} Gbit/s"
-    )
 
 
 if __name__ == "__main__":

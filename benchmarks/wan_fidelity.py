@@ -123,6 +123,16 @@ SHARED_UNEQUAL_RUNS = (
     Run("shared unequal c", (Link(30 * MBIT, 0.01), Link(18 * MBIT, 0.06),
         Link(24 * MBIT, 0.025)), (PACE, 1.4 * PACE, 1.2 * PACE), server_bps=12 * MBIT,
         seconds=90.0, warmup_s=30.0, link_slots=True),
+    # a fourth, chosen after the overlapped exchange's turns were priced by their schedule
+    # (each dispatch from the window its connection kept), and measured after that change
+    Run("shared unequal d", (Link(20 * MBIT, 0.035), Link(28 * MBIT, 0.015),
+        Link(14 * MBIT, 0.045)), (1.3 * PACE, PACE, 1.6 * PACE), server_bps=10 * MBIT,
+        seconds=90.0, warmup_s=30.0, link_slots=True),
+    # a fifth, chosen after the blocking turns too took each dispatch from the window its
+    # connection kept and a drifting schedule its own rounds, and measured after that change
+    Run("shared unequal e", (Link(16 * MBIT, 0.02), Link(32 * MBIT, 0.04),
+        Link(22 * MBIT, 0.005)), (1.1 * PACE, 1.4 * PACE, PACE), server_bps=11 * MBIT,
+        seconds=90.0, warmup_s=30.0, link_slots=True),
 )  # fmt: skip
 QUICK = (
     Run(

@@ -433,6 +433,8 @@ def main() -> None:
     ap.add_argument("--skip", type=float, default=8.0, help="seconds of start-up left out")
     ap.add_argument("--wan-server", default=None, help="the server's own (shared) link spec")
     ap.add_argument("--link-slots", action="store_true", help="pushes take turns on it")
+    ap.add_argument("--paces", default=None,
+                    help="each worker's seconds per step, ','-separated (default 0.1 each)")  # fmt: skip
     ap.add_argument("--echo", action="store_true",
                     help="also probe each worker's path to the server with a UDP echo")  # fmt: skip
     ap.add_argument("--legs", action="store_true",
@@ -446,7 +448,7 @@ def main() -> None:
     n = args.wan.count(";") + 1
     with tempfile.TemporaryDirectory(prefix="wan_tcp_trace-") as out:
         argv = [sys.executable, "-m", "heloco", "launch", "--workers", str(n),
-                "--paces", ",".join(["0.1"] * n), "--set", "inner_steps=10",
+                "--paces", args.paces or ",".join(["0.1"] * n), "--set", "inner_steps=10",
                 "--set", "dylu=false", "--set", "eval_every=0",
                 "--set", "token_budget=1000000000", "--set", f"time_budget={args.seconds:g}",
                 "--set", f"exchange={args.exchange}",

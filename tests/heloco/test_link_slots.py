@@ -80,6 +80,27 @@ def test_a_worker_that_leaves_frees_the_link() -> None:
     assert slot(coord, 1) == "slot"
 
 
+def test_each_grant_is_a_turn_event_with_its_first_ask() -> None:
+    now = [0.0]
+    events: list[dict[str, Any]] = []
+    coord = make_coord(workers=2, link_slots=True, clock=lambda: now[0], t0=0.0)
+    coord.on_event = events.append
+    d = pull(coord, 0)
+    assert slot(coord, 0) == "slot"
+    now[0] = 1.0
+    assert slot(coord, 1) == "wait"  # its first ask
+    now[0] = 1.5
+    assert slot(coord, 1) == "wait" and slot(coord, 0) == "slot"  # a lost grant: no event
+    assert push(coord, 0, d).type == "ack"
+    now[0] = 2.0
+    assert slot(coord, 1) == "slot"
+    turns = [e for e in events if e["type"] == "turn"]
+    assert turns == [
+        {"type": "turn", "worker": 0, "asked": 0.0, "time": 0.0},
+        {"type": "turn", "worker": 1, "asked": 1.0, "time": 2.0},
+    ]
+
+
 def test_the_worker_asks_until_granted_and_then_pushes(monkeypatch: pytest.MonkeyPatch) -> None:
     link = NetLink(ClientConfig("tcp://127.0.0.1:1"), b"k" * 32, 0)
     replies = iter(["wait", "wait", "slot"])
@@ -166,14 +187,29 @@ def test_the_planner_prices_turns_instead_of_random_meetings(exchange: str) -> N
             np.full(4, 3 * rtt + leg), np.full(4, leg), np.full(4, met), np.full(4, hold),
             np.full(4, 1.0), 1.0, True, remote,
         )  # fmt: skip
-        assert np.allclose(turns.round_s[1:], want_round[1:])
-        assert np.allclose(turns.wan_comm_s[1:], want_x[1:])
+        drifting = outer_round(
+            "async", inner, shared, 150_000, link_slots=True, turn_schedule=False, **kw
+        )
+        assert np.allclose(drifting.round_s[1:], want_round[1:])
+        assert np.allclose(drifting.wan_comm_s[1:], want_x[1:])
         # 0.5 s turns in a 2 s round: the deterministic bound has nobody wait; drifting
         # phases do, and some dispatches meet the next push
         assert np.all(wait[1:] > 0.05) and np.all((meet[1:] > 0.2) & (meet[1:] < 1.0))
+        # the schedule: one round robin, a little shorter than the mean over random phases
+        assert np.allclose(turns.round_s[1:], turns.round_s[1])
+        assert np.all(turns.round_s[1:] < drifting.round_s[1:])
+        assert np.allclose(turns.wan_comm_s[1:], turns.round_s[1:] - 1.0)
     else:  # the link is full: one cycle of three turns, a little more where phases drift
         assert np.all(turns.round_s[1:] >= 3 * hold)
         assert np.allclose(turns.round_s[1:], 3 * hold, rtol=0.03)
+        # the schedule locks (three equal workers in turn): each waits for its dispatch, so
+        # its exchange, ask to dispatch in, is its whole round; the mean-value analysis of
+        # drifting phases gives a longer one
+        assert np.allclose(turns.wan_comm_s[1:], turns.round_s[1:])
+        drifting = outer_round(
+            "async", inner, shared, 150_000, link_slots=True, turn_schedule=False, **kw
+        )
+        assert np.all(drifting.round_s[1:] > turns.round_s[1:] + 0.01)
     # the option changes nothing where the server's link is not shared
     unshared = star(3, float("inf"))
     free = outer_round("async", inner, unshared, 150_000, link_slots=True, **kw)
@@ -199,6 +235,39 @@ def test_a_topology_that_takes_turns_is_predicted_with_them() -> None:
     # each spoke alone fills the shared link: turns beat random meetings
     fifo, turns = predict_topology(topo(False)), predict_topology(topo(True))
     assert turns.round_s < fifo.round_s
+
+
+def test_an_overlapped_estimate_and_its_threshold_searches_run_the_turns_schedule(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the searches over H and bandwidth bisect (islands._first_true), so they price turns by
+    # the same schedule as the topology's own configuration, a few dozen runs of it
+    import shardmeter.estimate.outer as outer
+    from shardmeter.estimate.islands import predict_topology
+    from shardmeter.specs.topology import topology_from_dict
+
+    calls: list[int] = []
+    schedule = outer.turn_convoy
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return schedule(*args, **kwargs)
+
+    monkeypatch.setattr(outer, "turn_convoy", counted)
+
+    topo = topology_from_dict(
+        {
+            "run": {"model": "llama-3-8b", "global_batch": 64, "mode": "async",
+                    "inner_steps": 10, "bits": 32, "exchange": "overlapped", "server": "s",
+                    "link_slots": True, "step_time_s": 1.0},
+            "islands": [{"name": n, "cluster": "dgx-h100"} for n in ("s", "a", "b", "c")],
+            "wan": {"kind": "star", "hub": "s", "server_bandwidth_gbit": 1,
+                    "default": {"bandwidth_gbit": 10, "latency_ms": 1}},
+        }
+    )  # fmt: skip
+    est = predict_topology(topo)
+    assert est.min_inner_steps is not None and est.min_wan_gbit is not None
+    assert 10 <= len(calls) <= 120
 
 
 def test_turns_cost_where_one_push_cannot_fill_the_shared_link() -> None:

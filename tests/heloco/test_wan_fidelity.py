@@ -216,12 +216,38 @@ def test_unequal_workers_taking_turns_are_predicted_as_their_convoy(bench: Modul
     blocking = next(r for r in results if r.run.exchange == "blocking")
     for m, p in zip(blocking.workers, bench.predict(blocking), strict=True):
         assert p.round_s == pytest.approx(m.period_s, rel=0.10)
-    # three equal workers on the fidelity table's shared link drift: the mean-value analysis,
-    # the same exposed exchange for each within 2 ms (the drifting schedule's own rounds
-    # spread theirs by 39 ms)
+    # three equal workers on the fidelity table's shared link: one round robin, each within
+    # 10% (their rounds measured 2.21-2.24 s)
     equal = next(r for r in bench.load(saved / "wan_fidelity.json")[0]
                  if r.run.name == "shared server" and r.run.exchange == "blocking")  # fmt: skip
-    exposed = [p.exposed_s for p in bench.predict(equal)]
-    assert max(exposed) - min(exposed) < 0.002
+    rounds = [p.round_s for p in bench.predict(equal)]
+    assert max(rounds) - min(rounds) < 1e-3 * max(rounds)
     for m, p in zip(equal.workers, bench.predict(equal), strict=True):
         assert p.round_s == pytest.approx(m.period_s, rel=0.10)
+    # a held-out launch whose workers drift (rounds of 3.15, 2.46 and 3.33 s, up to three
+    # dispatches on the hub's downlink at once): the schedule's own mean rounds, within 5%
+    results, _ = bench.load(saved / "wan_fidelity_shared_unequal_d.json")
+    blocking = next(r for r in results if r.run.exchange == "blocking")
+    for m, p in zip(blocking.workers, bench.predict(blocking), strict=True):
+        assert p.round_s == pytest.approx(m.period_s, rel=0.05)
+
+
+def test_overlapped_workers_taking_turns_are_predicted_as_their_convoy(
+    bench: ModuleType,
+) -> None:
+    # the overlapped exchange with turns: the measured workers of each unequal launch run at
+    # one rate (b: all three at 1327 tokens/s; c: rounds of 1.38-1.42 s, worker 1's compute),
+    # and so does the schedule, each dispatch from the window its connection kept (about
+    # half the last one's after a push's hold): every worker within 10% (the mean-value
+    # analysis gave +11.1% for b's worker 1 and +9.9% for c's worker 0), never a round
+    # shorter than its compute
+    saved = Path(__file__).resolve().parents[2] / "benchmarks/results"
+    for name in ("", "_b", "_c"):
+        results, _ = bench.load(saved / f"wan_fidelity_shared_unequal{name}.json")
+        run = next(r for r in results if r.run.exchange == "overlapped")
+        predicted = bench.predict(run)
+        rounds = [p.round_s for p in predicted]
+        assert max(rounds) - min(rounds) < 1e-3 * max(rounds)
+        for m, p in zip(run.workers, predicted, strict=True):
+            assert p.round_s == pytest.approx(m.period_s, rel=0.05)
+            assert p.exposed_s >= 0.0

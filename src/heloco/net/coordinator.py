@@ -223,6 +223,7 @@ class Coordinator:
         # (worker, round id) -> (sent at, revision, its tensors' fp32 bytes) of a dispatch
         self._dispatch_time: dict[tuple[int, int], tuple[float, int, int]] = {}
         self.push_turns = Turns()  # link_slots: the link towards the server (pushes)
+        self._asked: dict[int, float] = {}  # link_slots: a waiting worker's first ask (run s)
 
     @property
     def tokens(self) -> int:
@@ -437,11 +438,17 @@ class Coordinator:
     # -- the shared link, one transfer per direction at a time (link_slots) ----------------
     def _link_slot(self, msg: Message, body: messages.Ident) -> Message:
         """Grant worker ``w`` the link towards the server for its next push, or tell it to
-        wait (:class:`Turns`). Without ``link_slots`` (or once the run is over) at once."""
+        wait (:class:`Turns`). Without ``link_slots`` (or once the run is over) at once. A
+        grant is a ``turn`` event: ``asked`` when its first ask arrived, ``time`` granted."""
         w = self._slot(body)
         self._seen(w, body.incarnation)
+        now, held = self.elapsed(), self.push_turns.holder == w
         if not self.link_slots or self.done or self.push_turns.ask(w):
+            asked = self._asked.pop(w, now)
+            if self.link_slots and not self.done and not held:  # not a lost grant's re-ask
+                self._emit({"type": "turn", "worker": w, "asked": asked, "time": now})
             return wire.make("slot", {"revision": self.server.revision}, re=msg.id)
+        self._asked.setdefault(w, now)
         return wire.make(
             "wait", {"retry_s": SLOT_POLL_S, "revision": self.server.revision}, re=msg.id
         )
@@ -449,6 +456,7 @@ class Coordinator:
     def release_link(self, worker: int) -> None:
         """Worker ``worker`` is gone (left, evicted, replaced): its turn and place go."""
         self.push_turns.release(worker)
+        self._asked.pop(worker, None)
 
     def _pull(self, msg: Message, body: messages.Ident) -> Message:
         w = self._slot(body)

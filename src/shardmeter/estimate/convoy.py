@@ -1,5 +1,6 @@
-"""The blocking push turns on a shared server link as a deterministic schedule: the workers'
-first-come-first-served turns, run event by event until they settle (a convoy).
+"""The push turns on a shared server link as a deterministic schedule: the workers'
+first-come-first-served turns, run event by event until they settle (a convoy), for the
+blocking and the overlapped exchange.
 
 With deterministic compute and link times, a closed first-come-first-served station does not
 drift: it settles into a periodic schedule (the FCFS convoy of Blasgen, Gray, Mitoma & Price
@@ -9,7 +10,12 @@ follow it, so a worker whose push is followed at once by the others' pushes gets
 dispatch and sets the convoy's period. `turn_convoy` iterates that recurrence (asks, grants,
 releases, the dispatch's slow-start rounds against the queue of the pushes then crossing)
 over enough rounds to settle, and reads each worker's round, wait and dispatch off the last
-half. Pure numpy and the standard library; seconds, bytes, bytes/s.
+half. Each dispatch starts from the congestion window the server's connection to that worker
+kept: the window the last dispatch left, restarted at each of the server's sends on that
+connection (the answer to the worker's ask, the push's ack) after an idle longer than its RTO
+(Linux tcp_cwnd_restart, `wan.restart_window`): about half of it after an overlapped push's
+hold, about the initial window after a blocking round's compute. Pure numpy and the
+standard library; seconds, bytes, bytes/s.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from shardmeter.estimate.wan import BOTTLENECK_QUEUE_S
+from shardmeter.estimate.wan import BOTTLENECK_QUEUE_S, acked_window, restart_window
 
 FloatArray = NDArray[np.float64]
 
@@ -47,7 +53,8 @@ class ConvoyWorkers:
     arrival to its dispatch's first byte (the ack out, the pull request in, the host copy);
     push_bytes / push_Bps: its push and the rate it enters the hub at (its own link);
     pull_bytes / pull_Bps: its dispatch and the rate it crosses at (its link or the hub's,
-    the slower); pull_window: the congestion window its dispatch starts from."""
+    the slower); pull_window: the congestion window its first dispatch starts from (later
+    ones start from the window the connection kept, `turn_convoy`)."""
 
     compute_s: FloatArray
     rtt_s: FloatArray
@@ -85,9 +92,11 @@ def hub_queue_bytes(t_s: float, push_bytes: float, push_Bps: float, hub_Bps: flo
     return max(min((push_Bps - hub_Bps) * t_s, cap, push_bytes - hub_Bps * t_s), 0.0)
 
 
-def turn_convoy(w: ConvoyWorkers, hub_Bps: float, rounds: int = CONVOY_ROUNDS) -> Convoy:
-    """Run the blocking turns event by event from a common start (every worker pulling at
-    t = 0) until each worker has done `rounds` rounds, and read the last half.
+def turn_convoy(
+    w: ConvoyWorkers, hub_Bps: float, rounds: int = CONVOY_ROUNDS, overlapped: bool = False
+) -> Convoy:
+    """Run the turns event by event from a common start (every worker pulling at t = 0)
+    until each worker has done `rounds` rounds, and read the last half.
 
     A worker's ask reaches the server `rtt_s`/2 after its compute ends; the server grants
     the link if no push holds it and nobody asked before, else queues the ask (first come
@@ -98,10 +107,19 @@ def turn_convoy(w: ConvoyWorkers, hub_Bps: float, rounds: int = CONVOY_ROUNDS) -
     trip (RFC 5681 sec. 3.1) of RTT + the hub's queue towards the server at that moment /
     C (its ACKs cross that FIFO), until the window carries the path's rate × that round
     trip or the bytes run out, and sends the rest at `pull_Bps` (`slow_start_s`'s schedule,
-    each round at its own clock). The next ask comes one RTT plus its compute after the
-    dispatch's last byte is sent. The hub's link towards the workers is shared evenly by the
-    dispatches crossing it at once (processor sharing: each gets at most C / their number).
-    Returns each worker's mean round, wait and dispatch, and whether they locked."""
+    each round at its own clock). Blocking: the next ask comes one RTT plus its compute
+    after the dispatch's last byte is sent. Overlapped (heloco.outer_loop, Exchange): a
+    worker starts its next round, and asks, when its compute is done and the dispatch it
+    pulled in the background is in: the next ask at max(last ask + compute, dispatch's last
+    byte + RTT); the first round trains from the first dispatch as in blocking. A dispatch
+    starts from `pull_window` the first time, then from what the last one left
+    (`acked_window`), restarted (`restart_window`, the RTO from the last dispatch's round
+    trip) over the idle before each of the server's sends to that worker: the answer to its
+    ask (grant or "wait"; "wait" again every poll, within the RTO), its push's ack (the
+    hold after the grant), the dispatch. The hub's link towards the workers is shared
+    evenly by the dispatches crossing it at once (processor sharing: each gets at most
+    C / their number). Returns each worker's mean round, wait and dispatch, and whether
+    they locked."""
     n = len(w.compute_s)
     f = {k: [float(x) for x in getattr(w, k)] for k in ConvoyWorkers.__dataclass_fields__}
     pushes: list[tuple[float, int]] = []  # (first byte at the hub, worker), in grant order
@@ -116,6 +134,18 @@ def turn_convoy(w: ConvoyWorkers, hub_Bps: float, rounds: int = CONVOY_ROUNDS) -
     sent = [0.0] * n
     window = [0.0] * n
     pulling = [False] * n
+    # the window each worker's connection from the server keeps (bytes), the one its
+    # dispatch under way started from, when the server last sent it data, and the round trip
+    # its last dispatch's ACKs measured
+    kept = list(f["pull_window"])
+    start_window = list(kept)
+    last_send = [0.0] * n
+    srtt = list(f["rtt_s"])
+
+    def send(i: int, t: float) -> None:  # the server sends worker i data at t
+        idle = t - last_send[i]
+        kept[i] = float(restart_window(kept[i], idle, f["rtt_s"][i], srtt_s=srtt[i]))
+        last_send[i] = t
 
     def post(t: float, kind: str, i: int) -> None:
         nonlocal seq
@@ -143,6 +173,7 @@ def turn_convoy(w: ConvoyWorkers, hub_Bps: float, rounds: int = CONVOY_ROUNDS) -
         t, _, kind, i = heapq.heappop(events)
         if kind == "ask":
             asks[i].append(t)
+            send(i, t)  # the answer: its grant or "wait"
             done += len(asks[i]) == rounds
             if holder is None and not queue:
                 grant(i, t)
@@ -150,12 +181,15 @@ def turn_convoy(w: ConvoyWorkers, hub_Bps: float, rounds: int = CONVOY_ROUNDS) -
                 queue.append(i)
         elif kind == "release":
             holder = None
+            send(i, t)  # the push's ack
             post(t + f["pre_s"][i], "dispatch", i)
             if queue:
                 j = queue.pop(0)
                 grant(j, t + 0.5 * (SLOT_POLL_S + f["rtt_s"][j]))
         elif kind == "dispatch":
-            d_start[i], sent[i], window[i] = t, 0.0, f["pull_window"][i]
+            send(i, t)
+            d_start[i], sent[i], window[i] = t, 0.0, kept[i]
+            start_window[i] = kept[i]
             pulling[i] = True
             post(t, "round", i)
         else:  # one slow-start round of i's dispatch
@@ -175,7 +209,15 @@ def turn_convoy(w: ConvoyWorkers, hub_Bps: float, rounds: int = CONVOY_ROUNDS) -
                 end = t + left / rate
                 pulling[i] = False
                 dispatches[i].append(end - d_start[i])
-                post(end + rtt + f["compute_s"][i], "ask", i)
+                last_send[i], srtt[i] = end, clock
+                # what it left: every byte acknowledged (acked_window)
+                m, r = f["pull_bytes"][i], f["pull_Bps"][i]
+                kept[i] = float(acked_window(m, r, rtt, start_window=start_window[i]))
+                ready = end + rtt  # the dispatch is in and the ask has reached the server
+                if overlapped and asks[i]:
+                    post(max(ready, asks[i][-1] + f["compute_s"][i]), "ask", i)
+                else:
+                    post(ready + f["compute_s"][i], "ask", i)
             else:
                 sent[i] += burst
                 window[i] = max(window[i], 2.0 * min(window[i], rate * clock))

@@ -205,6 +205,7 @@ def outer_round(
     push_overhead_bytes: ArrayLike = 0.0,
     pull_bytes: ArrayLike | None = None,
     link_slots: bool = False,
+    turn_schedule: bool = True,
 ) -> OuterRound:
     """Compose per-island inner step times into one outer round of `mode`.
 
@@ -244,7 +245,8 @@ def outer_round(
       station (`_share_server`); remote rounds then stretch by the server's overload, the
       busier direction's Σ_i (bytes/round_i)/W_server when above 1 (design doc C.9). With
       `link_slots` the workers take turns on it for their pushes instead (`_turn_rounds`,
-      at least `_take_turns`' cycle).
+      at least `_take_turns`' cycle; blocking and overlapped, where their schedule locks
+      into a convoy, its rounds: `_convoy_rounds`, run unless `turn_schedule` is False).
     `balance` (diloco, streaming) lets faster islands run more inner steps per round.
     """
     inner = np.asarray(inner_s, dtype=np.float64)
@@ -282,7 +284,7 @@ def outer_round(
         p = np.broadcast_to(np.asarray(fragments, dtype=np.float64), shape)
         if exchange == "streaming" and np.any(p < 1):
             raise ValueError("fragments: the streaming exchange needs P >= 1")
-        return _async_round(inner, wan, up, down, h, scale, exchange, p, link_slots)
+        return _async_round(inner, wan, up, down, h, scale, exchange, p, link_slots, turn_schedule)
 
     coll = collective(nbytes, wan, reduce, gathered=gathered, rounds=collective_rounds, scale=scale)
     window = _pacing(np.asarray(backward_s, dtype=np.float64), inner)
@@ -345,11 +347,14 @@ def _async_round(
     exchange_pattern: Exchange = "duplex",
     fragments: FloatArray | None = None,
     link_slots: bool = False,
+    turn_schedule: bool = True,
 ) -> OuterRound:
     """Parameter server at `wan.center` (design doc C.9, asynchronous): a push of
     `up_bytes`, a pull of `down_bytes` per round, in the exchange mode `exchange_pattern`
     (`"streaming"`: in P = `fragments` exchanges of a P-th each, one per H/P steps); a shared
-    server link with `link_slots`: pushes take turns on it (`_turn_rounds`, `_take_turns`)."""
+    server link with `link_slots`: pushes take turns on it (`_turn_rounds`, `_take_turns`;
+    blocking and overlapped, with `turn_schedule`, the convoy where the schedule locks,
+    `_convoy_rounds`)."""
     n = inner.shape[-1]
     c = wan.center
     remote = np.arange(n) != c
@@ -404,15 +409,21 @@ def _async_round(
             fixed + alone[0] + rtt, alone[1], met, hold, busy, p, blocking, remote
         )
         round_s = _take_turns(round_s, (hold, down / server), remote)
-        if blocking:
-            # where the deterministic turns lock into a convoy (unequal workers), its rounds
+        if turn_schedule and exchange_pattern != "streaming":
+            # the turns' deterministic schedule: its rounds and exchanges
             _, _, window = heloco_legs_windows(
                 up, np.minimum(path_bw, server), rtt, down, busy, blocking, queued
             )
             parts = (busy, rtt, rtt + alone[0], fixed - rtt, up, path_bw, down,
                      np.minimum(path_bw, server), window)  # fmt: skip
-            round_s = _convoy_rounds(round_s, parts, server, remote)
-            exchange = np.where(remote, round_s - busy, exchange)
+            round_s, exchange = _convoy_rounds(
+                round_s, exchange, parts, server, remote, overlapped=not blocking
+            )
+            # a round is never shorter than its compute (the overlapped schedule's cycle share
+            # of a compute-bound worker is its compute, float rounding aside)
+            round_s = np.maximum(round_s, busy)
+            if blocking:
+                exchange = np.where(remote, round_s - busy, exchange)
     elif np.isfinite(wan.server_Bps):
         exchange = _share_server(exchange, legs, busy_x, blocking, server, remote)
     if not turns:
@@ -496,26 +507,36 @@ def _turn_rounds(
 
 def _convoy_rounds(
     round_s: FloatArray,
+    exchange_s: FloatArray,
     parts: tuple[FloatArray, ...],
     server_Bps: FloatArray,
     remote: NDArray[np.bool_],
-) -> FloatArray:
-    """Blocking rounds (..., N) of pushes taking turns: where the settled first-come-first-
-    served schedule of the remote workers locks into one period (`convoy.turn_convoy`, one
+    overlapped: bool = False,
+) -> tuple[FloatArray, FloatArray]:
+    """Rounds and exchanges (..., N) of pushes taking turns (blocking, or `overlapped`):
+    the first-come-first-served schedule of the remote workers (`convoy.turn_convoy`, one
     configuration at a time; `parts` are `ConvoyWorkers`' fields in order, each broadcast
-    to (..., N)), its rounds; where it drifts, `round_s`, the mean-value analysis of
-    drifting phases (`_turn_rounds`). Seconds."""
+    to (..., N)): its rounds (each worker's share of the cycle where it locks, its mean
+    round over the schedule's last half where the phases drift), and its exchanges from ask
+    to dispatch in: wait + hold + the time to the dispatch + the dispatch + RTT (the
+    dispatch's last byte to the worker, half an RTT; its next ask back, the other half).
+    With fewer than two remote workers nobody waits: `round_s` and `exchange_s` (the
+    mean-value analysis, `_turn_rounds`). Seconds."""
     idx = np.flatnonzero(remote)
-    out = np.array(np.broadcast_to(round_s, np.broadcast(round_s, *parts).shape))
-    full = [np.broadcast_to(x, out.shape) for x in parts]
-    hub = np.broadcast_to(server_Bps, (*out.shape[:-1], 1))
+    shape = np.broadcast(round_s, exchange_s, *parts).shape
+    out = np.array(np.broadcast_to(round_s, shape))
+    exchange = np.array(np.broadcast_to(exchange_s, shape))
+    full = [np.broadcast_to(x, shape) for x in parts]
+    hub = np.broadcast_to(server_Bps, (*shape[:-1], 1))
     if len(idx) < 2:
-        return out
-    for pos in np.ndindex(out.shape[:-1]):
-        convoy = turn_convoy(ConvoyWorkers(*(x[pos][idx] for x in full)), float(hub[pos][0]))
-        if convoy.locked:
-            out[(*pos, idx)] = convoy.round_s
-    return out
+        return out, exchange
+    for pos in np.ndindex(shape[:-1]):
+        workers = ConvoyWorkers(*(x[pos][idx] for x in full))
+        convoy = turn_convoy(workers, float(hub[pos][0]), overlapped=overlapped)
+        out[(*pos, idx)] = convoy.round_s
+        exchange[(*pos, idx)] = (convoy.wait_s + workers.hold_s + workers.pre_s
+                                 + convoy.dispatch_s + workers.rtt_s)  # fmt: skip
+    return out, exchange
 
 
 def _turn_station(hold: FloatArray, think: FloatArray) -> tuple[FloatArray, FloatArray]:

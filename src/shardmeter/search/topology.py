@@ -373,6 +373,9 @@ def compose_block(
         balance=run.balance_steps,
         exchange=run.exchange,
         link_slots=run.link_slots,
+        # overlapped turns: the search by the mean-value analysis, the chosen plan by the
+        # schedule (estimate.islands._round)
+        turn_schedule=run.exchange == "blocking",
         push_overhead_bytes=overhead,
         pull_bytes=payload.pull_bytes,
     )
