@@ -930,8 +930,9 @@ MUTATIONS: tuple[Mutation, ...] = (
              "    exchange = p * exchange  #", "    exchange = exchange  #",
              WAN_TESTS + "::test_async_streaming_round_is_p_sub_rounds_each_hiding_a_fragment"),
     Mutation("async streaming: P never reaches the round", "outer.py",
-             "_async_round(inner, wan, up, down, h, scale, exchange, p, link_slots)",
-             "_async_round(inner, wan, up, down, h, scale, exchange, None, link_slots)",
+             "_async_round(inner, wan, up, down, h, scale, exchange, p, link_slots, turn_schedule)",
+             "_async_round(inner, wan, up, down, h, scale, exchange, None, link_slots, "
+             "turn_schedule)",
              WAN_TESTS + "::test_async_streaming_pays_a_round_trip_pair_per_fragment"),
     Mutation("async streaming: run.fragments never reaches the topology's round",
              "shardmeter/estimate/islands.py", "        fragments=outer.n_fragments,\n", "",
