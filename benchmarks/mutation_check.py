@@ -67,6 +67,10 @@ CONVOY_TESTS = (
     "tests/shardmeter/test_turn_convoy.py"
     " tests/heloco/test_wan_fidelity.py::test_unequal_workers_taking_turns_are_predicted_as_their_convoy"
 )
+THRESHOLD_TESTS = (
+    "tests/shardmeter/test_islands.py tests/heloco/test_link_slots.py::"
+    "test_an_estimate_and_its_threshold_searches_run_the_turns_schedule"
+)
 CONVOY_OVERLAPPED_TESTS = (
     CONVOY_TESTS
     + " tests/heloco/test_wan_fidelity.py::test_overlapped_workers_taking_turns_are_predicted_as_their_convoy"
@@ -258,14 +262,14 @@ MUTATIONS: tuple[Mutation, ...] = (
              tests="tests/shardmeter/test_search.py"),
     Mutation("threshold search: bisection keeps the failing half", "islands.py",
              "            hi = mid\n", "            lo = mid\n",
-             tests="tests/shardmeter/test_islands.py"),
+             tests=THRESHOLD_TESTS),
     Mutation("threshold search: three narrowing passes of the WAN scale", "islands.py",
              "    for _ in range(4):\n", "    for _ in range(3):\n",
-             tests="tests/shardmeter/test_islands.py"),
+             tests=THRESHOLD_TESTS),
     Mutation("threshold search: no bisection inside the bracket of H", "islands.py",
              "    return int(fine[_first_true(fine, ok_at)])",
              "    return int(fine[-1])",
-             tests="tests/shardmeter/test_islands.py"),
+             tests=THRESHOLD_TESTS),
     # --- the --html pages: what they draw is the result (tests/test_html_data.py) ---
     Mutation("page: plan memory breakdown left out", "shardmeter/report/html.py",
              'island["memory_breakdown_bytes"] = dict(choice.step.memory_breakdown)',

@@ -216,35 +216,44 @@ def test_the_planner_prices_turns_instead_of_random_meetings(exchange: str) -> N
     assert np.allclose(free.round_s, outer_round("async", inner, unshared, 150_000, **kw).round_s)
 
 
-def test_a_topology_that_takes_turns_is_predicted_with_them() -> None:
-    from shardmeter.estimate.islands import predict_topology
+def hub_topology(exchange: str, slots: bool) -> Any:
+    """docs/wan.md's example: three islands pushing an 8B model's fp32 pseudo-gradients
+    through the server island's one 1 Gbit/s link."""
     from shardmeter.specs.topology import topology_from_dict
 
-    def topo(slots: bool) -> Any:
-        return topology_from_dict(
-            {
-                "run": {"model": "llama-3-8b", "global_batch": 64, "mode": "async",
-                        "inner_steps": 10, "bits": 32, "exchange": "overlapped",
-                        "server": "s", "link_slots": slots, "step_time_s": 1.0},
-                "islands": [{"name": n, "cluster": "dgx-h100"} for n in ("s", "a", "b", "c")],
-                "wan": {"kind": "star", "hub": "s", "server_bandwidth_gbit": 1,
-                        "default": {"bandwidth_gbit": 10, "latency_ms": 1}},
-            }
-        )  # fmt: skip
+    return topology_from_dict(
+        {
+            "run": {"model": "llama-3-8b", "global_batch": 64, "mode": "async",
+                    "inner_steps": 10, "bits": 32, "exchange": exchange,
+                    "server": "s", "link_slots": slots, "step_time_s": 1.0},
+            "islands": [{"name": n, "cluster": "dgx-h100"} for n in ("s", "a", "b", "c")],
+            "wan": {"kind": "star", "hub": "s", "server_bandwidth_gbit": 1,
+                    "default": {"bandwidth_gbit": 10, "latency_ms": 1}},
+        }
+    )  # fmt: skip
+
+
+def test_a_topology_that_takes_turns_is_predicted_with_them() -> None:
+    from shardmeter.estimate.islands import predict_topology
 
     # each spoke alone fills the shared link: turns beat random meetings
-    fifo, turns = predict_topology(topo(False)), predict_topology(topo(True))
+    fifo = predict_topology(hub_topology("overlapped", False))
+    turns = predict_topology(hub_topology("overlapped", True))
     assert turns.round_s < fifo.round_s
 
 
-def test_an_overlapped_estimate_and_its_threshold_searches_run_the_turns_schedule(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    ("exchange", "min_h", "most_runs"), [("blocking", 3351, 80), ("overlapped", None, 120)]
+)
+def test_an_estimate_and_its_threshold_searches_run_the_turns_schedule(
+    monkeypatch: pytest.MonkeyPatch, exchange: str, min_h: int | None, most_runs: int
 ) -> None:
-    # the searches over H and bandwidth bisect (islands._first_true), so they price turns by
-    # the same schedule as the topology's own configuration, a few dozen runs of it
+    """Every configuration the threshold searches (smallest H, smallest WAN to be
+    compute-bound, WAN to hide the exchange) evaluate runs the turns' event schedule, the
+    one the topology's own configuration runs; they bisect (islands._first_true), so a few
+    dozen schedules, not one per grid point (1,763 before)."""
     import shardmeter.estimate.outer as outer
     from shardmeter.estimate.islands import predict_topology
-    from shardmeter.specs.topology import topology_from_dict
 
     calls: list[int] = []
     schedule = outer.turn_convoy
@@ -254,20 +263,11 @@ def test_an_overlapped_estimate_and_its_threshold_searches_run_the_turns_schedul
         return schedule(*args, **kwargs)
 
     monkeypatch.setattr(outer, "turn_convoy", counted)
-
-    topo = topology_from_dict(
-        {
-            "run": {"model": "llama-3-8b", "global_batch": 64, "mode": "async",
-                    "inner_steps": 10, "bits": 32, "exchange": "overlapped", "server": "s",
-                    "link_slots": True, "step_time_s": 1.0},
-            "islands": [{"name": n, "cluster": "dgx-h100"} for n in ("s", "a", "b", "c")],
-            "wan": {"kind": "star", "hub": "s", "server_bandwidth_gbit": 1,
-                    "default": {"bandwidth_gbit": 10, "latency_ms": 1}},
-        }
-    )  # fmt: skip
-    est = predict_topology(topo)
+    est = predict_topology(hub_topology(exchange, True))
     assert est.min_inner_steps is not None and est.min_wan_gbit is not None
-    assert 10 <= len(calls) <= 120
+    if min_h is not None:
+        assert est.min_inner_steps == min_h
+    assert 10 <= len(calls) <= most_runs
 
 
 def test_turns_cost_where_one_push_cannot_fill_the_shared_link() -> None:

@@ -336,33 +336,3 @@ def test_first_true_bisects_to_the_first_point_of_a_monotone_predicate(n: int, f
 
     assert _first_true(grid, ok_at) == int(np.argmax(grid >= first)) == first
     assert set(calls) <= {1} and len(calls) <= math.ceil(math.log2(n)) + 1
-
-
-def test_threshold_searches_run_the_turns_schedule_a_few_dozen_times(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Blocking pushes taking turns: every configuration the threshold searches (smallest H,
-    smallest WAN to be compute-bound, WAN to hide the exchange) evaluate runs the event
-    schedule, so they bisect: a few dozen schedules, not one per grid point (1,763 before)."""
-    import shardmeter.estimate.outer as outer_module
-    from shardmeter.estimate.islands import predict_topology
-
-    runs = [0]
-    schedule = outer_module.turn_convoy
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        runs[0] += 1
-        return schedule(*args, **kwargs)
-
-    monkeypatch.setattr(outer_module, "turn_convoy", counted)
-    topo = topology_from_dict({
-        "run": {"model": "llama-3-8b", "global_batch": 64, "mode": "async", "inner_steps": 10,
-                "bits": 32, "exchange": "blocking", "server": "s", "step_time_s": 1.0,
-                "link_slots": True},
-        "islands": [{"name": n, "cluster": "dgx-h100"} for n in ("s", "a", "b", "c")],
-        "wan": {"kind": "star", "hub": "s", "server_bandwidth_gbit": 1,
-                "default": {"bandwidth_gbit": 10, "latency_ms": 1}},
-    })  # fmt: skip
-    est = predict_topology(topo)
-    assert est.min_inner_steps == 3351 and est.min_wan_gbit is not None
-    assert 10 <= runs[0] <= 80
