@@ -251,7 +251,7 @@ def test_an_estimate_and_its_threshold_searches_run_the_turns_schedule(
     """Every configuration the threshold searches (smallest H, smallest WAN to be
     compute-bound, WAN to hide the exchange) evaluate runs the turns' event schedule, the
     one the topology's own configuration runs; they bisect (islands._first_true), so a few
-    dozen schedules, not one per grid point (1,763 before)."""
+    dozen schedules, not one per grid point."""
     import shardmeter.estimate.outer as outer
     from shardmeter.estimate.islands import predict_topology
 
