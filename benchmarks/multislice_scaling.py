@@ -48,7 +48,7 @@ def main() -> int:
     for run in runs:
         if run.cluster.ici_axes is not None:
             groups[(run.source_id, run.model.name)].append(run)
-    print(f"{'src':<4}{'model':<38}{'slices':>6}{'meas s':>8}{'model s':>8}{'stall s':>8}"
+    print(f"{'src':<4}{'model':<22}{'slices':>6}{'meas s':>8}{'model s':>8}{'stall s':>8}"
           f"{'meas ms/L':>10}{'model ms/L':>11}")  # fmt: skip
     fits: list[tuple[str, str, float, float, float, float]] = []
     for (source, name), group in sorted(groups.items()):
@@ -66,7 +66,7 @@ def main() -> int:
         layers = group[0].model.n_layers
         meas1, model1 = rows[0][1], rows[0][2]
         for s, meas, model, stall in rows:
-            print(f"{source:<4}{name[:37]:<38}{s:>6}{meas:>8.2f}{model:>8.2f}{stall:>8.2f}"
+            print(f"{source:<4}{name[:21]:<22}{s:>6}{meas:>8.2f}{model:>8.2f}{stall:>8.2f}"
                   f"{1e3 * (meas - meas1) / layers:>10.1f}{1e3 * (model - model1) / layers:>11.1f}")  # fmt: skip
         many = [(s, m, p) for s, m, p, _ in rows if s >= 2]
         if len(many) >= 2:
@@ -78,9 +78,9 @@ def main() -> int:
             (a_p, b_p), *_ = np.linalg.lstsq(design, model_d, rcond=None)
             fits.append((source, name, a_m, b_m, a_p, b_p))
     print("\ngrowth per layer over one slice, 2+ slices: a + b·(slices − 1), ms")
-    print(f"{'src':<4}{'model':<38}{'meas a':>8}{'meas b':>8}{'model a':>9}{'model b':>9}")
+    print(f"{'src':<4}{'model':<22}{'meas a':>8}{'meas b':>8}{'model a':>9}{'model b':>9}")
     for source, name, a_m, b_m, a_p, b_p in fits:
-        print(f"{source:<4}{name[:37]:<38}{a_m:>8.1f}{b_m:>8.2f}{a_p:>9.1f}{b_p:>9.2f}")
+        print(f"{source:<4}{name[:21]:<22}{a_m:>8.1f}{b_m:>8.2f}{a_p:>9.1f}{b_p:>9.2f}")
     return 0
 
 
