@@ -58,6 +58,7 @@ HBM_GATHER_TESTS = "tests/shardmeter/test_closed_form.py::test_zero3_per_matrix_
 VIEW_TESTS = "tests/shardmeter/test_closed_form.py::test_zero3_list_gather_builds_its_views_on_the_host_before_the_ring"
 MOE_EXPERT_LAUNCH_TESTS = "tests/shardmeter/test_compute.py::test_moe_small_experts_pay_size_curve_and_synced_launches_dense_layers_do_not"
 COMPILED_FUSION_TESTS = "tests/shardmeter/test_closed_form.py::test_compiled_step_fuses_elementwise_ops_into_the_matmuls"
+OP_SAC_TESTS = "tests/shardmeter/test_op_sac_recompute.py"
 KERNEL_TESTS = "tests/shardmeter/test_attention_kernels.py"
 OVERLAP_CHUNK_TESTS = "tests/shardmeter/test_overlap_chunks.py"
 CORRECTION_TESTS = "tests/shardmeter/test_run_corrections.py"
@@ -1268,6 +1269,25 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("async TP: data-gradient GEMMs not decomposed", "compute.py",
              "bwd_gather=where(decomposed, tp, 1.0)", "bwd_gather=1.0",
              F8S_TESTS + "::test_async_tp_runs_each_decomposed_gemm_as_tp_row_blocks"),
+    # --- torchtitan's per-op selective checkpointing in step time ---
+    Mutation("op SAC: re-runs the attention core like Megatron's policy", "compute.py",
+             'rerun_gpu = where(plans.op_sac, mix("op_sac_s"), mix("attention_s"))',
+             'rerun_gpu = mix("attention_s")', OP_SAC_TESTS),
+    Mutation("op SAC: wo left out of the re-run matmuls", "compute.py",
+             "op_sac_s=k_proj + out + sac_mm,", "op_sac_s=k_proj + sac_mm,", OP_SAC_TESTS),
+    Mutation("op SAC: GELU's re-run w2 counted as reading a gathered input", "compute.py",
+             "op_sac_gathered_s=k_proj + (sac_mm if n_mat == 3 else 0.0),",
+             "op_sac_gathered_s=k_proj + sac_mm,", OP_SAC_TESTS),
+    Mutation("op SAC: K re-run as wide as Q", "compute.py",
+             "k_proj = gemm_time(t, h, sh.kv_local, acc, sh.fp8)",
+             "k_proj = gemm_time(t, h, sh.q_local, acc, sh.fp8)", OP_SAC_TESTS),
+    Mutation("op SAC: the gathers' outputs kept (no re-gather)", "step.py",
+             "sac_gathers = where(plans.op_sac & selective & plans.sp, 2.0, 0.0)",
+             "sac_gathers = where(plans.op_sac & selective & plans.sp, 0.0, 0.0)", OP_SAC_TESTS),
+    Mutation("op SAC: async re-gathers hidden behind the whole layer", "step.py",
+             "regathered = _overlap(sac_gathers * ag_one * ag_paired, units.layer_sac_gathered_s, u)",
+             "regathered = _overlap(sac_gathers * ag_one * ag_paired, units.layer_gemm_s, u)",
+             OP_SAC_TESTS),
     # --- the blocking turns' settled schedule (estimate/convoy.py): the FCFS convoy ---
     Mutation("convoy: the hub's queue never drains", "convoy.py",
              "min((push_Bps - hub_Bps) * t_s, cap, push_bytes - hub_Bps * t_s)",

@@ -189,6 +189,10 @@ class LayerCost:
     cast_s: Num = 0.0  # autocast casts of fp32 weights to bf16 (params_fp32)
     quant_s: Num = 0.0  # FP8 casts of the GEMMs' activation inputs, forward
     quant_bwd_s: Num = 0.0  # FP8 casts of the GEMMs' output gradients, backward
+    # the matmuls torchtitan's per-op selective checkpointing re-runs in backward: the 2nd,
+    # 4th and 6th of the layer (wk, wo, and SwiGLU's w3 or GELU's w2; memory.op_sac_set)
+    op_sac_s: Num = 0.0
+    op_sac_gathered_s: Num = 0.0  # of those, the ones reading an SP-gathered input (wk, w3)
 
     @property
     def gpu_forward_s(self) -> Num:
@@ -364,6 +368,7 @@ def layer_forward(
     t = sh.tokens
     qkv = gemm_time(t, h, sh.q_local + 2.0 * sh.kv_local, acc, sh.fp8)
     out = gemm_time(t, sh.q_local, h, acc, sh.fp8)
+    k_proj = gemm_time(t, h, sh.kv_local, acc, sh.fp8)
     gemm_s = qkv + out
     # Comm-GEMM overlap (OverlapChunks): forward QKV in ring chunks, output projection in
     # pipeline chunks; backward the output projection's data gradient in ring chunks.
@@ -420,6 +425,7 @@ def layer_forward(
             down_s = down_s + shared_down
             gemm_flops = gemm_flops + shared_flops
         up_s = routed_s + (shared_s if spec.shared_experts else 0.0) - down_s
+        sac_mm = 0.5 * up_s if n_mat == 3 else down_s
         active_width = width * (spec.top_k + spec.shared_experts)
         mlp_rows = t * (spec.top_k + spec.shared_experts)
         # Router softmax + top-k over fp32 logits (write, read, write T·E·4 B); token permute
@@ -442,6 +448,7 @@ def layer_forward(
         up_chunked = chunked_gemm_time(t, h, (n_mat - 1) * width, acc, sh.fp8, ch.bwd_gather)
         bwd_extra = bwd_extra + up_chunked - up_whole
         up_s = mlp_s - down_s
+        sac_mm = gemm_time(t, h, width, acc, sh.fp8) if n_mat == 3 else down_whole
         gemm_flops = gemm_flops + mlp_flops
         weights = weights + n_mat * h * width
         active_width = width
@@ -479,6 +486,8 @@ def layer_forward(
         cast_s=cast_time(weights, plans, acc),
         quant_s=fp8_cast_time(quant_fwd, plans, acc, sh.fp8) + recast_s,
         quant_bwd_s=fp8_cast_time(quant_bwd, plans, acc, sh.fp8),
+        op_sac_s=k_proj + out + sac_mm,
+        op_sac_gathered_s=k_proj + (sac_mm if n_mat == 3 else 0.0),
     )
 
 
@@ -619,6 +628,8 @@ class UnitCosts:
     layer_up_s: Num
     layer_down_s: Num
     layer_attention_s: Num  # window for the ring-attention (CP) exchange
+    # the per-op SAC re-run matmuls whose inputs are re-gathered under SP (wk, w3)
+    layer_sac_gathered_s: Num
     head_forward_s: Num
     head_backward_s: Num
     embed_forward_s: Num
@@ -641,8 +652,9 @@ def unit_costs(model: TransformerSpec, plans: PlanArrays, acc: Accelerator) -> U
     """Forward, backward and recompute of one layer, the head and the embedding.
 
     Full recompute re-runs the layer forward (without its MLP down projection when the step is
-    compiled); selective re-runs the attention core and the element-wise ops (Korthikanti et
-    al. 2022 §5)."""
+    compiled); selective re-runs the element-wise ops and the attention core (Korthikanti et
+    al. 2022 §5), or under torchtitan's per-op policy every second matmul instead of the
+    attention core."""
     moe_share = model.n_moe_layers / model.n_layers
     costs = [(1.0 - moe_share, layer_forward(model, plans, acc, moe=False))]
     if moe_share > 0:
@@ -653,8 +665,11 @@ def unit_costs(model: TransformerSpec, plans: PlanArrays, acc: Accelerator) -> U
 
     layer_fwd = mix("forward_s")
     code = plans.recompute
+    # torchtitan's per-op policy keeps SDPA's output and re-runs every second matmul instead
+    # (LayerCost.op_sac_s); Megatron's re-runs the attention core.
+    rerun_gpu = where(plans.op_sac, mix("op_sac_s"), mix("attention_s"))
     selective = where(
-        code == RECOMPUTE_CODES["selective"], mix("attention_s") + mix("elementwise_s"), 0.0
+        code == RECOMPUTE_CODES["selective"], rerun_gpu + mix("elementwise_s"), 0.0
     ) + where(plans.recompute_qkv, qkv_recompute_time(model, plans, acc), 0.0)
     selective = selective + where(plans.recompute_mlp_up, mix("up_s"), 0.0)
     # A compiled step (XLA, torch.compile) recomputes only what the backward needs: the layer's
@@ -674,6 +689,7 @@ def unit_costs(model: TransformerSpec, plans: PlanArrays, acc: Accelerator) -> U
         layer_up_s=mix("up_s"),
         layer_down_s=mix("down_s"),
         layer_attention_s=mix("attention_s"),
+        layer_sac_gathered_s=mix("op_sac_gathered_s"),
         head_forward_s=head.forward_s,
         head_backward_s=head.backward_s,
         embed_forward_s=embed.forward_s,

@@ -345,8 +345,13 @@ def estimate_step_arrays(
     rs_one = 0.5 * pair
     # Comm-GEMM overlap (`overlap_tp`: Transformer Engine userbuffers, XLA collective matmul)
     # hides the layer's TP collectives behind its GEMMs as one window.
+    # torchtitan's per-op selective checkpointing saves reduce-scatter outputs but not
+    # all-gathers (parallelize_llama.py `_op_sac_save_list`), so the re-run wk and w3 gather
+    # the attention and MLP inputs again under SP: two more all-gathers per layer.
+    selective = plans.recompute == RECOMPUTE_CODES["selective"]
+    sac_gathers = where(plans.op_sac & selective & plans.sp, 2.0, 0.0)
     pooled = _overlap(
-        tp_count * (ag_one + rs_one),
+        tp_count * (ag_one + rs_one) + sac_gathers * ag_one,
         where(plans.overlap_tp, units.layer_gemm_s * (3.0 + full), 0.0),
         u,
     )
@@ -372,6 +377,10 @@ def estimate_step_arrays(
         one = _overlap(c_s, gemm_s, u)
         async_cost = async_cost + passes * one.cost
         async_hidden = async_hidden + passes * one.hidden
+    # The re-run gathers pair with the re-run matmuls that read them (wk, w3).
+    regathered = _overlap(sac_gathers * ag_one * ag_paired, units.layer_sac_gathered_s, u)
+    async_cost = async_cost + regathered.cost + sac_gathers * where(ag_paired, 0.0, ag_one)
+    async_hidden = async_hidden + regathered.hidden
     tp_layer = _Overlap(
         exposed=where(plans.tp_async, async_cost, pooled.cost),
         interference=0.0,
