@@ -59,6 +59,10 @@ VIEW_TESTS = "tests/shardmeter/test_closed_form.py::test_zero3_list_gather_build
 MOE_EXPERT_LAUNCH_TESTS = "tests/shardmeter/test_compute.py::test_moe_small_experts_pay_size_curve_and_synced_launches_dense_layers_do_not"
 COMPILED_FUSION_TESTS = "tests/shardmeter/test_closed_form.py::test_compiled_step_fuses_elementwise_ops_into_the_matmuls"
 OP_SAC_TESTS = "tests/shardmeter/test_op_sac_recompute.py"
+STAGGER_TESTS = (
+    "tests/shardmeter/test_closed_form.py::"
+    "test_interleaved_chunks_reduce_their_gradients_as_each_finishes"
+)
 KERNEL_TESTS = "tests/shardmeter/test_attention_kernels.py"
 OVERLAP_CHUNK_TESTS = "tests/shardmeter/test_overlap_chunks.py"
 CORRECTION_TESTS = "tests/shardmeter/test_run_corrections.py"
@@ -107,6 +111,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("DP overlap window widened to include the forward", "step.py",
              'where(plans.overlap_dp, bwd_window, 0.0)',
              'where(plans.overlap_dp, bwd_window + on_critical("forward"), 0.0)'),
+    Mutation("interleaved: gradient sync waits for the last chunk", "step.py",
+             "chunk_stagger = (1.0 + (vpp - 1.0) * pp) / vpp", "chunk_stagger = 1.0",
+             STAGGER_TESTS),
+    Mutation("interleaved: parameter gathers not staggered", "step.py",
+             'on_critical("forward") * chunk_stagger', 'on_critical("forward")', STAGGER_TESTS),
+    Mutation("interleaved: stagger over v rounds instead of pp", "step.py",
+             "chunk_stagger = (1.0 + (vpp - 1.0) * pp) / vpp",
+             "chunk_stagger = (1.0 + (vpp - 1.0) * vpp) / vpp", STAGGER_TESTS),
     Mutation("ZeRO-1 parameter all-gather dropped", "step.py",
              '(stage >= SHARDING_CODES["zero1"]) & (logical_not(zero3) | zero3_once), stage_sync.ag',
              '(stage >= SHARDING_CODES["zero2"]) & (logical_not(zero3) | zero3_once), stage_sync.ag'),

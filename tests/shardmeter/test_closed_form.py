@@ -388,6 +388,32 @@ def test_pipeline_interleaved() -> None:
     check(est.memory_bytes, memory)
 
 
+def test_interleaved_chunks_reduce_their_gradients_as_each_finishes() -> None:
+    """Interleaved, each model chunk launches its gradient reduction when its own last
+    backward ends (Megatron-Core's grad_sync_func per chunk), so the step's reduction hides
+    behind the last round's backward, not the last micro-batch's alone: pp 2, v 2, m 4, a
+    window of (1 + (v − 1)·pp)/v = 1.5 backwards of the slowest (last) stage, where
+    plain 1F1B has one; the all-reduce pays max(0, T − W) + K·min(T, W)."""
+    plan = Plan(dp=4, pp=2, vpp=2, micro_batch=1, global_batch=16, overlap_dp=True)
+    est = estimate_step(MODEL, CLUSTER, plan)
+    stage_params = HALF * LAYER_PARAMS + TABLE_PARAMS
+    ar = 2 * ring(4, 2 * stage_params, W_NV)
+    last_bwd = HALF * layer_bwd(T1) + 2 * head_s(T1)
+    check(est.time_breakdown["dp_comm"], overlap(ar, 1.5 * last_bwd))
+    plain = estimate_step(MODEL, CLUSTER, plan.model_copy(update={"vpp": 1}))
+    check(plain.time_breakdown["dp_comm"], overlap(ar, last_bwd))
+    deep = estimate_step(MODEL, CLUSTER, plan.model_copy(update={"vpp": 4}))  # (1 + 3·2)/4
+    check(deep.time_breakdown["dp_comm"], overlap(ar, 1.75 * last_bwd))
+    # ZeRO-1: the next step's parameter all-gathers go chunk by chunk ahead of each chunk's
+    # first forward, the same 1.5 forwards.
+    zero1 = plan.model_copy(update={"sharding": "zero1", "overlap_param_gather": True})
+    est = estimate_step(MODEL, CLUSTER, zero1)
+    ag = ring(4, 2 * stage_params, W_NV)
+    last_fwd = HALF * (gemm_s(T1) + attn_s(T1)) + head_s(T1)
+    check(est.time_breakdown["fsdp_comm"], overlap(ag, 1.5 * last_fwd))
+    check(est.time_breakdown["dp_comm"], overlap(ag, 1.5 * last_bwd))
+
+
 def test_uneven_stages_middle_is_slowest_and_fullest() -> None:
     """pp 4 with one layer on the first and last stages: the middle stages hold 3 each. The
     slowest is a middle stage; the bubble is every other stage's work. The fullest is stage 1:

@@ -530,13 +530,22 @@ def estimate_step_arrays(
     grad_once = (
         where((stage == SHARDING_CODES["zero1"]) | zero3_once, stage_sync.rs, 0.0) + stage_sync.ar
     )
-    bwd_window = on_critical("backward")  # the last micro-batch's backward + recompute
+    # The last micro-batch's backward (+ recompute); interleaved, each of the v model chunks
+    # launches its reduction when its own last backward ends (Megatron-Core
+    # forward_backward_pipelining_with_interleaving: grad_sync_func per model chunk at
+    # is_last_microbatch_for_model_chunk), so the chunks of the last round, pp micro-batches
+    # per chunk, finish one after another: the window is (1 + (v − 1)·pp)/v micro-batch
+    # backwards (v = 1: one).
+    chunk_stagger = (1.0 + (vpp - 1.0) * pp) / vpp
+    bwd_window = on_critical("backward") * chunk_stagger
     dp_once_ov = _overlap(grad_once, where(plans.overlap_dp, bwd_window, 0.0), u)
     dp_once = dp_once_ov.cost
     ag_once = where(
         (stage >= SHARDING_CODES["zero1"]) & (logical_not(zero3) | zero3_once), stage_sync.ag, 0.0
     )
-    fwd_window = where(plans.overlap_param_gather, on_critical("forward"), 0.0)
+    # likewise the next step's parameter gathers, chunk by chunk ahead of each chunk's first
+    # forward (param_sync_func of the next model chunk)
+    fwd_window = where(plans.overlap_param_gather, on_critical("forward") * chunk_stagger, 0.0)
     fsdp_once_ov = _overlap(ag_once, fwd_window, u)
     fsdp_once = fsdp_once_ov.cost
     steps_sync = STEP_SYNCS * comm.sync_time(as_float(plans.n_gpus), cluster)
