@@ -1,15 +1,17 @@
-"""Fixtures shared by the ShardMeter memory tests: a tiny model, one plan as the estimator's
-scalar columns, the memory measurements read and evaluated once, and `shardmeter predict
---json` run in-process."""
+"""Fixtures shared by the ShardMeter tests: a tiny model, one plan as the estimator's scalar
+columns, the memory measurements read and evaluated once, the calibration runs' plans with
+their published corrections, and `shardmeter predict --json` run in-process."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from shardmeter.calibrate import apply_corrections, read_corrections, read_rows, run_from_row
 from shardmeter.cli import main
 from shardmeter.estimate.plan_arrays import PlanArrays
 from shardmeter.memcheck import (
@@ -18,11 +20,14 @@ from shardmeter.memcheck import (
     evaluate_memory_rows,
     read_memory_rows,
 )
+from shardmeter.paths import missing_shared_reason, shared_path
 from shardmeter.specs.model import TransformerSpec
 from shardmeter.specs.plan import Plan
 
 ScalarPlan = Callable[..., PlanArrays]
 PredictJson = Callable[[list[str]], dict[str, Any]]
+CorrectedPlans = Callable[[str], dict[str, Plan]]
+CORRECTIONS = Path(__file__).resolve().parents[2] / "benchmarks" / "runs_corrections.csv"
 
 
 @pytest.fixture(scope="session")
@@ -52,6 +57,21 @@ def memory_rows() -> list[dict[str, str]]:
 def memory_results(memory_rows: list[dict[str, str]]) -> list[MemoryResult]:
     """Predicted against measured memory for every shipped row, evaluated once per session."""
     return evaluate_memory_rows(memory_rows)
+
+
+@pytest.fixture(scope="session")
+def corrected_plans() -> CorrectedPlans:
+    """`corrected_plans(source)`: the plans of one source's runs in the shared calibration CSV,
+    with benchmarks/runs_corrections.csv applied, by run id (skips where ../shared is absent)."""
+    path = shared_path("calibration", "runs.csv")
+    if path is None:
+        pytest.skip(missing_shared_reason("calibration", "runs.csv"))
+    rows, _ = apply_corrections(read_rows(path), read_corrections(CORRECTIONS))
+
+    def plans(source: str) -> dict[str, Plan]:
+        return {r["run_id"]: run_from_row(r).plan for r in rows if r["source_id"] == source}
+
+    return plans
 
 
 @pytest.fixture

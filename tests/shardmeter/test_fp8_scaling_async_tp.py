@@ -8,6 +8,8 @@ the formulas here, independently of the estimator's helpers.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from shardmeter.estimate.step import estimate_step
@@ -181,27 +183,13 @@ def test_a_scaling_the_model_does_not_know_is_a_one_line_error() -> None:
     assert "fp8_scaling" in text and "tensorwise" in text and "\n" not in text
 
 
-def test_torchtitan_asynctp_rows_carry_their_published_recipe() -> None:
+def test_torchtitan_asynctp_rows_carry_their_published_recipe(
+    corrected_plans: Callable[[str], dict[str, Plan]],
+) -> None:
     """benchmarks/runs_corrections.csv sets the asyncTP benchmark's float8 rowwise runs (185,
     186, 191, 192) to rowwise scaling and its Async TP runs (184, 186, 190, 192) to async TP;
     the bf16 and tensorwise vanilla runs keep torchtitan's defaults (tensorwise, async TP off)."""
-    from pathlib import Path
-
-    from shardmeter.calibrate import apply_corrections, read_corrections, read_rows, run_from_row
-    from shardmeter.paths import missing_shared_reason, shared_path
-
-    path = shared_path("calibration", "runs.csv")
-    if path is None:
-        pytest.skip(missing_shared_reason("calibration", "runs.csv"))
-    fixes = read_corrections(
-        Path(__file__).resolve().parents[2] / "benchmarks" / "runs_corrections.csv"
-    )
-    rows, _ = apply_corrections(read_rows(path), fixes)
-    plans = {
-        r["run_id"]: run_from_row(r).plan
-        for r in rows
-        if r["source_id"] == "S7" and 181 <= int(r["run_id"]) <= 192
-    }
+    plans = {k: p for k, p in corrected_plans("S7").items() if 181 <= int(k) <= 192}
     assert {k for k, p in plans.items() if p.fp8_scaling == "rowwise"} == {
         "185",
         "186",

@@ -119,36 +119,3 @@ def test_async_tp_hides_the_regathers_behind_the_rerun_matmuls_that_read_them(ml
     op = estimate_step(model(mlp), WORLD, plan("torchtitan_op", tp=2, tp_async=True))
     delta = op.time_breakdown["tp_comm"] - megatron.time_breakdown["tp_comm"]
     check(delta, LAYERS * extra)
-
-
-def test_torchtitan_rows_carry_their_published_compile_async_tp_and_pipeline() -> None:
-    """benchmarks/runs_corrections.csv sets what torchtitan's benchmark pages state for S7:
-    torch.compile (fused element-wise ops) on the "FSDP + torch.compile" rows 164 and 171 and
-    on the asyncTP page's bfloat16 runs 181 and 187; async TP on "2D + AsyncTP" (174) and on
-    the 405B 3D and 4D tables (176, 178-180); the 405B interleaved run's torchtitan defaults
-    (2 stages per rank, 16 micro-batches of 2); the compiled loss of the 2025 asyncTP runs.
-    The eager FSDP rows 163 and 170 keep torchtitan's defaults."""
-    from pathlib import Path
-
-    from shardmeter.calibrate import apply_corrections, read_corrections, read_rows, run_from_row
-    from shardmeter.paths import missing_shared_reason, shared_path
-
-    path = shared_path("calibration", "runs.csv")
-    if path is None:
-        pytest.skip(missing_shared_reason("calibration", "runs.csv"))
-    fixes = read_corrections(
-        Path(__file__).resolve().parents[2] / "benchmarks" / "runs_corrections.csv"
-    )
-    rows, _ = apply_corrections(read_rows(path), fixes)
-    plans = {r["run_id"]: run_from_row(r).plan for r in rows if r["source_id"] == "S7"}
-    for rid in ("164", "171", "181", "187"):
-        assert plans[rid].fused_elementwise, rid
-    for rid in ("163", "170"):
-        assert not plans[rid].fused_elementwise, rid
-    for rid in ("174", "176", "178", "179", "180"):
-        assert plans[rid].tp_async, rid
-    assert not plans["173"].tp_async
-    assert (plans["176"].vpp, plans["176"].micro_batch) == (2, 2)
-    assert {k for k, p in plans.items() if p.ce_upcast == "compiled"} == {
-        str(i) for i in range(181, 193) if str(i) in plans
-    }

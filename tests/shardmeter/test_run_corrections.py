@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from shardmeter.calibrate import apply_corrections, read_corrections, read_rows, run_from_row
 from shardmeter.errors import UserInputError
 from shardmeter.paths import missing_shared_reason, shared_path
+from shardmeter.specs.plan import Plan
 
 CORRECTIONS = Path(__file__).resolve().parents[2] / "benchmarks" / "runs_corrections.csv"
 HEADER = "source_id,run_ids,column,value,document,quote\n"
@@ -65,3 +67,26 @@ def test_shipped_corrections_set_the_published_recipes() -> None:
     maxtext = plans["141"]
     assert maxtext.recompute == "selective" and maxtext.recompute_mlp_up
     assert maxtext.attention == "cudnn"
+
+
+def test_torchtitan_rows_carry_their_published_compile_async_tp_and_pipeline(
+    corrected_plans: Callable[[str], dict[str, Plan]],
+) -> None:
+    """benchmarks/runs_corrections.csv sets what torchtitan's benchmark pages state for S7:
+    torch.compile (fused element-wise ops) on the "FSDP + torch.compile" rows 164 and 171 and
+    on the asyncTP page's bfloat16 runs 181 and 187; async TP on "2D + AsyncTP" (174) and on
+    the 405B 3D and 4D tables (176, 178-180); the 405B interleaved run's torchtitan defaults
+    (2 stages per rank, 16 micro-batches of 2); the compiled loss of the 2025 asyncTP runs.
+    The eager FSDP rows 163 and 170 keep torchtitan's defaults."""
+    plans = corrected_plans("S7")
+    for rid in ("164", "171", "181", "187"):
+        assert plans[rid].fused_elementwise, rid
+    for rid in ("163", "170"):
+        assert not plans[rid].fused_elementwise, rid
+    for rid in ("174", "176", "178", "179", "180"):
+        assert plans[rid].tp_async, rid
+    assert not plans["173"].tp_async
+    assert (plans["176"].vpp, plans["176"].micro_batch) == (2, 2)
+    assert {k for k, p in plans.items() if p.ce_upcast == "compiled"} == {
+        str(i) for i in range(181, 193) if str(i) in plans
+    }

@@ -343,13 +343,13 @@ def estimate_step_arrays(
     pair = comm.all_reduce_time(tp_msg, tp, 1, cluster)
     ag_one = 0.5 * pair
     rs_one = 0.5 * pair
-    # Comm-GEMM overlap (`overlap_tp`: Transformer Engine userbuffers, XLA collective matmul)
-    # hides the layer's TP collectives behind its GEMMs as one window.
     # torchtitan's per-op selective checkpointing saves reduce-scatter outputs but not
     # all-gathers (parallelize_llama.py `_op_sac_save_list`), so the re-run wk and w3 gather
     # the attention and MLP inputs again under SP: two more all-gathers per layer.
     selective = plans.recompute == RECOMPUTE_CODES["selective"]
     sac_gathers = where(plans.op_sac & selective & plans.sp, 2.0, 0.0)
+    # Comm-GEMM overlap (`overlap_tp`: Transformer Engine userbuffers, XLA collective matmul)
+    # hides the layer's TP collectives behind its GEMMs as one window.
     pooled = _overlap(
         tp_count * (ag_one + rs_one) + sac_gathers * ag_one,
         where(plans.overlap_tp, units.layer_gemm_s * (3.0 + full), 0.0),
