@@ -7,8 +7,10 @@ matmul ratio the model assumes for it (S7: torchtitan on the 500 W H100).
 Fits every other source (runs.csv and the holdout file, 100 Nelder-Mead iterations from the
 Bound starts, as `calibration.py --cv`), then predicts the held-out source with the capped
 family's matmul_max set to r × its parent's for each ratio r, and prints median, mean, p90 of
-|error| and the signed median, over the source and per accelerator. The model's own choice is
-the DVFS cube law, (P_cap / P_max)^(1/3) (`shardmeter.calibrate.POWER_CAPPED`).
+|error| and the signed median, over the source and per accelerator. The default ratios: the
+DVFS cube law (P_cap / P_max)^(1/3), the model's own choice (`shardmeter.calibrate.POWER_CAPPED`);
+the all-data fit's ratio (the shipped starts); the measured GEMM-loop ratio; a clock linear in
+power (a voltage floor).
 """
 
 from __future__ import annotations
@@ -26,7 +28,11 @@ from shardmeter import calibrate
 from shardmeter.paths import shared_path
 
 CUBE_LAW = (500.0 / 700.0) ** (1.0 / 3.0)  # 0.894
-RATIOS = (CUBE_LAW, (500.0 / 700.0) ** 0.5, 0.80, 0.773, 500.0 / 700.0)
+# BF16 GEMM loop, TFLOP/s: the 500 W H100 at 8192³ (FBGEMM PR #2546, 2024-04, "H100 500W"),
+# the 700 W H100 SXM at its best shape (ml-engineering MAMF table, CUDA 12.1). Dimensionless.
+GEMM_LOOP = 585.23 / 792.1  # 0.739
+FITTED = calibrate.FAMILY_START["hopper-500w"] / calibrate.FAMILY_START["hopper"]
+RATIOS = (CUBE_LAW, FITTED, GEMM_LOOP, 500.0 / 700.0)
 
 
 def line(label: str, errors: np.ndarray) -> str:

@@ -643,7 +643,9 @@ FAMILIES: dict[str, str] = {
 # Families that do not enter the prior of unfitted families (a power cap is not a generation).
 PRIOR_EXCLUDED: frozenset[str] = frozenset({"hopper-500w"})
 # A power-capped variant without runs follows its parent family at the clock its power cap
-# allows: dynamic power ∝ C·V²·f with V ∝ f under DVFS, so f ∝ P^(1/3).
+# allows: dynamic power ∝ C·V²·f with V ∝ f under DVFS, so f ∝ P^(1/3) (NVIDIA's datasheet
+# boost clocks follow it: H100 SXM 1830 MHz at 700 W, NVL 1545 MHz at 400 W). A GEMM loop held
+# at the cap the whole time falls further (docs/model.md, "Power-capped H100").
 POWER_CAPPED: dict[str, tuple[str, float]] = {"hopper-500w": ("hopper", 500.0 / 700.0)}
 NVLINK_PREFIXES: tuple[str, ...] = ("nvlink",)
 NIC_PREFIXES: tuple[str, ...] = ("ib-", "roce-", "cx8-")  # InfiniBand / RoCE rails
