@@ -59,6 +59,7 @@ VIEW_TESTS = "tests/shardmeter/test_closed_form.py::test_zero3_list_gather_build
 MOE_EXPERT_LAUNCH_TESTS = "tests/shardmeter/test_compute.py::test_moe_small_experts_pay_size_curve_and_synced_launches_dense_layers_do_not"
 COMPILED_FUSION_TESTS = "tests/shardmeter/test_closed_form.py::test_compiled_step_fuses_elementwise_ops_into_the_matmuls"
 OP_SAC_TESTS = "tests/shardmeter/test_op_sac_recompute.py"
+RELU2_TESTS = "tests/shardmeter/test_squared_relu.py"
 STAGGER_TESTS = (
     "tests/shardmeter/test_closed_form.py::"
     "test_interleaved_chunks_reduce_their_gradients_as_each_finishes"
@@ -1300,6 +1301,25 @@ MUTATIONS: tuple[Mutation, ...] = (
              "regathered = _overlap(sac_gathers * ag_one * ag_paired, units.layer_sac_gathered_s, u)",
              "regathered = _overlap(sac_gathers * ag_one * ag_paired, units.layer_gemm_s, u)",
              OP_SAC_TESTS),
+    # --- squared ReLU (mlp = "relu2"): fused like GELU, eager as relu then pow ---
+    Mutation("relu2: eager forward as cheap as fused", "compute.py",
+             "RELU2_EAGER_BYTES = (8.0, 20.0)", "RELU2_EAGER_BYTES = (4.0, 20.0)", RELU2_TESTS),
+    Mutation("relu2: eager backward twice the forward", "compute.py",
+             "RELU2_EAGER_BYTES = (8.0, 20.0)", "RELU2_EAGER_BYTES = (8.0, 16.0)", RELU2_TESTS),
+    Mutation("relu2: the eager flag ignored", "compute.py",
+             "eager = plans.eager_squared_relu | logical_not(fused)",
+             "eager = logical_not(fused)", RELU2_TESTS),
+    Mutation("relu2: an eager stack fuses it", "compute.py",
+             "eager = plans.eager_squared_relu | logical_not(fused)",
+             "eager = plans.eager_squared_relu", RELU2_TESTS),
+    Mutation("relu2: backward extra kept under compile", "compute.py",
+             "act_bwd_bytes = where(plans.compiled, 0.0, act_bwd_extra * t * active_width)",
+             "act_bwd_bytes = act_bwd_extra * t * active_width", RELU2_TESTS),
+    Mutation("relu2: backward element-wise override dropped", "compute.py",
+             "        elementwise_bwd_s=memory_time(elem_bwd_bytes, acc),\n", "", RELU2_TESTS),
+    Mutation("relu2: NeMo fuses it", "shardmeter/specs/framework.py",
+             "            master_weights=\"remainder\",\n            eager_squared_relu=True,",
+             "            master_weights=\"remainder\",", RELU2_TESTS),
     # --- the blocking turns' settled schedule (estimate/convoy.py): the FCFS convoy ---
     Mutation("convoy: the hub's queue never drains", "convoy.py",
              "min((push_Bps - hub_Bps) * t_s, cap, push_bytes - hub_Bps * t_s)",

@@ -216,8 +216,12 @@ def model_from_row(row: Mapping[str, str]) -> TransformerSpec:
     `params_b_arch` better (MPT ties its embeddings)."""
     mlp_cell = _cell(row, "mlp").lower() or "gelu"
     mlp = MLP_ALIASES.get(mlp_cell, mlp_cell)
-    if mlp not in ("gelu", "swiglu"):
-        raise UserInputError("mlp", mlp_cell, "allowed: gelu (2-matrix), swiglu (3-matrix gated)")
+    if mlp not in ("gelu", "swiglu", "relu2"):
+        raise UserInputError(
+            "mlp",
+            mlp_cell,
+            "allowed: gelu (2-matrix), swiglu (3-matrix gated), relu2 (squared ReLU)",
+        )
     moe = None
     experts = _cell(row, "moe_experts")
     if experts:
@@ -277,7 +281,10 @@ def cluster_from_row(row: Mapping[str, str]) -> Cluster:
 
 
 # Spellings seen in published tables, mapped onto the schema's values.
-MLP_ALIASES: dict[str, str] = {"geglu": "swiglu", "glu": "swiglu", "relu2": "gelu", "relu": "gelu"}
+MLP_ALIASES: dict[str, str] = {
+    "geglu": "swiglu", "glu": "swiglu", "relu": "gelu", "squared_relu": "relu2",
+    "squared-relu": "relu2",
+}  # fmt: skip
 SHARDING_ALIASES: dict[str, str] = {
     "fsdp": "zero3", "fsdp2": "zero3", "hsdp": "zero3", "zero-3": "zero3", "zero-2": "zero2",
     "zero-1": "zero1", "distributed_optimizer": "zero1", "dist-opt": "zero1", "ddp": "none",

@@ -1,6 +1,6 @@
 """Fixtures shared by the ShardMeter tests: a tiny model, one plan as the estimator's scalar
-columns, the memory measurements read and evaluated once, the calibration runs' plans with
-their published corrections, and `shardmeter predict --json` run in-process."""
+columns, the memory measurements read and evaluated once, the calibration runs (and their
+plans) with their published corrections, and `shardmeter predict --json` run in-process."""
 
 from __future__ import annotations
 
@@ -60,16 +60,24 @@ def memory_results(memory_rows: list[dict[str, str]]) -> list[MemoryResult]:
 
 
 @pytest.fixture(scope="session")
-def corrected_plans() -> CorrectedPlans:
-    """`corrected_plans(source)`: the plans of one source's runs in the shared calibration CSV,
-    with benchmarks/runs_corrections.csv applied, by run id (skips where ../shared is absent)."""
+def corrected_rows() -> list[dict[str, str]]:
+    """The shared calibration CSV's rows with benchmarks/runs_corrections.csv applied (skips
+    where ../shared is absent); copy a row to edit it."""
     path = shared_path("calibration", "runs.csv")
     if path is None:
         pytest.skip(missing_shared_reason("calibration", "runs.csv"))
-    rows, _ = apply_corrections(read_rows(path), read_corrections(CORRECTIONS))
+    return apply_corrections(read_rows(path), read_corrections(CORRECTIONS))[0]
+
+
+@pytest.fixture(scope="session")
+def corrected_plans(corrected_rows: list[dict[str, str]]) -> CorrectedPlans:
+    """`corrected_plans(source)`: the plans of one source's corrected calibration runs, by run
+    id."""
 
     def plans(source: str) -> dict[str, Plan]:
-        return {r["run_id"]: run_from_row(r).plan for r in rows if r["source_id"] == source}
+        return {
+            r["run_id"]: run_from_row(r).plan for r in corrected_rows if r["source_id"] == source
+        }
 
     return plans
 

@@ -3,7 +3,6 @@ dense datasheet values with a cited source, and the calibration set is covered."
 
 from __future__ import annotations
 
-import csv
 import json
 import re
 import time
@@ -11,7 +10,6 @@ import time
 import pytest
 
 from shardmeter.cli import main
-from shardmeter.paths import missing_shared_reason, shared_path
 from shardmeter.specs.loader import (
     DATA_DIR,
     KINDS,
@@ -205,14 +203,6 @@ def test_dgx_link_numbers(name: str, intra: float, inter: float) -> None:
 
 
 # --- calibration coverage ---------------------------------------------------------------------
-def _calibration_rows() -> list[dict[str, str]]:
-    path = shared_path("calibration", "runs.csv")
-    if path is None:
-        pytest.skip(missing_shared_reason("calibration", "runs.csv"))
-    with path.open(newline="") as handle:
-        return list(csv.DictReader(handle))
-
-
 def _architecture(model: TransformerSpec) -> tuple[object, ...]:
     return (
         model.n_layers, model.hidden, model.n_heads, model.kv_heads, model.dim_head,
@@ -225,12 +215,14 @@ def _row_architecture(row: dict[str, str]) -> tuple[object, ...]:
     return (*(int(row[key]) for key in keys), row["mlp"])
 
 
-def test_every_calibration_architecture_has_a_preset_with_the_same_count() -> None:
+def test_every_calibration_architecture_has_a_preset_with_the_same_count(
+    corrected_rows: list[dict[str, str]],
+) -> None:
     by_arch: dict[tuple[object, ...], list[TransformerSpec]] = {}
     for name in MODELS:
         model = load_model(name)
         by_arch.setdefault(_architecture(model), []).append(model)
-    rows = [row for row in _calibration_rows() if not row["moe_experts"]]
+    rows = [row for row in corrected_rows if not row["moe_experts"]]
     assert rows
     for row in rows:
         matches = by_arch.get(_row_architecture(row))
@@ -242,8 +234,10 @@ def test_every_calibration_architecture_has_a_preset_with_the_same_count() -> No
             )
 
 
-def test_every_calibration_gpu_has_an_accelerator_and_a_matching_cluster() -> None:
-    for row in _calibration_rows():
+def test_every_calibration_gpu_has_an_accelerator_and_a_matching_cluster(
+    corrected_rows: list[dict[str, str]],
+) -> None:
+    for row in corrected_rows:
         accel = load_accelerator(row["gpu"])
         clusters = [load_cluster(name) for name in clusters_for_accelerator(accel.name)]
         assert clusters, f"no cluster preset for {row['gpu']}"

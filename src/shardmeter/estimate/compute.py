@@ -118,6 +118,14 @@ COMPILED_NORM_BYTES = 2.0
 PIPELINE_SPLITS = 4.0
 ROPE_BYTES = (4.0, 20.0)
 SWIGLU_BYTES = (6.0, 10.0)
+# Squared ReLU relu(x)² per intermediate element, (forward, backward) bytes. One fused kernel
+# reads x and writes y like GELU: 4 B, backward twice that. NeMo's and Megatron-Bridge's
+# `squared_relu` is eager `torch.pow(relu(x), 2)` (nemo/collections/llm/fn/activation.py keeps
+# its `@torch.jit.script` commented out): relu (r2 w2) then pow (r2 w2), 8 B; autograd's pow
+# backward `grad * (2 * self.pow(1))` copies, scales and multiplies (r2 w2, r2 w2, r4 w2) and
+# relu's threshold_backward reads the gradient and the saved output (r4 w2), 20 B.
+RELU2_FUSED_BYTES = (4.0, 8.0)
+RELU2_EAGER_BYTES = (8.0, 20.0)
 
 
 def matmul_efficiency(flops: Num, eff: Efficiency) -> Num:
@@ -170,7 +178,7 @@ class LayerCost:
 
     The forward takes max(GPU work, host launch time) plus the launches serialised behind a
     host synchronisation (`synced_launch_s`); the backward does twice the GEMM, element-wise
-    and launch work and `attention_bwd_s` of attention.
+    and launch work (or `gemm_bwd_s`, `elementwise_bwd_s`) and `attention_bwd_s` of attention.
     """
 
     gemm_s: Num  # linear layers
@@ -180,6 +188,7 @@ class LayerCost:
     attention_flops: Num
     launch_s: Num = 0.0  # host time to launch the forward's kernels
     attention_bwd_s: Num | None = None  # default: BWD_ATTN × attention_s (FlashAttention-2)
+    elementwise_bwd_s: Num | None = None  # default: BWD_ELEMENTWISE × elementwise_s
     synced_launch_s: Num = 0.0  # launches after a host sync (dropless MoE), not hidden
     gemm_bwd_s: Num | None = None  # backward GEMMs; default BWD_GEMM × gemm_s
     down_s: Num = 0.0  # the MLP down projection(s): the layer's last GEMM
@@ -206,7 +215,10 @@ class LayerCost:
     def backward_s(self) -> Num:
         attn = BWD_ATTN * self.attention_s if self.attention_bwd_s is None else self.attention_bwd_s
         gemm = BWD_GEMM * self.gemm_s if self.gemm_bwd_s is None else self.gemm_bwd_s
-        gpu = gemm + attn + BWD_ELEMENTWISE * (self.elementwise_s + self.cast_s)
+        elem = self.elementwise_bwd_s
+        if elem is None:
+            elem = BWD_ELEMENTWISE * self.elementwise_s
+        gpu = gemm + attn + elem + BWD_ELEMENTWISE * self.cast_s
         gpu = gpu + self.quant_bwd_s
         return maximum(gpu, KERNELS_BWD * (self.launch_s + self.synced_launch_s))
 
@@ -390,8 +402,19 @@ def layer_forward(
     def per_element(pair: tuple[float, float]) -> Num:
         return where(fused, pair[0], pair[1])
 
-    # bytes per intermediate element: SwiGLU (see SWIGLU_BYTES), GELU read F, write F
-    act_bytes_per_width = per_element(SWIGLU_BYTES) if model.mlp == "swiglu" else 4.0
+    # bytes per intermediate element, forward: SwiGLU (SWIGLU_BYTES), GELU read F and write F,
+    # squared ReLU (RELU2_FUSED_BYTES, RELU2_EAGER_BYTES); the backward moves BWD_ELEMENTWISE
+    # times that, and eager squared ReLU `act_bwd_extra` more
+    act_bwd_extra: Num = 0.0
+    if model.mlp == "swiglu":
+        act_bytes_per_width = per_element(SWIGLU_BYTES)
+    elif model.mlp == "relu2":
+        eager = plans.eager_squared_relu | logical_not(fused)
+        act_bytes_per_width = where(eager, RELU2_EAGER_BYTES[0], RELU2_FUSED_BYTES[0])
+        act_bwd = where(eager, RELU2_EAGER_BYTES[1], RELU2_FUSED_BYTES[1])
+        act_bwd_extra = act_bwd - BWD_ELEMENTWISE * act_bytes_per_width
+    else:
+        act_bytes_per_width = 4.0
     # Two norms and two residual adds (2 reads + 1 write, 6 B) over h, then RoPE on q and k.
     elem_bytes = (2.0 * per_element(NORM_BYTES) + 12.0) * sh.norm_tokens * h
     residual_fp32 = where(plans.params_fp32, FP32_RESIDUAL_BYTES, 0.0)
@@ -458,6 +481,8 @@ def layer_forward(
     # (gathers and scatters of whole token rows) is not fused into a matmul either way.
     compiled_bytes = 2.0 * COMPILED_NORM_BYTES * sh.norm_tokens * h
     elem_bytes = where(plans.compiled, compiled_bytes, elem_bytes) + routing_bytes
+    act_bwd_bytes = where(plans.compiled, 0.0, act_bwd_extra * t * active_width)
+    elem_bwd_bytes = BWD_ELEMENTWISE * elem_bytes + act_bwd_bytes
     # FP8 operands: forward the inputs of QKV, output projection, MLP up and down; backward
     # the output gradients of the same four GEMMs.
     quant_fwd = t * (h + sh.q_local) + mlp_rows * h + t * active_width
@@ -474,6 +499,7 @@ def layer_forward(
         gemm_bwd_s=BWD_GEMM * gemm_s + bwd_extra,
         attention_s=attention_s,
         elementwise_s=memory_time(elem_bytes, acc),
+        elementwise_bwd_s=memory_time(elem_bwd_bytes, acc),
         gemm_flops=gemm_flops,
         attention_flops=attn_flops,
         launch_s=launch_time(KERNELS_PER_LAYER, plans, acc),

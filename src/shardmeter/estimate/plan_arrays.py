@@ -38,7 +38,7 @@ _BOOL_FIELDS = (
     "fused_elementwise", "params_fp32", "pp_end_chunks", "recompute_act", "recompute_norm",
     "recompute_qkv", "reshard_after_forward", "fp8_te", "op_sac", "ce_eager", "ce_compiled",
     "grad_fp32", "optimizer_in_backward", "sp_gathered_inputs", "pp_keeps_outputs",
-    "offload_activations", "recompute_mlp_up", "fp8_rowwise", "tp_async",
+    "offload_activations", "recompute_mlp_up", "fp8_rowwise", "tp_async", "eager_squared_relu",
 )  # fmt: skip
 
 
@@ -114,6 +114,7 @@ class PlanArrays:
     master_remainder: Any = False  # 16-bit remainders instead of an fp32 master copy
     compiled: Any = False  # the step is one compiled graph: recompute skips dead work
     fused_elementwise: Any = True  # norms, activation, RoPE fused (else eager op by op)
+    eager_squared_relu: Any = False  # squared ReLU as eager relu then pow (NeMo, Megatron-Bridge)
     params_fp32: Any = False  # fp32 weights cast to bf16 at each use (autocast), gathered fp32
     pp_end_chunks: Any = False  # lighter end stages lose their end chunks' layers
     vpp_group: Any = 0  # micro-batches per chunk group N of the interleaved schedule (0: pp)

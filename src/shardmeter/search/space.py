@@ -226,7 +226,7 @@ FEATURE_COLUMNS: tuple[str, ...] = (
     "overlap_dp", "overlap_param_gather", "attention", "fused_ce", "gather_matrix",
     "overlap_ep", "ep_fp8", "ep_dedup", "graphs", "master_remainder", "compiled",
     "fused_elementwise", "params_fp32", "recompute_act", "recompute_norm",
-    "recompute_qkv", "op_sac", "ce_eager", "ce_compiled",
+    "recompute_qkv", "op_sac", "ce_eager", "ce_compiled", "eager_squared_relu",
 )  # fmt: skip
 
 

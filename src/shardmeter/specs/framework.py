@@ -54,6 +54,7 @@ class Framework(BaseModel):
     compiled: bool = False  # the whole step is one compiled graph (dead code eliminated)
     master_weights: MasterWeights = "fp32"  # fp32 master copy, or its 16-bit remainder
     fused_elementwise: bool = True  # norms, activation and RoPE one kernel each (else eager)
+    eager_squared_relu: bool = False  # squared ReLU as eager relu then pow, outside the fused set
     compile_with_fp8: bool = False  # its FP8 recipe compiles the model (fused element-wise)
     param_dtype: ParamDtype = "bf16"  # weights the layers hold (fp32: autocast casts per use)
     pp_end_chunks: bool = False  # lighter end stages lose their end chunks' layers (PP > 1)
@@ -149,8 +150,10 @@ FRAMEWORKS: dict[str, Framework] = {
             "optimizer (distributed_fused_adam, which keeps 16-bit remainders of the fp32 "
             "master weights), TP comm overlap (userbuffers), grad-reduce and param-gather "
             "overlap, TE fused attention, activations_checkpoint_granularity null, "
-            "cross_entropy_loss_fusion",
+            "cross_entropy_loss_fusion; Nemotron's squared ReLU is NeMo's eager "
+            "torch.pow(relu(x), 2) (nemo/collections/llm/fn/activation.py)",
             master_weights="remainder",
+            eager_squared_relu=True,
         ),
         _fw(
             name="megatron-bridge",
@@ -164,7 +167,9 @@ FRAMEWORKS: dict[str, Framework] = {
             attention="cudnn",
             fused_ce=True,
             source="Megatron-Bridge performance recipes (docs/performance-summary.md, 25.11): "
-            "as NeMo 24.x; CUDA graphs off unless the table says CG",
+            "as NeMo 24.x; CUDA graphs off unless the table says CG; Nemotron's squared ReLU "
+            "eager torch.pow(relu(x), 2) (models/nemotron/nemotron_bridge.py)",
+            eager_squared_relu=True,
         ),
         _fw(
             name="torchtitan",
@@ -388,6 +393,7 @@ def framework_defaults(framework: Framework, given: dict[str, Any]) -> dict[str,
         "compiled": framework.compiled,
         "master_weights": framework.master_weights,
         "fused_elementwise": framework.fused_elementwise or compiled_fp8,
+        "eager_squared_relu": framework.eager_squared_relu,
         "param_dtype": framework.param_dtype,
         "recompute_act": framework.recompute_act,
         "recompute_norm": framework.recompute_norm,

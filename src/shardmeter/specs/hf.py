@@ -64,8 +64,11 @@ class _Config:
 
 
 def _gated(cfg: _Config) -> str:
-    """Llama-family MLPs are gated (SwiGLU, 3 matrices) unless the config says otherwise."""
+    """Llama-family MLPs are gated (SwiGLU, 3 matrices) unless the config says otherwise;
+    `relu2` (Nemotron's squared ReLU) and any other activation make a 2-matrix MLP."""
     act = str(cfg.data.get("hidden_act", "silu")).lower()
+    if act == "relu2":
+        return "relu2"
     return "swiglu" if act in ("silu", "swish", "swiglu") else "gelu"
 
 

@@ -89,7 +89,9 @@ class TransformerSpec(BaseModel):
     n_kv_heads: int | None = Field(default=None, gt=0)  # None = n_heads (MHA); 1 = MQA
     head_dim: int | None = Field(default=None, gt=0)  # None = hidden / n_heads
     ffn: int = Field(gt=0)  # per-branch MLP width
-    mlp: Literal["gelu", "swiglu"] = "gelu"
+    # gelu: any 2-matrix MLP with a one-pass activation (GELU, ReLU); swiglu: 3-matrix gated;
+    # relu2: 2-matrix squared ReLU, relu(x)² (Nemotron-4), which some stacks run as two eager ops
+    mlp: Literal["gelu", "swiglu", "relu2"] = "gelu"
     # the norm's kind decides only what an eager (unfused) norm saves (estimate/memory.py)
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     vocab: int = Field(gt=0)
@@ -135,7 +137,8 @@ class TransformerSpec(BaseModel):
 
     @property
     def mlp_matrices(self) -> int:
-        """Weight matrices per MLP: 2 for GELU (up, down), 3 for SwiGLU (gate, up, down)."""
+        """Weight matrices per MLP: 2 for GELU and squared ReLU (up, down), 3 for SwiGLU
+        (gate, up, down)."""
         return 3 if self.mlp == "swiglu" else 2
 
     # --- parameter counts (weights only; biases and norms are < 0.1% and ignored) ----------

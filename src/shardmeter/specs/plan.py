@@ -89,6 +89,9 @@ class Plan(BaseModel):
     # norms, activation function and RoPE as one kernel each (fused kernels, torch.compile,
     # XLA); False: eager PyTorch, op by op through HBM (e.g. RMSNorm in fp32 in 7 kernels)
     fused_elementwise: bool = True
+    # squared ReLU (mlp = "relu2") as eager relu then pow even where the rest is fused (NeMo's
+    # and Megatron-Bridge's `squared_relu`)
+    eager_squared_relu: bool = False
     # dtype of the weights the layers hold between optimizer steps: bf16 (the optimizer writes
     # a 16-bit copy), or fp32 under torch.autocast, which casts every weight to bf16 at each
     # use and gathers fp32 under ZeRO-3 (FSDP MixedPrecision param_dtype=float32)
