@@ -680,29 +680,29 @@ FAMILY_BOUND: tuple[float, float] = (0.2, 0.98)
 # and ada have no runs, so their starts are never used: they take
 # `Calibration.prior_matmul_max`.
 FAMILY_START: dict[str, float] = {
-    "ampere": 0.7982,
-    "hopper": 0.7575,
-    "hopper-500w": 0.6195,
-    "blackwell": 0.6997,
-    "tpu": 0.7717,
+    "ampere": 0.7992,
+    "hopper": 0.7547,
+    "hopper-500w": 0.6146,
+    "blackwell": 0.6975,
+    "tpu": 0.7737,
     "cdna": 0.6,
     "ada": 0.6,
 }
 SHARED_PARAMETERS: tuple[Bound, ...] = (
-    Bound("matmul_half_us", 0.5, 50.0, 31.0939),
-    Bound("attention_ratio", 0.4, 1.0, 0.4810),
-    Bound("memory", 0.6, 0.95, 0.7647),
-    Bound("fp8_speedup", 1.2, 2.0, 1.6499),
-    Bound("nvlink_efficiency", 0.6, 0.95, 0.6067),
-    Bound("nic_efficiency", 0.7, 0.95, 0.9462),
+    Bound("matmul_half_us", 0.5, 50.0, 28.7403),
+    Bound("attention_ratio", 0.4, 1.0, 0.4860),
+    Bound("memory", 0.6, 0.95, 0.7544),
+    Bound("fp8_speedup", 1.2, 2.0, 1.6503),
+    Bound("nvlink_efficiency", 0.6, 0.95, 0.6076),
+    Bound("nic_efficiency", 0.7, 0.95, 0.9477),
     Bound("overlap_slowdown", 0.0, 0.2, 0.2000),
     # Host time per kernel launch: a CUDA launch is 2-5 µs, an eager PyTorch op with its
     # Python dispatch 5-30 µs (measured dispatch overheads of eager frameworks). It also prices
     # each host hand-off of a TPU's DCN send or receive (docs/model.md, Communication).
-    Bound("kernel_launch_us", 1.0, 30.0, 14.8047),
+    Bound("kernel_launch_us", 1.0, 30.0, 15.3656),
     # GPU-to-GPU speed spread (sd/mean): 0 (identical chips) to 5% (Sinha et al. SC'22 measure
     # a few percent of clock and throughput variation across the GPUs of production clusters).
-    Bound("speed_cv", 0.0, 0.05, 0.0060),
+    Bound("speed_cv", 0.0, 0.05, 0.0061),
 )
 
 
