@@ -9,6 +9,7 @@ from shardmeter.estimate.compute import (
     ep_load_imbalance,
     gemm_time,
     layer_forward,
+    logits_forward,
     matmul_efficiency,
     model_flops_per_token,
     pipeline_times,
@@ -161,3 +162,23 @@ def test_tiny_layers_are_host_bound() -> None:
     assert float(cost.gpu_forward_s) < 110e-6
     assert float(cost.forward_s) == pytest.approx(11 * 10e-6)
     assert float(cost.backward_s) == pytest.approx(2 * 11 * 10e-6)
+
+
+def test_backward_moves_twice_the_forwards_elementwise_bytes_unless_told_otherwise() -> None:
+    """The output head's cross-entropy (no `elementwise_bwd_s`): backward = 2 × forward bytes;
+    a layer states its own backward (here GELU's, which is also 2 × its forward)."""
+    fast = Accelerator(
+        name="fast-gemm",
+        peak_tflops={"bf16": 1e9},
+        hbm_gb=80,
+        hbm_gbps=1000,
+        efficiency=Efficiency(
+            matmul_max=1.0, matmul_half_gflop=0.0, memory=1.0, attention=1.0, kernel_launch_us=0.0
+        ),
+    )
+    head = logits_forward(GPT3, PlanArrays.from_columns(), fast)
+    ce_s = float(head.elementwise_s)
+    bwd_elementwise = float(head.backward_s - 2 * head.gemm_s)  # BWD_GEMM x its (HBM-bound) GEMM
+    assert ce_s > 0 and bwd_elementwise == pytest.approx(2 * ce_s, rel=1e-9)
+    layer = layer_forward(GPT3, PlanArrays.from_columns(), fast, False)
+    assert float(layer.elementwise_bwd_s) == pytest.approx(2 * float(layer.elementwise_s))
