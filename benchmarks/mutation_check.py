@@ -1322,6 +1322,11 @@ MUTATIONS: tuple[Mutation, ...] = (
              "            elem = self.elementwise_s",
              "tests/shardmeter/test_compute.py::"
              "test_backward_moves_twice_the_forwards_elementwise_bytes_unless_told_otherwise"),
+    Mutation("relu2: a Hugging Face relu2 config read as GELU", "shardmeter/specs/hf.py",
+             '    if act == "relu2":\n        return "relu2"\n', "",
+             "tests/shardmeter/test_specs_hf.py::test_tied_embeddings_and_activation_defaults"),
+    Mutation("relu2: a CSV's squared_relu read as GELU", "shardmeter/calibrate.py",
+             '"squared_relu": "relu2"', '"squared_relu": "gelu"', RELU2_TESTS),
     Mutation("relu2: NeMo fuses it", "shardmeter/specs/framework.py",
              "            master_weights=\"remainder\",\n            eager_squared_relu=True,",
              "            master_weights=\"remainder\",", RELU2_TESTS),

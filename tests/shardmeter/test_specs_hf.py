@@ -181,6 +181,7 @@ def test_tied_embeddings_and_activation_defaults() -> None:
     assert model_from_hf_config(LLAMA_31_8B).mlp == "swiglu"
     gelu_llama = model_from_hf_config({**LLAMA_31_8B, "hidden_act": "gelu"})
     assert gelu_llama.mlp == "gelu"
+    assert model_from_hf_config({**LLAMA_31_8B, "hidden_act": "relu2"}).mlp == "relu2"
     assert model_from_hf_config({**QWEN2_7B, "tie_word_embeddings": True}).tied_embeddings
 
 
